@@ -1,0 +1,145 @@
+"""One entry point for scaled dot-product attention: `attend(q, k, v, bias=None, scale=None)`.
+
+Backends: xformers' memory-efficient kernel (CUDA), PyTorch SDPA, and an explicit `math` reference. `auto` picks the
+fastest that supports the call and falls back silently; naming a backend that cannot run the call raises.
+Select with the environment variable VISIONPE_ATTN=auto|xformers|sdpa|math or `set_attn_backend(...)`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["attend", "attend_with_probs", "set_attn_backend", "get_attn_backend", "attn_backend", "BACKENDS"]
+
+BACKENDS = ("auto", "xformers", "sdpa", "math")
+_backend: str | None = None  # None: read VISIONPE_ATTN
+
+
+def set_attn_backend(name: str) -> None:
+    """Choose the attention backend for every later call ('auto', 'xformers', 'sdpa' or 'math')."""
+    global _backend
+    if name not in BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    _backend = name
+
+
+def get_attn_backend() -> str:
+    name = _backend if _backend is not None else os.environ.get("VISIONPE_ATTN", "auto")
+    if name not in BACKENDS:
+        raise ValueError(f"VISIONPE_ATTN={name!r} is not a backend; choose one of {', '.join(BACKENDS)}")
+    return name
+
+
+@contextlib.contextmanager
+def attn_backend(name: str) -> Iterator[None]:
+    """Temporarily use one backend: `with attn_backend("math"): ...`."""
+    global _backend
+    previous = _backend
+    set_attn_backend(name)
+    try:
+        yield
+    finally:
+        _backend = previous
+
+
+# ---------------------------------------------------------------------------------------------------- capabilities
+
+
+def xformers_available() -> bool:
+    """True when xformers is installed (imported lazily: importing it is slow and it cannot run on CPU)."""
+    return importlib.util.find_spec("xformers") is not None
+
+
+def xformers_supports(q: torch.Tensor, bias: torch.Tensor | None) -> tuple[bool, str]:
+    """Whether xformers' memory-efficient kernel can run this call, and if not, why."""
+    if not xformers_available():
+        return False, "xformers is not installed (pip install 'visionpe[xformers]')"
+    if not q.is_cuda:
+        return False, "xformers runs on CUDA tensors only"
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return False, f"xformers does not take {q.dtype}"
+    if bias is not None and not isinstance(bias, torch.Tensor):
+        return False, "xformers takes tensor biases only"
+    return True, ""
+
+
+# -------------------------------------------------------------------------------------------------------- backends
+
+
+def _math(q, k, v, bias, scale):
+    attn = (q * scale) @ k.transpose(-2, -1)
+    if bias is not None:
+        attn = attn + bias
+    probs = attn.softmax(dim=-1)
+    return probs @ v, probs
+
+
+def _sdpa(q, k, v, bias, scale):
+    if bias is not None:
+        bias = bias.to(q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
+
+
+def _aligned_bias(bias: torch.Tensor, shape: tuple[int, int, int, int], dtype: torch.dtype) -> torch.Tensor:
+    """xformers needs a bias of the full [B, H, N, M] shape whose row stride is a multiple of 8 elements."""
+    b, h, n, m = shape
+    m_pad = (m + 7) // 8 * 8
+    storage = torch.empty(b, h, n, m_pad, dtype=dtype, device=bias.device)
+    aligned = storage[..., :m]
+    aligned.copy_(bias.expand(b, h, n, m))
+    return aligned
+
+
+def _xformers(q, k, v, bias, scale):
+    import xformers.ops as xops
+
+    b, h, n, _ = q.shape
+    m = k.shape[-2]
+    if bias is not None:
+        bias = _aligned_bias(bias, (b, h, n, m), q.dtype)
+    # xformers takes [B, M, H, K] (tokens before heads)
+    out = xops.memory_efficient_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_bias=bias, scale=scale
+    )
+    return out.transpose(1, 2)
+
+
+def resolve_backend(q: torch.Tensor, bias: torch.Tensor | None) -> str:
+    """The backend that will run this call under the current selection."""
+    name = get_attn_backend()
+    if name == "auto":
+        return "xformers" if xformers_supports(q, bias)[0] else "sdpa"
+    if name == "xformers":
+        ok, why = xformers_supports(q, bias)
+        if not ok:
+            raise RuntimeError(f"attention backend 'xformers' cannot run this call: {why}; use 'auto' or 'sdpa'")
+    return name
+
+
+def attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None, scale: float | None = None
+) -> torch.Tensor:
+    """softmax(q k^T * scale + bias) v for q [B, H, N, d], k/v [B, H, M, d], bias broadcastable to [B, H, N, M]."""
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    backend = resolve_backend(q, bias)
+    if backend == "xformers":
+        return _xformers(q, k, v, bias, scale)
+    if backend == "sdpa":
+        return _sdpa(q, k, v, bias, scale)
+    return _math(q, k, v, bias, scale)[0]
+
+
+def attend_with_probs(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None, scale: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Like `attend`, also returning the attention probabilities [B, H, N, M] (always the math path)."""
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    return _math(q, k, v, bias, scale)

@@ -1,0 +1,67 @@
+"""Multi-head self-attention that takes one extra argument: the layer's PosContext."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..attention import attend, attend_with_probs
+from ..pos.base import PosContext
+
+__all__ = ["Attention", "attention_core"]
+
+
+def attention_core(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: PosContext | None, scale: float | None = None
+) -> torch.Tensor:
+    """q [B, H, N, d], k/v [B, H, M, d] -> [B, H, N, d] with the PE sites qk, logits and values applied."""
+    if ctx is None:
+        return attend(q, k, v, scale=scale)
+    if ctx.rotate is not None:
+        q, k = ctx.rotate(q, k)
+    bias = ctx.bias(q, k) if ctx.bias is not None else None
+    probs = None
+    if ctx.needs_probs:
+        out, probs = attend_with_probs(q, k, v, bias, scale)
+    else:
+        out = attend(q, k, v, bias, scale)
+    if ctx.value is not None:
+        out = ctx.value(v, out, probs)
+    return out
+
+
+class Attention(nn.Module):
+    """timm-compatible parameter names (qkv, q_norm, k_norm, proj) so ViT/DeiT checkpoints load directly."""
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        qkv_bias: bool = True,
+        qk_norm: bool = False,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: type[nn.Module] = nn.LayerNorm,
+    ):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"width {dim} is not divisible by {num_heads} heads")
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim**-0.5
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.q_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
+        self.k_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
+        if attn_drop:
+            raise ValueError("attention dropout is not supported by the fused kernels; use drop_path_rate instead")
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(self, x: torch.Tensor, ctx: PosContext | None = None) -> torch.Tensor:
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)  # (B, heads, N, d)
+        q, k = self.q_norm(q), self.k_norm(k)
+        x = attention_core(q, k, v, ctx, self.scale)
+        x = x.transpose(1, 2).reshape(B, N, C)
+        return self.proj_drop(self.proj(x))

@@ -1,0 +1,30 @@
+"""Input checks shared by the backbones: bad input gets an error that names the problem and the fix."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["check_images", "patch_grid"]
+
+
+def check_images(x: torch.Tensor, in_chans: int, min_size: int, what: str = "patch") -> tuple[int, int]:
+    """Validate an image batch [B, C, H, W]; returns (H, W)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"expected a tensor of images [B, C, H, W], got {type(x).__name__}")
+    if x.ndim != 4:
+        hint = " (add a batch dimension with x.unsqueeze(0))" if x.ndim == 3 else ""
+        raise ValueError(f"expected images of shape [B, C, H, W], got a {x.ndim}-D tensor {tuple(x.shape)}{hint}")
+    if x.shape[1] != in_chans:
+        raise ValueError(
+            f"expected {in_chans} input channels, got {x.shape[1]} (shape {tuple(x.shape)}); "
+            f"convert the images or build the model with in_chans={x.shape[1]}"
+        )
+    h, w = x.shape[-2:]
+    if h < min_size or w < min_size:
+        raise ValueError(f"image {h} x {w} is smaller than one {what} ({min_size} px); resize it to at least that")
+    return h, w
+
+
+def patch_grid(h: int, w: int, patch: int) -> tuple[int, int]:
+    """Grid of patches for an H x W image; sizes not divisible by the patch are zero-padded at the bottom/right."""
+    return -(-h // patch), -(-w // patch)

@@ -1,0 +1,112 @@
+"""Loading published ViT weights: timm's ViT/DeiT and the RoPE-ViT ports (timm's eva.py names) -> visionpe names.
+
+A checkpoint whose architecture does not match the model's options gets an error naming the option to pass
+(`init_values` for LayerScale, `no_embed_class` for APE tables without a CLS entry, the PE preset).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from timm.layers import resample_abs_pos_embed
+
+__all__ = ["checkpoint_filter_fn"]
+
+
+class CheckpointMismatch(ValueError):
+    """The checkpoint was trained with options the model was not built with."""
+
+
+def _unwrap(state_dict: dict) -> dict:
+    for key in ("model_ema", "model", "state_dict"):
+        if key in state_dict and isinstance(state_dict[key], dict):
+            return state_dict[key]
+    return state_dict
+
+
+def _ape_entries(num: int, model) -> int:
+    """How many prefix entries a checkpoint's APE table has (0 or the model's prefix count)."""
+    p = model.num_prefix_tokens
+    if math.isqrt(num) ** 2 == num:
+        return 0
+    if p and math.isqrt(num - p) ** 2 == num - p:
+        return p
+    raise CheckpointMismatch(f"cannot tell the grid of a pos_embed with {num} entries (not a square grid + prefix)")
+
+
+def _ape_key(model) -> str | None:
+    return "pe.encodings.ape.pos_embed" if "ape" in model.pe.encodings else None
+
+
+def _map_pos_embed(v: torch.Tensor, model) -> tuple[str, torch.Tensor]:
+    key = _ape_key(model)
+    if key is None:
+        raise CheckpointMismatch(
+            f"the checkpoint has a learned APE (pos_embed) but the model's PE {model.pe_name!r} has none; "
+            "use an *_ape preset (e.g. vit_s_ape, vit_s_rope2d_ape)"
+        )
+    entries = _ape_entries(v.shape[1], model)
+    model_entries = model.pe.encodings["ape"].num_prefix_entries
+    if entries != model_entries:
+        fix = "no_embed_class=True" if entries == 0 else "no_embed_class=False"
+        raise CheckpointMismatch(
+            f"the checkpoint's APE has {entries} prefix entries, the model {model_entries}; build it with {fix}"
+        )
+    side = math.isqrt(v.shape[1] - entries)
+    grid = tuple(model.pe.encodings["ape"].grid)
+    if (side, side) != grid:
+        v = resample_abs_pos_embed(v, new_size=list(grid), old_size=[side, side], num_prefix_tokens=entries)
+    return key, v
+
+
+def checkpoint_filter_fn(state_dict: dict, model) -> dict:
+    """Rename and reshape a timm ViT / DeiT / RoPE-ViT (eva) state dict for a visionpe VisionTransformer."""
+    state_dict = _unwrap(state_dict)
+    if any(k.startswith("pe.") for k in state_dict):  # already ours
+        return state_dict
+    model_keys = set(model.state_dict().keys())
+    has_ls_model = any(k.endswith("ls1.gamma") for k in model_keys)
+    has_ls_ckpt = any(k.endswith(("gamma_1", "ls1.gamma")) for k in state_dict)
+    if has_ls_ckpt and not has_ls_model:
+        raise CheckpointMismatch("the checkpoint has LayerScale; build the model with init_values=1e-5")
+    if has_ls_model and not has_ls_ckpt:
+        raise CheckpointMismatch("the checkpoint has no LayerScale; build the model with init_values=None")
+
+    out = {}
+    q_bias, v_bias = {}, {}
+    for k, v in state_dict.items():
+        if k == "pos_embed":
+            k, v = _map_pos_embed(v, model)
+        elif k == "rope.freqs":
+            if "pe.encodings.rope2d.freqs" not in model_keys:
+                raise CheckpointMismatch(
+                    f"the checkpoint has RoPE-Mixed frequencies but the model's PE is {model.pe_name!r}; "
+                    "use a rope2d_mixed preset (e.g. vit_s_rope2d_mixed)"
+                )
+            k = "pe.encodings.rope2d.freqs"
+        elif k.endswith(".gamma_1"):
+            k = k[: -len("gamma_1")] + "ls1.gamma"
+        elif k.endswith(".gamma_2"):
+            k = k[: -len("gamma_2")] + "ls2.gamma"
+        elif k.endswith("attn.q_bias"):
+            q_bias[k[: -len("q_bias")]] = v
+            continue
+        elif k.endswith("attn.v_bias"):
+            v_bias[k[: -len("v_bias")]] = v
+            continue
+        elif k.startswith("rope.") or k.endswith("k_bias"):
+            continue  # non-persistent rope buffers / eva's zero k bias
+        out[k] = v
+    for prefix, qb in q_bias.items():  # eva: q and v biases, no k bias
+        out[prefix + "qkv.bias"] = torch.cat([qb, torch.zeros_like(qb), v_bias[prefix]])
+    if "pe.encodings.rope2d.freqs" in model_keys and "pe.encodings.rope2d.freqs" not in out:
+        raise CheckpointMismatch(
+            f"the model's PE {model.pe_name!r} has learned RoPE-Mixed frequencies the checkpoint lacks; "
+            "use the matching preset (rope2d for an axial RoPE checkpoint)"
+        )
+    if _ape_key(model) and _ape_key(model) not in out:
+        raise CheckpointMismatch(
+            f"the model's PE {model.pe_name!r} has a learned APE the checkpoint lacks; use a preset without 'ape'"
+        )
+    return out

@@ -1,0 +1,52 @@
+"""ViT sizes x PE presets, registered with timm as vit_{n,t,s,b,l}_{pe}."""
+
+from __future__ import annotations
+
+from .. import zoo
+from .vit import VisionTransformer
+from .vit_weights import checkpoint_filter_fn
+
+VIT_SIZES = {  # DeiT dims; n(ano) is for CPU experiments on small images
+    "n": dict(embed_dim=96, depth=4, num_heads=4, patch_size=4, img_size=32),
+    "t": dict(embed_dim=192, depth=12, num_heads=3, patch_size=16),
+    "s": dict(embed_dim=384, depth=12, num_heads=6, patch_size=16),
+    "b": dict(embed_dim=768, depth=12, num_heads=12, patch_size=16),
+    "l": dict(embed_dim=1024, depth=24, num_heads=16, patch_size=16),
+}
+
+VIT_PES = {
+    "ape": dict(pe="ape"),
+    "sincos": dict(pe="sincos"),
+    "nope": dict(pe="nope"),
+    "rope2d": dict(pe="rope2d"),
+    "rope2d_mixed": dict(pe="rope2d_mixed"),
+    "rope2d_ape": dict(pe="rope2d_ape"),
+    "rope2d_mixed_ape": dict(pe="rope2d_mixed_ape"),
+}
+
+DEIT = dict(paper_ids="arXiv:2012.12877", paper_name="Training data-efficient image transformers")
+ROPE_VIT = dict(paper_ids="arXiv:2403.13298", paper_name="Rotary Position Embedding for Vision Transformer")
+
+VIT_PE_CFG = {name: ROPE_VIT for name in VIT_PES if name.startswith("rope")}
+
+VIT = zoo.Family(
+    name="vit",
+    model_cls=VisionTransformer,
+    module=VisionTransformer.__module__,
+    sizes=VIT_SIZES,
+    pes=VIT_PES,
+    cfg=zoo.base_cfg(**DEIT),
+    size_cfg={"n": dict(input_size=(3, 32, 32), crop_pct=1.0)},
+    pe_cfg=VIT_PE_CFG,
+    filter_fn=checkpoint_filter_fn,
+)
+
+
+def add_vit_pes(pes: dict[str, dict], pe_cfg: dict[str, dict] | None = None) -> None:
+    """Let other PE families add their ViT presets before registration (see register())."""
+    VIT_PES.update(pes)
+    VIT_PE_CFG.update(pe_cfg or {})
+
+
+def register() -> list[str]:
+    return zoo.register_family(VIT)

@@ -1,0 +1,78 @@
+"""Absolute encodings added to the tokens: learned APE (resampled bicubically) and fixed 2D sin-cos."""
+
+from __future__ import annotations
+
+import torch
+from timm.layers import resample_abs_pos_embed, trunc_normal_
+from torch import nn
+
+from ..layout import TokenLayout
+from .base import PEHost, PosEncoding
+
+__all__ = ["LearnedAPE", "SinCos2D", "sincos_2d"]
+
+
+class LearnedAPE(PosEncoding):
+    """A learned table for the reference grid, resampled bicubically to other (also rectangular) grids.
+
+    `pos_embed` [1, E + H0*W0, C], E = num_prefix when prefix tokens have entries (timm DeiT) else 0
+    (`no_embed_class`, as in the RoPE-ViT +APE models).
+    """
+
+    def __init__(self, host: PEHost, std: float = 0.02):
+        super().__init__(host)
+        self.grid = tuple(host.grid)
+        self.num_prefix_entries = host.num_prefix if host.embed_prefix else 0
+        num = self.num_prefix_entries + self.grid[0] * self.grid[1]
+        self.pos_embed = nn.Parameter(torch.zeros(1, num, host.dim))
+        trunc_normal_(self.pos_embed, std=std)
+
+    def table(self, grid: tuple[int, int]) -> torch.Tensor:
+        """The table at `grid` (H, W): [1, E + H*W, C]."""
+        if tuple(grid) == self.grid:
+            return self.pos_embed
+        return resample_abs_pos_embed(
+            self.pos_embed, new_size=list(grid), old_size=list(self.grid), num_prefix_tokens=self.num_prefix_entries
+        )
+
+    def tokens(self, x, layout: TokenLayout):
+        pe = self.table(layout.hw).to(x.dtype)
+        skip = layout.num_prefix - self.num_prefix_entries  # prefix tokens without an entry
+        if skip == 0:
+            return x + pe
+        return torch.cat([x[:, :skip], x[:, skip:] + pe], dim=1)
+
+    def set_grid(self, grid):
+        grid = tuple(grid)
+        if grid != self.grid:
+            with torch.no_grad():
+                self.pos_embed = nn.Parameter(self.table(grid).detach().clone())
+            self.grid = grid
+
+    def no_weight_decay(self):
+        return {"pos_embed"}
+
+
+def sincos_2d(pos: torch.Tensor, dim: int, temperature: float = 10000.0) -> torch.Tensor:
+    """Fixed 2D sin-cos embedding [N, dim] of (x, y) positions [N, 2]: [sin x, cos x, sin y, cos y] (MoCo v3)."""
+    if dim % 4:
+        raise ValueError(f"2D sin-cos needs a width divisible by 4, got {dim}")
+    quarter = dim // 4
+    omega = 1.0 / temperature ** (torch.arange(quarter, dtype=torch.float32, device=pos.device) / quarter)
+    ox = pos[:, 0:1].float() * omega
+    oy = pos[:, 1:2].float() * omega
+    return torch.cat([ox.sin(), ox.cos(), oy.sin(), oy.cos()], dim=1)
+
+
+class SinCos2D(PosEncoding):
+    """Fixed 2D sin-cos on patch tokens, computed from the layout's positions (works at any grid size)."""
+
+    def __init__(self, host: PEHost, temperature: float = 10000.0):
+        super().__init__(host)
+        self.temperature = temperature
+        self.dim = host.dim
+
+    def tokens(self, x, layout: TokenLayout):
+        pe = sincos_2d(layout.pos, self.dim, self.temperature).to(x.dtype)
+        p = layout.num_prefix
+        return torch.cat([x[:, :p], x[:, p:] + pe], dim=1) if p else x + pe

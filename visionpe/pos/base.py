@@ -1,0 +1,161 @@
+"""The positional-encoding interface: five sites where a PE can act, and what a backbone tells a PE about itself.
+
+| site    | hook                            | e.g.                               |
+|---------|---------------------------------|------------------------------------|
+| tokens  | `tokens(x, layout)`             | learned APE, sin-cos, fuzzy PE     |
+| qk      | `context(...).rotate(q, k)`     | RoPE variants                      |
+| logits  | `context(...).bias(q, k)`       | iRPE, Swin relative position bias  |
+| values  | `context(...).value(v, o, p)`   | LePE, iRPE on v                    |
+| block   | `block(i, x, layout)`           | CPE / PEG                          |
+
+Attention receives one `PosContext` per layer and never branches on a PE's name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..layout import TokenLayout
+
+__all__ = ["AttnSpec", "PEHost", "PosContext", "PosEncoding", "PosStack", "merge_contexts"]
+
+
+@dataclass(frozen=True)
+class AttnSpec:
+    """One attention layer as a PE sees it. `grid` is the (H, W) the layer attends over at the reference size
+    (the window for windowed attention); `dim` is the token width of the block around it."""
+
+    dim: int
+    num_heads: int
+    head_dim: int
+    grid: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class PEHost:
+    """What a backbone tells its PEs: token width, reference grid, prefix tokens and one AttnSpec per block."""
+
+    dim: int
+    grid: tuple[int, int]
+    num_prefix: int
+    layers: tuple[AttnSpec, ...]
+    embed_prefix: bool = True  # learned APE also has entries for prefix tokens (timm DeiT); False = no_embed_class
+    windowed: bool = False  # attention runs inside windows (Swin); per-layer grids are the windows
+    extra: dict = field(default_factory=dict, compare=False)  # backbone-specific facts a PE may read
+
+    @property
+    def depth(self) -> int:
+        return len(self.layers)
+
+
+@dataclass
+class PosContext:
+    """What one attention layer needs from its PEs for one forward.
+
+    rotate: (q, k) -> (q, k), q/k [B, H, N|M, d]                      site "qk"
+    bias: (q, k) -> additive logits bias, broadcastable to [B, H, N, M]  site "logits"
+    value: (v, out, probs) -> out, v [B, H, M, d], out [B, H, N, d]      site "values"
+    needs_probs: a value term needs the attention probabilities (math backend)
+    """
+
+    rotate: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
+    bias: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    value: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor] | None = None
+    needs_probs: bool = False
+
+
+def _chain_rotate(f, g):
+    def rotate(q, k):
+        return g(*f(q, k))
+
+    return rotate
+
+
+def _sum_bias(f, g):
+    return lambda q, k: f(q, k) + g(q, k)
+
+
+def _chain_value(f, g):
+    return lambda v, out, probs: g(v, f(v, out, probs), probs)
+
+
+def merge_contexts(contexts: list[PosContext | None]) -> PosContext | None:
+    """Combine the contexts of several PEs: rotations compose, biases add, value terms accumulate."""
+    contexts = [c for c in contexts if c is not None]
+    if not contexts:
+        return None
+    if len(contexts) == 1:
+        return contexts[0]
+    out = PosContext()
+    for c in contexts:
+        if c.rotate is not None:
+            out.rotate = c.rotate if out.rotate is None else _chain_rotate(out.rotate, c.rotate)
+        if c.bias is not None:
+            out.bias = c.bias if out.bias is None else _sum_bias(out.bias, c.bias)
+        if c.value is not None:
+            out.value = c.value if out.value is None else _chain_value(out.value, c.value)
+        out.needs_probs = out.needs_probs or c.needs_probs
+    return out
+
+
+class PosEncoding(nn.Module):
+    """Base class of every PE. Override the sites the PE acts at; the defaults do nothing."""
+
+    def __init__(self, host: PEHost):
+        super().__init__()
+        self.host = host
+
+    def tokens(self, x: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
+        """Site 'tokens': x [B, P + N, C] right after the patch embedding (prefix tokens included)."""
+        return x
+
+    def block(self, i: int, x: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
+        """Site 'block': x [B, P + N, C] after block i."""
+        return x
+
+    def context(self, i: int, layout: TokenLayout, kv_layout: TokenLayout | None = None) -> PosContext | None:
+        """Sites 'qk', 'logits', 'values' for attention layer i. kv_layout: the keys' layout when it differs."""
+        return None
+
+    def set_grid(self, grid: tuple[int, int]) -> None:
+        """A new reference grid (timm's set_input_size): learned tables are resampled to it."""
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameter names (relative to this module) to exclude from weight decay."""
+        return set()
+
+
+class PosStack(PosEncoding):
+    """Several PEs acting together (e.g. RoPE + APE); the model holds exactly one of these as `pe`."""
+
+    def __init__(self, host: PEHost, encodings: dict[str, PosEncoding]):
+        super().__init__(host)
+        self.encodings = nn.ModuleDict(encodings)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.encodings.keys())
+
+    def tokens(self, x, layout):
+        for pe in self.encodings.values():
+            x = pe.tokens(x, layout)
+        return x
+
+    def block(self, i, x, layout):
+        for pe in self.encodings.values():
+            x = pe.block(i, x, layout)
+        return x
+
+    def context(self, i, layout, kv_layout=None):
+        return merge_contexts([pe.context(i, layout, kv_layout) for pe in self.encodings.values()])
+
+    def set_grid(self, grid):
+        for pe in self.encodings.values():
+            pe.set_grid(grid)
+
+    def no_weight_decay(self):
+        return {f"encodings.{name}.{p}" for name, pe in self.encodings.items() for p in pe.no_weight_decay()}

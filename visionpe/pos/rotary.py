@@ -1,0 +1,68 @@
+"""The one rotary kernel every RoPE variant shares.
+
+angle[n, c] = sum_s pos[n, s] * F[s, c]: positions [N, S] (from a TokenLayout) times a frequency matrix F [S, d/2]
+(or [S, heads, d/2] for per-head frequencies). Channel pairs (0, 1), (2, 3), ... rotate by angle[:, c]
+(interleaved, as complex numbers). Angles and the rotation run in fp32, also under autocast; prefix tokens get angle 0,
+which is an exact identity (cos 0 = 1, sin 0 = 0).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["rotary_angles", "rotary_cos_sin", "apply_rotary", "axial_frequencies", "rope_frequencies"]
+
+
+def rope_frequencies(num: int, theta: float, dim: int | None = None) -> torch.Tensor:
+    """theta^(-2j/dim) for j = 0..num-1 (1D RoPE); with dim = 2 * num... the classic inverse frequencies."""
+    dim = 2 * num if dim is None else dim
+    return theta ** (-2.0 * torch.arange(num, dtype=torch.float32) / dim)
+
+
+def axial_frequencies(head_dim: int, theta: float, num_axes: int = 2) -> torch.Tensor:
+    """Axial frequency matrix F [num_axes, d/2]: the first d/(2*axes) pairs read axis 0, the next axis 1, ...
+
+    Each axis block uses f_j = theta^(-2*axes*j/d) (for 2D: theta^(-4j/d), j = 0..d/4-1).
+    """
+    pairs = head_dim // 2
+    if head_dim % (2 * num_axes):
+        raise ValueError(f"head dim {head_dim} must be divisible by {2 * num_axes} for {num_axes}-axis RoPE")
+    per_axis = pairs // num_axes
+    f = theta ** (-torch.arange(per_axis, dtype=torch.float32) / per_axis)
+    freqs = torch.zeros(num_axes, pairs)
+    for a in range(num_axes):
+        freqs[a, a * per_axis : (a + 1) * per_axis] = f
+    return freqs
+
+
+def rotary_angles(pos: torch.Tensor, freqs: torch.Tensor, num_prefix: int = 0) -> torch.Tensor:
+    """Angles [P + N, d/2] (or [heads, P + N, d/2] for freqs [S, heads, d/2]) in fp32; prefix rows are 0."""
+    with torch.autocast(device_type=pos.device.type, enabled=False):
+        pos = pos.float()
+        freqs = freqs.float()
+        if freqs.ndim == 2:  # [S, C]
+            angles = (pos.unsqueeze(-1) * freqs.unsqueeze(0)).sum(1)  # [N, C]
+        else:  # [S, H, C] -> [H, N, C]; elementwise products avoid autocast's reduced-precision matmul
+            angles = (pos.t()[:, None, :, None] * freqs[:, :, None, :]).sum(0)
+        if num_prefix:
+            angles = torch.cat([angles.new_zeros(*angles.shape[:-2], num_prefix, angles.shape[-1]), angles], dim=-2)
+    return angles
+
+
+def rotary_cos_sin(angles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin of angles [..., C] repeated per channel pair -> [..., 2C], fp32."""
+    with torch.autocast(device_type=angles.device.type, enabled=False):
+        cos = angles.cos().repeat_interleave(2, dim=-1)
+        sin = angles.sin().repeat_interleave(2, dim=-1)
+    return cos, sin
+
+
+def _rotate_pairs(x: torch.Tensor) -> torch.Tensor:
+    # [x0, x1, x2, x3, ...] -> [-x1, x0, -x3, x2, ...]
+    x = x.unflatten(-1, (-1, 2))
+    return torch.stack([-x[..., 1], x[..., 0]], dim=-1).flatten(-2)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate channel pairs of x [B, H, N, d] by the angles behind cos/sin [(H,) N, d]; fp32 math, x's dtype out."""
+    return (x * cos + _rotate_pairs(x) * sin).to(x.dtype)

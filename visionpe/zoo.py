@@ -1,0 +1,121 @@
+"""The model zoo: size tables x PE presets -> pretrained cfgs -> timm registrations.
+
+Every family declares one `Family` (its size table, the PE presets it offers and its base pretrained cfg);
+`register_family` generates `{family}_{size}_{pe}` entrypoints and registers them with timm, so that
+`timm.create_model("vit_b_rope2d")` and `timm.list_models("vit_*")` work. Nothing is written out by hand.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import timm
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+
+from .pos.presets import nearest
+
+__all__ = ["Family", "register_family", "FAMILIES", "list_visionpe_models", "create_model", "model_name"]
+
+
+@dataclass
+class Family:
+    """One backbone family: how to build it and which names it registers."""
+
+    name: str  # e.g. "vit"
+    model_cls: type
+    module: str  # module that holds the model class; timm lists the models under it
+    sizes: dict[str, dict]  # size -> model kwargs (dims, depth, heads, ...)
+    pes: dict[str, dict]  # name suffix -> model kwargs (pe preset and anything it implies); "" means no suffix
+    cfg: dict  # base pretrained cfg (paper, mean/std, crop, ...)
+    size_cfg: dict[str, dict] = field(default_factory=dict)  # per-size cfg overrides (e.g. input size)
+    pe_cfg: dict[str, dict] = field(default_factory=dict)  # per-PE cfg overrides (e.g. the paper)
+    filter_fn: Callable | None = None  # checkpoint filter (published weights -> our names)
+    feature_cfg: dict = field(default_factory=lambda: dict(out_indices=3, feature_cls="getter"))
+
+
+FAMILIES: dict[str, Family] = {}
+_REGISTERED: list[str] = []
+
+
+def model_name(family: str, size: str, pe: str) -> str:
+    return f"{family}_{size}_{pe}" if pe else f"{family}_{size}"
+
+
+def base_cfg(**kwargs) -> dict:
+    """A timm pretrained cfg with our defaults: any input size, bicubic, ImageNet mean/std, no weights url."""
+    cfg = dict(
+        url="",
+        num_classes=1000,
+        input_size=(3, 224, 224),
+        pool_size=None,
+        crop_pct=0.875,
+        interpolation="bicubic",
+        fixed_input_size=False,
+        mean=IMAGENET_DEFAULT_MEAN,
+        std=IMAGENET_DEFAULT_STD,
+        first_conv="patch_embed.proj",
+        classifier="head",
+        license="apache-2.0",
+    )
+    cfg.update(kwargs)
+    return cfg
+
+
+def _entrypoint(family: Family, name: str, size: str, pe: str) -> Callable:
+    def create(pretrained: bool = False, **kwargs):
+        args = {**family.sizes[size], **family.pes[pe], **kwargs}
+        return build_model_with_cfg(
+            family.model_cls,
+            name,
+            pretrained,
+            pretrained_filter_fn=family.filter_fn,
+            feature_cfg=dict(family.feature_cfg),
+            **args,
+        )
+
+    create.__name__ = create.__qualname__ = name
+    create.__module__ = family.module
+    create.__doc__ = f"{family.name} size {size} with positional encoding {pe or 'default'!r}."
+    return create
+
+
+def register_family(family: Family) -> list[str]:
+    """Register every size x PE of a family with timm; returns the names."""
+    FAMILIES[family.name] = family
+    mod = sys.modules[family.module]
+    cfgs = {}
+    for size in family.sizes:
+        for pe in family.pes:
+            name = model_name(family.name, size, pe)
+            cfgs[name] = {**family.cfg, **family.size_cfg.get(size, {}), **family.pe_cfg.get(pe, {})}
+    generated = generate_default_cfgs(cfgs)
+    if not hasattr(mod, "default_cfgs"):
+        mod.default_cfgs = {}
+    mod.default_cfgs.update(generated)
+    names = []
+    for size in family.sizes:
+        for pe in family.pes:
+            name = model_name(family.name, size, pe)
+            fn = _entrypoint(family, name, size, pe)
+            setattr(mod, name, fn)
+            register_model(fn)
+            names.append(name)
+    _REGISTERED.extend(n for n in names if n not in _REGISTERED)
+    return names
+
+
+def list_visionpe_models(pattern: str = "*") -> list[str]:
+    """Names visionpe registered, filtered by a glob pattern."""
+    from fnmatch import fnmatch
+
+    return sorted(n for n in _REGISTERED if fnmatch(n, pattern))
+
+
+def create_model(name: str, **kwargs):
+    """`timm.create_model` with an error that names the nearest valid model names."""
+    if not timm.is_model(name):
+        raise ValueError(f"unknown model {name!r}; nearest visionpe models: {nearest(name, _REGISTERED)}")
+    return timm.create_model(name, **kwargs)
