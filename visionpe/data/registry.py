@@ -1,0 +1,45 @@
+"""Datasets by name: built-in (generated, no download) and file-based sets share one registry.
+
+A factory is `factory(split, resolution, root=None, **options) -> torch.utils.data.Dataset`; items are
+(input, target) with input a tensor (image [C, H, W], clip [C, T, H, W]) or a dict of model kwargs
+(e.g. {"pixels": ..., "text_ids": ...}) for multimodal models.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = ["DatasetInfo", "DATASETS", "register_dataset", "get_dataset_info"]
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    name: str
+    factory: Callable
+    num_classes: int | None  # None: read from the data (image folders)
+    in_chans: int
+    kind: str  # "image", "video" or "image_text"
+    description: str = ""
+
+
+DATASETS: dict[str, DatasetInfo] = {}
+
+
+def register_dataset(name: str, *, num_classes: int | None, in_chans: int, kind: str = "image", description: str = ""):
+    """Decorator registering a dataset factory under `name`."""
+
+    def wrap(factory: Callable) -> Callable:
+        DATASETS[name] = DatasetInfo(name, factory, num_classes, in_chans, kind, description or (factory.__doc__ or ""))
+        return factory
+
+    return wrap
+
+
+def get_dataset_info(name: str) -> DatasetInfo:
+    if name not in DATASETS:
+        close = difflib.get_close_matches(name, list(DATASETS), n=3, cutoff=0.4)
+        hint = f"nearest: {', '.join(close)}" if close else f"available: {', '.join(sorted(DATASETS))}"
+        raise ValueError(f"unknown dataset {name!r}; {hint}")
+    return DATASETS[name]
