@@ -17,7 +17,15 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 
 from .pos.presets import nearest
 
-__all__ = ["Family", "register_family", "FAMILIES", "list_visionpe_models", "create_model", "model_name"]
+__all__ = [
+    "FAMILIES",
+    "Family",
+    "create_model",
+    "family_of",
+    "list_visionpe_models",
+    "model_name",
+    "register_family",
+]
 
 
 @dataclass
@@ -34,6 +42,8 @@ class Family:
     pe_cfg: dict[str, dict] = field(default_factory=dict)  # per-PE cfg overrides (e.g. the paper)
     filter_fn: Callable | None = None  # checkpoint filter (published weights -> our names)
     feature_cfg: dict = field(default_factory=lambda: dict(out_indices=3, feature_cls="getter"))
+    tiny: dict = field(default_factory=dict)  # kwargs for a tiny instance (tests, smoke runs)
+    test_sizes: tuple[int, int] = (32, 48)  # two input resolutions a tiny instance must run at
 
 
 FAMILIES: dict[str, Family] = {}
@@ -112,6 +122,14 @@ def list_visionpe_models(pattern: str = "*") -> list[str]:
     from fnmatch import fnmatch
 
     return sorted(n for n in _REGISTERED if fnmatch(n, pattern))
+
+
+def family_of(name: str) -> Family:
+    """The Family a registered model name belongs to."""
+    for fam in sorted(FAMILIES.values(), key=lambda f: -len(f.name)):
+        if name.startswith(fam.name + "_") and name in _REGISTERED:
+            return fam
+    raise ValueError(f"{name!r} is not a visionpe model; nearest: {nearest(name, _REGISTERED)}")
 
 
 def create_model(name: str, **kwargs):

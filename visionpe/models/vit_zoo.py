@@ -22,12 +22,20 @@ VIT_PES = {
     "rope2d_mixed": dict(pe="rope2d_mixed"),
     "rope2d_ape": dict(pe="rope2d_ape"),
     "rope2d_mixed_ape": dict(pe="rope2d_mixed_ape"),
+    "irpe": dict(pe="irpe"),
+    "irpe_bias": dict(pe="irpe_bias"),
+    "irpe_qkv": dict(pe="irpe_qkv"),
 }
 
 DEIT = dict(paper_ids="arXiv:2012.12877", paper_name="Training data-efficient image transformers")
 ROPE_VIT = dict(paper_ids="arXiv:2403.13298", paper_name="Rotary Position Embedding for Vision Transformer")
 
 VIT_PE_CFG = {name: ROPE_VIT for name in VIT_PES if name.startswith("rope")}
+IRPE = dict(
+    paper_ids="arXiv:2107.14222",
+    paper_name="Rethinking and Improving Relative Position Encoding for Vision Transformer",
+)
+VIT_PE_CFG.update({name: IRPE for name in VIT_PES if name.startswith("irpe")})
 
 VIT = zoo.Family(
     name="vit",
@@ -39,6 +47,8 @@ VIT = zoo.Family(
     size_cfg={"n": dict(input_size=(3, 32, 32), crop_pct=1.0)},
     pe_cfg=VIT_PE_CFG,
     filter_fn=checkpoint_filter_fn,
+    tiny=dict(embed_dim=32, depth=2, num_heads=2, patch_size=8, img_size=32, num_classes=10),
+    test_sizes=(32, 40),
 )
 
 

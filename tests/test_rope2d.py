@@ -1,0 +1,129 @@
+import math
+
+import pytest
+import torch
+from timm.layers.pos_embed_sincos import RotaryEmbeddingCat, apply_rot_embed_cat, get_mixed_freqs
+
+from visionpe.layout import image_layout
+from visionpe.pos import AttnSpec, PEHost, RoPE2D
+from visionpe.pos.rope2d import mixed_frequencies
+from visionpe.pos.rotary import axial_frequencies, rotary_angles
+
+
+def _rope(mode, heads=2, head_dim=16, depth=2, **kw):
+    host = PEHost(
+        dim=heads * head_dim, grid=(4, 4), num_prefix=1, layers=(AttnSpec(heads * head_dim, heads, head_dim),) * depth
+    )
+    return RoPE2D(host, mode=mode, **kw)
+
+
+def _rotated(rope, layout, q, k, i=0):
+    return rope.context(i, layout).rotate(q, k)
+
+
+def test_axial_frequencies_follow_the_paper():
+    d, theta = 16, 100.0
+    f = axial_frequencies(d, theta)
+    expect = torch.tensor([theta ** (-4 * j / d) for j in range(d // 4)])
+    assert torch.allclose(f[0, : d // 4], expect) and torch.allclose(f[1, d // 4 :], expect)
+    assert f[0, d // 4 :].abs().sum() == 0 and f[1, : d // 4].abs().sum() == 0
+
+
+@pytest.mark.parametrize("mode", ["axial", "mixed"])
+def test_logit_depends_only_on_relative_offset(mode):
+    rope = _rope(mode)
+    lay = image_layout(5, 6, num_prefix=1)
+    n = lay.num_tokens
+    q = torch.randn(1, 2, 1, 16).expand(1, 2, n, 16)  # the same vector at every token
+    k = torch.randn(1, 2, 1, 16).expand(1, 2, n, 16)
+    qr, kr = _rotated(rope, lay, q, k)
+    logits = (qr @ kr.transpose(-1, -2))[0, :, 1:, 1:]  # drop the prefix row/col
+    pos = lay.pos
+    by_offset = {}
+    for i in range(pos.shape[0]):
+        for j in range(pos.shape[0]):
+            key = tuple((pos[i] - pos[j]).tolist())
+            by_offset.setdefault(key, []).append(logits[:, i, j])
+    spread = max((torch.stack(v) - v[0]).abs().max().item() for v in by_offset.values())
+    assert spread < 1e-4
+    assert len(by_offset) == (2 * 5 - 1) * (2 * 6 - 1)
+    # ...and it does depend on the offset
+    assert (logits[:, 0, 1] - logits[:, 0, 2]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("mode", ["axial", "mixed"])
+def test_rotation_preserves_norms_and_leaves_prefix_untouched(mode):
+    rope = _rope(mode)
+    lay = image_layout(3, 4, num_prefix=1)
+    q, k = torch.randn(2, 2, 13, 16), torch.randn(2, 2, 13, 16)
+    qr, kr = _rotated(rope, lay, q, k, i=1)
+    assert torch.allclose(qr.norm(dim=-1), q.norm(dim=-1), atol=1e-5)
+    assert torch.equal(qr[:, :, :1], q[:, :, :1]) and torch.equal(kr[:, :, :1], k[:, :, :1])
+    assert (qr[:, :, 2:] - q[:, :, 2:]).abs().max() > 1e-3
+
+
+def test_axial_equals_mixed_with_zero_angles():
+    axial = _rope("axial", theta=100.0)
+    mixed = _rope("mixed", theta=100.0)
+    with torch.no_grad():
+        mixed.freqs.copy_(mixed_frequencies(16, 2, 2, theta=100.0, rotate=False))
+    lay = image_layout(4, 5, num_prefix=1)
+    q, k = torch.randn(1, 2, 21, 16), torch.randn(1, 2, 21, 16)
+    a = _rotated(axial, lay, q, k)
+    m = _rotated(mixed, lay, q, k)
+    assert max((x - y).abs().max().item() for x, y in zip(a, m)) < 1e-5
+
+
+def test_mixed_initialisation_follows_the_paper():
+    f = mixed_frequencies(16, depth=3, num_heads=4, theta=10.0)
+    assert f.shape == (2, 3, 4, 8)
+    mag = torch.tensor([10.0 ** (-4 * j / 16) for j in range(4)])
+    # |(fx, fy)| of every pair is m_j, and the two halves are a quarter turn apart
+    norm = torch.sqrt(f[0] ** 2 + f[1] ** 2)
+    assert torch.allclose(norm[..., :4], mag.expand(3, 4, 4), atol=1e-6)
+    assert torch.allclose(norm[..., 4:], mag.expand(3, 4, 4), atol=1e-6)
+    dot = f[0, ..., :4] * f[0, ..., 4:] + f[1, ..., :4] * f[1, ..., 4:]
+    assert dot.abs().max() < 1e-6
+
+
+def test_matches_timm_axial_rope_xy_grid():
+    rope = _rope("axial", heads=1, head_dim=32)
+    lay = image_layout(3, 5, num_prefix=0)
+    x = torch.randn(1, 1, 15, 32)
+    ours, _ = _rotated(rope, lay, x, x)
+    ref_embed = RotaryEmbeddingCat(32, temperature=100, in_pixels=False, grid_indexing="xy").get_embed((3, 5))
+    ref = apply_rot_embed_cat(x, ref_embed)
+    assert (ours - ref).abs().max() < 1e-5
+
+
+def test_matches_timm_mixed_rope():
+    rope = _rope("mixed", heads=2, head_dim=16, depth=2)
+    lay = image_layout(3, 5, num_prefix=0)
+    x = torch.randn(1, 2, 15, 16)
+    ours, _ = _rotated(rope, lay, x, x, i=1)
+    t_x, t_y = lay.pos[:, 0], lay.pos[:, 1]
+    ref_embed = get_mixed_freqs(rope.freqs.detach(), t_x, t_y)[1]  # layer 1: [heads, N, 2 d]
+    ref = apply_rot_embed_cat(x, ref_embed)
+    assert (ours - ref).abs().max() < 1e-5
+
+
+def test_angles_stay_fp32_under_autocast():
+    pos = torch.tensor([[1000.0, 3.0]])
+    f = axial_frequencies(16, 100.0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        a = rotary_angles(pos, f)
+    assert a.dtype == torch.float32
+    assert math.isclose(a[0, 0].item(), 1000.0, rel_tol=1e-6)
+
+
+def test_mixed_frequencies_are_excluded_from_weight_decay():
+    assert _rope("mixed").no_weight_decay() == {"freqs"}
+    assert _rope("axial").no_weight_decay() == set()
+    assert sum(p.numel() for p in _rope("axial").parameters()) == 0
+
+
+def test_bad_settings_are_clear_errors():
+    with pytest.raises(ValueError, match="axial' or 'mixed"):
+        _rope("spiral")
+    with pytest.raises(ValueError, match="divisible by 4"):
+        RoPE2D(PEHost(dim=18, grid=(2, 2), num_prefix=0, layers=(AttnSpec(18, 3, 6),)))

@@ -1,0 +1,56 @@
+import pytest
+import timm
+import torch
+
+import visionpe
+from visionpe.models.vit_zoo import VIT_PES, VIT_SIZES
+from visionpe.zoo import family_of
+
+ALL_MODELS = visionpe.list_visionpe_models()
+
+
+def test_vit_grid_is_generated_from_the_tables():
+    expected = {f"vit_{s}_{pe}" for s in VIT_SIZES for pe in VIT_PES}
+    assert expected <= set(ALL_MODELS)
+    base = ["ape", "sincos", "nope", "rope2d", "rope2d_mixed", "rope2d_ape", "rope2d_mixed_ape"]
+    assert {f"vit_{s}_{pe}" for s in "ntsbl" for pe in base} <= set(ALL_MODELS)
+
+
+def test_timm_lists_and_creates_our_models():
+    listed = timm.list_models("vit_*_rope2d*")
+    assert "vit_b_rope2d" in listed and "vit_s_rope2d_mixed_ape" in listed
+    assert len([n for n in listed if n in ALL_MODELS]) == 4 * 5
+    m = timm.create_model("vit_b_rope2d")
+    assert m.embed_dim == 768 and len(m.blocks) == 12 and m.patch_embed.patch_size == (16, 16)
+
+
+@pytest.mark.parametrize("name", ALL_MODELS)
+def test_pretrained_cfg_lets_timm_data_helpers_work(name):
+    cfg = timm.models.get_pretrained_cfg(name)
+    assert cfg.fixed_input_size is False and cfg.paper_ids and len(cfg.input_size) >= 3
+    data_cfg = timm.data.resolve_data_config({}, pretrained_cfg=cfg.to_dict())
+    assert data_cfg["mean"] and data_cfg["crop_pct"] > 0
+
+
+def _example(fam, size, batch=2):
+    if getattr(fam, "example_input", None) is not None:
+        return fam.example_input(size, batch)
+    chans = fam.tiny.get("in_chans", 3)
+    return torch.randn(batch, chans, size, size)
+
+
+def _run(model, inp):
+    return model(**inp) if isinstance(inp, dict) else model(inp)
+
+
+@pytest.mark.parametrize("name", ALL_MODELS)
+def test_every_model_runs_forward_and_backward_at_two_resolutions(name):
+    fam = family_of(name)
+    model = timm.create_model(name, **fam.tiny).train()
+    for size in fam.test_sizes:
+        model.zero_grad()
+        out = _run(model, _example(fam, size))
+        assert out.ndim == 2 and torch.isfinite(out).all()
+        out.square().mean().backward()
+        grads = [p.grad for p in model.parameters() if p.requires_grad]
+        assert all(g is not None and torch.isfinite(g).all() for g in grads), "every parameter gets a gradient"
