@@ -144,3 +144,11 @@ def test_unknown_pe_and_model_name_suggest_nearest():
 def test_pe_kwargs_reach_the_encoding():
     m = timm.create_model("vit_n_rope2d", pe_kwargs=dict(theta=50.0), **TINY)
     assert m.pe.encodings["rope2d"].theta == 50.0
+
+
+@pytest.mark.parametrize("name", ["vit_n_rope2d", "vit_n_rope2d_mixed", "vit_n_sincos"])
+def test_training_after_an_inference_mode_call(name):
+    m = _vit(name, img_size=24)  # a grid no other test caches first
+    with torch.inference_mode():
+        m(torch.randn(1, 3, 24, 24))
+    m.train()(torch.randn(1, 3, 24, 24)).sum().backward()

@@ -8,6 +8,7 @@ Select with the environment variable VISIONPE_ATTN=auto|xformers|sdpa|math or `s
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import os
 from collections.abc import Iterator
@@ -51,6 +52,7 @@ def attn_backend(name: str) -> Iterator[None]:
 # ---------------------------------------------------------------------------------------------------- capabilities
 
 
+@functools.lru_cache(maxsize=1)
 def xformers_available() -> bool:
     """True when xformers is installed (imported lazily: importing it is slow and it cannot run on CPU)."""
     return importlib.util.find_spec("xformers") is not None

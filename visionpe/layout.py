@@ -67,6 +67,7 @@ def _device_key(device) -> str:
 
 
 @lru_cache(maxsize=64)
+@torch.inference_mode(False)  # cached tensors must also serve autograd after an inference-mode first call
 def _image_pos(h: int, w: int, device: str) -> torch.Tensor:
     y, x = torch.meshgrid(torch.arange(h, dtype=torch.float32), torch.arange(w, dtype=torch.float32), indexing="ij")
     return torch.stack([x.flatten(), y.flatten()], dim=-1).to(device)  # [H*W, 2], x varies fastest
@@ -80,6 +81,7 @@ def image_layout(h: int, w: int, num_prefix: int = 0, device=None) -> TokenLayou
 
 
 @lru_cache(maxsize=64)
+@torch.inference_mode(False)
 def _video_pos(t: int, h: int, w: int, device: str) -> torch.Tensor:
     tt, yy, xx = torch.meshgrid(
         torch.arange(t, dtype=torch.float32),
@@ -103,6 +105,7 @@ def window_layout(ws_h: int, ws_w: int, device=None) -> TokenLayout:
 
 
 @lru_cache(maxsize=64)
+@torch.inference_mode(False)
 def _cell_centre_pos(h: int, w: int, stride: int, device: str) -> torch.Tensor:
     # a stride-s token covers query cells [s*i, s*i + s - 1]; its centre is s*i + (s - 1) / 2
     return _image_pos(h, w, "cpu").mul(stride).add((stride - 1) / 2).to(device)
@@ -111,3 +114,9 @@ def _cell_centre_pos(h: int, w: int, stride: int, device: str) -> torch.Tensor:
 def cell_centre_layout(h: int, w: int, stride: int, num_prefix: int = 0, device=None) -> TokenLayout:
     """Layout of a strided (e.g. CvT's stride-2 key/value) grid in units of the full-resolution query grid."""
     return TokenLayout(num_prefix, (1, h, w), _cell_centre_pos(h, w, stride, _device_key(device)))
+
+
+# position builders of interleaved text / visual sequences (video and multimodal RoPE schemes)
+from .segments import SCHEMES, frequency_matrix, parse_segments, position_ids, segment_layout  # noqa: E402
+
+__all__ += ["SCHEMES", "frequency_matrix", "parse_segments", "position_ids", "segment_layout"]

@@ -74,7 +74,8 @@ class RoPE2D(PosEncoding):
             for pos, k, cos_sin in self._cache:  # the cache holds `pos`, so its identity cannot be reused
                 if pos is layout.pos and k == key:
                     return cos_sin
-            cos_sin = rotary_cos_sin(rotary_angles(layout.pos, freqs, layout.num_prefix))
+            with torch.inference_mode(False), torch.no_grad():  # constants, reusable in training and inference
+                cos_sin = rotary_cos_sin(rotary_angles(layout.pos, freqs, layout.num_prefix))
             self._cache = [*self._cache[-3:], (layout.pos, key, cos_sin)]
             return cos_sin
         return rotary_cos_sin(rotary_angles(layout.pos, self.layer_frequencies(i), layout.num_prefix))

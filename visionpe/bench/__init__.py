@@ -1,0 +1,1 @@
+"""Benchmarks: resolution extrapolation, speed/memory/FLOPs, model cards."""
