@@ -10,13 +10,14 @@ from __future__ import annotations
 from functools import partial
 
 import torch
-from timm.layers import PatchEmbed, trunc_normal_
+from timm.layers import PatchEmbed, to_2tuple, trunc_normal_
 from timm.models._features import feature_take_indices
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..layers import Block
 from ..layers.checks import check_images, patch_grid
+from ..layers.token_merger import AdaptiveTokenMerger
 from ..layout import TokenLayout, image_layout
 from ..pos.base import AttnSpec, PEHost
 from ..pos.presets import build_pos_encoding
@@ -51,12 +52,16 @@ class VisionTransformer(nn.Module):
         pe: str = "ape",
         pe_kwargs: dict | None = None,
         position_mode: str = "extrapolate",
+        token_merger: int = 0,
+        merger_grid: int | tuple[int, int] | None = None,
         norm_layer: type[nn.Module] | None = None,
         act_layer: type[nn.Module] | None = None,
     ):
         """pe: a PE preset name (visionpe.pos.PE_PRESETS); pe_kwargs override its options.
         position_mode: 'extrapolate' (raw patch indices at any size) or 'interpolate' (positions rescaled to the
-        reference grid, the counterpart of APE resampling)."""
+        reference grid, the counterpart of APE resampling).
+        token_merger: m > 0 adds ViTAR's Adaptive Token Merger: patches of patch_size / 2^m are merged down to
+        merger_grid (default: the img_size / patch_size grid) at any input size, so the blocks always see that grid."""
         super().__init__()
         if global_pool not in ("", "avg", "token"):
             raise ValueError(f"global_pool must be '', 'avg' or 'token', got {global_pool!r}")
@@ -74,9 +79,12 @@ class VisionTransformer(nn.Module):
         self.position_mode = position_mode
         self.grad_checkpointing = False
 
+        merge = 2**token_merger if token_merger >= 0 else 0
+        if not merge or patch_size % merge:
+            raise ValueError(f"token_merger={token_merger} needs patch_size ({patch_size}) divisible by 2^token_merger")
         self.patch_embed = PatchEmbed(
             img_size=img_size,
-            patch_size=patch_size,
+            patch_size=patch_size // merge,
             in_chans=in_chans,
             embed_dim=embed_dim,
             output_fmt="NHWC",
@@ -85,10 +93,17 @@ class VisionTransformer(nn.Module):
         )
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
         self.reg_token = nn.Parameter(torch.zeros(1, reg_tokens, embed_dim)) if reg_tokens else None
+        self.merge_factor, self.merger_grid = merge, merger_grid
+        self.pe_grid = self._pe_grid()  # the grid the blocks and PEs are built for
+        self.token_merger = None
+        if token_merger or merger_grid:
+            self.token_merger = AdaptiveTokenMerger(
+                embed_dim, self.pe_grid, num_heads, mlp_ratio, norm_layer, act_layer, self.patch_embed.grid_size
+            )
 
         host = PEHost(
             dim=embed_dim,
-            grid=self.patch_embed.grid_size,
+            grid=self.pe_grid,
             num_prefix=self.num_prefix_tokens,
             layers=tuple(AttnSpec(embed_dim, num_heads, embed_dim // num_heads) for _ in range(depth)),
             embed_prefix=not no_embed_class,
@@ -117,7 +132,7 @@ class VisionTransformer(nn.Module):
         self.fc_norm = norm_layer(embed_dim) if use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
-        r = self.patch_embed.patch_size[0]
+        r = self.patch_embed.patch_size[0] * merge
         self.feature_info = [dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=r) for i in range(depth)]
         self.init_weights()
 
@@ -142,11 +157,16 @@ class VisionTransformer(nn.Module):
         if self.position_mode not in POSITION_MODES:
             raise ValueError(f"position_mode must be one of {POSITION_MODES}, got {self.position_mode!r}")
         layout = image_layout(grid[0], grid[1], self.num_prefix_tokens, device)
-        ref = self.patch_embed.grid_size
+        ref = self.pe_grid
         if self.position_mode == "interpolate" and tuple(grid) != tuple(ref):
             scale = torch.tensor([ref[1] / grid[1], ref[0] / grid[0]], device=layout.pos.device)
             layout = layout.with_pos(layout.pos * scale)
         return layout
+
+    def _pe_grid(self) -> tuple[int, int]:
+        if self.merger_grid:
+            return to_2tuple(self.merger_grid)
+        return tuple(-(-g // self.merge_factor) for g in self.patch_embed.grid_size)
 
     def set_position_mode(self, mode: str) -> None:
         if mode not in POSITION_MODES:
@@ -159,6 +179,8 @@ class VisionTransformer(nn.Module):
         """Images [B, C, H, W] -> tokens [B, P + N, C] with the token-site PEs applied, and their layout."""
         check_images(x, self.in_chans, self.patch_embed.patch_size[0])
         x = self.patch_embed(x)  # (B, Hp, Wp, C)
+        if self.token_merger is not None:
+            x = self.token_merger(x)  # (B, G_h, G_w, C)
         B, Hp, Wp, C = x.shape
         x = x.reshape(B, Hp * Wp, C)
         prefix = []
@@ -251,7 +273,7 @@ class VisionTransformer(nn.Module):
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict:
         return dict(
-            stem=r"^cls_token|^reg_token|^pe|^patch_embed",
+            stem=r"^cls_token|^reg_token|^pe|^patch_embed|^token_merger",
             blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))],
         )
 
@@ -273,11 +295,18 @@ class VisionTransformer(nn.Module):
 
     def set_input_size(self, img_size=None, patch_size=None) -> None:
         """Change the reference input size (and patch size): learned tables are resampled to the new grid."""
+        if patch_size is not None:
+            patch_size = patch_size // self.merge_factor  # the token merger's finer patches
         self.patch_embed.set_input_size(img_size=img_size, patch_size=patch_size)
-        self.pe.set_grid(self.patch_embed.grid_size)
+        self.pe_grid = self._pe_grid()
+        if self.token_merger is not None:
+            self.token_merger.grid = self.pe_grid
+        self.pe.set_grid(self.pe_grid)
         if hasattr(self, "pretrained_cfg"):
             self.pretrained_cfg = {**self.pretrained_cfg, "input_size": (self.in_chans, *self.patch_embed.img_size)}
 
     def token_grid(self, img_size: tuple[int, int]) -> tuple[int, int]:
-        """The patch grid an image of this size becomes (padded up to whole patches)."""
+        """The patch grid an image of this size becomes (padded up to whole patches; the merger grid with ATM)."""
+        if self.token_merger is not None:
+            return self.pe_grid
         return patch_grid(img_size[0], img_size[1], self.patch_embed.patch_size[0])

@@ -25,6 +25,11 @@ VIT_PES = {
     "irpe": dict(pe="irpe"),
     "irpe_bias": dict(pe="irpe_bias"),
     "irpe_qkv": dict(pe="irpe_qkv"),
+    "cpe": dict(pe="cpe"),
+    "cpe_gap": dict(pe="cpe_gap", global_pool="avg", class_token=False, fc_norm=False),  # CPVT-GAP: norm, then mean
+    "lepe": dict(pe="lepe"),
+    "fuzzy": dict(pe="fuzzy"),
+    "fuzzy_atm": dict(pe="fuzzy_atm", token_merger=1),  # half-size patches merged to the patch grid (G=14 @ 224/16)
 }
 
 DEIT = dict(paper_ids="arXiv:2012.12877", paper_name="Training data-efficient image transformers")
@@ -36,6 +41,10 @@ IRPE = dict(
     paper_name="Rethinking and Improving Relative Position Encoding for Vision Transformer",
 )
 VIT_PE_CFG.update({name: IRPE for name in VIT_PES if name.startswith("irpe")})
+CPVT = dict(paper_ids="arXiv:2102.10882", paper_name="Conditional Positional Encodings for Vision Transformers")
+CSWIN = dict(paper_ids="arXiv:2107.00652", paper_name="CSWin Transformer")
+VITAR = dict(paper_ids="arXiv:2403.18361", paper_name="ViTAR: Vision Transformer with Any Resolution")
+VIT_PE_CFG.update(cpe=CPVT, cpe_gap=CPVT, lepe=CSWIN, fuzzy=VITAR, fuzzy_atm=VITAR)
 
 VIT = zoo.Family(
     name="vit",

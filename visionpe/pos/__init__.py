@@ -2,12 +2,20 @@
 
 from .absolute import LearnedAPE, SinCos2D
 from .base import AttnSpec, PEHost, PosContext, PosEncoding, PosStack, merge_contexts
+from .fuzzy import FuzzyPE
+from .irpe import IRPE, piecewise_index, relative_bucket_ids
+from .lepe import LePE
+from .peg import PEG
 from .presets import PE_KINDS, PE_PRESETS, build_pos_encoding
 from .rope2d import RoPE2D
 
 __all__ = [
     "AttnSpec",
+    "FuzzyPE",
+    "IRPE",
+    "LePE",
     "LearnedAPE",
+    "PEG",
     "PEHost",
     "PE_KINDS",
     "PE_PRESETS",
@@ -18,4 +26,6 @@ __all__ = [
     "SinCos2D",
     "build_pos_encoding",
     "merge_contexts",
+    "piecewise_index",
+    "relative_bucket_ids",
 ]

@@ -10,8 +10,14 @@ import difflib
 import inspect
 
 from .absolute import LearnedAPE, SinCos2D
+from .ape_video import SpaceTimeAPE
 from .base import PEHost, PosEncoding, PosStack
+from .fuzzy import FuzzyPE
+from .irpe import IRPE
+from .lepe import LePE
+from .peg import PEG
 from .rope2d import RoPE2D
+from .rope_nd import RoPEND
 
 __all__ = ["PE_KINDS", "PE_PRESETS", "build_pos_encoding", "register_pe_kind", "register_pe_preset", "nearest"]
 
@@ -19,6 +25,12 @@ PE_KINDS: dict[str, type[PosEncoding]] = {
     "ape": LearnedAPE,
     "sincos": SinCos2D,
     "rope2d": RoPE2D,
+    "irpe": IRPE,
+    "cpe": PEG,
+    "lepe": LePE,
+    "fuzzy": FuzzyPE,
+    "ape_st": SpaceTimeAPE,
+    "rope_nd": RoPEND,
 }
 
 PE_PRESETS: dict[str, list[tuple[str, dict]]] = {
@@ -29,6 +41,29 @@ PE_PRESETS: dict[str, list[tuple[str, dict]]] = {
     "rope2d_mixed": [("rope2d", {"mode": "mixed"})],
     "rope2d_ape": [("rope2d", {"mode": "axial"}), ("ape", {})],
     "rope2d_mixed_ape": [("rope2d", {"mode": "mixed"}), ("ape", {})],
+    # iRPE (DeiT default: contextual, product, on k, ratio 1.9, APE kept)
+    "irpe": [("irpe", {"mode": "contextual", "mapping": "product", "targets": ("k",)}), ("ape", {})],
+    "irpe_bias": [("irpe", {"mode": "bias", "mapping": "product", "targets": ("k",)}), ("ape", {})],
+    "irpe_qkv": [("irpe", {"mode": "contextual", "mapping": "product", "targets": ("q", "k", "v")}), ("ape", {})],
+    # conditional / local: PEG after block 0 (no APE; cpe_gap is the CPVT-GAP model: the backbone pools by average),
+    # LePE on the values of every layer, ViTAR's fuzzy PE (fuzzy_atm: the backbone adds the token merger)
+    "cpe": [("cpe", {"blocks": (0,)})],
+    "cpe_gap": [("cpe", {"blocks": (0,)})],
+    "lepe": [("lepe", {})],
+    "fuzzy": [("fuzzy", {})],
+    "fuzzy_atm": [("fuzzy", {})],
+    # video / multimodal: separable space-time APE; RoPE over the position streams of visionpe.segments
+    "ape_st": [("ape_st", {})],
+    "rope1d": [("rope_nd", {"scheme": "rope1d"})],
+    "rope3d": [("rope_nd", {"scheme": "rope3d"})],
+    "mrope": [("rope_nd", {"scheme": "mrope"})],
+    "videorope": [("rope_nd", {"scheme": "videorope"})],
+    "vrope": [("rope_nd", {"scheme": "vrope"})],
+    "v2pe": [("rope_nd", {"scheme": "v2pe"})],
+    # Swin's relative position bias: iRPE bias, product mapping, identity index, B = window - 1, a table per head
+    "rpb": [("irpe", {"mode": "bias", "mapping": "product", "index": "identity", "shared_heads": False})],
+    # iRPE alone (contextual, product, on k), for backbones without an APE (Swin, CvT)
+    "irpe_only": [("irpe", {"mode": "contextual", "mapping": "product", "targets": ("k",)})],
 }
 
 

@@ -92,4 +92,8 @@ class RoPE2D(PosEncoding):
         return PosContext(rotate=rotate)
 
     def no_weight_decay(self):
-        return {"freqs"} if self.mode == "mixed" else set()
+        if self.mode != "mixed":
+            return set()
+        if isinstance(self.freqs, nn.ParameterList):
+            return {f"freqs.{i}" for i in range(len(self.freqs))}
+        return {"freqs"}

@@ -1,0 +1,42 @@
+"""`python -m visionpe.bench` (or `visionpe-bench`): extrapolate | speed | cards.
+
+visionpe-bench extrapolate -c configs/bench/quick.yaml [key=value ...]   # accuracy at other resolutions
+visionpe-bench speed [--models ...] [--resolutions ...] [--zoo]          # images/s, memory, params, GFLOPs
+visionpe-bench cards [--results results] [--out model_cards]           # model cards from measured results
+"""
+
+from __future__ import annotations
+
+import sys
+
+COMMANDS = {
+    "extrapolate": ("visionpe.bench.extrapolate", "train at one resolution, evaluate at many (tables and a plot)"),
+    "speed": ("visionpe.bench.speed", "inference/training images/s, peak memory, parameters, GFLOPs vs timm"),
+    "cards": ("visionpe.bench.cards", "write model_cards/<family>.md from the results under results/"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        width = max(map(len, COMMANDS))
+        lines = [f"  {name:<{width}}  {help_text}" for name, (_, help_text) in COMMANDS.items()]
+        print(
+            "usage: visionpe-bench {"
+            + ",".join(COMMANDS)
+            + "} [options]\n\n"
+            + "\n".join(lines)
+            + "\n\n`visionpe-bench <command> --help` lists the options of a command."
+        )
+        if argv and argv[0] not in ("-h", "--help"):
+            print(f"\nerror: unknown command {argv[0]!r}", file=sys.stderr)
+            return 2
+        return 0
+    import importlib
+
+    module = importlib.import_module(COMMANDS[argv[0]][0])
+    return int(module.main(argv[1:]) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,124 @@
+"""`fashion-mnist`: Zalando's 28 x 28 grey clothing images (10 classes) read from the standard IDX files.
+
+By default the files come from Debian's `dataset-fashion-mnist` package (/usr/share/datasets/fashion-mnist); any folder
+holding `{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]` works through `data.root`. The whole split is read once into
+a uint8 tensor (47 MB for train); items are resized to the requested resolution on the fly, so one dataset serves
+every resolution (`render(i, resolution)`).
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Dataset
+
+from .registry import register_dataset
+from .splits import split_kind
+
+__all__ = ["FashionMNIST", "read_idx", "fashion_mnist", "DEFAULT_ROOT", "CLASS_NAMES"]
+
+DEFAULT_ROOT = "/usr/share/datasets/fashion-mnist"
+FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+         "val": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
+CLASS_NAMES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
+MEAN, STD = 0.2860, 0.3530  # over the training images
+
+
+def read_idx(path: str | os.PathLike) -> torch.Tensor:
+    """An IDX file (optionally gzipped) of unsigned bytes -> uint8 tensor of its shape."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        data = f.read()
+    if len(data) < 4 or data[0] != 0 or data[1] != 0:
+        raise ValueError(f"{path} is not an IDX file (bad magic number)")
+    if data[2] != 0x08:
+        raise ValueError(f"{path}: only unsigned-byte IDX files are supported, got type code {data[2]:#x}")
+    ndim = data[3]
+    dims = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
+    offset = 4 + 4 * ndim
+    expected = 1
+    for d in dims:
+        expected *= d
+    if len(data) - offset != expected:
+        raise ValueError(f"{path}: header says {dims} ({expected} bytes) but the file holds {len(data) - offset}")
+    return torch.frombuffer(bytearray(data[offset:]), dtype=torch.uint8).reshape(dims)
+
+
+def _find(root: Path, stem: str) -> Path:
+    for name in (stem, stem + ".gz"):
+        if (root / name).is_file():
+            return root / name
+    raise FileNotFoundError(
+        f"Fashion-MNIST file {stem}[.gz] not found in {root}; install Debian's package "
+        f"(apt-get install dataset-fashion-mnist, files land in {DEFAULT_ROOT}) or set data.root to a folder with "
+        f"the four IDX files"
+    )
+
+
+@lru_cache(maxsize=4)
+def _load(root: str, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    images = read_idx(_find(Path(root), FILES[kind][0]))
+    labels = read_idx(_find(Path(root), FILES[kind][1])).long()
+    if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
+        raise ValueError(f"Fashion-MNIST {kind} files in {root} disagree: images {tuple(images.shape)}, "
+                         f"labels {tuple(labels.shape)}")
+    return images, labels
+
+
+class FashionMNIST(Dataset):
+    """Items are (image [1, R, R] normalised, class). Training items are shifted by up to `shift` px and flipped."""
+
+    num_classes = len(CLASS_NAMES)
+    classes = CLASS_NAMES
+
+    def __init__(self, root: str | os.PathLike, split: str = "train", resolution: int = 28, augment: bool = False,
+                 shift: int = 2, num_samples: int | None = None):
+        root = Path(root)
+        if not root.is_dir():
+            raise FileNotFoundError(
+                f"Fashion-MNIST directory {root} does not exist; install Debian's package (apt-get install "
+                f"dataset-fashion-mnist) or set data.root to a folder with the IDX files"
+            )
+        self.images, self.labels = _load(str(root), split_kind(split))
+        if num_samples is not None:
+            self.images, self.labels = self.images[:num_samples], self.labels[:num_samples]
+        self.resolution = int(resolution)
+        self.augment = augment
+        self.shift = int(shift)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def render(self, index: int, resolution: int) -> tuple[torch.Tensor, int]:
+        x = self.images[index].float().div_(255).unsqueeze(0)  # (1, 28, 28)
+        if self.augment:  # random translation by zero-padding + crop, then a horizontal flip (global torch RNG)
+            if self.shift:
+                s = self.shift
+                dx, dy = torch.randint(0, 2 * s + 1, (2,)).tolist()
+                x = F.pad(x, (s, s, s, s))[:, dy : dy + 28, dx : dx + 28]
+            if torch.rand(()) < 0.5:
+                x = x.flip(-1)
+        if resolution != x.shape[-1]:
+            x = F.interpolate(x[None], size=(resolution, resolution), mode="bilinear", align_corners=False,
+                              antialias=resolution < x.shape[-1])[0]
+        return (x - MEAN) / STD, int(self.labels[index])
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return self.render(index, self.resolution)
+
+
+@register_dataset("fashion-mnist", num_classes=10, in_chans=1, kind="image")
+def fashion_mnist(split: str = "train", resolution: int = 28, root: str | None = None, training: bool = False,
+                  augment: bool = True, shift: int = 2, num_train: int | None = None,
+                  num_val: int | None = None) -> FashionMNIST:
+    """Fashion-MNIST (60k train / 10k test, 10 classes, 1 channel) from IDX files; no download. num_train /
+    num_val keep the first items of a split (quick runs)."""
+    n = num_train if split_kind(split) == "train" else num_val
+    return FashionMNIST(root or DEFAULT_ROOT, split, resolution, augment=augment and training, shift=shift,
+                        num_samples=n)

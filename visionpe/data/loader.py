@@ -1,0 +1,117 @@
+"""Datasets by name and the loaders the engine uses for training and evaluation.
+
+Every loader iterates keys `(index, resolution, item_seed)` (multires.py) through `KeyedDataset`, so training at one
+resolution, at a random resolution per batch and evaluation at a list of resolutions share one path. Training order
+comes from a DistributedSampler (also in a single process: one code path), so `torchrun` needs nothing else.
+"""
+
+from __future__ import annotations
+
+import inspect
+from functools import partial
+
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from .multires import ResolutionBatchSampler, collate_to_resolution, eval_batches
+from .registry import DatasetInfo, get_dataset_info
+from .seeding import seeded_rngs
+
+__all__ = ["build_dataset", "dataset_num_classes", "KeyedDataset", "build_train_loader", "build_eval_loader",
+           "renders_any_resolution"]
+
+
+def _explicit_params(fn) -> tuple[set[str], bool]:
+    params = inspect.signature(fn).parameters
+    named = {n for n, p in params.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+    return named, any(p.kind == p.VAR_KEYWORD for p in params.values())
+
+
+def build_dataset(name: str | DatasetInfo, split: str, resolution: int, root: str | None = None,
+                  options: dict | None = None, **offered) -> Dataset:
+    """Build a registered dataset. `options` go to the factory as they are (an unknown one is an error naming the
+    valid ones); `offered` kwargs (training=, aug=, mean=, class_map=, ...) go only to factories that name them."""
+    info = name if isinstance(name, DatasetInfo) else get_dataset_info(name)
+    named, var_kw = _explicit_params(info.factory)
+    kwargs = dict(options or {})
+    unknown = set(kwargs) - named
+    if unknown and not var_kw:
+        valid = sorted(named - {"split", "resolution", "root"})
+        raise ValueError(f"dataset {info.name!r} does not take option(s) {sorted(unknown)}; it takes {valid}")
+    for key, value in offered.items():
+        if key in named and key not in kwargs:
+            kwargs[key] = value
+    return info.factory(split, resolution, root=root, **kwargs)
+
+
+def dataset_num_classes(info: DatasetInfo, dataset: Dataset) -> int:
+    n = info.num_classes or getattr(dataset, "num_classes", None)
+    if not n:
+        raise ValueError(f"dataset {info.name!r} declares no number of classes and its dataset object has no "
+                         f"num_classes attribute")
+    return int(n)
+
+
+def renders_any_resolution(dataset: Dataset) -> bool:
+    return callable(getattr(dataset, "render", None))
+
+
+class KeyedDataset(Dataset):
+    """Key (index, resolution, item_seed) -> (input, target, resolution, skipped paths)."""
+
+    def __init__(self, dataset: Dataset):
+        self.dataset = dataset
+        self.render = getattr(dataset, "render", None)
+        self.pop_skipped = getattr(dataset, "pop_skipped", None)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def _load(self, index: int, resolution: int):
+        return self.render(index, resolution) if self.render else self.dataset[index]
+
+    def __getitem__(self, key: tuple[int, int, int | None]):
+        index, resolution, seed = key
+        if seed is None:
+            item = self._load(index, resolution)
+        else:
+            with seeded_rngs(seed):
+                item = self._load(index, resolution)
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise TypeError(f"dataset items must be (input, target) pairs, got {type(item).__name__}")
+        skipped = tuple(self.pop_skipped()) if self.pop_skipped else ()
+        return item[0], item[1], resolution, skipped
+
+
+def _loader(keyed: KeyedDataset, batch_sampler, workers: int, pin_memory: bool) -> DataLoader:
+    return DataLoader(
+        keyed,
+        batch_sampler=batch_sampler,
+        num_workers=workers,
+        collate_fn=partial(collate_to_resolution, collate_inputs=getattr(keyed.dataset, "collate_inputs", None)),
+        pin_memory=pin_memory,
+        generator=torch.Generator(),  # keeps the loader from drawing from the global RNG (exact resume)
+        persistent_workers=False,
+    )
+
+
+def build_train_loader(dataset: Dataset, batch_size: int, resolutions: list[int], seed: int = 0, workers: int = 0,
+                       rank: int = 0, world_size: int = 1, pin_memory: bool = False) -> DataLoader:
+    """Shuffled batches (per-epoch order from (seed, epoch)) at one resolution per batch; the loader's
+    `batch_sampler` has set_epoch / start_at for resuming."""
+    keyed = KeyedDataset(dataset)
+    sampler = DistributedSampler(keyed, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
+    batches = ResolutionBatchSampler(sampler, batch_size, resolutions, drop_last=True, seed=seed)
+    if batches.num_batches() == 0:
+        raise ValueError(f"the training set has {len(dataset)} items, fewer than one batch of {batch_size} per "
+                         f"process x {world_size} process(es); lower data.batch_size or use more data")
+    return _loader(keyed, batches, workers, pin_memory)
+
+
+def build_eval_loader(dataset: Dataset, resolution: int, batch_size: int, workers: int = 0, rank: int = 0,
+                      world_size: int = 1, pin_memory: bool = False) -> DataLoader:
+    """Ordered batches over this rank's contiguous shard (no padding: metrics summed over ranks are exact)."""
+    n = len(dataset)
+    per = -(-n // world_size)
+    indices = range(rank * per, min(n, (rank + 1) * per))
+    return _loader(KeyedDataset(dataset), eval_batches(indices, batch_size, resolution), workers, pin_memory)

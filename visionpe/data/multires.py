@@ -1,0 +1,121 @@
+"""Batches at a resolution of their own: a batch sampler that picks one resolution per batch, and a collate that
+brings every item of a batch to it (ResFormer / ViTAR-style multi-resolution training; a list of one resolution is
+plain fixed-size training).
+
+The sampler yields keys `(index, resolution, item_seed)`; `KeyedDataset` (loader.py) turns a key into an item, rendered
+natively at that resolution when the dataset can (`render(index, resolution)`), otherwise resized here. Everything the
+sampler decides (order, resolutions, per-item augmentation seeds) is a function of (seed, epoch, position), so an
+epoch can be restarted at any batch (`start_at`) and give the same batches, whatever the number of workers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Sampler
+from torch.utils.data._utils.collate import default_collate
+
+from .seeding import mix_seed
+
+__all__ = ["ResolutionBatchSampler", "Batch", "collate_to_resolution", "resize_to", "eval_batches"]
+
+
+class Batch(NamedTuple):
+    inputs: torch.Tensor | dict  # images [B, C, R, R], clips [B, C, T, R, R], or a dict of model kwargs
+    targets: torch.Tensor  # [B] class ids
+    resolution: int
+    skipped: tuple[str, ...]  # unreadable files replaced while building this batch
+
+
+class ResolutionBatchSampler(Sampler):
+    """Groups an index sampler into batches of keys, one resolution per batch drawn uniformly from `resolutions`.
+
+    `sampler` may be a DistributedSampler (its `set_epoch` is forwarded); every rank draws the same resolution for the
+    same batch position. `seed_items` adds a per-item seed (seed, epoch, index) for the augmentation of that item.
+    """
+
+    def __init__(self, sampler, batch_size: int, resolutions: Sequence[int], drop_last: bool = True, seed: int = 0,
+                 seed_items: bool = True):
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        if not resolutions:
+            raise ValueError("resolutions must list at least one resolution")
+        self.sampler = sampler
+        self.batch_size = batch_size
+        self.resolutions = [int(r) for r in resolutions]
+        self.drop_last = drop_last
+        self.seed = seed
+        self.seed_items = seed_items
+        self.epoch = 0
+        self.start = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+    def start_at(self, batch: int) -> None:
+        """Skip the first `batch` batches of the epoch (to resume mid-epoch)."""
+        self.start = batch
+
+    def num_batches(self) -> int:
+        n = len(self.sampler)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def __len__(self) -> int:
+        return max(self.num_batches() - self.start, 0)
+
+    def schedule(self) -> list[int]:
+        """The resolution of every batch of the current epoch."""
+        if len(self.resolutions) == 1:
+            return self.resolutions * self.num_batches()
+        g = torch.Generator().manual_seed(mix_seed(self.seed, self.epoch, 0x5E5))
+        picks = torch.randint(len(self.resolutions), (self.num_batches(),), generator=g)
+        return [self.resolutions[i] for i in picks.tolist()]
+
+    def __iter__(self) -> Iterator[list[tuple[int, int, int | None]]]:
+        indices = list(self.sampler)
+        schedule = self.schedule()
+        for b in range(self.start, self.num_batches()):
+            res = schedule[b]
+            chunk = indices[b * self.batch_size : (b + 1) * self.batch_size]
+            yield [(i, res, mix_seed(self.seed, self.epoch, i) if self.seed_items else None) for i in chunk]
+
+
+def eval_batches(indices: Sequence[int], batch_size: int, resolution: int) -> list[list[tuple[int, int, None]]]:
+    """Fixed, ordered batches of keys for evaluation."""
+    idx = list(indices)
+    return [[(i, resolution, None) for i in idx[s : s + batch_size]] for s in range(0, len(idx), batch_size)]
+
+
+def resize_to(x: torch.Tensor, resolution: int) -> torch.Tensor:
+    """Resize the last two dims of an image [C, H, W] or clip [C, T, H, W] to resolution x resolution (bilinear,
+    antialiased when shrinking)."""
+    if x.shape[-2:] == (resolution, resolution):
+        return x
+    if x.ndim not in (3, 4):
+        raise ValueError(f"can only resize images [C, H, W] or clips [C, T, H, W], got shape {tuple(x.shape)}")
+    flat = x.reshape(-1, 1, *x.shape[-2:]) if x.ndim == 4 else x[None]
+    shrink = resolution < max(x.shape[-2:])
+    out = F.interpolate(flat.float(), size=(resolution, resolution), mode="bilinear", align_corners=False,
+                        antialias=shrink).to(x.dtype)
+    return out.reshape(*x.shape[:-2], resolution, resolution)
+
+
+def collate_to_resolution(items: list[tuple], collate_inputs: Callable | None = None) -> Batch:
+    """Items (input, target, resolution, skipped) -> a Batch at the batch's resolution. Dict inputs are collated by
+    the dataset's `collate_inputs(list_of_dicts)` when it has one (e.g. to pad text), else by default_collate."""
+    inputs, targets, resolutions, skipped = zip(*items)
+    res = resolutions[0]
+    if isinstance(inputs[0], torch.Tensor):
+        stacked = torch.stack([resize_to(x, res) for x in inputs])
+    elif isinstance(inputs[0], dict):
+        stacked = collate_inputs(list(inputs)) if collate_inputs else default_collate(list(inputs))
+    else:
+        raise TypeError(f"dataset items must be (tensor, target) or (dict of model kwargs, target), got "
+                        f"{type(inputs[0]).__name__}")
+    target = torch.as_tensor(targets) if not isinstance(targets[0], torch.Tensor) else torch.stack(targets)
+    return Batch(stacked, target, res, tuple(p for s in skipped for p in s))

@@ -1,0 +1,229 @@
+"""Checkpoints that survive a kill and load without unpickling anything.
+
+A run directory holds `checkpoints/<tag>.safetensors` (the weights, with the model name and the resolved config in the
+safetensors metadata), `<tag>-ema.safetensors` when EMA is on, and `<tag>.state.pt` (optimizer, scheduler, scaler,
+RNG states, position in the data: tensors and plain Python values only, read back with
+`torch.load(weights_only=True)`). Every file is written to a temporary name and renamed into place, and
+`checkpoint.json`, the pointer to the latest complete set, is replaced last: a kill at any moment leaves the previous
+checkpoint intact and pointed to.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+__all__ = [
+    "CheckpointError",
+    "CheckpointRef",
+    "POINTER",
+    "atomic_write_text",
+    "save_weights",
+    "load_weights",
+    "write_checkpoint",
+    "find_checkpoint",
+    "load_training_state",
+    "load_into_model",
+    "rng_state",
+    "set_rng_state",
+]
+
+POINTER = "checkpoint.json"
+CKPT_DIR = "checkpoints"
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, broken or does not fit the model; the message names the fix."""
+
+
+def _atomic(path: str | os.PathLike, write) -> None:
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o666 & ~_UMASK)  # some writers create 0600 files
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    _atomic(path, lambda tmp: Path(tmp).write_text(text))
+
+
+def save_weights(path: str | os.PathLike, state_dict: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    """A state dict as safetensors, atomically; tensors that share memory are stored as copies."""
+    tensors, seen = {}, set()
+    for k, v in state_dict.items():
+        v = v.detach().cpu()
+        ptr = v.untyped_storage().data_ptr() if v.numel() else None
+        tensors[k] = v.clone() if ptr in seen else v.contiguous()
+        if ptr is not None:
+            seen.add(ptr)
+    _atomic(path, lambda tmp: save_file(tensors, str(tmp), metadata={k: str(v) for k, v in metadata.items()}))
+
+
+def load_weights(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Tensors and metadata of a safetensors file."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint file {path} does not exist")
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            meta = dict(f.metadata() or {})
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as e:  # safetensors raises its own error types for a truncated or foreign file
+        raise CheckpointError(f"{path} is not a readable safetensors file ({e})") from None
+    return tensors, meta
+
+
+# ------------------------------------------------------------------------------------------------------ RNG states
+
+
+def rng_state() -> dict:
+    """Every global RNG the training loop draws from (dropout, drop path, mixup), as weights_only-loadable values."""
+    np_state = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "python": list(random.getstate()[1]),
+        "python_gauss": random.getstate()[2],
+        "numpy": torch.from_numpy(np_state[1].astype(np.int64)),
+        "numpy_pos": int(np_state[2]),
+        "numpy_gauss": [int(np_state[3]), float(np_state[4])],
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate((3, tuple(state["python"]), state["python_gauss"]))
+    has_gauss, cached = state["numpy_gauss"]
+    np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), state["numpy_pos"], has_gauss, cached))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ----------------------------------------------------------------------------------------------- run checkpoints
+
+
+@dataclass
+class CheckpointRef:
+    """The files of one checkpoint and what the pointer says about it."""
+
+    weights: Path
+    ema: Path | None = None
+    state: Path | None = None
+    info: dict | None = None  # the pointer: epoch, batch, global_step, finished, ...
+
+
+def write_checkpoint(run_dir: str | os.PathLike, tag: str, model_state: dict, metadata: dict[str, str],
+                     train_state: dict, ema_state: dict | None = None, info: dict | None = None,
+                     keep: int = 2) -> CheckpointRef:
+    """Write weights, EMA weights and training state under `tag`, then move the pointer, then prune old tags."""
+    run_dir = Path(run_dir)
+    ckpt_dir = run_dir / CKPT_DIR
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    ref = CheckpointRef(ckpt_dir / f"{tag}.safetensors", None, ckpt_dir / f"{tag}.state.pt")
+    save_weights(ref.weights, model_state, metadata)
+    if ema_state is not None:
+        ref.ema = ckpt_dir / f"{tag}-ema.safetensors"
+        save_weights(ref.ema, ema_state, {**metadata, "ema": "true"})
+    _atomic(ref.state, lambda tmp: torch.save(train_state, tmp))
+    old = _read_pointer(run_dir) or {}
+    history = [t for t in old.get("history", []) if t != tag] + [tag]
+    pointer = {
+        **(info or {}),
+        "weights": str(ref.weights.relative_to(run_dir)),
+        "ema": str(ref.ema.relative_to(run_dir)) if ref.ema else None,
+        "state": str(ref.state.relative_to(run_dir)),
+        "history": history[-max(keep, 1) :],
+    }
+    atomic_write_text(run_dir / POINTER, json.dumps(pointer, indent=1))
+    for stale in history[: -max(keep, 1)]:
+        for name in (f"{stale}.safetensors", f"{stale}-ema.safetensors", f"{stale}.state.pt"):
+            (ckpt_dir / name).unlink(missing_ok=True)
+    ref.info = pointer
+    return ref
+
+
+def _read_pointer(run_dir: Path) -> dict | None:
+    path = run_dir / POINTER
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path} is corrupt ({e}); point it at a file in {run_dir / CKPT_DIR}") from None
+
+
+def find_checkpoint(path: str | os.PathLike) -> CheckpointRef | None:
+    """The latest checkpoint of a run directory (None if it has none yet), or a given .safetensors file."""
+    path = Path(path)
+    if path.is_dir():
+        pointer = _read_pointer(path)
+        if pointer is None:
+            return None
+        ref = CheckpointRef(
+            path / pointer["weights"],
+            path / pointer["ema"] if pointer.get("ema") else None,
+            path / pointer["state"] if pointer.get("state") else None,
+            pointer,
+        )
+        for p in (ref.weights, ref.ema, ref.state):
+            if p is not None and not p.is_file():
+                raise CheckpointError(f"{path / POINTER} points to {p}, which is missing")
+        return ref
+    if path.is_file():
+        if path.suffix != ".safetensors":
+            raise CheckpointError(f"{path} is not a .safetensors file; pass a run directory or its weights file")
+        state = path.with_name(path.name.removesuffix("-ema.safetensors").removesuffix(".safetensors") + ".state.pt")
+        return CheckpointRef(path, None, state if state.is_file() else None, None)
+    raise CheckpointError(f"checkpoint {path} does not exist; pass a run directory or a .safetensors file")
+
+
+def load_training_state(path: str | os.PathLike) -> dict:
+    """The training-state file, read with weights_only=True (no arbitrary objects are unpickled)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise CheckpointError(f"cannot read training state {path} ({e})") from None
+
+
+def load_into_model(model: torch.nn.Module, state: dict[str, torch.Tensor], meta: dict[str, str], model_name: str,
+                    source: str | os.PathLike) -> None:
+    """Load weights, with an error naming the mismatch when they come from another model or configuration."""
+    trained = meta.get("model")
+    if trained and trained != model_name:
+        raise CheckpointError(f"{source} holds weights of model {trained!r}, not {model_name!r}; use "
+                              f"model.name={trained} (or drop the model.name override)")
+    own = model.state_dict()
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    shapes = [f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}" for k, v in own.items()
+              if k in state and state[k].shape != v.shape]
+    if missing or unexpected or shapes:
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} missing (e.g. {', '.join(missing[:3])})")
+        if unexpected:
+            parts.append(f"{len(unexpected)} unexpected (e.g. {', '.join(unexpected[:3])})")
+        if shapes:
+            parts.append(f"{len(shapes)} of another shape (checkpoint vs model: {'; '.join(shapes[:3])})")
+        raise CheckpointError(f"{source} does not fit model {model_name!r}: {', '.join(parts)}; was it trained with "
+                              f"another model, model.kwargs or dataset (number of classes, channels)?")
+    model.load_state_dict(state)

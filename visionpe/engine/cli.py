@@ -1,0 +1,89 @@
+"""Command lines of train.py and eval.py (kept here so that they are importable and testable)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from .checkpoint import CheckpointError
+from .config import ConfigError, format_config_help
+
+__all__ = ["train_main", "eval_main"]
+
+USER_ERRORS = (ConfigError, CheckpointError, FileNotFoundError, ValueError, FloatingPointError)
+
+
+def _fail(e: Exception) -> int:
+    if os.environ.get("VISIONPE_DEBUG"):
+        raise e
+    print(f"error: {e}\n(set VISIONPE_DEBUG=1 for the traceback)", file=sys.stderr)
+    return 2
+
+
+def _parse_resolutions(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.replace(" ", "").strip("[]").split(",") if v]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--resolutions takes integers like 28,42,56, got {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"--resolutions takes positive integers like 28,42,56, got {text!r}")
+    return values
+
+
+def train_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="train.py",
+        description="Train a registered model: a YAML recipe, then key=value overrides "
+        "(e.g. model.name=vit_n_rope2d data.root=/data/imagenet train.epochs=2). Works under torchrun.",
+        epilog="config keys (default, then help):\n" + format_config_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("-c", "--config", help="YAML recipe (configs/*.yaml); defaults apply without one")
+    parser.add_argument("--resume", nargs="?", const=True, default=False, metavar="RUN_DIR",
+                        help="continue the run the config names, or the given run directory (with its saved config)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+    args = parser.parse_args(argv)
+    from .trainer import train  # after argparse: --help stays fast
+
+    try:
+        train(args.config, args.overrides, resume=args.resume)
+    except USER_ERRORS as e:
+        return _fail(e)
+    return 0
+
+
+def eval_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="eval.py",
+        description="Evaluate a checkpoint at several resolutions: top-1, top-5 and loss per resolution. "
+        "Overrides (key=value) are applied to the checkpoint's config, e.g. data.root=... data.eval_batch_size=256.",
+    )
+    parser.add_argument("--checkpoint", required=True, help="a run directory (its latest checkpoint) or .safetensors")
+    parser.add_argument("--resolutions", type=_parse_resolutions, default=None,
+                        help="comma-separated resolutions, e.g. 28,42,56 (default: the run's eval.resolutions)")
+    parser.add_argument("--ema", action="store_true", help="evaluate the EMA weights")
+    parser.add_argument("--json", help="write the results as a JSON list of {resolution, top1, top5, loss, images}")
+    parser.add_argument("--csv", help="write the results as CSV with the same columns")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (data.*, train.device)")
+    args = parser.parse_args(argv)
+    from .distributed import init_distributed, shutdown
+    from .evaluate import evaluate_checkpoint, format_table, write_csv, write_json
+
+    ctx = None
+    try:
+        ctx = init_distributed("auto" if not any(o.startswith("train.device=") for o in args.overrides) else
+                               next(o.split("=", 1)[1] for o in args.overrides if o.startswith("train.device=")))
+        rows = evaluate_checkpoint(args.checkpoint, args.resolutions, args.overrides, args.ema, ctx)
+    except USER_ERRORS as e:
+        return _fail(e)
+    finally:
+        if ctx is not None:
+            shutdown(ctx)
+    if ctx.is_main:
+        print(format_table(rows, f"{args.checkpoint}{' (EMA)' if args.ema else ''}:"))
+        if args.json:
+            write_json(rows, args.json)
+        if args.csv:
+            write_csv(rows, args.csv)
+    return 0

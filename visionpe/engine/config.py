@@ -1,0 +1,362 @@
+"""The training/evaluation config: dataclasses with defaults, a YAML recipe on top, dotted `key=value` overrides last.
+
+    cfg = load_config("configs/quick.yaml", ["model.name=vit_n_ape", "train.epochs=2", "model.kwargs.depth=2"])
+
+Every key has a default and a one-line help (`python train.py --help` prints them). An unknown key, in a file or an
+override, is an error naming the nearest valid key; values are converted to the key's type (`1e-3` is a float,
+`32,48,64` a list) or rejected with the expected type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = [
+    "Config",
+    "ModelConfig",
+    "DataConfig",
+    "AugConfig",
+    "OptimConfig",
+    "TrainConfig",
+    "EvalConfig",
+    "ConfigError",
+    "load_config",
+    "apply_overrides",
+    "config_from_dict",
+    "config_to_dict",
+    "config_keys",
+    "format_config_help",
+    "save_config",
+]
+
+
+class ConfigError(ValueError):
+    """A config key or value that cannot be used; the message names the fix."""
+
+
+def setting(default: Any, help: str) -> Any:  # noqa: A002  (help: the one-line help of the key)
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class ModelConfig:
+    """The network."""
+
+    name: str = setting("vit_n_rope2d", "any registered timm model, e.g. vit_n_ape, vit_s_rope2d_mixed, swin_t_rpb")
+    kwargs: dict = setting({}, "extra constructor kwargs, e.g. model.kwargs.depth=2")
+    drop_path: float = setting(0.0, "stochastic depth rate")
+    img_size: int | None = setting(None, "reference input size (sizes learned position tables); null: data.resolution")
+
+
+@dataclass
+class DataConfig:
+    """The dataset and how it is batched."""
+
+    name: str = setting("synthetic-shapes", "a registered dataset: synthetic-shapes, fashion-mnist, imagefolder, imagenet")
+    root: str | None = setting(None, "data directory (folders: root/train/<class>/*, root/val/<class>/*)")
+    options: dict = setting({}, "dataset-specific options, e.g. data.options.num_train=2000")
+    train_split: str = setting("train", "split to train on")
+    val_split: str = setting("val", "split to evaluate on")
+    resolution: int = setting(32, "training resolution (px, square)")
+    train_resolutions: list[int] = setting([], "if set, each batch trains at a random one of these (multi-resolution)")
+    batch_size: int = setting(64, "training batch size per process")
+    eval_batch_size: int = setting(0, "evaluation batch size per process; 0: 2 x batch_size")
+    workers: int = setting(0, "data loader worker processes per training process")
+
+
+@dataclass
+class AugConfig:
+    """Augmentation and regularisation (the transforms apply to image folders; mixup/cutmix to any image set)."""
+
+    auto_augment: str | None = setting(None, "timm auto-augment policy, e.g. rand-m9-mstd0.5-inc1")
+    re_prob: float = setting(0.0, "random erasing probability")
+    color_jitter: float = setting(0.0, "colour jitter strength")
+    scale: list[float] = setting([0.08, 1.0], "RandomResizedCrop area range")
+    ratio: list[float] = setting([0.75, 1.3333333], "RandomResizedCrop aspect range")
+    hflip: float = setting(0.5, "horizontal flip probability")
+    interpolation: str | None = setting(None, "resize interpolation; null: the model's pretrained cfg")
+    crop_pct: float | None = setting(None, "evaluation centre-crop fraction; null: the model's pretrained cfg")
+    mean: list[float] | None = setting(None, "normalisation mean for image folders; null: the model's pretrained cfg")
+    std: list[float] | None = setting(None, "normalisation std for image folders; null: the model's pretrained cfg")
+    mixup: float = setting(0.0, "mixup alpha (0: off)")
+    cutmix: float = setting(0.0, "cutmix alpha (0: off)")
+    mixup_prob: float = setting(1.0, "probability of applying mixup or cutmix to a batch")
+    mixup_switch_prob: float = setting(0.5, "probability of cutmix instead of mixup when both are on")
+    mixup_mode: str = setting("batch", "mixup mode: batch, pair or elem")
+    label_smoothing: float = setting(0.0, "label smoothing")
+
+
+@dataclass
+class OptimConfig:
+    """Optimizer (timm create_optimizer_v2) and learning-rate schedule (timm create_scheduler_v2, per step)."""
+
+    opt: str = setting("adamw", "timm optimizer name")
+    lr: float = setting(1e-3, "peak learning rate (scaled by global batch / lr_base_size when that is set)")
+    lr_base_size: int | None = setting(None, "if set, lr is for this global batch size and scales linearly")
+    weight_decay: float = setting(0.05, "weight decay (not on biases, norms and the PEs' no_weight_decay tables)")
+    momentum: float = setting(0.9, "momentum (SGD-type optimizers)")
+    betas: list[float] | None = setting(None, "Adam betas; null: the optimizer's default")
+    eps: float | None = setting(None, "optimizer epsilon; null: default")
+    layer_decay: float | None = setting(None, "layer-wise lr decay")
+    clip_grad: float | None = setting(None, "gradient clipping threshold; null: off")
+    clip_mode: str = setting("norm", "clipping mode: norm, value or agc")
+    sched: str = setting("cosine", "timm scheduler name (cosine, step, ..., none)")
+    warmup_epochs: float = setting(0.0, "linear warmup length in epochs")
+    warmup_lr: float = setting(1e-6, "learning rate at the start of warmup")
+    min_lr: float = setting(1e-6, "floor of the schedule")
+    cooldown_epochs: int = setting(0, "epochs at min_lr after the schedule")
+
+
+@dataclass
+class TrainConfig:
+    """The training loop, checkpoints and logging."""
+
+    epochs: int = setting(10, "number of epochs")
+    seed: int = setting(0, "seed of model init, data order, augmentation and multi-resolution schedule")
+    device: str = setting("auto", "auto (cuda when present), cpu or cuda[:i]")
+    amp: str = setting("auto", "mixed precision: auto (bf16 on GPUs and AMX CPUs, fp16 on older GPUs, else none), bf16, fp16 or none")
+    threads: int | None = setting(None, "torch intra-op threads per process; null: torch's default")
+    ema: bool = setting(False, "keep an exponential moving average of the weights (timm ModelEmaV3)")
+    ema_decay: float = setting(0.9998, "EMA decay per step")
+    max_steps_per_epoch: int = setting(0, "stop each epoch after this many steps (0: full epochs; for smoke tests)")
+    ckpt_every_steps: int = setting(0, "also checkpoint every this many steps (0: at each epoch end only)")
+    keep_checkpoints: int = setting(2, "checkpoints kept on disk (older ones are deleted once a newer one is safe)")
+    log_every: int = setting(20, "append a train metrics line every this many steps")
+    progress: bool = setting(True, "show a progress bar (rank 0, interactive terminals)")
+    output_dir: str = setting("runs", "where run directories go")
+    run_name: str | None = setting(None, "run directory name ({model} becomes model.name); null: <config name>-{model}")
+
+
+@dataclass
+class EvalConfig:
+    """Evaluation during and after training."""
+
+    resolutions: list[int] = setting([], "resolutions evaluated after each epoch and at the end; empty: data.resolution")
+    every_epochs: int = setting(1, "evaluate every this many epochs (the last epoch always)")
+    ema: bool = setting(True, "also evaluate the EMA weights when train.ema is on")
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    aug: AugConfig = field(default_factory=AugConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def eval_resolutions(self) -> list[int]:
+        return list(self.eval.resolutions) or [self.data.resolution]
+
+    def train_resolutions(self) -> list[int]:
+        return list(self.data.train_resolutions) or [self.data.resolution]
+
+
+# ------------------------------------------------------------------------------------------------------- keys, types
+
+
+def _sections() -> dict[str, type]:
+    hints = typing.get_type_hints(Config)
+    return {f.name: hints[f.name] for f in dataclasses.fields(Config)}
+
+
+def config_keys() -> list[tuple[str, Any, str, Any]]:
+    """(dotted key, default, help, type) for every key."""
+    out = []
+    for section, cls in _sections().items():
+        hints = typing.get_type_hints(cls)
+        default = cls()
+        for f in dataclasses.fields(cls):
+            out.append((f"{section}.{f.name}", getattr(default, f.name), f.metadata.get("help", ""), hints[f.name]))
+    return out
+
+
+def _key_types() -> dict[str, Any]:
+    return {k: tp for k, _, _, tp in config_keys()}
+
+
+def nearest_key(key: str, keys: list[str]) -> str:
+    leaf = key.split(".")[-1]
+    same_leaf = [k for k in keys if k.split(".")[-1] == leaf]
+    if same_leaf:
+        return same_leaf[0]
+    return difflib.get_close_matches(key, keys, n=1, cutoff=0.0)[0]
+
+
+def _unknown(key: str, where: str) -> ConfigError:
+    keys = list(_key_types())
+    return ConfigError(f"unknown config key {key!r}{where}; did you mean {nearest_key(key, keys)!r}? "
+                       f"(`python train.py --help` lists every key)")
+
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def coerce(value: Any, tp, key: str) -> Any:
+    """Convert `value` (from YAML or a command line) to the type `tp` of `key`, or raise a ConfigError."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None or (isinstance(value, str) and value.strip().lower() in ("null", "none", "~", "")):
+            return None
+        return coerce(value, args[0], key)
+    bad = ConfigError(f"{key} expects {_type_name(tp)}, got {value!r}")
+    if value is None:
+        raise bad
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "yes", "on", "1", "false", "no", "off", "0"):
+            return value.lower() in ("true", "yes", "on", "1")
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        raise bad
+    if tp is int:
+        if isinstance(value, bool):
+            raise bad
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        try:
+            return int(value) if isinstance(value, (int, str)) else _raise(bad)
+        except ValueError:
+            raise bad from None
+    if tp is float:
+        if isinstance(value, bool):
+            raise bad
+        try:
+            return float(value) if isinstance(value, (int, float, str)) else _raise(bad)
+        except ValueError:
+            raise bad from None
+    if tp is str:
+        if isinstance(value, (dict, list)):
+            raise bad
+        return str(value)
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if isinstance(value, str):
+            text = value.strip().strip("[]()")
+            value = [v.strip() for v in text.split(",") if v.strip()]
+        elif not isinstance(value, (list, tuple)):
+            value = [value]
+        return [coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+    if tp is dict or origin is dict:
+        if not isinstance(value, dict):
+            raise bad
+        return dict(value)
+    raise ConfigError(f"{key}: unsupported type {tp}")  # pragma: no cover (a new field of an unhandled type)
+
+
+def _raise(e: Exception):
+    raise e
+
+
+# --------------------------------------------------------------------------------------------- dicts, files, overrides
+
+
+def config_to_dict(cfg: Config) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def config_from_dict(data: dict | None, where: str = "") -> Config:
+    """A Config from a nested dict (YAML); unknown sections/keys are errors naming the nearest key."""
+    data = data or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"a config must be a mapping of sections{where}, got {type(data).__name__}")
+    sections = _sections()
+    kwargs = {}
+    for section, values in data.items():
+        if section not in sections:
+            raise _unknown(str(section), where)
+        if values is None:
+            values = {}
+        if not isinstance(values, dict):
+            raise ConfigError(f"config section {section!r}{where} must be a mapping of keys, got {values!r}")
+        cls = sections[section]
+        hints = typing.get_type_hints(cls)
+        names = {f.name for f in dataclasses.fields(cls)}
+        converted = {}
+        for k, v in values.items():
+            if k not in names:
+                raise _unknown(f"{section}.{k}", where)
+            converted[k] = coerce(v, hints[k], f"{section}.{k}")
+        kwargs[section] = cls(**converted)
+    return Config(**kwargs)
+
+
+def apply_overrides(cfg: Config, overrides: list[str] | tuple[str, ...]) -> Config:
+    """Apply `section.key=value` strings; `section.dictkey.sub=value` sets an entry of a dict-valued key."""
+    data = config_to_dict(cfg)
+    key_types = _key_types()
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not key=value (e.g. train.epochs=2)")
+        key, raw = item.split("=", 1)
+        key = key.strip()
+        parts = key.split(".")
+        base = ".".join(parts[:2])
+        if base not in key_types:
+            raise _unknown(key, " on the command line")
+        tp = key_types[base]
+        section, name = parts[0], parts[1]
+        if len(parts) > 2:
+            if not (tp is dict or typing.get_origin(tp) is dict):
+                raise _unknown(key, " on the command line")
+            target = data[section][name]
+            for p in parts[2:-1]:
+                target = target.setdefault(p, {})
+            target[parts[-1]] = yaml.safe_load(raw) if raw.strip() else None
+            continue
+        plain = [a for a in typing.get_args(tp) if a is not type(None)] or [tp]
+        if plain[0] is str and raw.strip().lower() not in ("null", "none", "~", ""):
+            value = raw  # strings stay as typed: run_name=007 is "007"
+        else:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        data[section][name] = coerce(value, tp, base)
+    return config_from_dict(data)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Defaults, then the YAML file at `path` (if any), then the overrides."""
+    cfg = Config()
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"config file {path} not found")
+        with open(path) as f:
+            try:
+                data = yaml.safe_load(f)
+            except yaml.YAMLError as e:
+                raise ConfigError(f"{path} is not valid YAML: {e}") from None
+        cfg = config_from_dict(data, f" in {path}")
+        if cfg.train.run_name is None:
+            cfg.train.run_name = f"{path.stem}-{{model}}"
+    return apply_overrides(cfg, list(overrides))
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    from .checkpoint import atomic_write_text
+
+    atomic_write_text(path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+
+
+def format_config_help() -> str:
+    """Every key with its default and help, grouped by section."""
+    lines = []
+    for section, cls in _sections().items():
+        lines.append(f"\n{section}: {(cls.__doc__ or '').strip()}")
+        default = cls()
+        for f in dataclasses.fields(cls):
+            value = yaml.safe_dump(getattr(default, f.name), default_flow_style=True).strip().removesuffix("...")
+            lines.append(f"  {section}.{f.name} = {value.strip()}\n      {f.metadata.get('help', '')}")
+    return "\n".join(lines)

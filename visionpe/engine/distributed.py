@@ -1,0 +1,73 @@
+"""torchrun / DDP setup: gloo on CPU, nccl on GPU; only rank 0 writes files and prints.
+
+Under `torchrun --nproc_per_node N train.py ...` the environment carries RANK / WORLD_SIZE / LOCAL_RANK; without it
+everything below degrades to a single process with no process group.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["DistContext", "init_distributed", "resolve_device", "all_reduce_sum", "barrier", "shutdown"]
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    """'auto' -> cuda:<local rank> when CUDA is there, else cpu; 'cuda' without CUDA is an error naming the fix."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"train.device={name} but CUDA is not available; use train.device=cpu (or auto)")
+        return torch.device(name if ":" in name else f"cuda:{local_rank}")
+    if name != "cpu":
+        raise ValueError(f"train.device must be auto, cpu or cuda[:i], got {name!r}")
+    return torch.device("cpu")
+
+
+def init_distributed(device: str = "auto") -> DistContext:
+    """Join the process group torchrun set up (if any) and pick this process's device."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    dev = resolve_device(device, local_rank)
+    if world > 1 and not dist.is_initialized():
+        if dev.type == "cuda":
+            torch.cuda.set_device(dev)
+        dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
+    return DistContext(rank, world, local_rank, dev)
+
+
+def all_reduce_sum(t: torch.Tensor, ctx: DistContext) -> torch.Tensor:
+    if ctx.distributed:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def barrier(ctx: DistContext) -> None:
+    if ctx.distributed:
+        dist.barrier()
+
+
+def shutdown(ctx: DistContext) -> None:
+    if ctx.distributed and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,141 @@
+"""Top-1 / top-5 / loss at a list of resolutions, for a model in memory or a checkpoint on disk.
+
+    rows = evaluate_checkpoint("runs/quick-vit_n_rope2d", resolutions=[24, 32, 48])
+    # [{"resolution": 24, "top1": 71.2, "top5": 97.0, "loss": 0.83, "images": 1000}, ...]
+
+Under torchrun each rank evaluates a contiguous shard and the sums are all-reduced, so the numbers are exact (no
+padded duplicates).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import Dataset
+
+from ..data import get_dataset_info
+from ..data.loader import build_eval_loader, dataset_num_classes
+from .checkpoint import CheckpointError, find_checkpoint, load_into_model, load_weights
+from .config import Config, apply_overrides, config_from_dict
+from .distributed import DistContext, all_reduce_sum, init_distributed
+from .setup import autocast, build_eval_sets, build_model, check_resolutions, resolve_amp, run_model, to_device
+
+__all__ = ["evaluate_loader", "evaluate_resolutions", "evaluate_checkpoint", "load_checkpoint", "format_table",
+           "write_json", "write_csv", "RESULT_KEYS"]
+
+RESULT_KEYS = ("resolution", "top1", "top5", "loss", "images")
+
+
+@torch.no_grad()
+def evaluate_loader(model: nn.Module, loader, ctx: DistContext | None = None, amp: torch.dtype | None = None) -> dict:
+    """{'top1', 'top5', 'loss', 'images'} over a loader of Batch (top-5 is top-k with k = min(5, classes))."""
+    ctx = ctx or DistContext()
+    was_training = model.training
+    model.eval()
+    sums = torch.zeros(4, dtype=torch.float64)  # loss, top1, top5, images
+    for batch in loader:
+        targets = batch.targets.to(ctx.device)
+        with autocast(ctx.device, amp):
+            logits = run_model(model, to_device(batch.inputs, ctx.device))
+        logits = logits.float()
+        k = min(5, logits.shape[1])
+        top = logits.topk(k, dim=1).indices  # (B, k)
+        hit = top == targets[:, None]
+        sums += torch.tensor([F.cross_entropy(logits, targets, reduction="sum").item(), hit[:, 0].sum().item(),
+                              hit.any(dim=1).sum().item(), len(targets)], dtype=torch.float64)
+    model.train(was_training)
+    sums = all_reduce_sum(sums.to(ctx.device), ctx).cpu()
+    n = max(sums[3].item(), 1.0)
+    return dict(top1=100 * sums[1].item() / n, top5=100 * sums[2].item() / n, loss=sums[0].item() / n,
+                images=int(sums[3].item()))
+
+
+def evaluate_resolutions(model: nn.Module, datasets: dict[int, Dataset], batch_size: int, workers: int = 0,
+                         ctx: DistContext | None = None, amp: torch.dtype | None = None) -> list[dict]:
+    """One row per resolution: {'resolution', 'top1', 'top5', 'loss', 'images'}."""
+    ctx = ctx or DistContext()
+    rows = []
+    for res, ds in datasets.items():
+        loader = build_eval_loader(ds, res, batch_size, workers, ctx.rank, ctx.world_size,
+                                   pin_memory=ctx.device.type == "cuda")
+        rows.append({"resolution": res, **evaluate_loader(model, loader, ctx, amp)})
+    return rows
+
+
+def load_checkpoint(checkpoint: str | os.PathLike, overrides: list[str] | tuple[str, ...] = (), ema: bool = False,
+                    device: str | torch.device = "cpu") -> tuple[nn.Module, Config, dict]:
+    """(model with the checkpoint's weights, its config with `overrides` applied, the weights' metadata).
+
+    `checkpoint` is a run directory (its latest checkpoint) or a .safetensors file; a file from elsewhere needs
+    `model.name=` and `data.name=` among the overrides."""
+    ref = find_checkpoint(checkpoint)
+    if ref is None:
+        raise CheckpointError(f"{checkpoint} has no checkpoint yet (no {checkpoint}/checkpoint.json)")
+    path = ref.weights
+    if ema:
+        if ref.ema is None:
+            raise CheckpointError(f"{checkpoint} has no EMA weights (train with train.ema=true)")
+        path = ref.ema
+    state, meta = load_weights(path)
+    if "config" in meta:
+        cfg = config_from_dict(json.loads(meta["config"]), f" (the config stored in {path})")
+    else:
+        cfg = Config()
+        if not any(o.startswith("model.name=") for o in overrides):
+            raise CheckpointError(f"{path} carries no visionpe metadata; say which model and data it is for with "
+                                  f"model.name=... data.name=...")
+    cfg = apply_overrides(cfg, list(overrides))
+    info = get_dataset_info(cfg.data.name)
+    num_classes = int(meta.get("num_classes") or info.num_classes or 0)
+    in_chans = int(meta.get("in_chans") or info.in_chans)
+    if not num_classes:
+        raise CheckpointError(f"{path} does not say its number of classes; it needs visionpe metadata")
+    model = build_model(cfg, num_classes, in_chans)
+    load_into_model(model, state, meta, cfg.model.name, path)
+    return model.to(device), cfg, meta
+
+
+def evaluate_checkpoint(checkpoint: str | os.PathLike, resolutions: list[int] | None = None,
+                        overrides: list[str] | tuple[str, ...] = (), ema: bool = False,
+                        ctx: DistContext | None = None) -> list[dict]:
+    """Evaluate a checkpoint on the validation split of its dataset at each resolution (default: eval.resolutions).
+    Data overrides (`data.root=...`, `data.val_split=...`, `data.eval_batch_size=...`) apply as in training."""
+    ctx = ctx or init_distributed("auto")
+    model, cfg, meta = load_checkpoint(checkpoint, overrides, ema, ctx.device)
+    resolutions = [int(r) for r in (resolutions or cfg.eval_resolutions())]
+    class_map = json.loads(meta["class_map"]) if meta.get("class_map") else None
+    datasets = build_eval_sets(cfg, resolutions, class_map)
+    info = get_dataset_info(cfg.data.name)
+    n = dataset_num_classes(info, next(iter(datasets.values())))
+    if n != model.num_classes:
+        raise CheckpointError(f"the model was trained for {model.num_classes} classes but {cfg.data.name!r} "
+                              f"({cfg.data.val_split}) has {n}; evaluate on the dataset it was trained on")
+    amp = resolve_amp(cfg.train.amp, ctx.device)
+    check_resolutions(model, cfg.model.name, datasets, ctx.device, amp)
+    bs = cfg.data.eval_batch_size or 2 * cfg.data.batch_size
+    return evaluate_resolutions(model, datasets, bs, cfg.data.workers, ctx, amp)
+
+
+def format_table(rows: list[dict], title: str | None = None) -> str:
+    lines = [title] if title else []
+    lines.append(f"{'resolution':>10} {'top1':>7} {'top5':>7} {'loss':>8} {'images':>7}")
+    for r in rows:
+        lines.append(f"{r['resolution']:>10} {r['top1']:>7.2f} {r['top5']:>7.2f} {r['loss']:>8.4f} {r['images']:>7}")
+    return "\n".join(lines)
+
+
+def write_json(rows: list[dict], path: str | os.PathLike) -> None:
+    Path(path).write_text(json.dumps([{k: r[k] for k in RESULT_KEYS} for r in rows], indent=1) + "\n")
+
+
+def write_csv(rows: list[dict], path: str | os.PathLike) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=RESULT_KEYS, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)

@@ -1,0 +1,382 @@
+"""The training loop: any registered model on any registered dataset, at one or many resolutions, resumable exactly.
+
+    run_dir = train(load_config("configs/quick.yaml", ["train.epochs=2"]))
+
+Per step: (optional) mixup/cutmix, forward under autocast, backward, gradient clipping, optimizer step, per-step
+schedule update, EMA update. Per epoch: evaluation at eval.resolutions, a metrics line per resolution, a checkpoint.
+Data order, augmentation and resolutions are functions of (seed, epoch, position); the checkpoint stores the global
+RNGs, optimizer, scheduler, scaler and EMA, so `--resume` continues the run as if it had never stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import random
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from timm.data import Mixup
+from timm.loss import SoftTargetCrossEntropy
+from timm.optim import create_optimizer_v2
+from timm.scheduler import create_scheduler_v2
+from timm.utils import ModelEmaV3, dispatch_clip_grad
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+from .. import __version__
+from ..data import get_dataset_info
+from ..data.loader import build_train_loader, dataset_num_classes, renders_any_resolution
+from .checkpoint import (
+    CheckpointError,
+    atomic_write_text,
+    find_checkpoint,
+    load_into_model,
+    load_training_state,
+    load_weights,
+    rng_state,
+    set_rng_state,
+    write_checkpoint,
+)
+from .config import Config, ConfigError, config_to_dict, load_config, save_config
+from .distributed import DistContext, all_reduce_sum, barrier, init_distributed, shutdown
+from .evaluate import evaluate_resolutions, format_table, write_json
+from .setup import autocast, build_eval_sets, build_model, build_split, check_resolutions, resolve_amp, run_model
+from .setup import to_device
+
+__all__ = ["train", "Trainer", "SkippedImagesWarning", "resolve_run_dir", "METRICS"]
+
+METRICS = "metrics.jsonl"
+
+
+class SkippedImagesWarning(UserWarning):
+    """Some files could not be read and were replaced by the next readable one."""
+
+
+def resolve_run_dir(cfg: Config) -> Path:
+    name = (cfg.train.run_name or f"{cfg.data.name}-{{model}}").replace("{model}", cfg.model.name)
+    return Path(cfg.train.output_dir) / name
+
+
+def _validate(cfg: Config, ctx: DistContext) -> None:
+    if cfg.train.epochs < 1:
+        raise ConfigError(f"train.epochs must be at least 1, got {cfg.train.epochs}")
+    for key, values in (("data.train_resolutions", cfg.train_resolutions()), ("eval.resolutions",
+                                                                              cfg.eval_resolutions())):
+        if any(r <= 0 for r in values):
+            raise ConfigError(f"{key} must be positive pixel sizes, got {values}")
+    if cfg.data.batch_size <= 0:
+        raise ConfigError(f"data.batch_size must be positive, got {cfg.data.batch_size}")
+    if (cfg.aug.mixup > 0 or cfg.aug.cutmix > 0) and cfg.data.batch_size % 2:
+        raise ConfigError(f"mixup/cutmix pair up images: data.batch_size must be even, got {cfg.data.batch_size}")
+
+
+class Trainer:
+    """Builds everything from a config (checking it first), then `run()` trains and returns the run directory."""
+
+    def __init__(self, cfg: Config, ctx: DistContext, resume: bool = False):
+        self.cfg, self.ctx = cfg, ctx
+        _validate(cfg, ctx)
+        if cfg.train.threads:
+            torch.set_num_threads(cfg.train.threads)
+        self.run_dir = resolve_run_dir(cfg)
+        self.resume_ref = self._check_run_dir(resume)
+        torch.manual_seed(cfg.train.seed)  # model init: the same on every rank
+        random.seed(cfg.train.seed)
+        np.random.seed(cfg.train.seed)
+
+        # data first: image folders tell the number of classes; a missing directory fails here, before any work
+        self.info = get_dataset_info(cfg.data.name)
+        train_res = cfg.train_resolutions()
+        base = cfg.data.resolution if len(train_res) == 1 else max(train_res)
+        self.train_set = build_split(cfg, cfg.data.train_split, base, training=True)
+        self.num_classes = dataset_num_classes(self.info, self.train_set)
+        self.class_map = getattr(self.train_set, "class_to_idx", None)
+        self.eval_sets = build_eval_sets(cfg, cfg.eval_resolutions(), self.class_map)
+        if len(train_res) > 1 and not renders_any_resolution(self.train_set):
+            sample = self.train_set[0][0]
+            if not isinstance(sample, torch.Tensor):
+                raise ConfigError(f"multi-resolution training resizes tensors, but {cfg.data.name!r} yields "
+                                  f"{type(sample).__name__} inputs and has no render(index, resolution)")
+
+        # model, checked at every resolution it will see
+        self.device = ctx.device
+        self.amp = resolve_amp(cfg.train.amp, self.device)
+        cfg.model.img_size = cfg.model.img_size or cfg.data.resolution  # the resolved config records it
+        self.model = build_model(cfg, self.num_classes, self.info.in_chans).to(self.device)
+        check_resolutions(self.model, cfg.model.name, {r: self.train_set for r in train_res}, self.device, self.amp)
+        check_resolutions(self.model, cfg.model.name, self.eval_sets, self.device, self.amp)
+        self.ema = ModelEmaV3(self.model, decay=cfg.train.ema_decay) if cfg.train.ema else None
+        self.ddp = (DistributedDataParallel(self.model, device_ids=[self.device] if self.device.type == "cuda" else
+                                            None) if ctx.distributed else None)
+
+        # data loader, optimizer, schedule, loss
+        self.loader = build_train_loader(self.train_set, cfg.data.batch_size, train_res, cfg.train.seed,
+                                         cfg.data.workers, ctx.rank, ctx.world_size,
+                                         pin_memory=self.device.type == "cuda")
+        self.batches = self.loader.batch_sampler
+        full = self.batches.num_batches()
+        self.steps_per_epoch = min(full, cfg.train.max_steps_per_epoch) if cfg.train.max_steps_per_epoch else full
+        o = cfg.optim
+        lr = o.lr * cfg.data.batch_size * ctx.world_size / o.lr_base_size if o.lr_base_size else o.lr
+        extra = {k: v for k, v in (("betas", tuple(o.betas) if o.betas else None), ("eps", o.eps)) if v is not None}
+        self.optimizer = create_optimizer_v2(self.model, o.opt, lr=lr, weight_decay=o.weight_decay,
+                                             momentum=o.momentum, layer_decay=o.layer_decay, **extra)
+        self.scheduler, self.epochs = None, cfg.train.epochs
+        if o.sched != "none":
+            self.scheduler, self.epochs = create_scheduler_v2(
+                self.optimizer, o.sched, num_epochs=cfg.train.epochs, warmup_epochs=o.warmup_epochs,
+                warmup_lr=o.warmup_lr, min_lr=o.min_lr, cooldown_epochs=o.cooldown_epochs, step_on_epochs=False,
+                updates_per_epoch=self.steps_per_epoch)
+        a = cfg.aug
+        self.mixup = None
+        if a.mixup > 0 or a.cutmix > 0:
+            if self.info.kind != "image":
+                raise ConfigError(f"mixup/cutmix apply to image sets; {cfg.data.name!r} is {self.info.kind!r}")
+            self.mixup = Mixup(mixup_alpha=a.mixup, cutmix_alpha=a.cutmix, prob=a.mixup_prob,
+                               switch_prob=a.mixup_switch_prob, mode=a.mixup_mode, label_smoothing=a.label_smoothing,
+                               num_classes=self.num_classes)
+            self.criterion = SoftTargetCrossEntropy()
+        else:
+            self.criterion = nn.CrossEntropyLoss(label_smoothing=a.label_smoothing)
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp == torch.float16)
+        self.epoch, self.batch, self.global_step = 0, 0, 0
+        if self.resume_ref is not None:
+            self._load(self.resume_ref)
+
+    # ------------------------------------------------------------------------------------------------ run dir
+
+    def _check_run_dir(self, resume: bool) -> object:
+        ref = find_checkpoint(self.run_dir) if self.run_dir.is_dir() else None
+        if resume and ref is None:
+            raise CheckpointError(f"nothing to resume in {self.run_dir} (no checkpoint.json); start without --resume")
+        if not resume and ref is not None:
+            raise CheckpointError(f"{self.run_dir} already holds a run; continue it with --resume, or start a new "
+                                  f"one with train.run_name=<new name> (or train.output_dir=...)")
+        return ref
+
+    def _metrics(self, **row) -> None:
+        if self.ctx.is_main:
+            with open(self.run_dir / METRICS, "a") as f:
+                f.write(json.dumps(row) + "\n")
+
+    def log(self, msg: str) -> None:
+        if self.ctx.is_main:
+            tqdm.write(msg)
+
+    # --------------------------------------------------------------------------------------------- checkpoints
+
+    def _metadata(self) -> dict[str, str]:
+        meta = {
+            "format": "visionpe",
+            "visionpe_version": __version__,
+            "model": self.cfg.model.name,
+            "dataset": self.cfg.data.name,
+            "num_classes": str(self.num_classes),
+            "in_chans": str(self.info.in_chans),
+            "epoch": str(self.epoch),
+            "global_step": str(self.global_step),
+            "config": json.dumps(config_to_dict(self.cfg)),
+        }
+        if self.class_map:
+            meta["class_map"] = json.dumps(self.class_map)
+        return meta
+
+    def save(self, finished: bool = False) -> None:
+        if not self.ctx.is_main:
+            return
+        state = {
+            "epoch": self.epoch,
+            "batch": self.batch,
+            "global_step": self.global_step,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler else None,
+            "scaler": self.scaler.state_dict(),
+            "rng": rng_state(),
+            "sched_key": self._sched_key(),
+        }
+        info = dict(epoch=self.epoch, batch=self.batch, global_step=self.global_step, finished=finished,
+                    model=self.cfg.model.name, time=time.strftime("%Y-%m-%d %H:%M:%S"))
+        write_checkpoint(self.run_dir, f"e{self.epoch:04d}-b{self.batch:06d}", self.model.state_dict(),
+                         self._metadata(), state, self.ema.module.state_dict() if self.ema else None, info,
+                         keep=self.cfg.train.keep_checkpoints)
+
+    def _sched_key(self) -> str:
+        return json.dumps([dataclasses.asdict(self.cfg.optim), self.cfg.train.epochs, self.steps_per_epoch])
+
+    def _load(self, ref) -> None:
+        state, meta = load_weights(ref.weights)
+        load_into_model(self.model, state, meta, self.cfg.model.name, ref.weights)
+        if self.ema is not None:
+            if ref.ema is None:
+                raise CheckpointError(f"{ref.weights} has no EMA weights but train.ema=true; resume with "
+                                      f"train.ema=false or start a new run")
+            ema_state, ema_meta = load_weights(ref.ema)
+            load_into_model(self.ema.module, ema_state, ema_meta, self.cfg.model.name, ref.ema)
+        ts = load_training_state(ref.state)
+        self.optimizer.load_state_dict(ts["optimizer"])
+        if self.scheduler is not None and ts.get("scheduler") and ts.get("sched_key") == self._sched_key():
+            self.scheduler.load_state_dict(ts["scheduler"])  # else: the schedule changed; rebuilt from the config
+        self.scaler.load_state_dict(ts["scaler"])
+        set_rng_state(ts["rng"])
+        self.epoch, self.batch, self.global_step = ts["epoch"], ts["batch"], ts["global_step"]
+        if self.ctx.is_main:  # forget metrics logged after the checkpoint by the run that stopped
+            path = self.run_dir / METRICS
+            if path.is_file():
+                keep = [ln for ln in path.read_text().splitlines() if ln.strip()
+                        and json.loads(ln).get("global_step", 0) <= self.global_step]
+                atomic_write_text(path, "".join(ln + "\n" for ln in keep))
+        self.log(f"resumed {self.run_dir} at epoch {self.epoch + 1}, batch {self.batch} (step {self.global_step})")
+
+    # ---------------------------------------------------------------------------------------------------- loop
+
+    def run(self) -> Path:
+        cfg, ctx = self.cfg, self.ctx
+        if ctx.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            save_config(cfg, self.run_dir / "config.yaml")
+        barrier(ctx)
+        self.log(f"training {cfg.model.name} on {cfg.data.name} ({len(self.train_set)} images, "
+                     f"{self.num_classes} classes) at {cfg.train_resolutions()} px for {self.epochs} epochs, "
+                     f"{self.steps_per_epoch} steps each, {ctx.world_size} process(es) on {self.device}, "
+                     f"amp={self.amp or 'none'}; run dir {self.run_dir}")
+        rows = None
+        while self.epoch < self.epochs:
+            self.train_epoch()
+            last = self.epoch + 1 == self.epochs
+            if last or (self.epoch + 1) % cfg.eval.every_epochs == 0:
+                rows = self.evaluate()
+            self.epoch, self.batch = self.epoch + 1, 0
+            self.save(finished=self.epoch == self.epochs)
+        if rows is None:  # resumed a finished run: report its results again (every rank takes part)
+            rows = self.evaluate()
+        if ctx.is_main and rows:
+            write_json([r for r in rows if r.get("weights") == "model"], self.run_dir / "results.json")
+            self.log(format_table([r for r in rows if r.get("weights") == "model"],
+                                  f"{cfg.model.name} on {cfg.data.name} ({cfg.data.val_split}), trained at "
+                                  f"{cfg.train_resolutions()} px:"))
+        barrier(ctx)
+        return self.run_dir
+
+    def train_epoch(self) -> None:
+        cfg, ctx = self.cfg, self.ctx
+        net = self.ddp or self.model
+        net.train()
+        self.batches.set_epoch(self.epoch)
+        self.batches.start_at(self.batch)
+        bar = tqdm(total=self.steps_per_epoch, initial=self.batch, desc=f"epoch {self.epoch + 1}/{self.epochs}",
+                   disable=(not cfg.train.progress or not ctx.is_main) or None, dynamic_ncols=True, leave=False)
+        window_loss, window_n, window_images, t0 = torch.zeros((), device=self.device), 0, 0, time.perf_counter()
+        epoch_loss, epoch_n, skipped, t_epoch = 0.0, 0, [], time.perf_counter()
+        for batch in self.loader:
+            if self.batch >= self.steps_per_epoch:
+                break
+            skipped += batch.skipped
+            loss = self.step(net, batch)
+            self.batch += 1
+            self.global_step += 1
+            window_loss += loss.detach()
+            window_n += 1
+            window_images += len(batch.targets) * ctx.world_size
+            bar.update(1)
+            if window_n == cfg.train.log_every or self.batch == self.steps_per_epoch:
+                mean = all_reduce_sum(window_loss.float().clone(), ctx).item() / (window_n * ctx.world_size)
+                if not math.isfinite(mean):
+                    raise FloatingPointError(
+                        f"loss became {mean} at step {self.global_step}; lower optim.lr or set optim.clip_grad. "
+                        f"The last good checkpoint is kept in {self.run_dir}")
+                rate = window_images / max(time.perf_counter() - t0, 1e-9)
+                lr = self.optimizer.param_groups[0]["lr"]
+                bar.set_postfix(loss=f"{mean:.4f}", lr=f"{lr:.2e}", img_s=f"{rate:.0f}")
+                self._metrics(kind="train", epoch=self.epoch + 1, global_step=self.global_step, loss=mean, lr=lr,
+                              img_per_s=rate, resolution=batch.resolution)
+                epoch_loss, epoch_n = epoch_loss + mean * window_n, epoch_n + window_n
+                window_loss.zero_()
+                window_n, window_images, t0 = 0, 0, time.perf_counter()
+            every = cfg.train.ckpt_every_steps
+            if every and self.global_step % every == 0 and self.batch < self.steps_per_epoch:
+                self.save()
+        bar.close()
+        n_skipped = int(all_reduce_sum(torch.tensor(float(len(skipped)), device=self.device), ctx).item())
+        if n_skipped and ctx.is_main:
+            warnings.warn(f"epoch {self.epoch + 1}: skipped {n_skipped} unreadable image file(s), each replaced by "
+                          f"the next readable one (e.g. {skipped[0] if skipped else 'on another rank'})",
+                          SkippedImagesWarning, stacklevel=2)
+        elapsed = time.perf_counter() - t_epoch
+        self.log(f"epoch {self.epoch + 1}/{self.epochs}: train loss {epoch_loss / max(epoch_n, 1):.4f}, "
+                 f"lr {self.optimizer.param_groups[0]['lr']:.2e}, {elapsed:.1f} s")
+
+    def step(self, net: nn.Module, batch) -> torch.Tensor:
+        inputs = to_device(batch.inputs, self.device, non_blocking=True)
+        targets = batch.targets.to(self.device, non_blocking=True)
+        if self.mixup is not None:
+            inputs, targets = self.mixup(inputs, targets)
+        with autocast(self.device, self.amp):
+            loss = self.criterion(run_model(net, inputs), targets)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        if self.cfg.optim.clip_grad is not None:
+            self.scaler.unscale_(self.optimizer)
+            dispatch_clip_grad(self.model.parameters(), self.cfg.optim.clip_grad, mode=self.cfg.optim.clip_mode)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        if self.scheduler is not None:
+            self.scheduler.step_update(num_updates=self.global_step + 1)
+        if self.ema is not None:
+            self.ema.update(self.model, step=self.global_step + 1)
+        return loss
+
+    def evaluate(self) -> list[dict]:
+        cfg, ctx = self.cfg, self.ctx
+        bs = cfg.data.eval_batch_size or 2 * cfg.data.batch_size
+        rows = [dict(r, weights="model") for r in
+                evaluate_resolutions(self.model, self.eval_sets, bs, cfg.data.workers, ctx, self.amp)]
+        if self.ema is not None and cfg.eval.ema:
+            rows += [dict(r, weights="ema") for r in
+                     evaluate_resolutions(self.ema.module, self.eval_sets, bs, cfg.data.workers, ctx, self.amp)]
+        for r in rows:
+            self._metrics(kind="eval", epoch=self.epoch + 1, global_step=self.global_step, **r)
+        summary = ", ".join(f"{r['weights'] + ' ' if r['weights'] != 'model' else ''}@{r['resolution']} "
+                            f"{r['top1']:.2f}" for r in rows)
+        self.log(f"epoch {self.epoch + 1}/{self.epochs}: {cfg.data.val_split} top-1 {summary}")
+        return rows
+
+
+def train(config: Config | str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = (),
+          resume: bool | str | os.PathLike = False) -> Path:
+    """Train and return the run directory. `config` is a Config or a YAML path (+ `overrides`); `resume=True`
+    continues the run directory the config names, `resume=<run dir>` continues that one with its saved config."""
+    if isinstance(resume, (str, os.PathLike)):
+        run_dir = Path(resume)
+        if not (run_dir / "config.yaml").is_file():
+            raise CheckpointError(f"{run_dir} is not a run directory (no config.yaml); nothing to resume")
+        cfg = load_config(run_dir / "config.yaml", overrides) if config is None else _as_config(config, overrides)
+        cfg.train.output_dir, cfg.train.run_name = str(run_dir.parent), run_dir.name
+        resume = True
+    else:
+        cfg = _as_config(config, overrides)
+    owns_group = not torch.distributed.is_initialized()
+    threads = torch.get_num_threads()
+    ctx = init_distributed(cfg.train.device)
+    try:
+        return Trainer(cfg, ctx, resume=bool(resume)).run()
+    finally:
+        torch.set_num_threads(threads)  # train.threads applies to this run only
+        if owns_group:
+            shutdown(ctx)  # a process group the caller set up stays up
+
+
+def _as_config(config, overrides) -> Config:
+    if config is None or isinstance(config, (str, os.PathLike)):
+        return load_config(config, overrides)
+    if isinstance(config, Config):
+        from .config import apply_overrides
+
+        return apply_overrides(config, list(overrides))
+    raise TypeError(f"config must be a Config or a YAML path, got {type(config).__name__}")

@@ -1,0 +1,375 @@
+"""CvT (Wu et al., "CvT: Introducing Convolutions to Vision Transformers", ICCV 2021) with a swappable PE.
+
+Three stages, each a strided convolutional token embedding (conv + LayerNorm) followed by transformer blocks whose
+attention projects q, k and v through a depthwise conv + BatchNorm (stride 1 for q, 2 for k/v) and a linear layer.
+The CLS token joins in the last stage only and bypasses the convolutions. The paper's models have no positional
+encoding at all (`pe="nope"`); the others are options.
+
+Positions: stage s attends over its own query grid (raw integer coordinates of that grid). Keys and values sit on
+the stride-2 grid; they get the coordinates of their cell centres in query-grid units (`cell_centre_layout`), so a
+relative PE compares q and k in one coordinate frame. (The stride-2 conv's receptive field is centred on query
+cell 2i; the cell it summarises, [2i, 2i + 1], is centred on 2i + 0.5. We use the cell centre.)
+
+Weight-compatibility quirks kept: the attention scale is dim^-0.5 over the full width, not head_dim^-0.5 (official
+code); the official models use QuickGELU (`act_layer="quick_gelu"`, the default), the Hugging Face port GELU
+(`act_layer="gelu"`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from functools import partial
+
+import torch
+from timm.layers import get_act_layer, trunc_normal_
+from timm.models._features import feature_take_indices
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from ..layers.checks import check_images
+from ..layout import TokenLayout, cell_centre_layout, image_layout
+from ..pos.base import AttnSpec, PEHost
+from ..pos.presets import PE_KINDS, PE_PRESETS, build_pos_encoding
+from .cvt_layers import CvtBlock, CvtStage
+
+__all__ = ["ConvolutionalVisionTransformer"]
+
+
+def _stage_tuple(value, n: int, what: str) -> tuple:
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        if len(value) != n:
+            raise ValueError(f"{what} needs one value per stage ({n}), got {tuple(value)}")
+        return tuple(value)
+    return (value,) * n
+
+
+class ConvolutionalVisionTransformer(nn.Module):
+    def __init__(
+        self,
+        img_size: int | tuple[int, int] = 224,
+        in_chans: int = 3,
+        num_classes: int = 1000,
+        global_pool: str | None = None,
+        embed_dims: Sequence[int] = (64, 192, 384),
+        depths: Sequence[int] = (1, 2, 10),
+        num_heads: Sequence[int] = (1, 3, 6),
+        patch_size: Sequence[int] = (7, 3, 3),
+        patch_stride: Sequence[int] = (4, 2, 2),
+        patch_padding: Sequence[int] = (2, 1, 1),
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        kernel_qkv: int = 3,
+        stride_kv: int = 2,
+        padding_q: int = 1,
+        padding_kv: int = 1,
+        cls_token: bool = True,
+        drop_rate: float = 0.0,
+        proj_drop_rate: float = 0.0,
+        drop_path_rate: float | Sequence[float] = 0.0,
+        pe: str = "nope",
+        pe_kwargs: dict | None = None,
+        act_layer: str | type[nn.Module] = "quick_gelu",
+        norm_layer: type[nn.Module] | None = None,
+    ):
+        """embed_dims/depths/num_heads and the patch_* conv settings are per stage. cls_token: a CLS token joins in
+        the last stage (then global_pool defaults to 'token', else 'avg'). drop_path_rate: the last stage's rate
+        (official: stages 1-2 have none), or one per stage, linear over each stage's blocks.
+        pe: a PE preset (visionpe.pos.PE_PRESETS), 'nope' for the paper's models; pe_kwargs override its options.
+        act_layer: 'quick_gelu' (official weights) or 'gelu' (Hugging Face transformers port)."""
+        super().__init__()
+        n = len(depths)
+        embed_dims, num_heads = _stage_tuple(embed_dims, n, "embed_dims"), _stage_tuple(num_heads, n, "num_heads")
+        kernels = _stage_tuple(patch_size, n, "patch_size")
+        strides = _stage_tuple(patch_stride, n, "patch_stride")
+        paddings = _stage_tuple(patch_padding, n, "patch_padding")
+        if isinstance(drop_path_rate, Sequence):
+            rates = _stage_tuple(drop_path_rate, n, "drop_path_rate")
+        else:
+            rates = (0.0,) * (n - 1) + (drop_path_rate,)
+        global_pool = global_pool if global_pool is not None else ("token" if cls_token else "avg")
+        self._check_pool(global_pool, cls_token)
+        norm_layer = norm_layer or partial(nn.LayerNorm, eps=1e-5)
+        act_layer = get_act_layer(act_layer) if isinstance(act_layer, str) else act_layer
+        self.num_classes = num_classes
+        self.global_pool = global_pool
+        self.in_chans = in_chans
+        self.img_size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+        self.embed_dims = embed_dims
+        self.num_features = self.head_hidden_size = embed_dims[-1]
+        self.num_prefix_tokens = int(cls_token)
+        self.grad_checkpointing = False
+
+        stages, in_dim = [], in_chans
+        for s in range(n):
+            stages.append(
+                CvtStage(
+                    in_dim,
+                    embed_dims[s],
+                    depths[s],
+                    embed=dict(kernel=kernels[s], stride=strides[s], padding=paddings[s]),
+                    cls_token=cls_token and s == n - 1,
+                    norm_layer=norm_layer,
+                    num_heads=num_heads[s],
+                    mlp_ratio=mlp_ratio,
+                    qkv_bias=qkv_bias,
+                    proj_drop=proj_drop_rate,
+                    drop_path=[rates[s] * j / max(depths[s] - 1, 1) for j in range(depths[s])],
+                    act_layer=act_layer,
+                    kernel_size=kernel_qkv,
+                    stride_kv=stride_kv,
+                    padding_q=padding_q,
+                    padding_kv=padding_kv,
+                )
+            )
+            in_dim = embed_dims[s]
+        self.stages = nn.ModuleList(stages)
+        # global block index of each stage's first block
+        self.stage_starts = [sum(depths[:s]) for s in range(n)]
+
+        grids = self.stage_grids(self.img_size)
+        specs = tuple(
+            AttnSpec(embed_dims[s], num_heads[s], embed_dims[s] // num_heads[s], grid=grids[s])
+            for s in range(n)
+            for _ in range(depths[s])
+        )
+        host = PEHost(
+            dim=embed_dims[0],
+            grid=grids[0],
+            num_prefix=self.num_prefix_tokens,
+            layers=specs,
+            embed_prefix=False,
+            extra=dict(stage_of_layer=tuple(s for s in range(n) for _ in range(depths[s])), stride_kv=stride_kv),
+        )
+        self.pe = build_pos_encoding(pe, host, self._default_pe_kwargs(pe, pe_kwargs))
+        self.pe_name = pe
+
+        self.norm = norm_layer(embed_dims[-1])
+        self.head_drop = nn.Dropout(drop_rate)
+        self.head = nn.Linear(embed_dims[-1], num_classes) if num_classes > 0 else nn.Identity()
+        reductions, r = [], 1
+        for s in range(n):
+            r *= strides[s]
+            reductions.append(r)
+        self.feature_info = [
+            dict(module=f"stages.{s}", num_chs=embed_dims[s], reduction=reductions[s]) for s in range(n)
+        ]
+        self.init_weights()
+
+    def _default_pe_kwargs(self, pe: str, pe_kwargs: dict | None) -> dict:
+        """Block-site PEs (CPE/PEG) act after the first block of every stage (as in Twins), unless told otherwise."""
+        pe_kwargs = dict(pe_kwargs or {})
+        kinds = [kind for kind, _ in PE_PRESETS.get(pe, [])]
+        takes_blocks = any("blocks" in inspect.signature(PE_KINDS[k].__init__).parameters for k in kinds)
+        if (
+            takes_blocks
+            and "blocks" not in pe_kwargs
+            and not any(isinstance(v, dict) and "blocks" in v for v in pe_kwargs.values())
+        ):
+            pe_kwargs["blocks"] = tuple(self.stage_starts[s] for s, st in enumerate(self.stages) if len(st.blocks))
+        return pe_kwargs
+
+    @staticmethod
+    def _check_pool(global_pool: str, cls_token: bool) -> None:
+        if global_pool not in ("", "avg", "token"):
+            raise ValueError(f"global_pool must be '', 'avg' or 'token', got {global_pool!r}")
+        if global_pool == "token" and not cls_token:
+            raise ValueError("global_pool='token' needs cls_token=True; use global_pool='avg' without a CLS token")
+
+    def init_weights(self) -> None:
+        for stage in self.stages:
+            if stage.cls_token is not None:
+                trunc_normal_(stage.cls_token, std=0.02)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+
+    # ------------------------------------------------------------------------------------------------ positions
+
+    def stage_grids(self, img_size: tuple[int, int]) -> list[tuple[int, int]]:
+        """Query grid of every stage for an H x W image; a clear error when the image is too small."""
+        grids, hw = [], tuple(img_size)
+        for s, stage in enumerate(self.stages):
+            hw = stage.patch_embed.out_size(hw)
+            if min(hw) < 1:
+                pe = stage.patch_embed
+                raise ValueError(
+                    f"image {img_size[0]} x {img_size[1]} is too small for CvT: stage {s}'s embedding "
+                    f"(kernel {pe.kernel}, stride {pe.stride}, padding {pe.padding}) leaves no tokens; "
+                    f"use images of at least {self.min_img_size()} px"
+                )
+            grids.append(hw)
+        return grids
+
+    def min_img_size(self) -> int:
+        """Smallest square image every stage can embed."""
+        size = 1
+        while True:
+            hw = (size, size)
+            ok = True
+            for stage in self.stages:
+                hw = stage.patch_embed.out_size(hw)
+                ok = ok and min(hw) >= 1
+            if ok:
+                return size
+            size += 1
+
+    def layouts(self, s: int, hw: tuple[int, int], device=None) -> tuple[TokenLayout, TokenLayout]:
+        """(query layout, key/value layout) of stage s at query grid hw; k/v at their cell centres."""
+        stage = self.stages[s]
+        attn = stage.blocks[0].attn if len(stage.blocks) else None
+        q_layout = image_layout(hw[0], hw[1], stage.num_prefix, device)
+        if attn is None:
+            return q_layout, q_layout
+        kh, kw = attn.kv_grid(hw)
+        kv_layout = cell_centre_layout(kh, kw, attn.stride_kv, stage.num_prefix, device)
+        return q_layout, kv_layout
+
+    # ---------------------------------------------------------------------------------------------------- forward
+
+    def _run_block(self, i: int, block: CvtBlock, x, hw, num_prefix, layouts):
+        ctx = self.pe.context(i, *layouts)
+        if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
+            x = checkpoint(block, x, hw, num_prefix, ctx, use_reentrant=False)
+        else:
+            x = block(x, hw, num_prefix, ctx)
+        return self.pe.block(i, x, layouts[0])
+
+    def forward_stage(self, s: int, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+        """Stage s: [B, C_in, H, W] (images or the previous stage's map) -> tokens [B, P + h*w, C] and (h, w)."""
+        stage = self.stages[s]
+        x = stage.patch_embed(x)  # (B, h, w, C)
+        B, h, w, C = x.shape
+        x = x.reshape(B, h * w, C)
+        if stage.cls_token is not None:
+            x = torch.cat([stage.cls_token.expand(B, -1, -1), x], dim=1)
+        layouts = self.layouts(s, (h, w), x.device)
+        if s == 0:
+            x = self.pe.tokens(x, layouts[0])
+        for j, block in enumerate(stage.blocks):
+            x = self._run_block(self.stage_starts[s] + j, block, x, (h, w), stage.num_prefix, layouts)
+        return x, (h, w)
+
+    @staticmethod
+    def _to_map(x: torch.Tensor, hw: tuple[int, int], num_prefix: int) -> torch.Tensor:
+        x = x[:, num_prefix:]
+        return x.transpose(1, 2).reshape(x.shape[0], x.shape[2], hw[0], hw[1])  # (B, C, h, w)
+
+    def _check(self, x: torch.Tensor) -> None:
+        h, w = check_images(x, self.in_chans, 1, what="pixel")
+        self.stage_grids((h, w))
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Images -> the last stage's tokens [B, P + h*w, C] after the final norm (P = 1 with a CLS token)."""
+        self._check(x)
+        for s in range(len(self.stages)):
+            tokens, hw = self.forward_stage(s, x)
+            if s < len(self.stages) - 1:
+                x = self._to_map(tokens, hw, self.stages[s].num_prefix)
+        return self.norm(tokens)
+
+    def pool(self, x: torch.Tensor) -> torch.Tensor:
+        if self.global_pool == "token":
+            return x[:, 0]
+        if self.global_pool == "avg":
+            return x[:, self.stages[-1].num_prefix :].mean(dim=1)
+        return x
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        x = self.head_drop(self.pool(x))
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    def forward_intermediates(
+        self,
+        x: torch.Tensor,
+        indices: int | list[int] | None = None,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+    ):
+        """Per-stage feature maps (timm's API): NCHW maps or NLC tokens, CLS excluded; `norm` normalises the last."""
+        if output_fmt not in ("NCHW", "NLC"):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
+        self._check(x)
+        n = len(self.stages)
+        take_indices, max_index = feature_take_indices(n, indices)
+        last = max_index if stop_early else n - 1
+        intermediates = []
+        for s in range(last + 1):
+            tokens, hw = self.forward_stage(s, x)
+            p = self.stages[s].num_prefix
+            if s in take_indices:
+                y = self.norm(tokens) if norm and s == n - 1 else tokens
+                y = self._to_map(y, hw, p) if output_fmt == "NCHW" else y[:, p:]
+                intermediates.append(y)
+            x = self._to_map(tokens, hw, p)
+        if intermediates_only:
+            return intermediates
+        return (self.norm(tokens) if last == n - 1 else tokens), intermediates
+
+    def prune_intermediate_layers(self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head=True):
+        take_indices, max_index = feature_take_indices(len(self.stages), indices)
+        prune_end = max_index < len(self.stages) - 1
+        self.stages = self.stages[: max_index + 1]
+        if prune_norm or prune_end:
+            self.norm = nn.Identity()
+        if prune_end:
+            self.num_features = self.head_hidden_size = self.embed_dims[max_index]
+        if prune_head or prune_end:
+            self.reset_classifier(0, "avg" if prune_end else "")
+        return take_indices
+
+    # --------------------------------------------------------------------------------------------- timm interface
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set[str]:
+        names = {f"stages.{s}.cls_token" for s, st in enumerate(self.stages) if st.cls_token is not None}
+        return names | {f"pe.{n}" for n in self.pe.no_weight_decay()}
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> dict:
+        return dict(
+            stem=r"^pe|^stages\.0\.patch_embed",
+            blocks=r"^stages\.(\d+)"
+            if coarse
+            else [
+                (r"^stages\.(\d+)\.patch_embed", (0,)),
+                (r"^stages\.(\d+)\.cls_token", (0,)),
+                (r"^stages\.(\d+)\.blocks\.(\d+)", None),
+                (r"^norm", (99999,)),
+            ],
+        )
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        self.grad_checkpointing = enable
+
+    @torch.jit.ignore
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        self.num_classes = num_classes
+        if global_pool is not None:
+            if global_pool:
+                self._check_pool(global_pool, self.stages[-1].cls_token is not None)
+            self.global_pool = global_pool
+        self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
+
+    def set_input_size(self, img_size=None) -> None:
+        """Change the reference input size (CvT has no size-dependent tables; PEs that have them are resampled)."""
+        if img_size is not None:
+            self.img_size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+        self.pe.set_grid(self.stage_grids(self.img_size)[0])
+        if hasattr(self, "pretrained_cfg"):
+            self.pretrained_cfg = {**self.pretrained_cfg, "input_size": (self.in_chans, *self.img_size)}
+
+    def token_grid(self, img_size: tuple[int, int]) -> tuple[int, int]:
+        """The last stage's query grid for an image of this size."""
+        return self.stage_grids(img_size)[-1]

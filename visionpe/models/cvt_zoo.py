@@ -1,0 +1,58 @@
+"""CvT sizes x PE presets, registered with timm as cvt_{n,13,21,w24}[_{pe}] (no suffix: the paper's model, no PE)."""
+
+from __future__ import annotations
+
+from .. import zoo
+from .cvt import ConvolutionalVisionTransformer
+from .cvt_weights import checkpoint_filter_fn
+
+_NANO_EMBED = dict(patch_size=(3, 3, 3), patch_stride=(2, 2, 2), patch_padding=(1, 1, 1))  # 32 px -> 16, 8, 4
+
+CVT_SIZES = {  # paper dims; n(ano) is for CPU experiments on small images
+    "n": dict(embed_dims=(32, 64, 128), num_heads=(1, 2, 4), depths=(1, 1, 3), img_size=32, **_NANO_EMBED),
+    "13": dict(embed_dims=(64, 192, 384), num_heads=(1, 3, 6), depths=(1, 2, 10)),
+    "21": dict(embed_dims=(64, 192, 384), num_heads=(1, 3, 6), depths=(1, 4, 16)),
+    "w24": dict(embed_dims=(192, 768, 1024), num_heads=(3, 12, 16), depths=(2, 2, 20)),
+}
+
+CVT_PES = {
+    "": dict(pe="nope"),  # the paper's models
+    "rope2d": dict(pe="rope2d"),
+    "rope2d_mixed": dict(pe="rope2d_mixed"),
+    "irpe": dict(pe="irpe_only"),  # iRPE contextual on k (no APE: CvT has none)
+    "cpe": dict(pe="cpe"),  # a PEG after the first block of every stage
+}
+
+CVT_PAPER = dict(paper_ids="arXiv:2103.15808", paper_name="CvT: Introducing Convolutions to Vision Transformers")
+ACT_NOTE = (
+    "Official CvT weights use QuickGELU (act_layer='quick_gelu', the default); the Hugging Face transformers port "
+    "(CvtForImageClassification) uses exact GELU: build with act_layer='gelu' to reproduce its outputs.",
+    "Attention scale is dim^-0.5 over the full width (official quirk, kept for weight compatibility).",
+)
+
+CVT = zoo.Family(
+    name="cvt",
+    model_cls=ConvolutionalVisionTransformer,
+    module=ConvolutionalVisionTransformer.__module__,
+    sizes=CVT_SIZES,
+    pes=CVT_PES,
+    cfg=zoo.base_cfg(
+        **CVT_PAPER,
+        first_conv="stages.0.patch_embed.proj",
+        classifier="head",
+        license="mit",
+        origin_url="https://github.com/leoxiaobin/CvT",
+        notes=ACT_NOTE,
+    ),
+    size_cfg={"n": dict(input_size=(3, 32, 32), crop_pct=1.0)},
+    filter_fn=checkpoint_filter_fn,
+    feature_cfg=dict(out_indices=(0, 1, 2), feature_cls="getter"),
+    tiny=dict(
+        embed_dims=(16, 32, 64), num_heads=(1, 2, 4), depths=(1, 1, 1), img_size=32, num_classes=10, **_NANO_EMBED
+    ),
+    test_sizes=(32, 44),
+)
+
+
+def register() -> list[str]:
+    return zoo.register_family(CVT)

@@ -1,0 +1,157 @@
+"""A single-stream multimodal encoder: text, then a visual input (image or video), then text, in one sequence.
+
+    [text_ids[:k]] <img> [visual tokens, T x H x W raster] </img> [text_ids[k:]]
+
+The markers <img> / </img> are learned text tokens (they are what V2PE's marker rule positions). RoPE positions come
+from `visionpe.segments` under the model's scheme (rope1d, mrope, videorope, vrope or v2pe) for the segments
+text(k + 1), video(T, H, W), text(L - k + 1); an image is a video with one tubelet frame. The model returns token
+features (`forward_features`), a pooled output (`forward_head(pre_logits=True)`) and class logits (`forward`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..layout import TokenLayout
+from ..segments import runtime_options, segment_layout
+from .token_encoder import TokenEncoder
+from .video_vit import TubeletEmbed
+
+__all__ = ["MultimodalEncoder", "check_text"]
+
+
+def check_text(text_ids: torch.Tensor | None, vocab_size: int, batch: int, device) -> torch.Tensor:
+    """Validate token ids [B, L] (None: no text); returns them as long [B, L]."""
+    if text_ids is None:
+        return torch.zeros(batch, 0, dtype=torch.long, device=device)
+    if not isinstance(text_ids, torch.Tensor):
+        raise TypeError(f"text_ids must be a tensor of token ids [B, L], got {type(text_ids).__name__}")
+    if text_ids.dtype.is_floating_point or text_ids.dtype.is_complex or text_ids.dtype == torch.bool:
+        raise TypeError(f"text_ids must hold integer token ids, got dtype {text_ids.dtype}; use text_ids.long()")
+    if text_ids.ndim != 2:
+        hint = " (add a batch dimension with text_ids.unsqueeze(0))" if text_ids.ndim == 1 else ""
+        raise ValueError(f"text_ids must be [B, L], got shape {tuple(text_ids.shape)}{hint}")
+    if text_ids.shape[0] != batch:
+        raise ValueError(f"text_ids has batch {text_ids.shape[0]} but the visual input has batch {batch}")
+    if text_ids.numel():
+        lo, hi = int(text_ids.min()), int(text_ids.max())
+        if lo < 0 or hi >= vocab_size:
+            bad = lo if lo < 0 else hi
+            raise ValueError(
+                f"text id {bad} is out of range for a vocabulary of {vocab_size} ids [0, {vocab_size}); remap the "
+                f"ids or build the model with vocab_size={hi + 1}"
+            )
+    return text_ids.long().to(device)
+
+
+class MultimodalEncoder(TokenEncoder):
+    def __init__(
+        self,
+        img_size: int | tuple[int, int] = 224,
+        num_frames: int = 2,
+        patch_size: int = 16,
+        tubelet_size: int = 2,
+        in_chans: int = 3,
+        vocab_size: int = 512,
+        text_split: int = 1,
+        num_classes: int = 1000,
+        global_pool: str = "avg",
+        class_token: bool = False,
+        embed_dim: int = 768,
+        depth: int = 12,
+        num_heads: int = 12,
+        pe: str = "mrope",
+        pe_kwargs: dict | None = None,
+        rope_theta: float = 10000.0,
+        v2pe_delta: float = 0.25,
+        **kwargs,
+    ):
+        """pe: the RoPE scheme preset (rope1d, mrope, videorope, vrope, v2pe); text_split: how many leading text ids
+        go before the visual input (the rest follow it); rope_theta: base of the frequency ladder; v2pe_delta: V2PE's
+        visual step at inference (drawn per image in training). Other kwargs: see TokenEncoder."""
+        stem = TubeletEmbed(img_size, num_frames, patch_size, tubelet_size, in_chans, embed_dim)
+        super().__init__(
+            grid=stem.grid_size[1:],
+            num_classes=num_classes,
+            global_pool=global_pool,
+            embed_dim=embed_dim,
+            depth=depth,
+            num_heads=num_heads,
+            class_token=class_token,
+            pe=pe,
+            pe_kwargs={"theta": rope_theta, **(pe_kwargs or {})},
+            default_scheme="rope1d",
+            host_extra={"frames": stem.grid_size[0]},
+            **kwargs,
+        )
+        if text_split < 0:
+            raise ValueError(f"text_split must be >= 0, got {text_split}")
+        self.patch_embed = stem
+        self.in_chans = in_chans
+        self.vocab_size = vocab_size
+        self.text_split = text_split
+        self.v2pe_delta = v2pe_delta
+        self.text_embed = nn.Embedding(vocab_size, embed_dim)
+        self.markers = nn.Parameter(torch.zeros(2, embed_dim))  # <img>, </img>
+        self.feature_info = [dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=patch_size) for i in range(depth)]
+        self.init_weights()
+        nn.init.normal_(self.text_embed.weight, std=0.02)
+        nn.init.normal_(self.markers, std=0.02)
+
+    # ---------------------------------------------------------------------------------------------------- sequence
+
+    def visual_tokens(self, pixels: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
+        """Images [B, C, H, W] (repeated to one tubelet) or clips [B, C, T, H, W] -> [B, Nv, D] and (T', H', W')."""
+        if isinstance(pixels, torch.Tensor) and pixels.ndim == 4:
+            pixels = pixels.unsqueeze(2).expand(-1, -1, self.patch_embed.tubelet_size, -1, -1)
+        return self.patch_embed(pixels)
+
+    def segments(self, num_text: int, grid: tuple[int, int, int], text_split: int) -> list[tuple]:
+        """The segment spec of the sequence: text(k + 1) incl. <img>, the visual grid, text(L - k + 1) incl. </img>."""
+        return [("text", text_split + 1), ("video", tuple(grid)), ("text", num_text - text_split + 1)]
+
+    def embed(
+        self, pixels: torch.Tensor, text_ids: torch.Tensor | None = None, text_split: int | None = None
+    ) -> tuple[torch.Tensor, TokenLayout]:
+        """-> tokens [B, P + N, D] (before the token-site PEs) and their interleaved layout (grid None)."""
+        vis, grid = self.visual_tokens(pixels)
+        B, _, D = vis.shape
+        ids = check_text(text_ids, self.vocab_size, B, vis.device)
+        k = self.text_split if text_split is None else text_split
+        k = min(k, ids.shape[1]) if text_split is None else k
+        if not 0 <= k <= ids.shape[1]:
+            raise ValueError(f"text_split={k} is outside [0, {ids.shape[1]}] for {ids.shape[1]} text ids")
+        text = self.text_embed(ids)  # [B, L, D]
+        opening, closing = (m.view(1, 1, D).expand(B, 1, D) for m in self.markers)
+        x = torch.cat([text[:, :k], opening, vis, closing, text[:, k:]], dim=1)
+        opts = runtime_options(self.pos_scheme, self.training, self.v2pe_delta)
+        segments = self.segments(ids.shape[1], grid, k)
+        layout = segment_layout(segments, self.pos_scheme, self.num_prefix_tokens, x.device, **opts)
+        return self.add_prefix(x), layout
+
+    # ----------------------------------------------------------------------------------------------------- forward
+
+    def forward_features(
+        self, pixels: torch.Tensor, text_ids: torch.Tensor | None = None, text_split: int | None = None
+    ) -> torch.Tensor:
+        """Token features [B, P + N, D] of the whole sequence (prefix, text, <img>, visual, </img>, text)."""
+        x, layout = self.embed(pixels, text_ids, text_split)
+        return self.run_blocks(x, layout)
+
+    def encode(
+        self, pixels: torch.Tensor, text_ids: torch.Tensor | None = None, text_split: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(token features [B, P + N, D], pooled output [B, D])."""
+        tokens = self.forward_features(pixels, text_ids, text_split)
+        return tokens, self.forward_head(tokens, pre_logits=True)
+
+    def forward(
+        self, pixels: torch.Tensor, text_ids: torch.Tensor | None = None, text_split: int | None = None
+    ) -> torch.Tensor:
+        """Class logits [B, num_classes] for visual input + text ids [B, L] (ids in [0, vocab_size))."""
+        return self.forward_head(self.forward_features(pixels, text_ids, text_split))
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set[str]:
+        return super().no_weight_decay() | {"markers"}

@@ -1,0 +1,48 @@
+"""Multimodal encoder sizes x position schemes, registered with timm as mm_{n,t,s,b}_{scheme}."""
+
+from __future__ import annotations
+
+import torch
+
+from .. import zoo
+from .multimodal import MultimodalEncoder
+from .video_zoo import PE_PAPERS
+
+MM_SIZES = {  # DeiT widths; n(ano) for CPU experiments on small images
+    "n": dict(embed_dim=96, depth=4, num_heads=4, patch_size=4, tubelet_size=2, img_size=32),
+    "t": dict(embed_dim=192, depth=12, num_heads=3, patch_size=16, tubelet_size=2),
+    "s": dict(embed_dim=384, depth=12, num_heads=6, patch_size=16, tubelet_size=2),
+    "b": dict(embed_dim=768, depth=12, num_heads=12, patch_size=16, tubelet_size=2),
+}
+
+MM_PES = {scheme: dict(pe=scheme) for scheme in ("rope1d", "mrope", "videorope", "vrope", "v2pe")}
+
+MM = zoo.Family(
+    name="mm",
+    model_cls=MultimodalEncoder,
+    module=MultimodalEncoder.__module__,
+    sizes=MM_SIZES,
+    pes=MM_PES,
+    cfg=zoo.base_cfg(
+        paper_ids="arXiv:2104.09864",
+        paper_name="RoFormer: Enhanced Transformer with Rotary Position Embedding (1D RoPE)",
+        crop_pct=1.0,
+        notes=("forward(pixels [B, C, H, W] or [B, C, T, H, W], text_ids=[B, L])",),
+    ),
+    size_cfg={"n": dict(input_size=(3, 32, 32))},
+    pe_cfg=PE_PAPERS,
+    tiny=dict(embed_dim=32, depth=2, num_heads=2, patch_size=8, img_size=32, vocab_size=32),
+)
+
+
+def example_input(size: int, batch: int = 2) -> dict:
+    """Random model kwargs for smoke tests: an image (up to 32 px) or a 4-frame clip, and 5 text ids."""
+    shape = (batch, 3, size, size) if size <= 32 else (batch, 3, 4, size, size)
+    return {"pixels": torch.randn(shape), "text_ids": torch.randint(0, 32, (batch, 5))}
+
+
+MM.example_input = example_input  # read by the generic zoo tests and benchmarks
+
+
+def register() -> list[str]:
+    return zoo.register_family(MM)

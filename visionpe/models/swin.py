@@ -1,0 +1,368 @@
+"""Swin Transformer (Liu et al., ICCV 2021) with a swappable PE acting inside its (shifted) windows.
+
+Hierarchical stages (patch merging between them), each a run of blocks that alternate plain and shifted windows.
+Every attention layer attends inside windows, and its PE sees a window-local layout (coordinates 0..ws-1,
+`window_layout`); the shifted-window mask is one more additive bias, merged into the PE's context. The default PE
+is Swin's relative position bias, which here is iRPE's product mapping with an identity index (`pe="rpb"`): one
+implementation of bucketed relative bias serves both. Parameter names follow timm's `SwinTransformer` except the
+bias tables, which live with the PE (`pe.encodings.irpe.bias_tables.{i}`, i = block index over all stages).
+
+LePE in shifted windows: its depthwise conv on V runs per window (zero padding at window borders), so in a border
+window of a shifted block it also reads neighbours from the wrapped-around region, which the mask cuts off only for
+attention; CSWin, where LePE comes from, has no shifted windows.
+
+Any input size works at call time: the image is zero-padded to whole patches, odd maps to even before merging and
+every map to whole windows (padding never attended); a map no larger than the window is one unshifted window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from timm.layers import ClassifierHead, DropPath, Mlp, PatchEmbed, resize_rel_pos_bias_table, to_2tuple, trunc_normal_
+from timm.models._features import feature_take_indices
+from timm.models.swin_transformer import PatchMerging
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from ..layers import Attention
+from ..layers.checks import check_images
+from ..layout import TokenLayout, image_layout, window_layout
+from ..pos.base import AttnSpec, PEHost, PosContext, merge_contexts
+from ..pos.presets import build_pos_encoding
+from .swin_windows import WindowPlan, plan_windows, window_mask
+
+__all__ = ["SwinTransformer", "SwinBlock", "SwinStage"]
+
+
+def stage_windows(window_size, num_stages: int) -> tuple[tuple[int, int], ...]:
+    """An int, an (h, w) pair, or one int / pair per stage -> one (h, w) window per stage. With two stages a pair of
+    ints is read as one window per stage."""
+    if isinstance(window_size, int):
+        window_size = [window_size] * num_stages
+    elif len(window_size) == 2 and all(isinstance(w, int) for w in window_size) and num_stages != 2:
+        window_size = [tuple(window_size)] * num_stages
+    if len(window_size) != num_stages:
+        raise ValueError(f"window_size needs one entry per stage ({num_stages}) or one for all, got {window_size}")
+    out = tuple(to_2tuple(w) for w in window_size)
+    if any(min(w) < 1 for w in out):
+        raise ValueError(f"window sizes must be positive, got {out}")
+    return out
+
+
+class SwinBlock(nn.Module):
+    """Window attention + MLP, pre-norm (timm names norm1, attn.{qkv, proj}, norm2, mlp)."""
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        shifted: bool,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        proj_drop: float = 0.0,
+        drop_path: float = 0.0,
+        act_layer: type[nn.Module] = nn.GELU,
+        norm_layer: type[nn.Module] = nn.LayerNorm,
+    ):
+        super().__init__()
+        self.shifted = shifted
+        self.norm1 = norm_layer(dim)
+        self.attn = Attention(dim, num_heads, qkv_bias, proj_drop=proj_drop)
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.norm2 = norm_layer(dim)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, drop=proj_drop)
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def forward(self, x: torch.Tensor, plan: WindowPlan, ctx: PosContext | None = None) -> torch.Tensor:
+        """x [B, H, W, C]; attention runs on the windows of `plan` with the (PE + mask) context."""
+        windows = self.attn(plan.partition(self.norm1(x)), ctx)  # (B * nW, wh * ww, C)
+        x = x + self.drop_path1(plan.reverse(windows))
+        return x + self.drop_path2(self.mlp(self.norm2(x)))
+
+
+class SwinStage(nn.Module):
+    """Patch merging (stages after the first), then blocks alternating plain / shifted windows."""
+
+    def __init__(self, in_dim: int, dim: int, depth: int, downsample: bool, norm_layer, drop_path, **block_kwargs):
+        super().__init__()
+        self.downsample = PatchMerging(in_dim, dim, norm_layer=norm_layer) if downsample else nn.Identity()
+        self.blocks = nn.ModuleList(
+            SwinBlock(dim, shifted=j % 2 == 1, drop_path=drop_path[j], norm_layer=norm_layer, **block_kwargs)
+            for j in range(depth)
+        )
+
+
+def _shift_bias(mask: torch.Tensor, batch: int) -> PosContext:
+    nw, n, _ = mask.shape
+    full = mask[None].expand(batch, nw, n, n).reshape(batch * nw, 1, n, n)  # window b * nW + w gets mask[w]
+    return PosContext(bias=lambda q, k: full)
+
+
+class SwinTransformer(nn.Module):
+    def __init__(
+        self,
+        img_size: int | tuple[int, int] = 224,
+        patch_size: int = 4,
+        in_chans: int = 3,
+        num_classes: int = 1000,
+        global_pool: str = "avg",
+        embed_dim: int = 96,
+        depths: Sequence[int] = (2, 2, 6, 2),
+        num_heads: Sequence[int] = (3, 6, 12, 24),
+        window_size: int | Sequence = 7,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        drop_rate: float = 0.0,
+        proj_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.1,
+        pe: str = "rpb",
+        pe_kwargs: dict | None = None,
+        norm_layer: type[nn.Module] | None = None,
+        act_layer: type[nn.Module] | None = None,
+    ):
+        """embed_dim: width of stage 1 (doubling per stage). window_size: one for all stages or one per stage.
+        pe: a PE preset (visionpe.pos.PE_PRESETS), 'rpb' being Swin's relative position bias; pe_kwargs override
+        its options."""
+        super().__init__()
+        if global_pool not in ("", "avg", "max", "avgmax"):
+            raise ValueError(f"global_pool must be '', 'avg', 'max' or 'avgmax', got {global_pool!r}")
+        if len(num_heads) != len(depths):
+            raise ValueError(f"num_heads needs one entry per stage ({len(depths)}), got {tuple(num_heads)}")
+        norm_layer = norm_layer or nn.LayerNorm
+        act_layer = act_layer or nn.GELU
+        n = len(depths)
+        dims = [embed_dim * 2**s for s in range(n)]
+        for d, h in zip(dims, num_heads):
+            if d % h:
+                raise ValueError(f"stage width {d} is not divisible by {h} heads")
+        self.num_classes = num_classes
+        self.global_pool = global_pool
+        self.in_chans = in_chans
+        self.embed_dim = embed_dim
+        self.dims = dims
+        self.num_heads = tuple(num_heads)
+        self.num_features = self.head_hidden_size = dims[-1]
+        self.window_sizes = stage_windows(window_size, n)
+        self.grad_checkpointing = False
+
+        self.patch_embed = PatchEmbed(
+            img_size=img_size,
+            patch_size=patch_size,
+            in_chans=in_chans,
+            embed_dim=embed_dim,
+            norm_layer=norm_layer,
+            output_fmt="NHWC",
+            strict_img_size=False,
+            dynamic_img_pad=True,
+        )
+        dpr = [drop_path_rate * j / max(sum(depths) - 1, 1) for j in range(sum(depths))]  # linear over all blocks
+        self.stage_starts = [sum(depths[:s]) for s in range(n)]
+        self.layers = nn.ModuleList(
+            SwinStage(
+                dims[max(s - 1, 0)],
+                dims[s],
+                depths[s],
+                downsample=s > 0,
+                norm_layer=norm_layer,
+                drop_path=dpr[self.stage_starts[s] : self.stage_starts[s] + depths[s]],
+                num_heads=num_heads[s],
+                mlp_ratio=mlp_ratio,
+                qkv_bias=qkv_bias,
+                proj_drop=proj_drop_rate,
+                act_layer=act_layer,
+            )
+            for s in range(n)
+        )
+        self.pe_name, self.pe_kwargs = pe, pe_kwargs
+        self.pe = build_pos_encoding(pe, self._host(), pe_kwargs)
+
+        self.norm = norm_layer(self.num_features)
+        self.head = ClassifierHead(self.num_features, num_classes, global_pool, drop_rate, input_fmt="NHWC")
+        r = self.patch_embed.patch_size[0]
+        self.feature_info = [dict(module=f"layers.{s}", num_chs=dims[s], reduction=r * 2**s) for s in range(n)]
+        self.init_weights()
+
+    def _host(self) -> PEHost:
+        """What the PEs see: one AttnSpec per block, its grid the stage's window."""
+        specs = tuple(
+            AttnSpec(self.dims[s], self.num_heads[s], self.dims[s] // self.num_heads[s], grid=self.window_sizes[s])
+            for s, stage in enumerate(self.layers)
+            for _ in stage.blocks
+        )
+        return PEHost(dim=self.embed_dim, grid=self.patch_embed.grid_size, num_prefix=0, layers=specs, windowed=True)
+
+    def init_weights(self) -> None:
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+        for name, p in self.pe.named_parameters():
+            if name.startswith("encodings.irpe.bias_tables."):  # Swin's init of its relative position bias
+                trunc_normal_(p, std=0.02)
+
+    # ---------------------------------------------------------------------------------------------------- forward
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        """Images [B, C, H, W] -> patch tokens [B, H', W', C] with token-site PEs applied."""
+        check_images(x, self.in_chans, self.patch_embed.patch_size[0])
+        x = self.patch_embed(x)  # (B, Hp, Wp, C)
+        B, H, W, C = x.shape
+        return self.pe.tokens(x.reshape(B, H * W, C), image_layout(H, W, 0, x.device)).reshape(B, H, W, C)
+
+    def _block_site(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        B, H, W, C = x.shape
+        return self.pe.block(i, x.reshape(B, H * W, C), image_layout(H, W, 0, x.device)).reshape(B, H, W, C)
+
+    def forward_stage(self, s: int, x: torch.Tensor) -> torch.Tensor:
+        """Stage s on [B, H, W, C] (patch merging first): windows, layouts and masks are built once per stage."""
+        stage = self.layers[s]
+        x = stage.downsample(x)
+        B, H, W, _ = x.shape
+        plans = [plan_windows((H, W), self.window_sizes[s], shifted) for shifted in (False, True)]
+        layout: TokenLayout = window_layout(*plans[0].window, device=x.device)  # both plans share the window
+        masks = [window_mask(p, x.device) for p in plans]
+        mask_ctx = [None if m is None else _shift_bias(m, B) for m in masks]
+        for j, block in enumerate(stage.blocks):
+            i = self.stage_starts[s] + j
+            ctx = merge_contexts([self.pe.context(i, layout), mask_ctx[block.shifted]])
+            plan = plans[block.shifted]
+            if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
+                x = checkpoint(block, x, plan, ctx, use_reentrant=False)
+            else:
+                x = block(x, plan, ctx)
+            x = self._block_site(i, x)
+        return x
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Images -> the last stage's normalised map [B, H, W, C]."""
+        x = self.embed(x)
+        for s in range(len(self.layers)):
+            x = self.forward_stage(s, x)
+        return self.norm(x)
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        return self.head(x, pre_logits=pre_logits)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    def forward_intermediates(
+        self,
+        x: torch.Tensor,
+        indices: int | list[int] | None = None,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+    ):
+        """Per-stage feature maps (timm's API), NCHW or NHWC; `norm` applies the final norm to the last stage."""
+        if output_fmt not in ("NCHW", "NHWC"):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
+        n = len(self.layers)
+        take_indices, max_index = feature_take_indices(n, indices)
+        last = max_index if stop_early else n - 1
+        x = self.embed(x)
+        intermediates = []
+        for s in range(last + 1):
+            x = self.forward_stage(s, x)
+            if s in take_indices:
+                y = self.norm(x) if norm and s == n - 1 else x
+                intermediates.append(y.permute(0, 3, 1, 2).contiguous() if output_fmt == "NCHW" else y)
+        if intermediates_only:
+            return intermediates
+        return (self.norm(x) if last == n - 1 else x), intermediates
+
+    def prune_intermediate_layers(self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head=True):
+        take_indices, max_index = feature_take_indices(len(self.layers), indices)
+        prune_end = max_index < len(self.layers) - 1
+        if prune_norm or prune_end:
+            self.norm = nn.Identity()
+        self.layers = self.layers[: max_index + 1]
+        if prune_end:
+            self.num_features = self.head_hidden_size = self.dims[max_index]
+        if prune_head or prune_end:
+            self.reset_classifier(0, "")
+        return take_indices
+
+    # --------------------------------------------------------------------------------------------- timm interface
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set[str]:
+        return {f"pe.{n}" for n in self.pe.no_weight_decay()}
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> dict:
+        return dict(
+            stem=r"^patch_embed|^pe",
+            blocks=r"^layers\.(\d+)"
+            if coarse
+            else [
+                (r"^layers\.(\d+).downsample", (0,)),
+                (r"^layers\.(\d+)\.\w+\.(\d+)", None),
+                (r"^norm", (99999,)),
+            ],
+        )
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        self.grad_checkpointing = enable
+
+    @torch.jit.ignore
+    def get_classifier(self) -> nn.Module:
+        return self.head.fc
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        self.num_classes = num_classes
+        self.head.reset(num_classes, pool_type=global_pool)
+        if global_pool is not None:
+            self.global_pool = global_pool
+
+    def set_input_size(self, img_size=None, patch_size=None, window_size=None) -> None:
+        """Change the reference input size, patch size and/or window size (one for all stages or one per stage).
+        A new window resizes every relative-position table (bicubic, as timm does for Swin checkpoints)."""
+        if img_size is not None or patch_size is not None:
+            self.patch_embed.set_input_size(img_size=img_size, patch_size=patch_size)
+            if patch_size is not None:
+                for s, info in enumerate(self.feature_info):
+                    info["reduction"] = self.patch_embed.patch_size[0] * 2**s
+        if window_size is not None:
+            old_windows = self.window_sizes
+            self.window_sizes = stage_windows(window_size, len(self.layers))
+            if self.window_sizes != old_windows:
+                self._rebuild_pe(old_windows)
+        self.pe.set_grid(self.patch_embed.grid_size)
+        if hasattr(self, "pretrained_cfg"):
+            self.pretrained_cfg = {**self.pretrained_cfg, "input_size": (self.in_chans, *self.patch_embed.img_size)}
+
+    def _rebuild_pe(self, old_windows) -> None:
+        """New PEs for the new windows; parameters carried over, window-shaped bias tables resized."""
+        old = self.pe.state_dict()
+        window_of = [w for s, stage in enumerate(self.layers) for w in [self.window_sizes[s]] * len(stage.blocks)]
+        old_window_of = [w for s, stage in enumerate(self.layers) for w in [old_windows[s]] * len(stage.blocks)]
+        device = next(self.parameters()).device
+        pe = build_pos_encoding(self.pe_name, self._host(), self.pe_kwargs).to(device)
+        new = pe.state_dict()
+        with torch.no_grad():
+            for k, v in new.items():
+                if k not in old:
+                    continue
+                src = old[k]
+                if src.shape != v.shape:
+                    i = int(k.rsplit(".", 1)[1])
+                    if src.ndim != 2 or ".bias_tables." not in k:
+                        raise ValueError(f"cannot carry PE parameter {k} {tuple(src.shape)} -> {tuple(v.shape)}")
+                    src = resize_rel_pos_bias_table(src, window_of[i], tuple(v.shape), old_window_of[i])
+                v.copy_(src)
+        pe.load_state_dict(new)
+        self.pe = pe
+
+    def token_grid(self, img_size: tuple[int, int]) -> tuple[int, int]:
+        """The last stage's map for an image of this size (padded to whole patches, then halved, rounding up)."""
+        p = self.patch_embed.patch_size[0]
+        h, w = -(-img_size[0] // p), -(-img_size[1] // p)
+        for _ in range(len(self.layers) - 1):
+            h, w = -(-h // 2), -(-w // 2)
+        return h, w

@@ -1,0 +1,53 @@
+"""Swin sizes x PE presets, registered with timm as swin_{n,t,s,b}_{pe}."""
+
+from __future__ import annotations
+
+from .. import zoo
+from .swin import SwinTransformer
+from .swin_weights import checkpoint_filter_fn
+
+SWIN_SIZES = {  # paper dims; n(ano) is for CPU experiments on small images (32 px -> maps 16, 8, 4, 2)
+    "n": dict(embed_dim=32, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8), window_size=4, patch_size=2, img_size=32),
+    "t": dict(embed_dim=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24), window_size=7, patch_size=4),
+    "s": dict(embed_dim=96, depths=(2, 2, 18, 2), num_heads=(3, 6, 12, 24), window_size=7, patch_size=4),
+    "b": dict(embed_dim=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32), window_size=7, patch_size=4),
+}
+
+SWIN_PES = {
+    "rpb": dict(pe="rpb"),  # Swin's relative position bias (the paper's model)
+    "rope2d": dict(pe="rope2d", pe_kwargs={"rope2d": {"theta": 50.0}}),  # RoPE-ViT's Swin: axial, theta 50
+    "rope2d_mixed": dict(pe="rope2d_mixed"),
+    "irpe": dict(pe="irpe_only"),  # iRPE contextual on k in place of the bias
+    "lepe": dict(pe="lepe"),
+    "nope": dict(pe="nope"),
+}
+
+SWIN_PAPER = dict(
+    paper_ids="arXiv:2103.14030", paper_name="Swin Transformer: Hierarchical Vision Transformer using Shifted Windows"
+)
+ROPE_VIT = dict(paper_ids="arXiv:2403.13298", paper_name="Rotary Position Embedding for Vision Transformer")
+
+SWIN = zoo.Family(
+    name="swin",
+    model_cls=SwinTransformer,
+    module=SwinTransformer.__module__,
+    sizes=SWIN_SIZES,
+    pes=SWIN_PES,
+    cfg=zoo.base_cfg(
+        **SWIN_PAPER,
+        crop_pct=0.9,
+        classifier="head.fc",
+        license="mit",
+        origin_url="https://github.com/microsoft/Swin-Transformer",
+    ),
+    size_cfg={"n": dict(input_size=(3, 32, 32), crop_pct=1.0)},
+    pe_cfg={"rope2d": ROPE_VIT, "rope2d_mixed": ROPE_VIT},
+    filter_fn=checkpoint_filter_fn,
+    feature_cfg=dict(out_indices=(0, 1, 2, 3), feature_cls="getter"),
+    tiny=dict(embed_dim=16, depths=(2, 2), num_heads=(1, 2), window_size=4, patch_size=2, img_size=32, num_classes=10),
+    test_sizes=(32, 44),
+)
+
+
+def register() -> list[str]:
+    return zoo.register_family(SWIN)

@@ -1,0 +1,182 @@
+"""Video ViT (ViViT's joint space-time model): tubelet embedding (t x p x p) and joint attention over all T x H x W
+tokens, with a swappable PE: separable space-time APE, 3D RoPE, M-RoPE, VideoRoPE, VRoPE or V2PE.
+
+Clips are [B, C, T, H, W]. Any length and size works at call time: T, H, W that are not multiples of the tubelet are
+zero-padded at the end; RoPE schemes extrapolate their integer positions, the APE resamples its tables.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from timm.models._features import feature_take_indices
+from torch import nn
+
+from ..layout import TokenLayout
+from ..segments import runtime_options, segment_layout
+from .token_encoder import TokenEncoder
+
+__all__ = ["TubeletEmbed", "VideoViT", "check_clip"]
+
+
+def _pair(v) -> tuple[int, int]:
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+def check_clip(x: torch.Tensor, in_chans: int, tubelet: int, patch: int) -> tuple[int, int, int]:
+    """Validate a clip batch [B, C, T, H, W]; returns (T, H, W)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"expected a tensor of clips [B, C, T, H, W], got {type(x).__name__}")
+    if x.ndim != 5:
+        hint = " (images [B, C, H, W]: add a time axis with x.unsqueeze(2))" if x.ndim == 4 else ""
+        raise ValueError(f"expected clips of shape [B, C, T, H, W], got a {x.ndim}-D tensor {tuple(x.shape)}{hint}")
+    if x.shape[1] != in_chans:
+        raise ValueError(
+            f"expected {in_chans} channels in dim 1 of [B, C, T, H, W], got shape {tuple(x.shape)}; "
+            "put channels before time (x.permute(0, 2, 1, 3, 4) for [B, T, C, H, W]) or set in_chans"
+        )
+    t, h, w = x.shape[2:]
+    if t < tubelet:
+        raise ValueError(
+            f"the clip has {t} frames, fewer than one tubelet ({tubelet} frames); sample at least {tubelet} frames, "
+            f"repeat frames, or build the model with tubelet_size={t}"
+        )
+    if h < patch or w < patch:
+        raise ValueError(f"frames of {h} x {w} are smaller than one patch ({patch} px); resize them to at least that")
+    return t, h, w
+
+
+class TubeletEmbed(nn.Module):
+    """Non-overlapping t x p x p tubelets -> tokens (a Conv3d's weights, `proj`); pads T, H, W up to whole tubelets."""
+
+    def __init__(self, img_size, num_frames: int, patch_size: int, tubelet_size: int, in_chans: int, embed_dim: int):
+        super().__init__()
+        self.img_size = _pair(img_size)
+        self.num_frames = num_frames
+        self.patch_size = (patch_size, patch_size)
+        self.tubelet_size = tubelet_size
+        self.in_chans = in_chans
+        kernel = (tubelet_size, patch_size, patch_size)
+        self.proj = nn.Conv3d(in_chans, embed_dim, kernel_size=kernel, stride=kernel)
+
+    def token_grid(self, t: int, h: int, w: int) -> tuple[int, int, int]:
+        p, k = self.patch_size[0], self.tubelet_size
+        return -(-t // k), -(-h // p), -(-w // p)
+
+    @property
+    def grid_size(self) -> tuple[int, int, int]:
+        """(T, H, W) token grid of the reference clip."""
+        return self.token_grid(self.num_frames, *self.img_size)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
+        """[B, C, T, H, W] -> tokens [B, T'*H'*W', D] (raster order, x fastest) and the grid (T', H', W')."""
+        t, h, w = check_clip(x, self.in_chans, self.tubelet_size, self.patch_size[0])
+        grid = self.token_grid(t, h, w)
+        pt, ph, pw = grid[0] * self.tubelet_size - t, grid[1] * self.patch_size[0] - h, grid[2] * self.patch_size[0] - w
+        if pt or ph or pw:
+            x = F.pad(x, (0, pw, 0, ph, 0, pt))
+        # the Conv3d as one matmul over flattened tubelets (exact for stride = kernel; CPU conv3d is far slower)
+        B, C = x.shape[:2]
+        (T, H, W), k, p = grid, self.tubelet_size, self.patch_size[0]
+        x = x.reshape(B, C, T, k, H, p, W, p).permute(0, 2, 4, 6, 1, 3, 5, 7).reshape(B, T * H * W, C * k * p * p)
+        return F.linear(x, self.proj.weight.flatten(1), self.proj.bias), grid  # [B, T'*H'*W', D]
+
+
+class VideoViT(TokenEncoder):
+    def __init__(
+        self,
+        img_size: int | tuple[int, int] = 224,
+        num_frames: int = 16,
+        patch_size: int = 16,
+        tubelet_size: int = 2,
+        in_chans: int = 3,
+        num_classes: int = 400,
+        global_pool: str = "token",
+        embed_dim: int = 768,
+        depth: int = 12,
+        num_heads: int = 12,
+        pe: str = "rope3d",
+        pe_kwargs: dict | None = None,
+        v2pe_delta: float = 0.25,
+        **kwargs,
+    ):
+        """pe: a PE preset (visionpe.pos.PE_PRESETS), e.g. 'ape_st', 'rope3d', 'vrope'; v2pe_delta: V2PE's fixed
+        visual step at inference (training draws it per clip). Other kwargs: see TokenEncoder."""
+        stem = TubeletEmbed(img_size, num_frames, patch_size, tubelet_size, in_chans, embed_dim)
+        super().__init__(
+            grid=stem.grid_size[1:],
+            num_classes=num_classes,
+            global_pool=global_pool,
+            embed_dim=embed_dim,
+            depth=depth,
+            num_heads=num_heads,
+            pe=pe,
+            pe_kwargs=pe_kwargs,
+            default_scheme="rope3d",
+            host_extra={"frames": stem.grid_size[0]},
+            **kwargs,
+        )
+        self.patch_embed = stem
+        self.in_chans = in_chans
+        self.num_frames = num_frames
+        self.v2pe_delta = v2pe_delta
+        self.feature_info = [dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=patch_size) for i in range(depth)]
+        self.init_weights()
+
+    def layout(self, grid: tuple[int, int, int], device=None) -> TokenLayout:
+        """Layout of a T x H x W token grid under the model's position scheme ((t, y, x) for rope3d and the APE)."""
+        opts = runtime_options(self.pos_scheme, self.training, self.v2pe_delta)
+        return segment_layout([("video", tuple(grid))], self.pos_scheme, self.num_prefix_tokens, device, **opts)
+
+    def embed(self, x: torch.Tensor) -> tuple[torch.Tensor, TokenLayout]:
+        """Clips [B, C, T, H, W] -> tokens [B, P + N, D] (before the token-site PEs) and their layout."""
+        x, grid = self.patch_embed(x)
+        return self.add_prefix(x), self.layout(grid, x.device)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        x, layout = self.embed(x)
+        return self.run_blocks(x, layout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    def forward_intermediates(
+        self,
+        x: torch.Tensor,
+        indices: int | list[int] | None = None,
+        return_prefix_tokens: bool = False,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCTHW",
+        intermediates_only: bool = False,
+    ):
+        """Features of the chosen blocks (timm's API): NCTHW maps or NLC tokens, optionally with prefix tokens."""
+        if output_fmt not in ("NCTHW", "NLC"):
+            raise ValueError(f"output_fmt must be 'NCTHW' or 'NLC', got {output_fmt!r}")
+        take_indices, max_index = feature_take_indices(len(self.blocks), indices)
+        x, layout = self.embed(x)
+        x = self.pe.tokens(x, layout)
+        intermediates = []
+        for i in range(max_index + 1 if stop_early else len(self.blocks)):
+            x = self.run_block(i, x, layout)
+            if i in take_indices:
+                intermediates.append(self.norm(x) if norm else x)
+        p = self.num_prefix_tokens
+        prefix = [y[:, :p] for y in intermediates]
+        intermediates = [y[:, p:] for y in intermediates]
+        if output_fmt == "NCTHW":
+            intermediates = [y.transpose(1, 2).unflatten(2, layout.grid).contiguous() for y in intermediates]
+        if return_prefix_tokens and p:
+            intermediates = list(zip(intermediates, prefix))
+        if intermediates_only:
+            return intermediates
+        return self.norm(x), intermediates
+
+    def set_input_size(self, img_size=None, num_frames: int | None = None) -> None:
+        """Change the reference clip size: the APE's spatial table is resampled (its temporal table is resampled
+        at call time)."""
+        if img_size is not None:
+            self.patch_embed.img_size = _pair(img_size)
+        if num_frames is not None:
+            self.patch_embed.num_frames = self.num_frames = num_frames
+        self.pe.set_grid(self.patch_embed.grid_size[1:])

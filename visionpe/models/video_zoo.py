@@ -1,0 +1,62 @@
+"""Video ViT sizes x PE presets, registered with timm as vivit_{n,t,s,b}_{pe}."""
+
+from __future__ import annotations
+
+import torch
+
+from .. import zoo
+from .video_vit import VideoViT
+
+VIDEO_SIZES = {  # DeiT widths; tubelets 2 x 16 x 16 over 16 frames (VideoMAE); n(ano) for CPU experiments
+    "n": dict(embed_dim=96, depth=4, num_heads=4, patch_size=4, tubelet_size=2, img_size=32, num_frames=8),
+    "t": dict(embed_dim=192, depth=12, num_heads=3, patch_size=16, tubelet_size=2, num_frames=16),
+    "s": dict(embed_dim=384, depth=12, num_heads=6, patch_size=16, tubelet_size=2, num_frames=16),
+    "b": dict(embed_dim=768, depth=12, num_heads=12, patch_size=16, tubelet_size=2, num_frames=16),
+}
+
+VIDEO_PES = {
+    "ape": dict(pe="ape_st"),  # separable space + time, resampled
+    "rope3d": dict(pe="rope3d"),
+    "mrope": dict(pe="mrope"),
+    "videorope": dict(pe="videorope"),
+    "vrope": dict(pe="vrope"),
+    "v2pe": dict(pe="v2pe"),
+}
+
+VIVIT = dict(paper_ids="arXiv:2103.15691", paper_name="ViViT: A Video Vision Transformer")
+PE_PAPERS = {
+    "mrope": dict(paper_ids="arXiv:2409.12191", paper_name="Qwen2-VL (M-RoPE)"),
+    "videorope": dict(paper_ids="arXiv:2502.05173", paper_name="VideoRoPE: What Makes for Good Video Rotary Position"),
+    "vrope": dict(paper_ids="arXiv:2502.11664", paper_name="VRoPE: Rotary Position Embedding for Video LLMs"),
+    "v2pe": dict(paper_ids="arXiv:2412.09616", paper_name="V2PE: Variable Visual Position Encoding"),
+}
+
+VIDEO = zoo.Family(
+    name="vivit",
+    model_cls=VideoViT,
+    module=VideoViT.__module__,
+    sizes=VIDEO_SIZES,
+    pes=VIDEO_PES,
+    cfg=zoo.base_cfg(
+        **VIVIT,
+        num_classes=400,
+        crop_pct=1.0,
+        notes=("clips [B, C, T, H, W]; reference clip 16 frames (8 for size n)",),
+    ),
+    size_cfg={"n": dict(input_size=(3, 32, 32))},
+    pe_cfg=PE_PAPERS,
+    tiny=dict(embed_dim=32, depth=2, num_heads=2, patch_size=8, img_size=32, num_frames=4),
+)
+
+
+def example_input(size: int, batch: int = 2) -> torch.Tensor:
+    """A random clip batch [B, 3, T, size, size] for smoke tests; the length grows with the size (32 px: 4 frames,
+    48 px: 5 frames, which pads to whole tubelets)."""
+    return torch.randn(batch, 3, 2 + size // 16, size, size)
+
+
+VIDEO.example_input = example_input  # read by the generic zoo tests and benchmarks
+
+
+def register() -> list[str]:
+    return zoo.register_family(VIDEO)

@@ -1,0 +1,299 @@
+"""iRPE (Wu et al., ICCV 2021): image relative position encoding, and Swin's relative position bias as a special case.
+
+Relative offsets (dr, dc) = (y_i - y_j, x_i - x_j) between query i and key j are mapped to buckets:
+- index: `piecewise` g(x) (exact up to alpha, logarithmic up to gamma, saturating at +-beta; alpha:beta:gamma =
+  1:2:8 x ratio, B = int(beta)) or `identity` (round(x) clamped to +-max_offset, B = max_offset);
+- mapping: `euclidean` g(round(sqrt(dr^2 + dc^2))), `quantization` g(dr^2 + dc^2), `cross` (two tables, g(dr) and
+  g(dc), summed) or `product` (g(dr) + B) * (2B + 1) + (g(dc) + B). Buckets: 2B + 1 ((2B + 1)^2 for product), plus
+  one extra bucket (the last row) shared by every pair with a prefix token when the backbone has prefix tokens.
+- mode `bias`: a learned scalar per bucket (and head) added to the scaled logits;
+  mode `contextual`: on k, logit_ij += (q_i / sqrt(d)) . rK[b(i, j)]; on q, logit_ij += (k_j / sqrt(d)) . rQ[b(j, i)];
+  on v, out_i += sum_j a_ij rV[b(i, j)] (needs the attention probabilities: math backend).
+Contextual terms are computed as q @ table^T ([.., N, buckets]) and then gathered; nothing N x N x d is built.
+Swin's relative position bias = mode "bias", mapping "product", index "identity", shared_heads=False, B = ws - 1.
+
+State-dict names (relative to this module, e.g. `pe.encodings.irpe.` in a ViT; all tables zero-initialised):
+- mode "bias": `bias_tables.{i}` of shape [buckets, heads] (shared_heads=False; Swin's relative_position_bias_table
+  layout) or [buckets, 1] (shared_heads=True), for layer i.
+- mode "contextual": `tables.{q|k|v}.{i}` of shape [buckets, d] (shared_heads=True) or [heads, buckets, d].
+For the cross mapping a table holds the row table then the column table: buckets = 2 * (2B + 1 [+ 1]).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+
+import torch
+from torch import nn
+
+from ..layout import TokenLayout
+from .base import PEHost, PosContext, PosEncoding
+
+__all__ = ["IRPE", "piecewise_index", "relative_bucket_ids", "MAPPINGS", "MODES", "TARGETS", "INDEXES"]
+
+MAPPINGS = ("euclidean", "quantization", "cross", "product")
+MODES = ("bias", "contextual")
+TARGETS = ("q", "k", "v")
+INDEXES = ("piecewise", "identity")
+
+
+def piecewise_index(rel: torch.Tensor, alpha: float, beta: float, gamma: float) -> torch.LongTensor:
+    """iRPE's g(x): round(x) for |x| <= alpha, else sign(x) * min(beta, round(alpha + ln(|x| / alpha) /
+    ln(gamma / alpha) * (beta - alpha))), truncated to an integer (so the largest id is int(beta))."""
+    rel = rel.float()
+    mag = rel.abs()
+    far = alpha + torch.log(mag.clamp(min=alpha) / alpha) / math.log(gamma / alpha) * (beta - alpha)
+    far = far.round().clamp(max=beta).trunc()
+    return torch.where(mag <= alpha, rel.round(), torch.sign(rel) * far).long()
+
+
+def _pair(x: int | tuple[int, int]) -> tuple[int, int]:
+    return (int(x), int(x)) if isinstance(x, (int, float)) else (int(x[0]), int(x[1]))
+
+
+def _offsets(index: str, ratio: float, max_offset) -> tuple[int, int]:
+    """(B_rows, B_cols): the largest bucket offset per axis."""
+    if index == "piecewise":
+        b = int(2 * ratio)
+        return b, b
+    if max_offset is None:
+        raise ValueError("index='identity' needs max_offset (e.g. window size - 1)")
+    return _pair(max_offset)
+
+
+def relative_bucket_ids(
+    q_pos: torch.Tensor,
+    k_pos: torch.Tensor,
+    mapping: str,
+    index: str = "piecewise",
+    ratio: float = 1.9,
+    max_offset: int | tuple[int, int] | None = None,
+) -> tuple[torch.Tensor | tuple[torch.Tensor, torch.Tensor], int | tuple[int, int]]:
+    """Bucket ids of every (query, key) pair from (x, y) positions q_pos [N, 2], k_pos [M, 2] (fractional allowed).
+
+    Returns (ids [N, M] long, num_buckets); for mapping "cross" ((ids_rows, ids_cols), (buckets_rows, buckets_cols)),
+    two tables whose lookups are summed. max_offset (int or (rows, cols)) is B for index "identity".
+    """
+    if mapping not in MAPPINGS:
+        raise ValueError(f"unknown iRPE mapping {mapping!r}; choose one of {MAPPINGS}")
+    if index not in INDEXES:
+        raise ValueError(f"unknown iRPE index {index!r}; choose one of {INDEXES}")
+    if q_pos.shape[-1] != 2 or k_pos.shape[-1] != 2:
+        raise ValueError(f"iRPE needs (x, y) positions [N, 2], got {tuple(q_pos.shape)} and {tuple(k_pos.shape)}")
+    br, bc = _offsets(index, ratio, max_offset)
+    q_pos, k_pos = q_pos.float(), k_pos.float()
+    dr = q_pos[:, None, 1] - k_pos[None, :, 1]  # [N, M] row offsets y_i - y_j
+    dc = q_pos[:, None, 0] - k_pos[None, :, 0]  # [N, M] column offsets x_i - x_j
+
+    def g(x: torch.Tensor, b: int) -> torch.Tensor:
+        if index == "identity":
+            return x.round().clamp(-b, b).long()
+        return piecewise_index(x, ratio, 2 * ratio, 8 * ratio)
+
+    if mapping == "product":
+        return (g(dr, br) + br) * (2 * bc + 1) + (g(dc, bc) + bc), (2 * br + 1) * (2 * bc + 1)
+    if mapping == "cross":
+        return (g(dr, br) + br, g(dc, bc) + bc), (2 * br + 1, 2 * bc + 1)
+    b = max(br, bc)
+    sq = dr.square() + dc.square()
+    dist = sq.sqrt().round() if mapping == "euclidean" else sq
+    return g(dist, b) + b, 2 * b + 1
+
+
+class IRPE(PosEncoding):
+    """iRPE on the logits (bias, contextual q/k) and values (contextual v) of every attention layer.
+
+    One table per layer and target, zero-initialised (a fresh model equals plain attention), shared across heads
+    (shared_heads=True) or one per head. Per-layer heads and head dims come from host.layers (hierarchical
+    backbones); with index "identity" and max_offset None, B = (window - 1) from the layer's grid (Swin).
+    """
+
+    def __init__(
+        self,
+        host: PEHost,
+        mode: str = "contextual",
+        mapping: str = "product",
+        targets: tuple[str, ...] | list[str] | str = ("k",),
+        ratio: float = 1.9,
+        shared_heads: bool = True,
+        index: str = "piecewise",
+        max_offset: int | tuple[int, int] | None = None,
+    ):
+        super().__init__(host)
+        targets = tuple(targets)  # "qkv" or ("q", "k", "v")
+        if mode not in MODES:
+            raise ValueError(f"unknown iRPE mode {mode!r}; choose one of {MODES}")
+        if mapping not in MAPPINGS:
+            raise ValueError(f"unknown iRPE mapping {mapping!r}; choose one of {MAPPINGS}")
+        if index not in INDEXES:
+            raise ValueError(f"unknown iRPE index {index!r}; choose one of {INDEXES}")
+        bad = [t for t in targets if t not in TARGETS]
+        if bad or not targets or len(set(targets)) != len(targets):
+            raise ValueError(f"iRPE targets must be distinct entries of {TARGETS}, got {targets}")
+        if mode == "bias" and "v" in targets:
+            raise ValueError("iRPE mode 'bias' adds scalars to the logits and has no v term; use mode='contextual'")
+        if index == "piecewise" and not ratio > 0:
+            raise ValueError(f"iRPE ratio must be > 0 (alpha:beta:gamma = 1:2:8 x ratio), got {ratio}")
+        if index == "piecewise" and int(2 * ratio) < 1:
+            raise ValueError(f"iRPE ratio {ratio} gives beta < 1 (a single bucket); use ratio >= 0.5")
+        if max_offset is not None and min(_pair(max_offset)) < 0:
+            raise ValueError(f"iRPE max_offset must be >= 0, got {max_offset}")
+        self.mode, self.mapping, self.index = mode, mapping, index
+        self.targets = tuple(t for t in TARGETS if t in targets)  # canonical order q, k, v
+        self.ratio, self.shared_heads, self.max_offset = float(ratio), shared_heads, max_offset
+        self.extra_bucket = host.num_prefix > 0  # one bucket shared by every pair with a prefix token
+        self.offsets = [self._layer_offsets(spec.grid) for spec in host.layers]  # (B_rows, B_cols) per layer
+        self.rows = [self._table_rows(b) for b in self.offsets]
+        if mode == "bias":
+            # bias on q and on k are the same function family (a scalar per bucket pair): one table per layer
+            self.bias_tables = nn.ParameterList(
+                nn.Parameter(torch.zeros(r, 1 if shared_heads else s.num_heads)) for r, s in zip(self.rows, host.layers)
+            )
+        else:
+            shapes = [
+                (r, s.head_dim) if shared_heads else (s.num_heads, r, s.head_dim)
+                for r, s in zip(self.rows, host.layers)
+            ]
+            self.tables = nn.ModuleDict(
+                {t: nn.ParameterList(nn.Parameter(torch.zeros(shape)) for shape in shapes) for t in self.targets}
+            )
+        self._cache: OrderedDict = OrderedDict()  # bucket ids per (positions, prefixes, B, device)
+
+    # ------------------------------------------------------------------------------------------------ buckets
+
+    def _layer_offsets(self, grid: tuple[int, int] | None) -> tuple[int, int]:
+        if self.index == "piecewise":
+            return _offsets("piecewise", self.ratio, None)
+        if self.max_offset is not None:
+            return _pair(self.max_offset)
+        h, w = grid if grid is not None else self.host.grid  # the window (Swin) or the reference grid
+        return h - 1, w - 1
+
+    def _axis_buckets(self, b: tuple[int, int]) -> list[int]:
+        """Buckets of each table part (two for cross), without the prefix bucket."""
+        br, bc = b
+        if self.mapping == "product":
+            return [(2 * br + 1) * (2 * bc + 1)]
+        if self.mapping == "cross":
+            return [2 * br + 1, 2 * bc + 1]
+        return [2 * max(br, bc) + 1]
+
+    def _table_rows(self, b: tuple[int, int]) -> int:
+        return sum(n + self.extra_bucket for n in self._axis_buckets(b))
+
+    def num_buckets(self, i: int = 0) -> int:
+        """Rows of layer i's table (prefix bucket and both cross tables included)."""
+        return self.rows[i]
+
+    def _ids(self, q: TokenLayout, k: TokenLayout, b: tuple[int, int]) -> list[torch.Tensor]:
+        """Table rows of every pair [P + N, Pk + M] (one tensor per table part), prefix pairs on the extra bucket."""
+        if (q.num_prefix or k.num_prefix) and not self.extra_bucket:
+            raise ValueError(
+                "iRPE was built for a backbone without prefix tokens but the layout has some; "
+                "build the PE with a PEHost whose num_prefix matches the tokens"
+            )
+        ids, _ = relative_bucket_ids(q.pos, k.pos, self.mapping, self.index, self.ratio, b)
+        parts = list(ids) if isinstance(ids, tuple) else [ids]
+        out, start = [], 0
+        for part, n in zip(parts, self._axis_buckets(b)):
+            if self.extra_bucket:
+                full = part.new_full((q.num_tokens, k.num_tokens), n)
+                full[q.num_prefix :, k.num_prefix :] = part
+                part = full
+            out.append(part + start)
+            start += n + self.extra_bucket
+        return out
+
+    def _cached_ids(self, q: TokenLayout, k: TokenLayout, b: tuple[int, int]) -> list[torch.Tensor]:
+        """`_ids`, cached per (positions, prefixes, B, device); equal positions in a new tensor also hit."""
+        key = (b, q.num_prefix, k.num_prefix, tuple(q.pos.shape), tuple(k.pos.shape), str(q.pos.device))
+        hit = self._cache.get(key)
+        if hit is not None:
+            qp, kp, ids = hit
+            if (qp is q.pos or torch.equal(qp, q.pos)) and (kp is k.pos or torch.equal(kp, k.pos)):
+                self._cache.move_to_end(key)
+                return ids
+        with torch.inference_mode(False), torch.no_grad():  # constants, reusable in training and inference
+            ids = self._ids(q, k, b)
+        self._cache[key] = (q.pos, k.pos, ids)
+        if len(self._cache) > 16:
+            self._cache.popitem(last=False)
+        return ids
+
+    # ------------------------------------------------------------------------------------------------ tables
+
+    def bias_table(self, i: int) -> nn.Parameter:
+        """Layer i's bias table [buckets, heads | 1] (mode 'bias'; Swin's relative_position_bias_table)."""
+        if self.mode != "bias":
+            raise ValueError(f"bias_table() exists in mode 'bias'; this iRPE is {self.mode!r} (use table(target, i))")
+        return self.bias_tables[i]
+
+    def table(self, target: str, i: int) -> nn.Parameter:
+        """Layer i's contextual table for target q, k or v: [buckets, d] or [heads, buckets, d]."""
+        if self.mode != "contextual" or target not in self.targets:
+            raise ValueError(f"this iRPE ({self.mode}, targets {self.targets}) has no contextual table for {target!r}")
+        return self.tables[target][i]
+
+    # ------------------------------------------------------------------------------------------------ sites
+
+    def _bias(self, i: int, q: TokenLayout, k: TokenLayout):
+        ids = self._cached_ids(q, k, self.offsets[i])
+        n, m = q.num_tokens, k.num_tokens
+        table = self.bias_tables[i]
+
+        def bias(q_, k_):  # -> [1, H | 1, N, M]
+            b = sum(table[t.view(-1)] for t in ids)  # [N*M, H | 1]
+            return b.to(q_.dtype).t().reshape(1, -1, n, m)
+
+        return bias
+
+    @staticmethod
+    def _contextual(x: torch.Tensor, table: torch.Tensor, ids: list[torch.Tensor]) -> torch.Tensor:
+        """out[.., l, j] = (x_l / sqrt(d)) . table[ids[l, j]] for x [B, H, L, d], ids [L, J] -> [B, H, L, J].
+
+        x @ table^T is [B, H, L, buckets], then gathered: nothing of size L x J x d is built."""
+        t = (table * x.shape[-1] ** -0.5).to(x.dtype).transpose(-1, -2)  # [d, R] or [H, d, R]
+        lut = x @ t  # [B, H, L, R]
+        shape = (*lut.shape[:-1], ids[0].shape[-1])
+        out = lut.gather(-1, ids[0].expand(shape))
+        for extra in ids[1:]:  # cross: the column table
+            out = out + lut.gather(-1, extra.expand(shape))
+        return out
+
+    def context(self, i, layout, kv_layout=None):
+        if layout.streams != 2:
+            raise ValueError(f"iRPE needs (x, y) positions, got a layout with {layout.streams} streams")
+        kv = layout if kv_layout is None else kv_layout
+        b = self.offsets[i]
+        if self.mode == "bias":
+            return PosContext(bias=self._bias(i, layout, kv))
+        terms = []
+        if "k" in self.targets:  # logit_ij += (q_i / sqrt(d)) . rK[b(i, j)]
+            ids_k, table_k = self._cached_ids(layout, kv, b), self.tables["k"][i]
+            terms.append(lambda q_, k_: self._contextual(q_, table_k, ids_k))
+        if "q" in self.targets:  # logit_ij += (k_j / sqrt(d)) . rQ[b(j, i)]: keys play the queries' part
+            ids_q, table_q = self._cached_ids(kv, layout, b), self.tables["q"][i]
+            terms.append(lambda q_, k_: self._contextual(k_, table_q, ids_q).transpose(-1, -2))
+        bias = None
+        if len(terms) == 1:
+            bias = terms[0]
+        elif terms:
+            bias = lambda q_, k_: terms[0](q_, k_) + terms[1](q_, k_)  # noqa: E731
+        value = None
+        if "v" in self.targets:
+            ids_v, table_v, rows = self._cached_ids(layout, kv, b), self.tables["v"][i], self.rows[i]
+
+            def value(v, out, probs):  # out_i += sum_j a_ij rV[b(i, j)]
+                if probs is None:
+                    raise RuntimeError("iRPE on v needs the attention probabilities (PosContext.needs_probs)")
+                per_bucket = probs.new_zeros(*probs.shape[:-1], rows)  # [B, H, N, R]
+                for ids in ids_v:
+                    per_bucket.scatter_add_(-1, ids.expand_as(probs), probs)
+                return out + per_bucket @ table_v.to(probs.dtype)
+
+        return PosContext(bias=bias, value=value, needs_probs=value is not None)
+
+    def no_weight_decay(self):
+        # position tables are excluded from weight decay, as Swin does for its relative position bias table
+        return {"bias_tables.*"} if self.mode == "bias" else {"tables.*"}

@@ -1,0 +1,76 @@
+"""RoPE over N position streams: 3D RoPE, M-RoPE, VideoRoPE, VRoPE, V2PE and 1D RoPE for video / multimodal models.
+
+The backbone builds the layout with `visionpe.segments` (its `pos` [N, S] holds the scheme's streams); this PE
+rotates q and k of every layer through the shared kernel (visionpe.pos.rotary) with the scheme's fixed frequency
+matrix F [S, d/2]. The fixed angles are computed once per layout and head dim and shared by all layers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ..layout import TokenLayout
+from ..segments import SCHEMES, frequency_matrix, scheme_streams
+from .base import PEHost, PosContext, PosEncoding, PosStack
+from .rotary import apply_rotary, rotary_angles, rotary_cos_sin
+
+__all__ = ["RoPEND", "layout_scheme"]
+
+
+class RoPEND(PosEncoding):
+    """Rotates q/k by the layout's position streams under one scheme of visionpe.segments; prefix tokens are not
+    rotated. theta: base of the 1D ladder f_c = theta^(-2c/d) every scheme uses (100 suits vision grids, 10000 is
+    the language-model default)."""
+
+    def __init__(
+        self, host: PEHost, scheme: str = "rope3d", theta: float = 100.0, mrope_section: Sequence[int] | None = None
+    ):
+        super().__init__(host)
+        if scheme not in SCHEMES:
+            raise ValueError(f"unknown RoPE scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
+        self.scheme = scheme
+        self.theta = float(theta)
+        self.num_streams = scheme_streams(scheme)
+        for d in sorted({spec.head_dim for spec in host.layers}):
+            freqs = frequency_matrix(scheme, d, self.theta, mrope_section if scheme == "mrope" else None)
+            self.register_buffer(f"freqs_{d}", freqs, persistent=False)  # [S, d/2]
+        self._cache: list = []  # [(pos tensor, key, (cos, sin))]
+
+    def layer_frequencies(self, i: int):
+        """F [S, d/2] of layer i (fixed, shared by layers with the same head dim)."""
+        return getattr(self, f"freqs_{self.host.layers[i].head_dim}")
+
+    def _cos_sin(self, i: int, layout: TokenLayout):
+        if layout.streams != self.num_streams:
+            raise ValueError(
+                f"RoPE scheme {self.scheme!r} reads {self.num_streams} position streams, the layout has "
+                f"{layout.streams}; build the layout with visionpe.segments.segment_layout(..., {self.scheme!r})"
+            )
+        freqs = self.layer_frequencies(i)
+        key = (layout.num_prefix, freqs.shape[-1], freqs.device, torch.is_inference_mode_enabled())
+        for pos, k, cos_sin in self._cache:  # the entry holds `pos`, so its identity cannot be reused
+            if pos is layout.pos and k == key:
+                return cos_sin
+        cos_sin = rotary_cos_sin(rotary_angles(layout.pos, freqs, layout.num_prefix))  # [P + N, d]
+        self._cache = [*self._cache[-3:], (layout.pos, key, cos_sin)]
+        return cos_sin
+
+    def context(self, i, layout, kv_layout=None):
+        cos_q, sin_q = self._cos_sin(i, layout)
+        cos_k, sin_k = (cos_q, sin_q) if kv_layout is None else self._cos_sin(i, kv_layout)
+
+        def rotate(q, k):
+            return apply_rotary(q, cos_q, sin_q), apply_rotary(k, cos_k, sin_k)
+
+        return PosContext(rotate=rotate)
+
+
+def layout_scheme(pe: PosEncoding, default: str = "rope3d") -> str:
+    """The position scheme a model must build its layouts with for `pe` (`default` when no PE reads one)."""
+    encodings = pe.encodings.values() if isinstance(pe, PosStack) else [pe]
+    schemes = {enc.scheme for enc in encodings if isinstance(enc, RoPEND)}
+    if len(schemes) > 1:
+        raise ValueError(f"PEs read different position schemes {sorted(schemes)}; combine at most one")
+    return schemes.pop() if schemes else default
