@@ -95,10 +95,22 @@ def test_train_then_eval_end_to_end(tmp_path, capsys):
 
 def test_training_learns(tmp_path):
     """100 steps on 32 images: the model must fit its training set far above chance (1/16; about 75% measured)."""
-    run = run_train(tiny(tmp_path, "data.options.num_train=32", "data.options.num_val=32", "data.val_split=train",
-                         "data.batch_size=8", "train.epochs=25", "optim.lr=3e-3", "optim.sched=none",
-                         "optim.weight_decay=0", "eval.resolutions=16", "eval.every_epochs=25",
-                         "model.kwargs.embed_dim=64"))
+    run = run_train(
+        tiny(
+            tmp_path,
+            "data.options.num_train=32",
+            "data.options.num_val=32",
+            "data.val_split=train",
+            "data.batch_size=8",
+            "train.epochs=25",
+            "optim.lr=3e-3",
+            "optim.sched=none",
+            "optim.weight_decay=0",
+            "eval.resolutions=16",
+            "eval.every_epochs=25",
+            "model.kwargs.embed_dim=64",
+        )
+    )
     top1 = json.loads((run / "results.json").read_text())[0]["top1"]
     assert top1 >= 50, top1
 
@@ -125,13 +137,25 @@ KILLER = textwrap.dedent(
 
 
 def test_kill_and_resume_matches_uninterrupted(tmp_path):
-    common = tiny(tmp_path, "train.epochs=3", "train.ckpt_every_steps=3", "model.kwargs.drop_path_rate=0.1",
-                  "aug.mixup=0.4", "train.ema=true")  # RNG-dependent parts: drop path and mixup
+    common = tiny(
+        tmp_path,
+        "train.epochs=3",
+        "train.ckpt_every_steps=3",
+        "model.kwargs.drop_path_rate=0.1",
+        "aug.mixup=0.4",
+        "train.ema=true",
+    )  # RNG-dependent parts: drop path and mixup
     reference = run_train([*common, "train.run_name=reference"])
 
     env = {**os.environ, "VISIONPE_ATTN": "sdpa"}
-    killed = subprocess.run([sys.executable, "-c", KILLER, "7", *common, "train.run_name=killed"], cwd=tmp_path,
-                            env=env, capture_output=True, text=True, timeout=120)
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLER, "7", *common, "train.run_name=killed"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert killed.returncode == -9, killed.stderr[-2000:]
     run = tmp_path / "killed"
     assert json.loads((run / "checkpoint.json").read_text())["global_step"] == 6  # mid-epoch 2, step 7 was lost
@@ -172,8 +196,18 @@ def test_interrupted_checkpoint_write_keeps_the_previous_one(tmp_path, monkeypat
 def test_ddp_two_processes_match_one_process_with_the_global_batch(tmp_path):
     common = tiny(tmp_path, "train.epochs=2", "train.threads=1")
     env = {**os.environ, "VISIONPE_ATTN": "sdpa", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(REPO / "train.py"), *common, "data.batch_size=8", "train.run_name=ddp"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(REPO / "train.py"),
+        *common,
+        "data.batch_size=8",
+        "train.run_name=ddp",
+    ]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("resolution    top1") == 1  # only rank 0 prints
@@ -198,13 +232,22 @@ def test_corrupt_image_in_a_folder_is_skipped_with_one_warning(tmp_path):
             (tmp_path / "data" / split / c).mkdir(parents=True)
             for i in range(8):
                 Image.fromarray(rng.integers(0, 256, (18, 18, 3), dtype=np.uint8)).save(
-                    tmp_path / "data" / split / c / f"{i}.png")
+                    tmp_path / "data" / split / c / f"{i}.png"
+                )
     (tmp_path / "data" / "train" / "a" / "3.png").write_bytes(b"\x89PNG garbage")
     (tmp_path / "data" / "train" / "b" / "5.png").write_bytes(b"")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        run = run_train(tiny(tmp_path, "data.name=imagefolder", "data.options={}", f"data.root={tmp_path / 'data'}", "train.epochs=1",
-                             "data.batch_size=4"))
+        run = run_train(
+            tiny(
+                tmp_path,
+                "data.name=imagefolder",
+                "data.options={}",
+                f"data.root={tmp_path / 'data'}",
+                "train.epochs=1",
+                "data.batch_size=4",
+            )
+        )
     skips = [w for w in caught if issubclass(w.category, SkippedImagesWarning)]
     assert len(skips) == 1 and "skipped 2 unreadable" in str(skips[0].message)
     assert json.loads((run / "results.json").read_text())[0]["images"] == 16
@@ -229,8 +272,17 @@ def test_unknown_keys_name_the_nearest_valid_key(tmp_path):
 
 
 def test_values_are_converted_or_rejected():
-    cfg = load_config(None, ["optim.lr=1e-3", "eval.resolutions=28,42,56", "train.ema=yes", "model.kwargs.depth=2",
-                             "optim.clip_grad=null", "train.run_name=007"])
+    cfg = load_config(
+        None,
+        [
+            "optim.lr=1e-3",
+            "eval.resolutions=28,42,56",
+            "train.ema=yes",
+            "model.kwargs.depth=2",
+            "optim.clip_grad=null",
+            "train.run_name=007",
+        ],
+    )
     assert cfg.optim.lr == 1e-3 and cfg.eval.resolutions == [28, 42, 56] and cfg.train.ema is True
     assert cfg.model.kwargs == {"depth": 2} and cfg.optim.clip_grad is None and cfg.train.run_name == "007"
     with pytest.raises(ConfigError, match="train.epochs expects int, got 'ten'"):
@@ -243,7 +295,7 @@ def test_help_lists_every_key_with_its_default(capsys):
     with pytest.raises(SystemExit):
         train_main(["--help"])
     out = capsys.readouterr().out
-    for key, default, _, _ in config_keys():
+    for key, _default, _, _ in config_keys():
         assert f"{key} = " in out, key
     assert "train.epochs = 10" in out and "data.name = synthetic-shapes" in format_config_help()
 
@@ -290,3 +342,38 @@ def test_bad_input_fails_before_any_work(tmp_path, capsys):
     assert eval_main(["--checkpoint", str(run), "--resolutions", "2"]) == 2
     assert "cannot take resolution 2" in capsys.readouterr().err
     assert train_main(["-c", str(tmp_path / "missing.yaml")]) == 2
+
+
+def test_imagenet_recipe_runs_small(tmp_path):
+    """The DeiT recipe's machinery (RandAugment, random erasing, mixup/cutmix, label smoothing, EMA, lr scaling,
+    cooldown) on a tiny image folder with a shrunken ViT-S."""
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        for c in ("a", "b", "c"):
+            (tmp_path / "data" / split / c).mkdir(parents=True)
+            for i in range(4):
+                Image.fromarray(rng.integers(0, 256, (40, 36, 3), dtype=np.uint8)).save(
+                    tmp_path / "data" / split / c / f"{i}.jpg"
+                )
+    overrides = [
+        "data.name=imagefolder",
+        f"data.root={tmp_path / 'data'}",
+        "data.resolution=32",
+        "data.batch_size=4",
+        "data.eval_batch_size=6",
+        "data.workers=0",
+        "model.kwargs={depth: 1, embed_dim: 32, num_heads: 2, patch_size: 8}",
+        "train.epochs=1",
+        "train.threads=1",
+        "train.progress=false",
+        f"train.output_dir={tmp_path}",
+        "eval.resolutions=32,48",
+        "eval.every_epochs=1",
+    ]
+    with attn_backend("sdpa"):
+        run = train(REPO / "configs" / "imagenet_deit_s.yaml", overrides)
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    assert run.name == "imagenet_deit_s-vit_s_ape" and cfg["aug"]["mixup"] == 0.8
+    rows = json.loads((run / "results.json").read_text())
+    assert [r["resolution"] for r in rows] == [32, 48] and all(r["images"] == 12 for r in rows)
+    assert json.loads((run / "checkpoint.json").read_text())["epoch"] == 11  # 1 epoch + 10 cooldown epochs

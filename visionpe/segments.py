@@ -6,14 +6,14 @@ streams (`position_ids` -> float32 [N, S]) and each rotary pair c reads one of t
 (`frequency_matrix` -> F [S, d/2]); the shared kernel computes angle[n, c] = sum_s pos[n, s] * F[s, c]
 (visionpe.pos.rotary). Every scheme uses the 1D ladder f_c = theta^(-2c/d), so pure text is exactly 1D RoPE.
 
-| scheme    | S | positions                                                        | pair c reads                 |
-|-----------|---|------------------------------------------------------------------|------------------------------|
-| rope1d    | 1 | raster order, +1 per token (the baseline)                        | the one stream               |
-| rope3d    | 3 | (t, y, x) from the block start; text t = y = x; next text max + 1 | axis c mod 3 (t, y, x)       |
-| mrope     | 3 | as rope3d (Qwen2-VL M-RoPE)                                       | sections [16, 24, 24] of 64  |
-| videorope | 3 | t = s + 2 t, y/x centred on it (diagonal); next text max + 1       | lowest quarter t, rest y, x  |
-| vrope     | 4 | a0..a3 = the four diagonals + t (H + W - 1) + s; text +1 after      | variant c mod 4              |
-| v2pe      | 1 | text +1, visual +delta; closing text ceil(last) + 1               | the one stream               |
+| scheme    | S | positions                                                         | pair c reads                |
+|-----------|---|-------------------------------------------------------------------|-----------------------------|
+| rope1d    | 1 | raster order, +1 per token (the baseline)                         | the one stream              |
+| rope3d    | 3 | (t, y, x) from the block start; text t = y = x; next text max + 1 | axis c mod 3 (t, y, x)      |
+| mrope     | 3 | as rope3d (Qwen2-VL M-RoPE)                                       | sections [16, 24, 24] of 64 |
+| videorope | 3 | t = s + 2 t, y/x centred on it (diagonal); next text max + 1      | lowest quarter t, rest y, x |
+| vrope     | 4 | a0..a3 = the four diagonals + t (H + W - 1) + s; text +1 after    | variant c mod 4             |
+| v2pe      | 1 | text +1, visual +delta; closing text ceil(last) + 1               | the one stream              |
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ __all__ = [
     "scheme_streams",
     "segment_layout",
     "segments_length",
+    "stream_of_pairs",
     "mrope_layout",
     "v2pe_layout",
     "videorope_layout",

@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from ..data.multires import Batch
-from ..engine.evaluate import evaluate_loader
+from ..engine import DistContext, evaluate_loader
 
 __all__ = [
     "SizedView",
@@ -129,8 +129,6 @@ def evaluate_size(
     workers: int = 0,
 ) -> dict:
     """{'top1', 'top5', 'loss', 'images'} of `model` on the first `limit` items at `size` in position `mode`."""
-    from ..engine.distributed import DistContext
-
     set_position_mode(model, mode)
     return evaluate_loader(
         model, loader(SizedView(dataset, size, limit), batch_size, workers), DistContext(device=device), amp

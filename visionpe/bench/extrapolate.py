@@ -419,8 +419,7 @@ def _split_name(name: str) -> tuple[str, str, str]:
 
 def run_job(job: Job, log=print) -> dict:
     """Train (or resume, or reuse) one run, evaluate what its record lacks, and return the record."""
-    from ..engine.evaluate import load_checkpoint
-    from ..engine.train import train
+    from ..engine import load_checkpoint, train  # the engine's public API
 
     torch.set_num_threads(job.threads)
     record = _read_record(job.record_path) if job.record_path.is_file() else None

@@ -4,6 +4,7 @@ deviation over seeds, and the change against the training resolution), summary.j
 from __future__ import annotations
 
 import csv
+import inspect
 import json
 import statistics
 import time
@@ -86,8 +87,8 @@ def format_markdown(records: list[dict], plan, seconds: float, machine: str) -> 
         f"# Resolution extrapolation: {b.name}",
         "",
         f"Trained on `{cfg.data.name}` at {cfg.data.resolution} px ({cfg.train.epochs} epochs, batch "
-        f"{cfg.data.batch_size}, {cfg.optim.opt} lr {cfg.optim.lr:g}, data options: {opts}; augmentation: random "
-        f"resized crop scale {cfg.aug.scale}, flip {cfg.aug.hflip}), then evaluated without fine-tuning on "
+        f"{cfg.data.batch_size}, {cfg.optim.opt} lr {cfg.optim.lr:g}, data options: {opts}; augmentation: "
+        f"{augmentation_text(cfg)}), then evaluated without fine-tuning on "
         f"{'/'.join(str(i) for i in images)} `{cfg.data.val_split}` images at each size. Top-1 accuracy (%), "
         f"mean ± standard deviation over {len(seeds)} seed(s) {seeds}; in brackets, the change against the "
         f"training resolution (bold). Non-square sizes are H x W (the image stretched).",
@@ -123,6 +124,29 @@ def format_markdown(records: list[dict], plan, seconds: float, machine: str) -> 
         "",
     ]
     return "\n".join(lines)
+
+
+def augmentation_text(cfg) -> str:
+    """What the training images went through, in words (from the dataset's factory and options)."""
+    from ..data import get_dataset_info
+
+    params = inspect.signature(get_dataset_info(cfg.data.name).factory).parameters
+    crop = cfg.data.options.get("crop")
+    if crop == "rrc" or ("aug" in params and "crop" not in params):
+        a = cfg.aug
+        return f"random resized crops (area {a.scale}, aspect {[round(r, 2) for r in a.ratio]}) and flips (p={a.hflip})"
+    if "training" in params:
+        return f"the dataset's default training augmentation{f' (crop={crop})' if crop else ''}"
+    return "none"
+
+
+def restrict(records: list[dict], plan) -> list[dict]:
+    """The records' rows for the plan's modes and sizes only (a record keeps rows of sizes since dropped)."""
+    sizes, modes = set(plan.sizes), set(plan.bench.position_modes)
+    return [
+        dict(r, rows=[x for x in r.get("rows", []) if x["mode"] in modes and (x["height"], x["width"]) in sizes])
+        for r in records
+    ]
 
 
 def _summary(records: list[dict], plan, seconds: float, machine: dict) -> dict:
@@ -176,6 +200,7 @@ def write_report(records: list[dict], plan, out: Path, seconds: float) -> list[P
     from .speed import machine_description, machine_info
 
     out.mkdir(parents=True, exist_ok=True)
+    records = restrict(records, plan)
     machine = machine_info()
     machine["threads"] = plan.bench.threads
     rows = long_rows(records)

@@ -1,8 +1,8 @@
 """Video ViT speed and memory per PE: tokens/s as ratios against the space-time APE in the same run, and how time and
 memory grow with clip length.
 
-1. Inference tokens/s of `{family}_{pe}` at 8 x 112 x 112 and 16 x 224 x 224 (interleaved runs, median), as ratios
-   against `{family}_ape`.
+1. Inference tokens/s of `{family}_{pe}` at 8 x 112 x 112 and 16 x 224 x 224 (batch 1; runs interleaved across
+   models and clips, the fastest of --rounds kept), as ratios against `{family}_ape`.
 2. Clip-length sweep at 112 x 112: seconds per clip (inference), the activation memory a training step keeps for
    backward (bytes of the tensors autograd saves; exact, no allocator noise) and the peak resident memory of one
    inference step (a fresh process per point), with the growth exponent k of time ~ T^k.
@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -24,8 +23,6 @@ import timm
 import torch
 
 import visionpe  # noqa: F401  (registers the models)
-
-from .timing import interleaved_throughput
 
 __all__ = ["tokens_per_second", "seconds_per_clip", "saved_activation_mb", "peak_rss_mb", "growth_exponent", "main"]
 
@@ -37,30 +34,26 @@ def _tokens(model, frames: int, side: int) -> int:
     return t * h * w
 
 
-def tokens_per_second(family: str, pes: list[str], frames: int, side: int, rounds: int, batch: int = 1):
-    """Median inference tokens/s of each `{family}_{pe}` on clips [batch, 3, frames, side, side], interleaved."""
-    models = {pe: timm.create_model(f"{family}_{pe}").eval() for pe in pes}
-    clips_per_s = interleaved_throughput(
-        models, lambda: torch.randn(batch, 3, frames, side, side), train=False, rounds=rounds, steps=1
-    )
-    n = _tokens(next(iter(models.values())), frames, side)
-    return {pe: v * n for pe, v in clips_per_s.items()}, n
-
-
-def seconds_per_clip(models: dict, lengths: list[int], side: int, rounds: int) -> dict[tuple[str, int], float]:
-    """Fastest of `rounds` inference seconds for one clip per (pe, length), the runs interleaved across models and
-    lengths (minimum: the least disturbed run on a shared machine)."""
-    best = {(pe, t): math.inf for pe in models for t in lengths}
+def tokens_per_second(models: dict, clips: list[tuple[int, int]], rounds: int) -> dict[tuple[str, int, int], float]:
+    """Inference tokens/s of each model on one clip of each (frames, side): the fastest of `rounds` runs, the runs
+    interleaved across models and clips (on a shared machine the fastest run is the least disturbed one)."""
+    best = {(pe, *clip): math.inf for pe in models for clip in clips}
     with torch.inference_mode():
         for r in range(rounds + 1):  # round 0 warms every shape up
-            for pe, model in models.items():
-                for t in lengths:
-                    x = torch.randn(1, 3, t, side, side)
+            for frames, side in clips:
+                x = torch.randn(1, 3, frames, side, side)
+                for pe, model in models.items():
                     start = time.perf_counter()
                     model(x)
                     if r:
-                        best[pe, t] = min(best[pe, t], time.perf_counter() - start)
-    return best
+                        best[pe, frames, side] = min(best[pe, frames, side], time.perf_counter() - start)
+    return {(pe, f, s): _tokens(models[pe], f, s) / sec for (pe, f, s), sec in best.items()}
+
+
+def seconds_per_clip(models: dict, lengths: list[int], side: int, rounds: int) -> dict[tuple[str, int], float]:
+    """Inference seconds for one clip per (pe, length), measured as in `tokens_per_second`."""
+    tps = tokens_per_second(models, [(t, side) for t in lengths], rounds)
+    return {(pe, t): _tokens(models[pe], t, side) / v for (pe, t, _), v in tps.items()}
 
 
 def saved_activation_mb(model, frames: int, side: int) -> float:
@@ -81,21 +74,28 @@ def saved_activation_mb(model, frames: int, side: int) -> float:
     return sum(seen.values()) / 2**20
 
 
-def _rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+def _status_mb(field: str) -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024  # kB
+    raise RuntimeError(f"/proc/self/status has no {field}")
 
 
 def _probe(name: str, frames: int, side: int) -> None:
-    """Child process: peak RSS growth (MiB) of one inference step of one clip."""
+    """Child process: peak RSS growth (MiB) of one inference step of one clip. Reads VmHWM after resetting it
+    (/proc/self/clear_refs): getrusage's ru_maxrss would include the parent's RSS, inherited through fork."""
     torch.set_num_threads(1)
     model = timm.create_model(name).eval()
     k, p = model.patch_embed.tubelet_size, model.patch_embed.patch_size[0]
+    x = torch.randn(1, 3, frames, side, side)
     with torch.inference_mode():
         model(torch.randn(1, 3, k, p, p))  # warm-up on one tubelet: loads kernels and thread pools
-        before = _rss_mb()
-        model(torch.randn(1, 3, frames, side, side))
-    print(f"{max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - before, 0.0):.1f}")
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset the peak RSS to the current RSS
+        before = _status_mb("VmRSS")
+        model(x)
+    print(f"{max(_status_mb('VmHWM') - before, 0.0):.1f}")
 
 
 def peak_rss_mb(name: str, frames: int, side: int) -> float:
@@ -139,8 +139,11 @@ def main(argv: list[str] | None = None) -> None:
         + " |"
     )
     print("|---|---:|" + "---:|" * (2 * len(args.pes) - 1))
+    models = {pe: timm.create_model(f"{args.family}_{pe}").eval() for pe in args.pes}
+    all_tps = tokens_per_second(models, CLIPS, args.rounds)
     for frames, side in CLIPS:
-        tps, n = tokens_per_second(args.family, args.pes, frames, side, args.rounds)
+        tps = {pe: all_tps[pe, frames, side] for pe in args.pes}
+        n = _tokens(models["ape"], frames, side)
         ratios = " | ".join(f"{tps[pe] / tps['ape']:.3f}" for pe in args.pes if pe != "ape")
         print(
             f"| {frames} x {side} x {side} | {n} | "
@@ -151,7 +154,6 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\n# clip-length sweep at {args.side} x {args.side}: seconds per clip, saved activations, peak RSS")
     print("| pe | T | tokens | s/clip | time / T=min | saved act. MiB | peak RSS MiB |")
     print("|---|---:|---:|---:|---:|---:|---:|")
-    models = {pe: timm.create_model(f"{args.family}_{pe}").eval() for pe in args.pes}
     secs = seconds_per_clip(models, args.lengths, args.side, args.rounds)
     for pe, model in models.items():
         name = f"{args.family}_{pe}"

@@ -23,8 +23,10 @@ from .splits import split_kind
 __all__ = ["FashionMNIST", "read_idx", "fashion_mnist", "DEFAULT_ROOT", "CLASS_NAMES"]
 
 DEFAULT_ROOT = "/usr/share/datasets/fashion-mnist"
-FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
-         "val": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
+FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "val": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
 CLASS_NAMES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
 MEAN, STD = 0.2860, 0.3530  # over the training images
 
@@ -66,8 +68,9 @@ def _load(root: str, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
     images = read_idx(_find(Path(root), FILES[kind][0]))
     labels = read_idx(_find(Path(root), FILES[kind][1])).long()
     if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
-        raise ValueError(f"Fashion-MNIST {kind} files in {root} disagree: images {tuple(images.shape)}, "
-                         f"labels {tuple(labels.shape)}")
+        raise ValueError(
+            f"Fashion-MNIST {kind} files in {root} disagree: images {tuple(images.shape)}, labels {tuple(labels.shape)}"
+        )
     return images, labels
 
 
@@ -77,8 +80,19 @@ class FashionMNIST(Dataset):
     num_classes = len(CLASS_NAMES)
     classes = CLASS_NAMES
 
-    def __init__(self, root: str | os.PathLike, split: str = "train", resolution: int = 28, augment: bool = False,
-                 shift: int = 2, num_samples: int | None = None):
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        split: str = "train",
+        resolution: int = 28,
+        augment: bool = False,
+        shift: int = 2,
+        num_samples: int | None = None,
+        crop_scale: tuple[float, float] | None = None,
+        crop_ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        hflip: float = 0.5,
+    ):
+        """crop_scale: random resized crops of this area range (the papers' protocol) in place of the shift."""
         root = Path(root)
         if not root.is_dir():
             raise FileNotFoundError(
@@ -91,6 +105,7 @@ class FashionMNIST(Dataset):
         self.resolution = int(resolution)
         self.augment = augment
         self.shift = int(shift)
+        self.crop_scale, self.crop_ratio, self.hflip = crop_scale, crop_ratio, float(hflip)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -98,15 +113,31 @@ class FashionMNIST(Dataset):
     def render(self, index: int, resolution: int) -> tuple[torch.Tensor, int]:
         x = self.images[index].float().div_(255).unsqueeze(0)  # (1, 28, 28)
         if self.augment:  # random translation by zero-padding + crop, then a horizontal flip (global torch RNG)
-            if self.shift:
+            if self.crop_scale:  # random resized crop (torchvision's sampling, global torch RNG) straight to size
+                from torchvision.transforms import RandomResizedCrop
+
+                i, j, h, w = RandomResizedCrop.get_params(x, list(self.crop_scale), list(self.crop_ratio))
+                x = F.interpolate(
+                    x[None, :, i : i + h, j : j + w],
+                    size=(resolution, resolution),
+                    mode="bilinear",
+                    align_corners=False,
+                    antialias=resolution < max(h, w),
+                )[0]
+            elif self.shift:
                 s = self.shift
                 dx, dy = torch.randint(0, 2 * s + 1, (2,)).tolist()
                 x = F.pad(x, (s, s, s, s))[:, dy : dy + 28, dx : dx + 28]
-            if torch.rand(()) < 0.5:
+            if torch.rand(()) < self.hflip:
                 x = x.flip(-1)
         if resolution != x.shape[-1]:
-            x = F.interpolate(x[None], size=(resolution, resolution), mode="bilinear", align_corners=False,
-                              antialias=resolution < x.shape[-1])[0]
+            x = F.interpolate(
+                x[None],
+                size=(resolution, resolution),
+                mode="bilinear",
+                align_corners=False,
+                antialias=resolution < x.shape[-1],
+            )[0]
         return (x - MEAN) / STD, int(self.labels[index])
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
@@ -114,11 +145,32 @@ class FashionMNIST(Dataset):
 
 
 @register_dataset("fashion-mnist", num_classes=10, in_chans=1, kind="image")
-def fashion_mnist(split: str = "train", resolution: int = 28, root: str | None = None, training: bool = False,
-                  augment: bool = True, shift: int = 2, num_train: int | None = None,
-                  num_val: int | None = None) -> FashionMNIST:
+def fashion_mnist(
+    split: str = "train",
+    resolution: int = 28,
+    root: str | None = None,
+    training: bool = False,
+    augment: bool = True,
+    shift: int = 2,
+    num_train: int | None = None,
+    num_val: int | None = None,
+    crop: str = "shift",
+    aug: dict | None = None,
+) -> FashionMNIST:
     """Fashion-MNIST (60k train / 10k test, 10 classes, 1 channel) from IDX files; no download. num_train /
     num_val keep the first items of a split (quick runs)."""
     n = num_train if split_kind(split) == "train" else num_val
-    return FashionMNIST(root or DEFAULT_ROOT, split, resolution, augment=augment and training, shift=shift,
-                        num_samples=n)
+    if crop not in ("shift", "rrc"):
+        raise ValueError(f"fashion-mnist option crop must be 'shift' or 'rrc' (random resized crop), got {crop!r}")
+    aug = aug or {}
+    rrc = dict(crop_scale=tuple(aug.get("scale", (0.08, 1.0))), crop_ratio=tuple(aug.get("ratio", (3 / 4, 4 / 3))))
+    return FashionMNIST(
+        root or DEFAULT_ROOT,
+        split,
+        resolution,
+        augment=augment and training,
+        shift=shift,
+        num_samples=n,
+        hflip=aug.get("hflip", 0.5),
+        **(rrc if crop == "rrc" else {}),
+    )

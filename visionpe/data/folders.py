@@ -44,19 +44,34 @@ def find_split_dir(root: str | os.PathLike, split: str) -> Path:
 class ImageFolderDataset(Dataset):
     """A timm ImageDataset with per-resolution timm transforms and skipping of unreadable files."""
 
-    def __init__(self, root: str | os.PathLike, split: str = "train", resolution: int = 224, training: bool = False,
-                 class_map: dict | None = None, transform_kwargs: dict | None = None):
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        split: str = "train",
+        resolution: int = 224,
+        training: bool = False,
+        class_map: dict | None = None,
+        transform_kwargs: dict | None = None,
+    ):
         split_dir = find_split_dir(root, split)
         try:
-            self.base = create_dataset("", root=str(split_dir), split=split, search_split=False,
-                                       class_map=dict(class_map) if class_map else None)
+            self.base = create_dataset(
+                "",
+                root=str(split_dir),
+                split=split,
+                search_split=False,
+                class_map=dict(class_map) if class_map else None,
+            )
         except RuntimeError as e:  # timm: "Found 0 images in subfolders of ..."
-            raise FileNotFoundError(f"{split_dir} holds no images in class folders; expected "
-                                    f"{split_dir}/<class>/<image> ({e})") from None
+            raise FileNotFoundError(
+                f"{split_dir} holds no images in class folders; expected {split_dir}/<class>/<image> ({e})"
+            ) from None
         self.class_to_idx = dict(self.base.reader.class_to_idx)
         if "" in self.class_to_idx or not self.class_to_idx:
-            raise ValueError(f"{split_dir} has images outside class folders; put each class in its own subfolder "
-                             f"({split_dir}/<class>/<image>)")
+            raise ValueError(
+                f"{split_dir} has images outside class folders; put each class in its own subfolder "
+                f"({split_dir}/<class>/<image>)"
+            )
         self.classes = sorted(self.class_to_idx, key=self.class_to_idx.get)
         self.num_classes = len(self.classes)
         self.split_dir = split_dir
@@ -95,8 +110,10 @@ class ImageFolderDataset(Dataset):
                 return self.transform(resolution)(img), target
             except DECODE_ERRORS:
                 self._skipped.append(str(self.base.filename(i, absolute=True)))
-        raise RuntimeError(f"{MAX_CONSECUTIVE_FAILURES} unreadable images in a row from index {index} in "
-                           f"{self.split_dir}, e.g. {self._skipped[-1]}; check the folder")
+        raise RuntimeError(
+            f"{MAX_CONSECUTIVE_FAILURES} unreadable images in a row from index {index} in "
+            f"{self.split_dir}, e.g. {self._skipped[-1]}; check the folder"
+        )
 
     def __getitem__(self, index: int):
         return self.render(index, self.resolution)
@@ -107,9 +124,18 @@ class ImageFolderDataset(Dataset):
         return skipped
 
 
-def _folder_factory(split: str = "train", resolution: int = 224, root: str | None = None, training: bool = False,
-                    class_map: dict | None = None, aug: dict | None = None, mean=None, std=None,
-                    interpolation: str | None = None, crop_pct: float | None = None) -> ImageFolderDataset:
+def _folder_factory(
+    split: str = "train",
+    resolution: int = 224,
+    root: str | None = None,
+    training: bool = False,
+    class_map: dict | None = None,
+    aug: dict | None = None,
+    mean=None,
+    std=None,
+    interpolation: str | None = None,
+    crop_pct: float | None = None,
+) -> ImageFolderDataset:
     if not root:
         raise ValueError("image folders need data.root, a folder with train/<class>/* and val/<class>/*")
     aug = dict(aug or {})
@@ -130,20 +156,40 @@ def _folder_factory(split: str = "train", resolution: int = 224, root: str | Non
 
 
 @register_dataset("imagefolder", num_classes=None, in_chans=3, kind="image")
-def image_folder(split: str = "train", resolution: int = 224, root: str | None = None, training: bool = False,
-                 class_map: dict | None = None, aug: dict | None = None, mean=None, std=None,
-                 interpolation: str | None = None, crop_pct: float | None = None) -> ImageFolderDataset:
+def image_folder(
+    split: str = "train",
+    resolution: int = 224,
+    root: str | None = None,
+    training: bool = False,
+    class_map: dict | None = None,
+    aug: dict | None = None,
+    mean=None,
+    std=None,
+    interpolation: str | None = None,
+    crop_pct: float | None = None,
+) -> ImageFolderDataset:
     """Any `root/<split>/<class>/*` folder (the number of classes is read from the folders)."""
     return _folder_factory(split, resolution, root, training, class_map, aug, mean, std, interpolation, crop_pct)
 
 
 @register_dataset("imagenet", num_classes=1000, in_chans=3, kind="image")
-def imagenet(split: str = "train", resolution: int = 224, root: str | None = None, training: bool = False,
-             class_map: dict | None = None, aug: dict | None = None, mean=None, std=None,
-             interpolation: str | None = None, crop_pct: float | None = None) -> ImageFolderDataset:
+def imagenet(
+    split: str = "train",
+    resolution: int = 224,
+    root: str | None = None,
+    training: bool = False,
+    class_map: dict | None = None,
+    aug: dict | None = None,
+    mean=None,
+    std=None,
+    interpolation: str | None = None,
+    crop_pct: float | None = None,
+) -> ImageFolderDataset:
     """ImageNet-1k in the usual `root/train/n01440764/*.JPEG`, `root/val/n01440764/*.JPEG` layout."""
     ds = _folder_factory(split, resolution, root, training, class_map, aug, mean, std, interpolation, crop_pct)
     if ds.num_classes != 1000 and not class_map:
-        raise ValueError(f"{ds.split_dir} has {ds.num_classes} class folders, ImageNet-1k has 1000; use "
-                         f"data.name=imagefolder for other folders")
+        raise ValueError(
+            f"{ds.split_dir} has {ds.num_classes} class folders, ImageNet-1k has 1000; use "
+            f"data.name=imagefolder for other folders"
+        )
     return ds

@@ -17,8 +17,14 @@ from .multires import ResolutionBatchSampler, collate_to_resolution, eval_batche
 from .registry import DatasetInfo, get_dataset_info
 from .seeding import seeded_rngs
 
-__all__ = ["build_dataset", "dataset_num_classes", "KeyedDataset", "build_train_loader", "build_eval_loader",
-           "renders_any_resolution"]
+__all__ = [
+    "build_dataset",
+    "dataset_num_classes",
+    "KeyedDataset",
+    "build_train_loader",
+    "build_eval_loader",
+    "renders_any_resolution",
+]
 
 
 def _explicit_params(fn) -> tuple[set[str], bool]:
@@ -27,8 +33,14 @@ def _explicit_params(fn) -> tuple[set[str], bool]:
     return named, any(p.kind == p.VAR_KEYWORD for p in params.values())
 
 
-def build_dataset(name: str | DatasetInfo, split: str, resolution: int, root: str | None = None,
-                  options: dict | None = None, **offered) -> Dataset:
+def build_dataset(
+    name: str | DatasetInfo,
+    split: str,
+    resolution: int,
+    root: str | None = None,
+    options: dict | None = None,
+    **offered,
+) -> Dataset:
     """Build a registered dataset. `options` go to the factory as they are (an unknown one is an error naming the
     valid ones); `offered` kwargs (training=, aug=, mean=, class_map=, ...) go only to factories that name them."""
     info = name if isinstance(name, DatasetInfo) else get_dataset_info(name)
@@ -47,8 +59,9 @@ def build_dataset(name: str | DatasetInfo, split: str, resolution: int, root: st
 def dataset_num_classes(info: DatasetInfo, dataset: Dataset) -> int:
     n = info.num_classes or getattr(dataset, "num_classes", None)
     if not n:
-        raise ValueError(f"dataset {info.name!r} declares no number of classes and its dataset object has no "
-                         f"num_classes attribute")
+        raise ValueError(
+            f"dataset {info.name!r} declares no number of classes and its dataset object has no num_classes attribute"
+        )
     return int(n)
 
 
@@ -95,21 +108,38 @@ def _loader(keyed: KeyedDataset, batch_sampler, workers: int, pin_memory: bool) 
     )
 
 
-def build_train_loader(dataset: Dataset, batch_size: int, resolutions: list[int], seed: int = 0, workers: int = 0,
-                       rank: int = 0, world_size: int = 1, pin_memory: bool = False) -> DataLoader:
+def build_train_loader(
+    dataset: Dataset,
+    batch_size: int,
+    resolutions: list[int],
+    seed: int = 0,
+    workers: int = 0,
+    rank: int = 0,
+    world_size: int = 1,
+    pin_memory: bool = False,
+) -> DataLoader:
     """Shuffled batches (per-epoch order from (seed, epoch)) at one resolution per batch; the loader's
     `batch_sampler` has set_epoch / start_at for resuming."""
     keyed = KeyedDataset(dataset)
     sampler = DistributedSampler(keyed, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
     batches = ResolutionBatchSampler(sampler, batch_size, resolutions, drop_last=True, seed=seed)
     if batches.num_batches() == 0:
-        raise ValueError(f"the training set has {len(dataset)} items, fewer than one batch of {batch_size} per "
-                         f"process x {world_size} process(es); lower data.batch_size or use more data")
+        raise ValueError(
+            f"the training set has {len(dataset)} items, fewer than one batch of {batch_size} per "
+            f"process x {world_size} process(es); lower data.batch_size or use more data"
+        )
     return _loader(keyed, batches, workers, pin_memory)
 
 
-def build_eval_loader(dataset: Dataset, resolution: int, batch_size: int, workers: int = 0, rank: int = 0,
-                      world_size: int = 1, pin_memory: bool = False) -> DataLoader:
+def build_eval_loader(
+    dataset: Dataset,
+    resolution: int,
+    batch_size: int,
+    workers: int = 0,
+    rank: int = 0,
+    world_size: int = 1,
+    pin_memory: bool = False,
+) -> DataLoader:
     """Ordered batches over this rank's contiguous shard (no padding: metrics summed over ranks are exact)."""
     n = len(dataset)
     per = -(-n // world_size)

@@ -37,8 +37,15 @@ class ResolutionBatchSampler(Sampler):
     same batch position. `seed_items` adds a per-item seed (seed, epoch, index) for the augmentation of that item.
     """
 
-    def __init__(self, sampler, batch_size: int, resolutions: Sequence[int], drop_last: bool = True, seed: int = 0,
-                 seed_items: bool = True):
+    def __init__(
+        self,
+        sampler,
+        batch_size: int,
+        resolutions: Sequence[int],
+        drop_last: bool = True,
+        seed: int = 0,
+        seed_items: bool = True,
+    ):
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         if not resolutions:
@@ -100,8 +107,9 @@ def resize_to(x: torch.Tensor, resolution: int) -> torch.Tensor:
         raise ValueError(f"can only resize images [C, H, W] or clips [C, T, H, W], got shape {tuple(x.shape)}")
     flat = x.reshape(-1, 1, *x.shape[-2:]) if x.ndim == 4 else x[None]
     shrink = resolution < max(x.shape[-2:])
-    out = F.interpolate(flat.float(), size=(resolution, resolution), mode="bilinear", align_corners=False,
-                        antialias=shrink).to(x.dtype)
+    out = F.interpolate(
+        flat.float(), size=(resolution, resolution), mode="bilinear", align_corners=False, antialias=shrink
+    ).to(x.dtype)
     return out.reshape(*x.shape[:-2], resolution, resolution)
 
 
@@ -115,7 +123,8 @@ def collate_to_resolution(items: list[tuple], collate_inputs: Callable | None = 
     elif isinstance(inputs[0], dict):
         stacked = collate_inputs(list(inputs)) if collate_inputs else default_collate(list(inputs))
     else:
-        raise TypeError(f"dataset items must be (tensor, target) or (dict of model kwargs, target), got "
-                        f"{type(inputs[0]).__name__}")
+        raise TypeError(
+            f"dataset items must be (tensor, target) or (dict of model kwargs, target), got {type(inputs[0]).__name__}"
+        )
     target = torch.as_tensor(targets) if not isinstance(targets[0], torch.Tensor) else torch.stack(targets)
     return Batch(stacked, target, res, tuple(p for s in skipped for p in s))

@@ -1,6 +1,6 @@
 """`synthetic-shapes`: a procedural image set rendered at any resolution, no download.
 
-Each image holds one shape (disk, square, triangle, cross) of random size, rotation and colour on a noisy
+Each image holds one shape (disk, ring, bar, cross) of random size, rotation and colour on a noisy
 background. The class is the shape *and* the quadrant it sits in (4 x 4 = 16 classes), so a model has to know where
 things are, not only what they are: a model without positional information (NoPE with CLS pooling) cannot exceed
 1/4 accuracy. Scenes live in continuous [0, 1]^2 coordinates and are rasterised with signed distance functions, so
@@ -21,7 +21,7 @@ from .splits import split_kind
 
 __all__ = ["SyntheticShapes", "SHAPES", "REGIONS", "CLASS_NAMES", "synthetic_shapes"]
 
-SHAPES = ("disk", "square", "triangle", "cross")
+SHAPES = ("disk", "ring", "bar", "cross")
 REGIONS = ("top-left", "top-right", "bottom-left", "bottom-right")
 CLASS_NAMES = tuple(f"{s}@{r}" for s in SHAPES for r in REGIONS)  # class = shape * 4 + region
 MEAN, STD = 0.5, 0.25
@@ -32,14 +32,13 @@ def _sdf(shape: int, x: np.ndarray, y: np.ndarray, r: float) -> np.ndarray:
     """Signed distance (negative inside) to a shape of radius r centred at the origin, in shape coordinates."""
     if shape == 0:  # disk
         return np.sqrt(x * x + y * y) - r
-    if shape == 1:  # square of half-side 0.85 r (about the disk's area)
-        return np.maximum(np.abs(x), np.abs(y)) - 0.85 * r
-    if shape == 2:  # equilateral triangle, circumradius 1.2 r: inradius = half the circumradius
-        edges = [x * math.cos(a) + y * math.sin(a) for a in (math.pi / 2 + k * 2 * math.pi / 3 for k in range(3))]
-        return np.maximum(np.maximum(edges[0], edges[1]), edges[2]) - 0.6 * r
-    # cross: two bars of half-length r and half-width r / 3
+    if shape == 1:  # ring: the disk with a hole of half its radius
+        return np.abs(np.sqrt(x * x + y * y) - 0.75 * r) - 0.25 * r
     ax, ay = np.abs(x), np.abs(y)
-    return np.minimum(np.maximum(ax - r, ay - r / 3), np.maximum(ay - r, ax - r / 3))
+    bar = np.maximum(ax - r, ay - 0.3 * r)  # half-length r, half-width 0.3 r
+    if shape == 2:  # bar
+        return bar
+    return np.minimum(bar, np.maximum(ay - r, ax - 0.3 * r))  # cross: two bars
 
 
 class SyntheticShapes(Dataset):
@@ -48,8 +47,14 @@ class SyntheticShapes(Dataset):
     num_classes = len(CLASS_NAMES)
     classes = CLASS_NAMES
 
-    def __init__(self, split: str = "train", resolution: int = 32, num_samples: int | None = None, seed: int = 0,
-                 noise: float = 0.05):
+    def __init__(
+        self,
+        split: str = "train",
+        resolution: int = 32,
+        num_samples: int | None = None,
+        seed: int = 0,
+        noise: float = 0.05,
+    ):
         """num_samples: items in this split (default 5000 train / 1000 val)."""
         kind = split_kind(split)
         self.split_id = 0 if kind == "train" else 1
@@ -68,16 +73,24 @@ class SyntheticShapes(Dataset):
         u = np.random.default_rng(mix_seed(self.seed, self.split_id, index)).random(12).tolist()
         target = int(u[0] * len(CLASS_NAMES)) % len(CLASS_NAMES)
         shape, region = divmod(target, len(REGIONS))
-        r = 0.11 + 0.07 * u[1]  # radius as a fraction of the side
+        r = 0.12 + 0.08 * u[1]  # radius as a fraction of the side
         qx, qy = 0.5 * (region % 2), 0.5 * (region // 2)
-        reach = 1.2 * r + 0.02  # the largest extent of any shape, plus a margin: the shape stays in its quadrant
+        reach = 1.05 * r + 0.02  # the largest extent of any shape, plus a margin: the shape stays in its quadrant
         cx = qx + reach + (0.5 - 2 * reach) * u[2]
         cy = qy + reach + (0.5 - 2 * reach) * u[3]
         dark_on_light = u[4] < 0.5
         bg = [0.6 + 0.4 * v if dark_on_light else 0.35 * v for v in u[5:8]]
         fg = [0.35 * v if dark_on_light else 0.6 + 0.4 * v for v in u[8:11]]
-        return dict(target=target, shape=shape, region=region, radius=r, centre=(cx, cy), angle=2 * math.pi * u[11],
-                    bg=bg, fg=fg)
+        return dict(
+            target=target,
+            shape=shape,
+            region=region,
+            radius=r,
+            centre=(cx, cy),
+            angle=2 * math.pi * u[11],
+            bg=bg,
+            fg=fg,
+        )
 
     def render(self, index: int, resolution: int) -> tuple[torch.Tensor, int]:
         """Item `index` as a normalised image [3, R, R] and its class."""
@@ -104,8 +117,15 @@ class SyntheticShapes(Dataset):
 
 
 @register_dataset("synthetic-shapes", num_classes=len(CLASS_NAMES), in_chans=3, kind="image")
-def synthetic_shapes(split: str = "train", resolution: int = 32, root: str | None = None, num_train: int = 5000,
-                     num_val: int = 1000, seed: int = 0, noise: float = 0.05) -> SyntheticShapes:
+def synthetic_shapes(
+    split: str = "train",
+    resolution: int = 32,
+    root: str | None = None,
+    num_train: int = 5000,
+    num_val: int = 1000,
+    seed: int = 0,
+    noise: float = 0.05,
+) -> SyntheticShapes:
     """16 classes (4 shapes x 4 quadrants) rendered procedurally at any resolution; num_train / num_val items."""
     if root:
         raise ValueError(f"synthetic-shapes is generated, it reads no files; drop data.root (got {root!r})")

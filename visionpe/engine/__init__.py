@@ -1,8 +1,8 @@
 """Training and evaluation: configs, the training loop, checkpoints, distributed setup, multi-resolution evaluation.
 
-    from visionpe.engine import load_config, train, evaluate_checkpoint
-    run_dir = train(load_config("configs/quick.yaml", ["train.epochs=2"]))
-    rows = evaluate_checkpoint(run_dir, resolutions=[24, 32, 48])  # [{"resolution", "top1", "top5", "loss", ...}]
+from visionpe.engine import load_config, train, evaluate_checkpoint
+run_dir = train(load_config("configs/quick.yaml", ["train.epochs=2"]))
+rows = evaluate_checkpoint(run_dir, resolutions=[24, 32, 48])  # [{"resolution", "top1", "top5", "loss", ...}]
 """
 
 from .checkpoint import CheckpointError, find_checkpoint, load_weights

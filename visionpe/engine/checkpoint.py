@@ -84,7 +84,7 @@ def load_weights(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict
     try:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             meta = dict(f.metadata() or {})
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not a dict)
     except Exception as e:  # safetensors raises its own error types for a truncated or foreign file
         raise CheckpointError(f"{path} is not a readable safetensors file ({e})") from None
     return tensors, meta
@@ -131,9 +131,16 @@ class CheckpointRef:
     info: dict | None = None  # the pointer: epoch, batch, global_step, finished, ...
 
 
-def write_checkpoint(run_dir: str | os.PathLike, tag: str, model_state: dict, metadata: dict[str, str],
-                     train_state: dict, ema_state: dict | None = None, info: dict | None = None,
-                     keep: int = 2) -> CheckpointRef:
+def write_checkpoint(
+    run_dir: str | os.PathLike,
+    tag: str,
+    model_state: dict,
+    metadata: dict[str, str],
+    train_state: dict,
+    ema_state: dict | None = None,
+    info: dict | None = None,
+    keep: int = 2,
+) -> CheckpointRef:
     """Write weights, EMA weights and training state under `tag`, then move the pointer, then prune old tags."""
     run_dir = Path(run_dir)
     ckpt_dir = run_dir / CKPT_DIR
@@ -204,18 +211,28 @@ def load_training_state(path: str | os.PathLike) -> dict:
         raise CheckpointError(f"cannot read training state {path} ({e})") from None
 
 
-def load_into_model(model: torch.nn.Module, state: dict[str, torch.Tensor], meta: dict[str, str], model_name: str,
-                    source: str | os.PathLike) -> None:
+def load_into_model(
+    model: torch.nn.Module,
+    state: dict[str, torch.Tensor],
+    meta: dict[str, str],
+    model_name: str,
+    source: str | os.PathLike,
+) -> None:
     """Load weights, with an error naming the mismatch when they come from another model or configuration."""
     trained = meta.get("model")
     if trained and trained != model_name:
-        raise CheckpointError(f"{source} holds weights of model {trained!r}, not {model_name!r}; use "
-                              f"model.name={trained} (or drop the model.name override)")
+        raise CheckpointError(
+            f"{source} holds weights of model {trained!r}, not {model_name!r}; use "
+            f"model.name={trained} (or drop the model.name override)"
+        )
     own = model.state_dict()
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
-    shapes = [f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}" for k, v in own.items()
-              if k in state and state[k].shape != v.shape]
+    shapes = [
+        f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}"
+        for k, v in own.items()
+        if k in state and state[k].shape != v.shape
+    ]
     if missing or unexpected or shapes:
         parts = []
         if missing:
@@ -224,6 +241,8 @@ def load_into_model(model: torch.nn.Module, state: dict[str, torch.Tensor], meta
             parts.append(f"{len(unexpected)} unexpected (e.g. {', '.join(unexpected[:3])})")
         if shapes:
             parts.append(f"{len(shapes)} of another shape (checkpoint vs model: {'; '.join(shapes[:3])})")
-        raise CheckpointError(f"{source} does not fit model {model_name!r}: {', '.join(parts)}; was it trained with "
-                              f"another model, model.kwargs or dataset (number of classes, channels)?")
+        raise CheckpointError(
+            f"{source} does not fit model {model_name!r}: {', '.join(parts)}; was it trained with "
+            f"another model, model.kwargs or dataset (number of classes, channels)?"
+        )
     model.load_state_dict(state)

@@ -40,8 +40,14 @@ def train_main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("-c", "--config", help="YAML recipe (configs/*.yaml); defaults apply without one")
-    parser.add_argument("--resume", nargs="?", const=True, default=False, metavar="RUN_DIR",
-                        help="continue the run the config names, or the given run directory (with its saved config)")
+    parser.add_argument(
+        "--resume",
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="RUN_DIR",
+        help="continue the run the config names, or the given run directory (with its saved config)",
+    )
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
     args = parser.parse_args(argv)
     from .trainer import train  # after argparse: --help stays fast
@@ -60,8 +66,12 @@ def eval_main(argv: list[str] | None = None) -> int:
         "Overrides (key=value) are applied to the checkpoint's config, e.g. data.root=... data.eval_batch_size=256.",
     )
     parser.add_argument("--checkpoint", required=True, help="a run directory (its latest checkpoint) or .safetensors")
-    parser.add_argument("--resolutions", type=_parse_resolutions, default=None,
-                        help="comma-separated resolutions, e.g. 28,42,56 (default: the run's eval.resolutions)")
+    parser.add_argument(
+        "--resolutions",
+        type=_parse_resolutions,
+        default=None,
+        help="comma-separated resolutions, e.g. 28,42,56 (default: the run's eval.resolutions)",
+    )
     parser.add_argument("--ema", action="store_true", help="evaluate the EMA weights")
     parser.add_argument("--json", help="write the results as a JSON list of {resolution, top1, top5, loss, images}")
     parser.add_argument("--csv", help="write the results as CSV with the same columns")
@@ -72,8 +82,11 @@ def eval_main(argv: list[str] | None = None) -> int:
 
     ctx = None
     try:
-        ctx = init_distributed("auto" if not any(o.startswith("train.device=") for o in args.overrides) else
-                               next(o.split("=", 1)[1] for o in args.overrides if o.startswith("train.device=")))
+        ctx = init_distributed(
+            "auto"
+            if not any(o.startswith("train.device=") for o in args.overrides)
+            else next(o.split("=", 1)[1] for o in args.overrides if o.startswith("train.device="))
+        )
         rows = evaluate_checkpoint(args.checkpoint, args.resolutions, args.overrides, args.ema, ctx)
     except USER_ERRORS as e:
         return _fail(e)

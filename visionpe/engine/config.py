@@ -62,7 +62,7 @@ class ModelConfig:
 class DataConfig:
     """The dataset and how it is batched."""
 
-    name: str = setting("synthetic-shapes", "a registered dataset: synthetic-shapes, fashion-mnist, imagefolder, imagenet")
+    name: str = setting("synthetic-shapes", "a registered dataset (synthetic-shapes, fashion-mnist, imagefolder, ...)")
     root: str | None = setting(None, "data directory (folders: root/train/<class>/*, root/val/<class>/*)")
     options: dict = setting({}, "dataset-specific options, e.g. data.options.num_train=2000")
     train_split: str = setting("train", "split to train on")
@@ -124,7 +124,7 @@ class TrainConfig:
     epochs: int = setting(10, "number of epochs")
     seed: int = setting(0, "seed of model init, data order, augmentation and multi-resolution schedule")
     device: str = setting("auto", "auto (cuda when present), cpu or cuda[:i]")
-    amp: str = setting("auto", "mixed precision: auto (bf16 on GPUs and AMX CPUs, fp16 on older GPUs, else none), bf16, fp16 or none")
+    amp: str = setting("auto", "auto (bf16 on GPUs and AMX CPUs, fp16 on older GPUs, else none), bf16, fp16 or none")
     threads: int | None = setting(None, "torch intra-op threads per process; null: torch's default")
     ema: bool = setting(False, "keep an exponential moving average of the weights (timm ModelEmaV3)")
     ema_decay: float = setting(0.9998, "EMA decay per step")
@@ -141,7 +141,7 @@ class TrainConfig:
 class EvalConfig:
     """Evaluation during and after training."""
 
-    resolutions: list[int] = setting([], "resolutions evaluated after each epoch and at the end; empty: data.resolution")
+    resolutions: list[int] = setting([], "resolutions evaluated during and after training; empty: data.resolution")
     every_epochs: int = setting(1, "evaluate every this many epochs (the last epoch always)")
     ema: bool = setting(True, "also evaluate the EMA weights when train.ema is on")
 
@@ -195,8 +195,10 @@ def nearest_key(key: str, keys: list[str]) -> str:
 
 def _unknown(key: str, where: str) -> ConfigError:
     keys = list(_key_types())
-    return ConfigError(f"unknown config key {key!r}{where}; did you mean {nearest_key(key, keys)!r}? "
-                       f"(`python train.py --help` lists every key)")
+    return ConfigError(
+        f"unknown config key {key!r}{where}; did you mean {nearest_key(key, keys)!r}? "
+        f"(`python train.py --help` lists every key)"
+    )
 
 
 def _type_name(tp) -> str:

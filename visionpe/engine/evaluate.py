@@ -26,8 +26,16 @@ from .config import Config, apply_overrides, config_from_dict
 from .distributed import DistContext, all_reduce_sum, init_distributed
 from .setup import autocast, build_eval_sets, build_model, check_resolutions, resolve_amp, run_model, to_device
 
-__all__ = ["evaluate_loader", "evaluate_resolutions", "evaluate_checkpoint", "load_checkpoint", "format_table",
-           "write_json", "write_csv", "RESULT_KEYS"]
+__all__ = [
+    "evaluate_loader",
+    "evaluate_resolutions",
+    "evaluate_checkpoint",
+    "load_checkpoint",
+    "format_table",
+    "write_json",
+    "write_csv",
+    "RESULT_KEYS",
+]
 
 RESULT_KEYS = ("resolution", "top1", "top5", "loss", "images")
 
@@ -47,29 +55,51 @@ def evaluate_loader(model: nn.Module, loader, ctx: DistContext | None = None, am
         k = min(5, logits.shape[1])
         top = logits.topk(k, dim=1).indices  # (B, k)
         hit = top == targets[:, None]
-        sums += torch.tensor([F.cross_entropy(logits, targets, reduction="sum").item(), hit[:, 0].sum().item(),
-                              hit.any(dim=1).sum().item(), len(targets)], dtype=torch.float64)
+        sums += torch.tensor(
+            [
+                F.cross_entropy(logits, targets, reduction="sum").item(),
+                hit[:, 0].sum().item(),
+                hit.any(dim=1).sum().item(),
+                len(targets),
+            ],
+            dtype=torch.float64,
+        )
     model.train(was_training)
     sums = all_reduce_sum(sums.to(ctx.device), ctx).cpu()
     n = max(sums[3].item(), 1.0)
-    return dict(top1=100 * sums[1].item() / n, top5=100 * sums[2].item() / n, loss=sums[0].item() / n,
-                images=int(sums[3].item()))
+    return dict(
+        top1=100 * sums[1].item() / n,
+        top5=100 * sums[2].item() / n,
+        loss=sums[0].item() / n,
+        images=int(sums[3].item()),
+    )
 
 
-def evaluate_resolutions(model: nn.Module, datasets: dict[int, Dataset], batch_size: int, workers: int = 0,
-                         ctx: DistContext | None = None, amp: torch.dtype | None = None) -> list[dict]:
+def evaluate_resolutions(
+    model: nn.Module,
+    datasets: dict[int, Dataset],
+    batch_size: int,
+    workers: int = 0,
+    ctx: DistContext | None = None,
+    amp: torch.dtype | None = None,
+) -> list[dict]:
     """One row per resolution: {'resolution', 'top1', 'top5', 'loss', 'images'}."""
     ctx = ctx or DistContext()
     rows = []
     for res, ds in datasets.items():
-        loader = build_eval_loader(ds, res, batch_size, workers, ctx.rank, ctx.world_size,
-                                   pin_memory=ctx.device.type == "cuda")
+        loader = build_eval_loader(
+            ds, res, batch_size, workers, ctx.rank, ctx.world_size, pin_memory=ctx.device.type == "cuda"
+        )
         rows.append({"resolution": res, **evaluate_loader(model, loader, ctx, amp)})
     return rows
 
 
-def load_checkpoint(checkpoint: str | os.PathLike, overrides: list[str] | tuple[str, ...] = (), ema: bool = False,
-                    device: str | torch.device = "cpu") -> tuple[nn.Module, Config, dict]:
+def load_checkpoint(
+    checkpoint: str | os.PathLike,
+    overrides: list[str] | tuple[str, ...] = (),
+    ema: bool = False,
+    device: str | torch.device = "cpu",
+) -> tuple[nn.Module, Config, dict]:
     """(model with the checkpoint's weights, its config with `overrides` applied, the weights' metadata).
 
     `checkpoint` is a run directory (its latest checkpoint) or a .safetensors file; a file from elsewhere needs
@@ -88,8 +118,10 @@ def load_checkpoint(checkpoint: str | os.PathLike, overrides: list[str] | tuple[
     else:
         cfg = Config()
         if not any(o.startswith("model.name=") for o in overrides):
-            raise CheckpointError(f"{path} carries no visionpe metadata; say which model and data it is for with "
-                                  f"model.name=... data.name=...")
+            raise CheckpointError(
+                f"{path} carries no visionpe metadata; say which model and data it is for with "
+                f"model.name=... data.name=..."
+            )
     cfg = apply_overrides(cfg, list(overrides))
     info = get_dataset_info(cfg.data.name)
     num_classes = int(meta.get("num_classes") or info.num_classes or 0)
@@ -101,9 +133,13 @@ def load_checkpoint(checkpoint: str | os.PathLike, overrides: list[str] | tuple[
     return model.to(device), cfg, meta
 
 
-def evaluate_checkpoint(checkpoint: str | os.PathLike, resolutions: list[int] | None = None,
-                        overrides: list[str] | tuple[str, ...] = (), ema: bool = False,
-                        ctx: DistContext | None = None) -> list[dict]:
+def evaluate_checkpoint(
+    checkpoint: str | os.PathLike,
+    resolutions: list[int] | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    ema: bool = False,
+    ctx: DistContext | None = None,
+) -> list[dict]:
     """Evaluate a checkpoint on the validation split of its dataset at each resolution (default: eval.resolutions).
     Data overrides (`data.root=...`, `data.val_split=...`, `data.eval_batch_size=...`) apply as in training."""
     ctx = ctx or init_distributed("auto")
@@ -114,8 +150,10 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, resolutions: list[int] | 
     info = get_dataset_info(cfg.data.name)
     n = dataset_num_classes(info, next(iter(datasets.values())))
     if n != model.num_classes:
-        raise CheckpointError(f"the model was trained for {model.num_classes} classes but {cfg.data.name!r} "
-                              f"({cfg.data.val_split}) has {n}; evaluate on the dataset it was trained on")
+        raise CheckpointError(
+            f"the model was trained for {model.num_classes} classes but {cfg.data.name!r} "
+            f"({cfg.data.val_split}) has {n}; evaluate on the dataset it was trained on"
+        )
     amp = resolve_amp(cfg.train.amp, ctx.device)
     check_resolutions(model, cfg.model.name, datasets, ctx.device, amp)
     bs = cfg.data.eval_batch_size or 2 * cfg.data.batch_size

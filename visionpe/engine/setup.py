@@ -92,8 +92,10 @@ def build_eval_sets(cfg: Config, resolutions: list[int], class_map: dict | None 
     first = build_split(cfg, cfg.data.val_split, resolutions[0], False, class_map)
     if renders_any_resolution(first):
         return dict.fromkeys(resolutions, first)
-    return {r: first if r == resolutions[0] else build_split(cfg, cfg.data.val_split, r, False, class_map)
-            for r in resolutions}
+    return {
+        r: first if r == resolutions[0] else build_split(cfg, cfg.data.val_split, r, False, class_map)
+        for r in resolutions
+    }
 
 
 def build_model(cfg: Config, num_classes: int, in_chans: int) -> nn.Module:
@@ -107,8 +109,9 @@ def build_model(cfg: Config, num_classes: int, in_chans: int) -> nn.Module:
     try:
         return create_model(cfg.model.name, num_classes=num_classes, in_chans=in_chans, **kwargs)
     except TypeError as e:
-        raise ValueError(f"model {cfg.model.name!r} rejected its arguments {sorted(kwargs)} ({e}); check "
-                         f"model.kwargs") from None
+        raise ValueError(
+            f"model {cfg.model.name!r} rejected its arguments {sorted(kwargs)} ({e}); check model.kwargs"
+        ) from None
 
 
 def to_device(inputs, device: torch.device, non_blocking: bool = False):
@@ -125,8 +128,9 @@ def run_model(model: nn.Module, inputs) -> torch.Tensor:
 
 
 @torch.no_grad()
-def check_resolutions(model: nn.Module, model_name: str, datasets: dict[int, Dataset], device: torch.device,
-                      amp: torch.dtype | None) -> None:
+def check_resolutions(
+    model: nn.Module, model_name: str, datasets: dict[int, Dataset], device: torch.device, amp: torch.dtype | None
+) -> None:
     """One forward pass of one item at every resolution, so that a resolution the model cannot take fails now."""
     was_training = model.training
     model.eval()
@@ -137,10 +141,14 @@ def check_resolutions(model: nn.Module, model_name: str, datasets: dict[int, Dat
                 with autocast(device, amp):
                     out = run_model(model, to_device(batch.inputs, device))
             except (RuntimeError, ValueError, TypeError, AssertionError) as e:
-                raise ValueError(f"model {model_name!r} cannot take resolution {res}: {e}. Choose resolutions it "
-                                 f"accepts (data.resolution, data.train_resolutions, eval.resolutions)") from None
+                raise ValueError(
+                    f"model {model_name!r} cannot take resolution {res}: {e}. Choose resolutions it "
+                    f"accepts (data.resolution, data.train_resolutions, eval.resolutions)"
+                ) from None
             if out.ndim != 2:
-                raise ValueError(f"model {model_name!r} returned shape {tuple(out.shape)}, not [batch, classes]; "
-                                 f"the engine trains classifiers")
+                raise ValueError(
+                    f"model {model_name!r} returned shape {tuple(out.shape)}, not [batch, classes]; "
+                    f"the engine trains classifiers"
+                )
     finally:
         model.train(was_training)

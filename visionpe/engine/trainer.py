@@ -47,8 +47,16 @@ from .checkpoint import (
 from .config import Config, ConfigError, config_to_dict, load_config, save_config
 from .distributed import DistContext, all_reduce_sum, barrier, init_distributed, shutdown
 from .evaluate import evaluate_resolutions, format_table, write_json
-from .setup import autocast, build_eval_sets, build_model, build_split, check_resolutions, resolve_amp, run_model
-from .setup import to_device
+from .setup import (
+    autocast,
+    build_eval_sets,
+    build_model,
+    build_split,
+    check_resolutions,
+    resolve_amp,
+    run_model,
+    to_device,
+)
 
 __all__ = ["train", "Trainer", "SkippedImagesWarning", "resolve_run_dir", "METRICS"]
 
@@ -67,8 +75,10 @@ def resolve_run_dir(cfg: Config) -> Path:
 def _validate(cfg: Config, ctx: DistContext) -> None:
     if cfg.train.epochs < 1:
         raise ConfigError(f"train.epochs must be at least 1, got {cfg.train.epochs}")
-    for key, values in (("data.train_resolutions", cfg.train_resolutions()), ("eval.resolutions",
-                                                                              cfg.eval_resolutions())):
+    for key, values in (
+        ("data.train_resolutions", cfg.train_resolutions()),
+        ("eval.resolutions", cfg.eval_resolutions()),
+    ):
         if any(r <= 0 for r in values):
             raise ConfigError(f"{key} must be positive pixel sizes, got {values}")
     if cfg.data.batch_size <= 0:
@@ -102,8 +112,10 @@ class Trainer:
         if len(train_res) > 1 and not renders_any_resolution(self.train_set):
             sample = self.train_set[0][0]
             if not isinstance(sample, torch.Tensor):
-                raise ConfigError(f"multi-resolution training resizes tensors, but {cfg.data.name!r} yields "
-                                  f"{type(sample).__name__} inputs and has no render(index, resolution)")
+                raise ConfigError(
+                    f"multi-resolution training resizes tensors, but {cfg.data.name!r} yields "
+                    f"{type(sample).__name__} inputs and has no render(index, resolution)"
+                )
 
         # model, checked at every resolution it will see
         self.device = ctx.device
@@ -113,35 +125,65 @@ class Trainer:
         check_resolutions(self.model, cfg.model.name, {r: self.train_set for r in train_res}, self.device, self.amp)
         check_resolutions(self.model, cfg.model.name, self.eval_sets, self.device, self.amp)
         self.ema = ModelEmaV3(self.model, decay=cfg.train.ema_decay) if cfg.train.ema else None
-        self.ddp = (DistributedDataParallel(self.model, device_ids=[self.device] if self.device.type == "cuda" else
-                                            None) if ctx.distributed else None)
+        self.ddp = (
+            DistributedDataParallel(self.model, device_ids=[self.device] if self.device.type == "cuda" else None)
+            if ctx.distributed
+            else None
+        )
 
         # data loader, optimizer, schedule, loss
-        self.loader = build_train_loader(self.train_set, cfg.data.batch_size, train_res, cfg.train.seed,
-                                         cfg.data.workers, ctx.rank, ctx.world_size,
-                                         pin_memory=self.device.type == "cuda")
+        self.loader = build_train_loader(
+            self.train_set,
+            cfg.data.batch_size,
+            train_res,
+            cfg.train.seed,
+            cfg.data.workers,
+            ctx.rank,
+            ctx.world_size,
+            pin_memory=self.device.type == "cuda",
+        )
         self.batches = self.loader.batch_sampler
         full = self.batches.num_batches()
         self.steps_per_epoch = min(full, cfg.train.max_steps_per_epoch) if cfg.train.max_steps_per_epoch else full
         o = cfg.optim
         lr = o.lr * cfg.data.batch_size * ctx.world_size / o.lr_base_size if o.lr_base_size else o.lr
         extra = {k: v for k, v in (("betas", tuple(o.betas) if o.betas else None), ("eps", o.eps)) if v is not None}
-        self.optimizer = create_optimizer_v2(self.model, o.opt, lr=lr, weight_decay=o.weight_decay,
-                                             momentum=o.momentum, layer_decay=o.layer_decay, **extra)
+        self.optimizer = create_optimizer_v2(
+            self.model,
+            o.opt,
+            lr=lr,
+            weight_decay=o.weight_decay,
+            momentum=o.momentum,
+            layer_decay=o.layer_decay,
+            **extra,
+        )
         self.scheduler, self.epochs = None, cfg.train.epochs
         if o.sched != "none":
             self.scheduler, self.epochs = create_scheduler_v2(
-                self.optimizer, o.sched, num_epochs=cfg.train.epochs, warmup_epochs=o.warmup_epochs,
-                warmup_lr=o.warmup_lr, min_lr=o.min_lr, cooldown_epochs=o.cooldown_epochs, step_on_epochs=False,
-                updates_per_epoch=self.steps_per_epoch)
+                self.optimizer,
+                o.sched,
+                num_epochs=cfg.train.epochs,
+                warmup_epochs=o.warmup_epochs,
+                warmup_lr=o.warmup_lr,
+                min_lr=o.min_lr,
+                cooldown_epochs=o.cooldown_epochs,
+                step_on_epochs=False,
+                updates_per_epoch=self.steps_per_epoch,
+            )
         a = cfg.aug
         self.mixup = None
         if a.mixup > 0 or a.cutmix > 0:
             if self.info.kind != "image":
                 raise ConfigError(f"mixup/cutmix apply to image sets; {cfg.data.name!r} is {self.info.kind!r}")
-            self.mixup = Mixup(mixup_alpha=a.mixup, cutmix_alpha=a.cutmix, prob=a.mixup_prob,
-                               switch_prob=a.mixup_switch_prob, mode=a.mixup_mode, label_smoothing=a.label_smoothing,
-                               num_classes=self.num_classes)
+            self.mixup = Mixup(
+                mixup_alpha=a.mixup,
+                cutmix_alpha=a.cutmix,
+                prob=a.mixup_prob,
+                switch_prob=a.mixup_switch_prob,
+                mode=a.mixup_mode,
+                label_smoothing=a.label_smoothing,
+                num_classes=self.num_classes,
+            )
             self.criterion = SoftTargetCrossEntropy()
         else:
             self.criterion = nn.CrossEntropyLoss(label_smoothing=a.label_smoothing)
@@ -157,8 +199,10 @@ class Trainer:
         if resume and ref is None:
             raise CheckpointError(f"nothing to resume in {self.run_dir} (no checkpoint.json); start without --resume")
         if not resume and ref is not None:
-            raise CheckpointError(f"{self.run_dir} already holds a run; continue it with --resume, or start a new "
-                                  f"one with train.run_name=<new name> (or train.output_dir=...)")
+            raise CheckpointError(
+                f"{self.run_dir} already holds a run; continue it with --resume, or start a new "
+                f"one with train.run_name=<new name> (or train.output_dir=...)"
+            )
         return ref
 
     def _metrics(self, **row) -> None:
@@ -201,11 +245,24 @@ class Trainer:
             "rng": rng_state(),
             "sched_key": self._sched_key(),
         }
-        info = dict(epoch=self.epoch, batch=self.batch, global_step=self.global_step, finished=finished,
-                    model=self.cfg.model.name, time=time.strftime("%Y-%m-%d %H:%M:%S"))
-        write_checkpoint(self.run_dir, f"e{self.epoch:04d}-b{self.batch:06d}", self.model.state_dict(),
-                         self._metadata(), state, self.ema.module.state_dict() if self.ema else None, info,
-                         keep=self.cfg.train.keep_checkpoints)
+        info = dict(
+            epoch=self.epoch,
+            batch=self.batch,
+            global_step=self.global_step,
+            finished=finished,
+            model=self.cfg.model.name,
+            time=time.strftime("%Y-%m-%d %H:%M:%S"),
+        )
+        write_checkpoint(
+            self.run_dir,
+            f"e{self.epoch:04d}-b{self.batch:06d}",
+            self.model.state_dict(),
+            self._metadata(),
+            state,
+            self.ema.module.state_dict() if self.ema else None,
+            info,
+            keep=self.cfg.train.keep_checkpoints,
+        )
 
     def _sched_key(self) -> str:
         return json.dumps([dataclasses.asdict(self.cfg.optim), self.cfg.train.epochs, self.steps_per_epoch])
@@ -215,8 +272,10 @@ class Trainer:
         load_into_model(self.model, state, meta, self.cfg.model.name, ref.weights)
         if self.ema is not None:
             if ref.ema is None:
-                raise CheckpointError(f"{ref.weights} has no EMA weights but train.ema=true; resume with "
-                                      f"train.ema=false or start a new run")
+                raise CheckpointError(
+                    f"{ref.weights} has no EMA weights but train.ema=true; resume with "
+                    f"train.ema=false or start a new run"
+                )
             ema_state, ema_meta = load_weights(ref.ema)
             load_into_model(self.ema.module, ema_state, ema_meta, self.cfg.model.name, ref.ema)
         ts = load_training_state(ref.state)
@@ -229,8 +288,11 @@ class Trainer:
         if self.ctx.is_main:  # forget metrics logged after the checkpoint by the run that stopped
             path = self.run_dir / METRICS
             if path.is_file():
-                keep = [ln for ln in path.read_text().splitlines() if ln.strip()
-                        and json.loads(ln).get("global_step", 0) <= self.global_step]
+                keep = [
+                    ln
+                    for ln in path.read_text().splitlines()
+                    if ln.strip() and json.loads(ln).get("global_step", 0) <= self.global_step
+                ]
                 atomic_write_text(path, "".join(ln + "\n" for ln in keep))
         self.log(f"resumed {self.run_dir} at epoch {self.epoch + 1}, batch {self.batch} (step {self.global_step})")
 
@@ -242,10 +304,12 @@ class Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             save_config(cfg, self.run_dir / "config.yaml")
         barrier(ctx)
-        self.log(f"training {cfg.model.name} on {cfg.data.name} ({len(self.train_set)} images, "
-                     f"{self.num_classes} classes) at {cfg.train_resolutions()} px for {self.epochs} epochs, "
-                     f"{self.steps_per_epoch} steps each, {ctx.world_size} process(es) on {self.device}, "
-                     f"amp={self.amp or 'none'}; run dir {self.run_dir}")
+        self.log(
+            f"training {cfg.model.name} on {cfg.data.name} ({len(self.train_set)} items, "
+            f"{self.num_classes} classes) at {cfg.train_resolutions()} px for {self.epochs} epochs, "
+            f"{self.steps_per_epoch} steps each, {ctx.world_size} process(es) on {self.device}, "
+            f"amp={self.amp or 'none'}; run dir {self.run_dir}"
+        )
         rows = None
         while self.epoch < self.epochs:
             self.train_epoch()
@@ -258,9 +322,13 @@ class Trainer:
             rows = self.evaluate()
         if ctx.is_main and rows:
             write_json([r for r in rows if r.get("weights") == "model"], self.run_dir / "results.json")
-            self.log(format_table([r for r in rows if r.get("weights") == "model"],
-                                  f"{cfg.model.name} on {cfg.data.name} ({cfg.data.val_split}), trained at "
-                                  f"{cfg.train_resolutions()} px:"))
+            self.log(
+                format_table(
+                    [r for r in rows if r.get("weights") == "model"],
+                    f"{cfg.model.name} on {cfg.data.name} ({cfg.data.val_split}), trained at "
+                    f"{cfg.train_resolutions()} px:",
+                )
+            )
         barrier(ctx)
         return self.run_dir
 
@@ -270,8 +338,14 @@ class Trainer:
         net.train()
         self.batches.set_epoch(self.epoch)
         self.batches.start_at(self.batch)
-        bar = tqdm(total=self.steps_per_epoch, initial=self.batch, desc=f"epoch {self.epoch + 1}/{self.epochs}",
-                   disable=(not cfg.train.progress or not ctx.is_main) or None, dynamic_ncols=True, leave=False)
+        bar = tqdm(
+            total=self.steps_per_epoch,
+            initial=self.batch,
+            desc=f"epoch {self.epoch + 1}/{self.epochs}",
+            disable=(not cfg.train.progress or not ctx.is_main) or None,
+            dynamic_ncols=True,
+            leave=False,
+        )
         window_loss, window_n, window_images, t0 = torch.zeros((), device=self.device), 0, 0, time.perf_counter()
         epoch_loss, epoch_n, skipped, t_epoch = 0.0, 0, [], time.perf_counter()
         for batch in self.loader:
@@ -290,12 +364,20 @@ class Trainer:
                 if not math.isfinite(mean):
                     raise FloatingPointError(
                         f"loss became {mean} at step {self.global_step}; lower optim.lr or set optim.clip_grad. "
-                        f"The last good checkpoint is kept in {self.run_dir}")
+                        f"The last good checkpoint is kept in {self.run_dir}"
+                    )
                 rate = window_images / max(time.perf_counter() - t0, 1e-9)
                 lr = self.optimizer.param_groups[0]["lr"]
                 bar.set_postfix(loss=f"{mean:.4f}", lr=f"{lr:.2e}", img_s=f"{rate:.0f}")
-                self._metrics(kind="train", epoch=self.epoch + 1, global_step=self.global_step, loss=mean, lr=lr,
-                              img_per_s=rate, resolution=batch.resolution)
+                self._metrics(
+                    kind="train",
+                    epoch=self.epoch + 1,
+                    global_step=self.global_step,
+                    loss=mean,
+                    lr=lr,
+                    img_per_s=rate,
+                    resolution=batch.resolution,
+                )
                 epoch_loss, epoch_n = epoch_loss + mean * window_n, epoch_n + window_n
                 window_loss.zero_()
                 window_n, window_images, t0 = 0, 0, time.perf_counter()
@@ -305,12 +387,17 @@ class Trainer:
         bar.close()
         n_skipped = int(all_reduce_sum(torch.tensor(float(len(skipped)), device=self.device), ctx).item())
         if n_skipped and ctx.is_main:
-            warnings.warn(f"epoch {self.epoch + 1}: skipped {n_skipped} unreadable image file(s), each replaced by "
-                          f"the next readable one (e.g. {skipped[0] if skipped else 'on another rank'})",
-                          SkippedImagesWarning, stacklevel=2)
+            warnings.warn(
+                f"epoch {self.epoch + 1}: skipped {n_skipped} unreadable image file(s), each replaced by "
+                f"the next readable one (e.g. {skipped[0] if skipped else 'on another rank'})",
+                SkippedImagesWarning,
+                stacklevel=2,
+            )
         elapsed = time.perf_counter() - t_epoch
-        self.log(f"epoch {self.epoch + 1}/{self.epochs}: train loss {epoch_loss / max(epoch_n, 1):.4f}, "
-                 f"lr {self.optimizer.param_groups[0]['lr']:.2e}, {elapsed:.1f} s")
+        self.log(
+            f"epoch {self.epoch + 1}/{self.epochs}: train loss {epoch_loss / max(epoch_n, 1):.4f}, "
+            f"lr {self.optimizer.param_groups[0]['lr']:.2e}, {elapsed:.1f} s"
+        )
 
     def step(self, net: nn.Module, batch) -> torch.Tensor:
         inputs = to_device(batch.inputs, self.device, non_blocking=True)
@@ -335,21 +422,29 @@ class Trainer:
     def evaluate(self) -> list[dict]:
         cfg, ctx = self.cfg, self.ctx
         bs = cfg.data.eval_batch_size or 2 * cfg.data.batch_size
-        rows = [dict(r, weights="model") for r in
-                evaluate_resolutions(self.model, self.eval_sets, bs, cfg.data.workers, ctx, self.amp)]
+        rows = [
+            dict(r, weights="model")
+            for r in evaluate_resolutions(self.model, self.eval_sets, bs, cfg.data.workers, ctx, self.amp)
+        ]
         if self.ema is not None and cfg.eval.ema:
-            rows += [dict(r, weights="ema") for r in
-                     evaluate_resolutions(self.ema.module, self.eval_sets, bs, cfg.data.workers, ctx, self.amp)]
+            rows += [
+                dict(r, weights="ema")
+                for r in evaluate_resolutions(self.ema.module, self.eval_sets, bs, cfg.data.workers, ctx, self.amp)
+            ]
         for r in rows:
             self._metrics(kind="eval", epoch=self.epoch + 1, global_step=self.global_step, **r)
-        summary = ", ".join(f"{r['weights'] + ' ' if r['weights'] != 'model' else ''}@{r['resolution']} "
-                            f"{r['top1']:.2f}" for r in rows)
+        summary = ", ".join(
+            f"{r['weights'] + ' ' if r['weights'] != 'model' else ''}@{r['resolution']} {r['top1']:.2f}" for r in rows
+        )
         self.log(f"epoch {self.epoch + 1}/{self.epochs}: {cfg.data.val_split} top-1 {summary}")
         return rows
 
 
-def train(config: Config | str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = (),
-          resume: bool | str | os.PathLike = False) -> Path:
+def train(
+    config: Config | str | os.PathLike | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    resume: bool | str | os.PathLike = False,
+) -> Path:
     """Train and return the run directory. `config` is a Config or a YAML path (+ `overrides`); `resume=True`
     continues the run directory the config names, `resume=<run dir>` continues that one with its saved config."""
     if isinstance(resume, (str, os.PathLike)):

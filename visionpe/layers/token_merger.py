@@ -91,21 +91,25 @@ class AdaptiveTokenMerger(nn.Module):
     def merge(self, x: torch.Tensor, rows: tuple[int, int], cols: tuple[int, int]) -> torch.Tensor:
         """One step: x [B, H, W, C] with (cells, cell size) per axis -> [B, cells_h, cells_w, C]."""
         B, H, W, C = x.shape
-        idx_h, ok_h = _axis_index(H, *rows, x.device)  # [Th, kh]
-        idx_w, ok_w = _axis_index(W, *cols, x.device)  # [Tw, kw]
+        idx_h, ok_h = _axis_index(H, *rows, "cpu")  # [Th, kh]; small, built on the host
+        idx_w, ok_w = _axis_index(W, *cols, "cpu")  # [Tw, kw]
         (th, kh), (tw, kw) = rows, cols
         x = F.pad(x, (0, 0, 0, 1, 0, 1))  # a zero padding slot at index H (rows) and W (cols)
-        cells = x[:, idx_h][:, :, :, idx_w]  # [B, Th, kh, Tw, kw, C]
+        cells = x[:, idx_h.to(x.device)][:, :, :, idx_w.to(x.device)]  # [B, Th, kh, Tw, kw, C]
         cells = cells.permute(0, 1, 3, 2, 4, 5).reshape(B * th * tw, kh * kw, C)  # [B*T, K, C]
         valid = (ok_h[:, None, :, None] & ok_w[None, :, None, :]).reshape(th * tw, kh * kw)  # [T, K]
+        padded = not bool(valid.all())
+        valid = valid.to(x.device)
         weight = valid.to(x.dtype) / valid.sum(-1, keepdim=True)  # mean over the real tokens of a cell
         query = (cells.unflatten(0, (B, th * tw)) * weight[..., None]).sum(2).reshape(B * th * tw, 1, C)
 
         hd = C // self.num_heads
         q = self.q(self.norm_q(query)).reshape(-1, 1, self.num_heads, hd).transpose(1, 2)  # [B*T, h, 1, hd]
         k, v = self.kv(self.norm_kv(cells)).reshape(-1, kh * kw, 2, self.num_heads, hd).permute(2, 0, 3, 1, 4)
-        mask = torch.zeros(valid.shape, dtype=x.dtype, device=x.device).masked_fill(~valid, float("-inf"))
-        mask = mask.repeat(B, 1)[:, None, None, :]  # [B*T, 1, 1, K]
+        mask = None
+        if padded:  # padding slots take no attention
+            mask = torch.zeros(valid.shape, dtype=x.dtype, device=x.device).masked_fill(~valid, float("-inf"))
+            mask = mask.repeat(B, 1)[:, None, None, :]  # [B*T, 1, 1, K]
         out = attend(q, k, v, mask).transpose(1, 2).reshape(-1, 1, C)
         merged = query + self.proj(out)
         merged = merged + self.mlp(self.norm2(merged))

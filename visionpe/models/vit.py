@@ -79,9 +79,9 @@ class VisionTransformer(nn.Module):
         self.position_mode = position_mode
         self.grad_checkpointing = False
 
-        merge = 2**token_merger if token_merger >= 0 else 0
-        if not merge or patch_size % merge:
-            raise ValueError(f"token_merger={token_merger} needs patch_size ({patch_size}) divisible by 2^token_merger")
+        if token_merger < 0 or patch_size % 2**token_merger:
+            raise ValueError(f"token_merger={token_merger}: use m >= 0 with 2^m dividing patch_size ({patch_size})")
+        merge = 2**token_merger
         self.patch_embed = PatchEmbed(
             img_size=img_size,
             patch_size=patch_size // merge,
