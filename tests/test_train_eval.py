@@ -18,7 +18,15 @@ import yaml
 from PIL import Image
 
 from visionpe.attention import attn_backend
-from visionpe.engine import CheckpointError, ConfigError, evaluate_checkpoint, load_config, train
+from visionpe.engine import (
+    CheckpointError,
+    ConfigError,
+    evaluate_checkpoint,
+    evaluate_model,
+    load_checkpoint,
+    load_config,
+    train,
+)
 from visionpe.engine.checkpoint import find_checkpoint, load_weights, write_checkpoint
 from visionpe.engine.cli import eval_main, train_main
 from visionpe.engine.config import config_keys, format_config_help
@@ -91,6 +99,8 @@ def test_train_then_eval_end_to_end(tmp_path, capsys):
     assert "resolution    top1" in capsys.readouterr().out
     ema_rows = evaluate_checkpoint(run, [16], ema=True)
     assert ema_rows[0]["images"] == 32
+    model, cfg, meta = load_checkpoint(run)  # the programmatic path the benchmarks use
+    assert meta["model"] == "vit_n_ape" and evaluate_model(model, cfg, [16])[0] == rows[0]
 
 
 def test_training_learns(tmp_path):
@@ -236,6 +246,7 @@ def test_corrupt_image_in_a_folder_is_skipped_with_one_warning(tmp_path):
                 )
     (tmp_path / "data" / "train" / "a" / "3.png").write_bytes(b"\x89PNG garbage")
     (tmp_path / "data" / "train" / "b" / "5.png").write_bytes(b"")
+    (tmp_path / "data" / "val" / "b" / "2.png").write_bytes(b"GIF89a truncated")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         run = run_train(
@@ -248,8 +259,10 @@ def test_corrupt_image_in_a_folder_is_skipped_with_one_warning(tmp_path):
                 "data.batch_size=4",
             )
         )
-    skips = [w for w in caught if issubclass(w.category, SkippedImagesWarning)]
-    assert len(skips) == 1 and "skipped 2 unreadable" in str(skips[0].message)
+    skips = [str(w.message) for w in caught if issubclass(w.category, SkippedImagesWarning)]
+    assert [m for m in skips if m.startswith("epoch")] == [m for m in skips if "epoch 1: skipped 2 unreadable" in m]
+    assert len([m for m in skips if m.startswith("epoch")]) == 1  # one warning for the epoch, counting both files
+    assert len([m for m in skips if m.startswith("evaluation skipped 1 ")]) == 2  # one per evaluated resolution
     assert json.loads((run / "results.json").read_text())[0]["images"] == 16
     meta = load_weights(find_checkpoint(run).weights)[1]
     assert json.loads(meta["class_map"]) == {"a": 0, "b": 1}

@@ -44,6 +44,7 @@ class Family:
     feature_cfg: dict = field(default_factory=lambda: dict(out_indices=3, feature_cls="getter"))
     tiny: dict = field(default_factory=dict)  # kwargs for a tiny instance (tests, smoke runs)
     test_sizes: tuple[int, int] = (32, 48)  # two input resolutions a tiny instance must run at
+    example_input: Callable | None = None  # (size, batch) -> model input; None: images [B, in_chans, size, size]
 
 
 FAMILIES: dict[str, Family] = {}

@@ -6,7 +6,7 @@ Measures, in one process and one run (so the ratios compare like with like):
 - loader: the engine's training loader (augmentation, per-item seeding, collate) alone, at 28 px and with a random
   resolution per batch from 20/28/36 px, for each worker count;
 - step: forward + backward + AdamW step of each `vit_n_*` model on a batch already in memory (its own images/s, and
-  relative to vit_n_ape);
+  relative to vit_n_ape), best of interleaved rounds;
 - loop: loader and step together for the first model, to see the overhead the loader adds to training.
 A loader/step ratio above 1 means the loader is not the bottleneck.
 """
@@ -24,7 +24,7 @@ from timm.optim import create_optimizer_v2
 from .. import list_visionpe_models
 from ..data import build_dataset, build_train_loader
 
-__all__ = ["loader_rate", "step_rate", "loop_rate", "main"]
+__all__ = ["loader_rate", "step_rates", "loop_rate", "main"]
 
 
 def _dataset(root: str | None):
@@ -56,16 +56,23 @@ def _step(model, opt, x, y) -> None:
     opt.step()
 
 
-def step_rate(name: str, batch_size: int, steps: int, warmup: int = 2) -> float:
-    """Training images/s of one model on a batch that is already in memory."""
-    model, opt = _model(name)
+def step_rates(names: list[str], batch_size: int, steps: int, rounds: int = 3, warmup: int = 2) -> dict[str, float]:
+    """Training images/s of each model on a batch already in memory: rounds interleave the models and the best
+    round counts, so that load from other processes drifting over the run does not favour whichever came first."""
     x, y = torch.randn(batch_size, 1, 28, 28), torch.randint(0, 10, (batch_size,))
-    for _ in range(warmup):
-        _step(model, opt, x, y)
-    t = time.perf_counter()
-    for _ in range(steps):
-        _step(model, opt, x, y)
-    return batch_size * steps / (time.perf_counter() - t)
+    built = {}
+    for name in names:
+        built[name] = _model(name)
+        for _ in range(warmup):
+            _step(*built[name], x, y)
+    best = dict.fromkeys(names, 0.0)
+    for _ in range(rounds):
+        for name, (model, opt) in built.items():
+            t = time.perf_counter()
+            for _ in range(steps):
+                _step(model, opt, x, y)
+            best[name] = max(best[name], batch_size * steps / (time.perf_counter() - t))
+    return best
 
 
 def loop_rate(name: str, dataset, batch_size: int, steps: int, workers: int, warmup: int = 2) -> float:
@@ -88,12 +95,15 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="*", default=None, help="default: every registered vit_n_* model")
     p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--steps", type=int, default=5, help="timed training steps per model")
+    p.add_argument("--steps", type=int, default=3, help="timed training steps per model and round")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds over the models (the best counts)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1: per-core figures, steady on shared CPUs)")
     p.add_argument("--batches", type=int, default=20, help="timed loader batches per setting")
     p.add_argument("--workers", type=int, nargs="*", default=[0, 1])
     p.add_argument("--root", default=None, help="Fashion-MNIST IDX folder (default: Debian's package)")
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
     models = args.models or list_visionpe_models("vit_n_*")
     ds = _dataset(args.root)
     print(f"torch threads {torch.get_num_threads()}, batch {args.batch_size}, Fashion-MNIST train ({len(ds)} images)")
@@ -102,7 +112,7 @@ def main(argv: list[str] | None = None) -> dict:
     for w in args.workers:
         for label, res in (("28px", [28]), ("multires 20/28/36", [20, 28, 36])):
             loaders[f"{label}, {w} worker(s)"] = loader_rate(ds, args.batch_size, res, w, args.batches)
-    steps = {m: step_rate(m, args.batch_size, args.steps) for m in models}
+    steps = step_rates(models, args.batch_size, args.steps, args.rounds)
     base = models[0] if "vit_n_ape" not in steps else "vit_n_ape"
     fastest = max(steps.values())
     loop = {w: loop_rate(models[0], ds, args.batch_size, args.steps, w) for w in args.workers}

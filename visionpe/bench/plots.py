@@ -50,9 +50,9 @@ def plot_extrapolation(summary: dict, path: Path) -> Path | None:
 
 def _labels(models: list[str]) -> dict[str, str]:
     """PE names when all models share a backbone prefix (vit_n_ape -> ape), full names otherwise."""
-    from .extrapolate import _split_name
+    from .plan import split_name
 
-    parts = {m: _split_name(m) for m in models}
+    parts = {m: split_name(m) for m in models}
     backbones = {(f, s) for f, s, _ in parts.values()}
     if len(backbones) == 1:
         return {m: p[2] for m, p in parts.items()}

@@ -117,6 +117,7 @@ def format_markdown(records: list[dict], plan, seconds: float, machine: str) -> 
             "resamples its table either way), so one evaluation serves both.",
             "",
         ]
+    lines += [f"Note: {n}." for n in getattr(plan, "notes", [])] + ([""] if getattr(plan, "notes", []) else [])
     lines += [
         f"{len(records)} runs; this invocation took {seconds / 60:.1f} min on {machine}, "
         f"{b.processes} process(es) x {b.threads} thread(s). Regenerate: "

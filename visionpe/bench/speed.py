@@ -34,6 +34,7 @@ from .timing import interleaved_throughput, peak_memory_mb
 
 __all__ = ["TIMM_EQUIVALENTS", "timm_equivalent", "machine_info", "SpeedRow", "measure", "zoo_plan", "main"]
 
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 _VIT_SIZES = {"t": "tiny", "s": "small", "b": "base", "l": "large"}
 _LS = dict(init_values=1e-5)  # timm's RoPE-ViT ports are DeiT-III models (LayerScale)
 
@@ -156,9 +157,14 @@ def measure(
     with_timm: bool = True,
     flops: bool = True,
     device: str = "cpu",
+    clock: str = "wall",
     log=print,
 ) -> list[SpeedRow]:
-    """One SpeedRow per (model, resolution), timm's equivalents included (their `reference` is None)."""
+    """One SpeedRow per (model, resolution), timm's equivalents included (their `reference` is None).
+    clock='cpu' times CPU seconds of this process (use with one torch thread on a shared machine)."""
+    if clock not in CLOCKS:
+        raise ValueError(f"clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
+    tick = CLOCKS[clock]
     for name in models:
         if not timm.is_model(name):
             create_model(name)  # raises, naming the nearest model names
@@ -180,6 +186,8 @@ def measure(
             pair = timm_equivalent(name) if ours and with_timm else None
             ref = pair[0] if pair and pair[0] in built else None
             row = SpeedRow(name, res, ref, _tokens(model, res), sum(p.numel() for p in model.parameters()) / 1e6)
+            if ours and built[name][1]:
+                row.notes.append(f"built with {built[name][1]} to match {pair[0]}")
             x = _example(name, res, 1)
             if flops:
                 try:
@@ -196,10 +204,10 @@ def measure(
             make = lambda f=first, r=res: _to(_example(f, r, batch), device)  # noqa: E731
             if train:  # training first: some PEs cache index tensors, which inference mode would make read-only
                 log(f"  {res} px: timing training of {', '.join(group)}")
-                for n, v in interleaved_throughput(group, make, train=True, rounds=rounds, steps=steps).items():
+                for n, v in interleaved_throughput(group, make, True, rounds, steps, tick).items():
                     by_name[n].train_ips = v
             log(f"  {res} px: timing inference of {', '.join(group)}")
-            for n, v in interleaved_throughput(group, make, train=False, rounds=rounds, steps=steps).items():
+            for n, v in interleaved_throughput(group, make, False, rounds, steps, tick).items():
                 by_name[n].infer_ips = v
         if memory:
             for name, (model, kwargs, _) in built.items():
@@ -271,13 +279,20 @@ def scaling(rows: list[SpeedRow]) -> dict[str, dict]:
     return out
 
 
+def _clock_text(settings: dict) -> str:
+    if settings.get("clock") == "cpu":
+        return "timed in CPU seconds of one thread (robust to other work on a shared machine)"
+    return "timed in wall-clock seconds"
+
+
 def format_markdown(rows: list[SpeedRow], machine: dict, settings: dict) -> str:
     first = rows[0].model if rows else None
     lines = [
         f"# Speed, memory and FLOPs ({machine['date']})",
         "",
         f"Measured on {machine_description(machine)}; batch {settings['batch']}, median of {settings['rounds']} "
-        f"interleaved rounds of {settings['steps']} steps. Ratios are against timm's equivalent model (same "
+        f"interleaved rounds of {settings['steps']} steps, {_clock_text(settings)}. Ratios are against timm's "
+        f"equivalent model (same "
         f"architecture) measured in the same run, and against the first model listed ({first}). GFLOPs are "
         f"fvcore MACs per image with attention counted; memory is the peak of one step of one image beyond the "
         f"weights.",
@@ -358,7 +373,15 @@ def run_zoo(args) -> list[SpeedRow]:
         res = _default_resolution(models[0])
         print(f"{fam}: {len(models)} models at {res} px")
         rows += measure(
-            models, [res], args.batch, args.rounds, args.steps, train=args.train, memory=args.memory, device=args.device
+            models,
+            [res],
+            args.batch,
+            args.rounds,
+            args.steps,
+            train=args.train,
+            memory=args.memory,
+            device=args.device,
+            clock=args.clock,
         )
     timed = {r.model for r in rows}
     for name in zoo_sizes_plan():
@@ -389,7 +412,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    ap.add_argument(
+        "--clock",
+        choices=sorted(CLOCKS),
+        default=None,
+        help="cpu: CPU seconds of one thread, robust on a shared machine (default on CPU); wall: wall-clock seconds "
+        "(default on GPU)",
+    )
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: 1 with --clock cpu)")
     ap.add_argument("--no-train", dest="train", action="store_false", help="skip training speed and memory")
     ap.add_argument("--no-memory", dest="memory", action="store_false", help="skip peak memory")
     ap.add_argument("--no-timm", dest="timm", action="store_false", help="do not measure timm's equivalents")
@@ -401,8 +431,9 @@ def main(argv: list[str] | None = None) -> int:
         "results/speed/zoo with --zoo); .json and .md are written",
     )
     args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args.clock = args.clock or ("wall" if args.device.startswith("cuda") else "cpu")
+    if args.threads or args.clock == "cpu":
+        torch.set_num_threads(args.threads or 1)
     if not args.resolutions or any(r <= 0 for r in args.resolutions):
         ap.error(f"--resolutions takes positive pixel sizes, got {args.resolutions}")
     if args.batch <= 0 or args.rounds <= 0 or args.steps <= 0:
@@ -421,10 +452,16 @@ def main(argv: list[str] | None = None) -> int:
             memory=args.memory,
             with_timm=args.timm,
             device=args.device,
+            clock=args.clock,
         )
     machine = machine_info(args.device)
     settings = dict(
-        batch=args.batch, rounds=args.rounds, steps=args.steps, zoo=args.zoo, seconds=round(time.perf_counter() - t0, 1)
+        batch=args.batch,
+        rounds=args.rounds,
+        steps=args.steps,
+        clock=args.clock,
+        zoo=args.zoo,
+        seconds=round(time.perf_counter() - t0, 1),
     )
     out = Path(args.out or ("results/speed/zoo" if args.zoo else "results/speed/speed"))
     json_path, md_path = write_results(rows, out, machine, settings)

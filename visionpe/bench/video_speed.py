@@ -8,6 +8,7 @@ memory grow with clip length.
    inference step (a fresh process per point), with the growth exponent k of time ~ T^k.
 
 python -m visionpe.bench.video_speed [--family vivit_s] [--pes ape rope3d vrope] [--rounds 3] [--lengths 4 8 16 32]
+    [--clock cpu|wall]
 """
 
 from __future__ import annotations
@@ -34,25 +35,34 @@ def _tokens(model, frames: int, side: int) -> int:
     return t * h * w
 
 
-def tokens_per_second(models: dict, clips: list[tuple[int, int]], rounds: int) -> dict[tuple[str, int, int], float]:
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def tokens_per_second(
+    models: dict, clips: list[tuple[int, int]], rounds: int, clock: str = "wall"
+) -> dict[tuple[str, int, int], float]:
     """Inference tokens/s of each model on one clip of each (frames, side): the fastest of `rounds` runs, the runs
-    interleaved across models and clips (on a shared machine the fastest run is the least disturbed one)."""
+    interleaved across models and clips (on a shared machine the fastest run is the least disturbed one).
+    clock 'cpu' counts the process's CPU seconds instead of wall seconds: steadier when other jobs share the cores."""
+    now = CLOCKS[clock]
     best = {(pe, *clip): math.inf for pe in models for clip in clips}
     with torch.inference_mode():
         for r in range(rounds + 1):  # round 0 warms every shape up
             for frames, side in clips:
                 x = torch.randn(1, 3, frames, side, side)
                 for pe, model in models.items():
-                    start = time.perf_counter()
+                    start = now()
                     model(x)
                     if r:
-                        best[pe, frames, side] = min(best[pe, frames, side], time.perf_counter() - start)
+                        best[pe, frames, side] = min(best[pe, frames, side], now() - start)
     return {(pe, f, s): _tokens(models[pe], f, s) / sec for (pe, f, s), sec in best.items()}
 
 
-def seconds_per_clip(models: dict, lengths: list[int], side: int, rounds: int) -> dict[tuple[str, int], float]:
+def seconds_per_clip(
+    models: dict, lengths: list[int], side: int, rounds: int, clock: str = "wall"
+) -> dict[tuple[str, int], float]:
     """Inference seconds for one clip per (pe, length), measured as in `tokens_per_second`."""
-    tps = tokens_per_second(models, [(t, side) for t in lengths], rounds)
+    tps = tokens_per_second(models, [(t, side) for t in lengths], rounds, clock)
     return {(pe, t): _tokens(models[pe], t, side) / v for (pe, t, _), v in tps.items()}
 
 
@@ -122,6 +132,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lengths", type=int, nargs="+", default=[4, 8, 16, 32])
     ap.add_argument("--side", type=int, default=112, help="frame size of the clip-length sweep")
     ap.add_argument("--no-rss", action="store_true", help="skip the subprocess peak-memory probes")
+    ap.add_argument(
+        "--clock",
+        choices=sorted(CLOCKS),
+        default="cpu",
+        help="'cpu': process CPU seconds on one thread (steady on a shared machine, the default); 'wall': wall "
+        "seconds on all threads (for a dedicated machine)",
+    )
     ap.add_argument("--probe", nargs=3, metavar=("NAME", "FRAMES", "SIDE"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.probe:
@@ -130,7 +147,10 @@ def main(argv: list[str] | None = None) -> None:
     if "ape" not in args.pes:
         raise SystemExit("--pes must include 'ape': every figure is a ratio against it")
 
-    print(f"# {args.family} video speed, {torch.get_num_threads()} threads, {os.cpu_count()} cores, batch 1")
+    if args.clock == "cpu":
+        torch.set_num_threads(1)  # CPU seconds of one thread: no spin-waiting of idle worker threads counted
+    unit = "tokens per CPU-second" if args.clock == "cpu" else "tokens/s"
+    print(f"# {args.family}: {unit}, {torch.get_num_threads()} thread(s), {os.cpu_count()} cores, batch 1")
     print(
         "| clip | tokens | "
         + " | ".join(f"{pe} tok/s" for pe in args.pes)
@@ -140,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     print("|---|---:|" + "---:|" * (2 * len(args.pes) - 1))
     models = {pe: timm.create_model(f"{args.family}_{pe}").eval() for pe in args.pes}
-    all_tps = tokens_per_second(models, CLIPS, args.rounds)
+    all_tps = tokens_per_second(models, CLIPS, args.rounds, args.clock)
     for frames, side in CLIPS:
         tps = {pe: all_tps[pe, frames, side] for pe in args.pes}
         n = _tokens(models["ape"], frames, side)
@@ -151,10 +171,10 @@ def main(argv: list[str] | None = None) -> None:
             + f" | {ratios} |"
         )
 
-    print(f"\n# clip-length sweep at {args.side} x {args.side}: seconds per clip, saved activations, peak RSS")
+    print(f"\n# clip-length sweep at {args.side} x {args.side}: {args.clock} s per clip, saved activations, peak RSS")
     print("| pe | T | tokens | s/clip | time / T=min | saved act. MiB | peak RSS MiB |")
     print("|---|---:|---:|---:|---:|---:|---:|")
-    secs = seconds_per_clip(models, args.lengths, args.side, args.rounds)
+    secs = seconds_per_clip(models, args.lengths, args.side, args.rounds, args.clock)
     for pe, model in models.items():
         name = f"{args.family}_{pe}"
         times, mems = [secs[pe, t] for t in args.lengths], []

@@ -19,7 +19,12 @@ from torch.utils.data import Dataset
 from .registry import register_dataset
 from .splits import EVAL_SPLITS, TRAIN_SPLITS, split_kind
 
-__all__ = ["ImageFolderDataset", "image_folder", "find_split_dir", "MAX_CONSECUTIVE_FAILURES"]
+__all__ = ["ImageFolderDataset", "SkippedImagesWarning", "image_folder", "find_split_dir", "MAX_CONSECUTIVE_FAILURES"]
+
+
+class SkippedImagesWarning(UserWarning):
+    """Some image files could not be read and were replaced by the next readable one."""
+
 
 MAX_CONSECUTIVE_FAILURES = 50  # more unreadable files in a row than this means the folder itself is broken
 DECODE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)

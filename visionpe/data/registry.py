@@ -3,6 +3,12 @@
 A factory is `factory(split, resolution, root=None, **options) -> torch.utils.data.Dataset`; items are
 (input, target) with input a tensor (image [C, H, W], clip [C, T, H, W]) or a dict of model kwargs
 (e.g. {"pixels": ..., "text_ids": ...}) for multimodal models.
+
+Optional, picked up by the engine when present: a factory parameter named `training` (train-time augmentation),
+`aug` / `mean` / `std` / `interpolation` / `crop_pct` / `class_map` (image folders); on the dataset object,
+`render(index, resolution) -> (input, target)` (draw an item at any resolution: one object serves every resolution
+and multi-resolution batches need no resizing), `num_classes` (when the registry entry has none),
+`collate_inputs(list_of_dicts)` (batch dict inputs, e.g. padding text) and `pop_skipped()` (unreadable files).
 """
 
 from __future__ import annotations

@@ -8,7 +8,14 @@ rows = evaluate_checkpoint(run_dir, resolutions=[24, 32, 48])  # [{"resolution",
 from .checkpoint import CheckpointError, find_checkpoint, load_weights
 from .config import Config, ConfigError, apply_overrides, config_keys, format_config_help, load_config
 from .distributed import DistContext, init_distributed
-from .evaluate import evaluate_checkpoint, evaluate_loader, evaluate_resolutions, format_table, load_checkpoint
+from .evaluate import (
+    evaluate_checkpoint,
+    evaluate_loader,
+    evaluate_model,
+    evaluate_resolutions,
+    format_table,
+    load_checkpoint,
+)
 from .trainer import SkippedImagesWarning, Trainer, train
 
 __all__ = [
@@ -22,6 +29,7 @@ __all__ = [
     "config_keys",
     "evaluate_checkpoint",
     "evaluate_loader",
+    "evaluate_model",
     "evaluate_resolutions",
     "find_checkpoint",
     "format_config_help",

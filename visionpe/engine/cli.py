@@ -82,11 +82,8 @@ def eval_main(argv: list[str] | None = None) -> int:
 
     ctx = None
     try:
-        ctx = init_distributed(
-            "auto"
-            if not any(o.startswith("train.device=") for o in args.overrides)
-            else next(o.split("=", 1)[1] for o in args.overrides if o.startswith("train.device="))
-        )
+        device = next((o.split("=", 1)[1] for o in args.overrides if o.startswith("train.device=")), "auto")
+        ctx = init_distributed(device)
         rows = evaluate_checkpoint(args.checkpoint, args.resolutions, args.overrides, args.ema, ctx)
     except USER_ERRORS as e:
         return _fail(e)

@@ -37,7 +37,7 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise RuntimeError(f"train.device={name} but CUDA is not available; use train.device=cpu (or auto)")
+            raise ValueError(f"train.device={name} but CUDA is not available; use train.device=cpu (or auto)")
         return torch.device(name if ":" in name else f"cuda:{local_rank}")
     if name != "cpu":
         raise ValueError(f"train.device must be auto, cpu or cuda[:i], got {name!r}")

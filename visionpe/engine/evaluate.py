@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -20,6 +21,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ..data import get_dataset_info
+from ..data.folders import SkippedImagesWarning
 from ..data.loader import build_eval_loader, dataset_num_classes
 from .checkpoint import CheckpointError, find_checkpoint, load_into_model, load_weights
 from .config import Config, apply_overrides, config_from_dict
@@ -46,8 +48,9 @@ def evaluate_loader(model: nn.Module, loader, ctx: DistContext | None = None, am
     ctx = ctx or DistContext()
     was_training = model.training
     model.eval()
-    sums = torch.zeros(4, dtype=torch.float64)  # loss, top1, top5, images
+    sums = torch.zeros(5, dtype=torch.float64)  # loss, top1, top5, images, skipped files
     for batch in loader:
+        sums[4] += len(batch.skipped)
         targets = batch.targets.to(ctx.device)
         with autocast(ctx.device, amp):
             logits = run_model(model, to_device(batch.inputs, ctx.device))
@@ -55,7 +58,7 @@ def evaluate_loader(model: nn.Module, loader, ctx: DistContext | None = None, am
         k = min(5, logits.shape[1])
         top = logits.topk(k, dim=1).indices  # (B, k)
         hit = top == targets[:, None]
-        sums += torch.tensor(
+        sums[:4] += torch.tensor(
             [
                 F.cross_entropy(logits, targets, reduction="sum").item(),
                 hit[:, 0].sum().item(),
@@ -66,6 +69,12 @@ def evaluate_loader(model: nn.Module, loader, ctx: DistContext | None = None, am
         )
     model.train(was_training)
     sums = all_reduce_sum(sums.to(ctx.device), ctx).cpu()
+    if sums[4] and ctx.is_main:
+        warnings.warn(
+            f"evaluation skipped {int(sums[4])} unreadable image file(s), each replaced by the next readable one",
+            SkippedImagesWarning,
+            stacklevel=2,
+        )
     n = max(sums[3].item(), 1.0)
     return dict(
         top1=100 * sums[1].item() / n,
@@ -92,6 +101,21 @@ def evaluate_resolutions(
         )
         rows.append({"resolution": res, **evaluate_loader(model, loader, ctx, amp)})
     return rows
+
+
+def evaluate_model(
+    model: nn.Module, cfg: Config, resolutions: list[int] | None = None, ctx: DistContext | None = None
+) -> list[dict]:
+    """Evaluate a model in memory (e.g. one loaded with load_checkpoint and then changed: another position mode)
+    on the validation split of `cfg`'s dataset, one row per resolution."""
+    ctx = ctx or DistContext()
+    resolutions = [int(r) for r in (resolutions or cfg.eval_resolutions())]
+    datasets = build_eval_sets(cfg, resolutions)
+    amp = resolve_amp(cfg.train.amp, ctx.device)
+    name = getattr(model, "default_cfg", {}).get("architecture", cfg.model.name)
+    check_resolutions(model, name, datasets, ctx.device, amp)
+    bs = cfg.data.eval_batch_size or 2 * cfg.data.batch_size
+    return evaluate_resolutions(model, datasets, bs, cfg.data.workers, ctx, amp)
 
 
 def load_checkpoint(

@@ -136,7 +136,7 @@ def check_resolutions(
     model.eval()
     try:
         for res, ds in sorted(datasets.items()):
-            batch = collate_to_resolution([KeyedDataset(ds)[(0, res, None)]])
+            batch = collate_to_resolution([KeyedDataset(ds)[(0, res, 0)]])  # seeded: the global RNG is left alone
             try:
                 with autocast(device, amp):
                     out = run_model(model, to_device(batch.inputs, device))

@@ -32,6 +32,7 @@ from tqdm import tqdm
 
 from .. import __version__
 from ..data import get_dataset_info
+from ..data.folders import SkippedImagesWarning
 from ..data.loader import build_train_loader, dataset_num_classes, renders_any_resolution
 from .checkpoint import (
     CheckpointError,
@@ -63,16 +64,12 @@ __all__ = ["train", "Trainer", "SkippedImagesWarning", "resolve_run_dir", "METRI
 METRICS = "metrics.jsonl"
 
 
-class SkippedImagesWarning(UserWarning):
-    """Some files could not be read and were replaced by the next readable one."""
-
-
 def resolve_run_dir(cfg: Config) -> Path:
     name = (cfg.train.run_name or f"{cfg.data.name}-{{model}}").replace("{model}", cfg.model.name)
     return Path(cfg.train.output_dir) / name
 
 
-def _validate(cfg: Config, ctx: DistContext) -> None:
+def _validate(cfg: Config) -> None:
     if cfg.train.epochs < 1:
         raise ConfigError(f"train.epochs must be at least 1, got {cfg.train.epochs}")
     for key, values in (
@@ -81,6 +78,8 @@ def _validate(cfg: Config, ctx: DistContext) -> None:
     ):
         if any(r <= 0 for r in values):
             raise ConfigError(f"{key} must be positive pixel sizes, got {values}")
+    if cfg.eval.every_epochs < 1:
+        raise ConfigError(f"eval.every_epochs must be at least 1, got {cfg.eval.every_epochs}")
     if cfg.data.batch_size <= 0:
         raise ConfigError(f"data.batch_size must be positive, got {cfg.data.batch_size}")
     if (cfg.aug.mixup > 0 or cfg.aug.cutmix > 0) and cfg.data.batch_size % 2:
@@ -92,16 +91,28 @@ class Trainer:
 
     def __init__(self, cfg: Config, ctx: DistContext, resume: bool = False):
         self.cfg, self.ctx = cfg, ctx
-        _validate(cfg, ctx)
+        _validate(cfg)
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         self.run_dir = resolve_run_dir(cfg)
+        cfg.train.run_name = self.run_dir.name  # the saved config names its own directory
         self.resume_ref = self._check_run_dir(resume)
         torch.manual_seed(cfg.train.seed)  # model init: the same on every rank
         random.seed(cfg.train.seed)
         np.random.seed(cfg.train.seed)
+        self._build_data()
+        self._build_model()
+        self._build_optimization()
+        torch.manual_seed(cfg.train.seed + ctx.rank)  # training randomness (drop path, mixup): its own stream per rank
+        random.seed(cfg.train.seed + ctx.rank)
+        np.random.seed(cfg.train.seed + ctx.rank)
+        self.epoch, self.batch, self.global_step = 0, 0, 0
+        if self.resume_ref is not None:
+            self._load(self.resume_ref)
 
-        # data first: image folders tell the number of classes; a missing directory fails here, before any work
+    def _build_data(self) -> None:
+        """Data first: image folders tell the number of classes; a missing directory fails here, before any work."""
+        cfg = self.cfg
         self.info = get_dataset_info(cfg.data.name)
         train_res = cfg.train_resolutions()
         base = cfg.data.resolution if len(train_res) == 1 else max(train_res)
@@ -117,7 +128,9 @@ class Trainer:
                     f"{type(sample).__name__} inputs and has no render(index, resolution)"
                 )
 
-        # model, checked at every resolution it will see
+    def _build_model(self) -> None:
+        """The model (and its EMA, DDP wrapper), checked at every resolution it will see."""
+        cfg, ctx, train_res = self.cfg, self.ctx, self.cfg.train_resolutions()
         self.device = ctx.device
         self.amp = resolve_amp(cfg.train.amp, self.device)
         cfg.model.img_size = cfg.model.img_size or cfg.data.resolution  # the resolved config records it
@@ -131,7 +144,9 @@ class Trainer:
             else None
         )
 
-        # data loader, optimizer, schedule, loss
+    def _build_optimization(self) -> None:
+        """Loader, optimizer, schedule (per step), loss with optional mixup/cutmix, gradient scaler."""
+        cfg, ctx, train_res = self.cfg, self.ctx, self.cfg.train_resolutions()
         self.loader = build_train_loader(
             self.train_set,
             cfg.data.batch_size,
@@ -188,9 +203,6 @@ class Trainer:
         else:
             self.criterion = nn.CrossEntropyLoss(label_smoothing=a.label_smoothing)
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp == torch.float16)
-        self.epoch, self.batch, self.global_step = 0, 0, 0
-        if self.resume_ref is not None:
-            self._load(self.resume_ref)
 
     # ------------------------------------------------------------------------------------------------ run dir
 
@@ -303,6 +315,8 @@ class Trainer:
         if ctx.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             save_config(cfg, self.run_dir / "config.yaml")
+            if self.resume_ref is None:  # a fresh run: no metrics from an earlier attempt that never checkpointed
+                (self.run_dir / METRICS).unlink(missing_ok=True)
         barrier(ctx)
         self.log(
             f"training {cfg.model.name} on {cfg.data.name} ({len(self.train_set)} items, "
@@ -319,7 +333,7 @@ class Trainer:
             self.epoch, self.batch = self.epoch + 1, 0
             self.save(finished=self.epoch == self.epochs)
         if rows is None:  # resumed a finished run: report its results again (every rank takes part)
-            rows = self.evaluate()
+            rows = self.evaluate(log_metrics=False)
         if ctx.is_main and rows:
             write_json([r for r in rows if r.get("weights") == "model"], self.run_dir / "results.json")
             self.log(
@@ -383,6 +397,12 @@ class Trainer:
                 window_n, window_images, t0 = 0, 0, time.perf_counter()
             every = cfg.train.ckpt_every_steps
             if every and self.global_step % every == 0 and self.batch < self.steps_per_epoch:
+                if not torch.isfinite(window_loss):  # never checkpoint diverged weights
+                    raise FloatingPointError(
+                        f"loss became non-finite before step {self.global_step}; lower "
+                        f"optim.lr or set optim.clip_grad. The last good checkpoint is kept "
+                        f"in {self.run_dir}"
+                    )
                 self.save()
         bar.close()
         n_skipped = int(all_reduce_sum(torch.tensor(float(len(skipped)), device=self.device), ctx).item())
@@ -419,7 +439,7 @@ class Trainer:
             self.ema.update(self.model, step=self.global_step + 1)
         return loss
 
-    def evaluate(self) -> list[dict]:
+    def evaluate(self, log_metrics: bool = True) -> list[dict]:
         cfg, ctx = self.cfg, self.ctx
         bs = cfg.data.eval_batch_size or 2 * cfg.data.batch_size
         rows = [
@@ -431,7 +451,7 @@ class Trainer:
                 dict(r, weights="ema")
                 for r in evaluate_resolutions(self.ema.module, self.eval_sets, bs, cfg.data.workers, ctx, self.amp)
             ]
-        for r in rows:
+        for r in rows if log_metrics else ():
             self._metrics(kind="eval", epoch=self.epoch + 1, global_step=self.global_step, **r)
         summary = ", ".join(
             f"{r['weights'] + ' ' if r['weights'] != 'model' else ''}@{r['resolution']} {r['top1']:.2f}" for r in rows

@@ -1,0 +1,216 @@
+"""The benchmarks: extrapolation runs end to end and resume, FLOPs match a hand count, cards come from results files,
+bad benchmark files fail before any training."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import timm
+import torch
+
+import visionpe  # noqa: F401
+import visionpe.engine
+from visionpe.attention import attn_backend
+from visionpe.bench.__main__ import main as bench_main
+from visionpe.bench.cards import write_cards
+from visionpe.bench.evalsizes import modes_agree, parse_size
+from visionpe.bench.extrapolate import run_benchmark
+from visionpe.bench.flops import count_flops, vit_flops_by_hand
+from visionpe.bench.plan import BenchConfigError, load_bench
+from visionpe.bench.speed import measure, timm_equivalent
+
+TINY = "{embed_dim: 32, depth: 1, num_heads: 2}"
+
+
+def _bench_file(tmp_path, models=("vit_n_ape", "vit_n_rope2d_mixed"), extra: str = "") -> str:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(f"""
+bench:
+  models: [{", ".join(models)}]
+  seeds: [0]
+  resolutions: [16, 24]
+  shapes: [16x32]
+  output_dir: {tmp_path / "out"}
+  runs_dir: {tmp_path / "runs"}
+{extra}
+model: {{kwargs: {TINY}}}
+data: {{name: synthetic-shapes, resolution: 16, batch_size: 32, options: {{num_train: 64, num_val: 24}}}}
+train: {{epochs: 1, amp: none, progress: false}}
+""")
+    return str(path)
+
+
+def _no_training(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("training started")
+
+    monkeypatch.setattr(visionpe.engine, "train", refuse)
+
+
+# ---------------------------------------------------------------------------------------------------- extrapolate
+
+
+def test_tiny_extrapolation_writes_tables_and_reruns_only_what_is_missing(tmp_path, monkeypatch):
+    bench, cfg = load_bench(_bench_file(tmp_path))
+    out = run_benchmark(bench, cfg, log=lambda *a: None)
+    rows = list(csv.DictReader((out / "results.csv").read_text().splitlines()))
+    assert len(rows) == 2 * 2 * 3  # models x modes x sizes (16 is the base)
+    assert {(r["height"], r["width"]) for r in rows} == {("16", "16"), ("24", "24"), ("16", "32")}
+    md = (out / "results.md").read_text()
+    assert "## extrapolate" in md and "## interpolate" in md and "| vit_n_rope2d_mixed |" in md
+    assert "vit_n_ape (=)" in md  # a resampled APE gives the same logits in both modes
+    assert (out / "results.png").stat().st_size > 1000
+    summary = json.loads((out / "summary.json").read_text())
+    base = {r["model"]: r["mean"] for r in summary["table"] if (r["height"], r["width"]) == (16, 16)}
+    assert all(r["delta"] == pytest.approx(r["mean"] - base[r["model"]]) for r in summary["table"])
+    record = json.loads((out / "evals" / "vit_n_ape-s0.json").read_text())
+    assert record["modes_agree"] is True and record["pe"] == "ape"
+
+    # a rerun trains nothing; a new size is evaluated from the kept checkpoint, the old rows are kept
+    _no_training(monkeypatch)
+    before = (out / "evals" / "vit_n_rope2d_mixed-s0.json").read_text()
+    bench, cfg = load_bench(_bench_file(tmp_path), ["bench.resolutions=16,24,32"])
+    run_benchmark(bench, cfg, log=lambda *a: None)
+    record = json.loads((out / "evals" / "vit_n_rope2d_mixed-s0.json").read_text())
+    assert len(record["rows"]) == 2 * 4
+    old = {(r["mode"], r["height"], r["width"]): r["top1"] for r in json.loads(before)["rows"]}
+    assert all(old[(r["mode"], r["height"], r["width"])] == r["top1"] for r in record["rows"] if r["height"] != 32)
+
+    # results made with another recipe are neither mixed in nor overwritten
+    with pytest.raises(BenchConfigError, match="train.epochs"):
+        run_benchmark(*load_bench(_bench_file(tmp_path), ["train.epochs=2"]), log=lambda *a: None)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        (["bench.models=vit_n_apex"], "nearest visionpe models: vit_n_ape"),
+        (["data.name=fashion-mnst"], "nearest: fashion-mnist"),
+        (["bench.models=[]"], "bench.models is empty"),
+        (["bench.seeds=[]"], "bench.seeds is empty"),
+        (["bench.resolutions=[]", "bench.shapes=[]"], "both empty"),
+        (["bench.resolutions=2,16"], "cannot take 2 px"),
+        (["bench.shapes=16x"], "HxW"),
+        (["bench.position_modes=stretch"], "unknown mode"),
+        (["bench.processes=0"], "at least 1"),
+        (["bench.sedes=0"], "unknown key bench.sedes"),
+    ],
+)
+def test_bad_benchmarks_fail_before_any_training(tmp_path, monkeypatch, overrides, match):
+    _no_training(monkeypatch)
+    with pytest.raises(ValueError, match=match):
+        run_benchmark(*load_bench(_bench_file(tmp_path), overrides), log=lambda *a: None)
+
+
+def test_cli_reports_bad_input_without_a_traceback(tmp_path, capsys):
+    assert bench_main(["extrapolate", "-c", _bench_file(tmp_path), "bench.models=vit_n_apex", "--dry-run"]) == 2
+    assert "unknown model 'vit_n_apex'" in capsys.readouterr().err
+    assert bench_main(["nonsense"]) == 2
+    assert bench_main([]) == 0 and "extrapolate" in capsys.readouterr().out
+
+
+def test_position_modes_agree_only_for_pes_that_read_no_coordinates():
+    x = torch.randn(2, 3, 48, 48)
+    kw = dict(img_size=32, embed_dim=32, depth=1, num_heads=2, num_classes=4)
+    assert modes_agree(timm.create_model("vit_n_ape", **kw), x)
+    assert modes_agree(timm.create_model("vit_n_cpe", **kw), x)
+    assert not modes_agree(timm.create_model("vit_n_rope2d", **kw), x)
+    assert not modes_agree(timm.create_model("vit_n_sincos", **kw), x)
+
+
+def test_sizes_parse_square_and_non_square():
+    assert parse_size(28) == (28, 28) and parse_size("28x56") == (28, 56) and parse_size([28, 56]) == (28, 56)
+    with pytest.raises(ValueError, match="HxW"):
+        parse_size("28by56")
+
+
+# --------------------------------------------------------------------------------------------------- FLOPs, speed
+
+
+def test_flops_of_a_vit_match_the_hand_count_with_attention_counted():
+    kw = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=10)
+    model = timm.create_model("vit_n_ape", **kw)
+    x = torch.randn(1, 3, 32, 32)
+    hand = vit_flops_by_hand(32, 8, 32, 2, 10)
+    total, ops = count_flops(model, x, by_operator=True)
+    assert total == sum(hand.values())
+    assert ops["scaled_dot_product_attention"] == hand["attention"] == 2 * 2 * 17 * 17 * 32
+    assert ops["linear"] == hand["linear"] and ops["conv"] == hand["conv"]
+    with attn_backend("math"):  # explicit matmuls count the same
+        assert count_flops(model, x) == total
+
+
+def test_ours_and_timms_vit_measured_in_one_run():
+    assert timm_equivalent("vit_s_ape")[0] == "vit_small_patch16_224"
+    assert timm_equivalent("swin_t_rpb")[0] == "swin_tiny_patch4_window7_224"
+    assert timm_equivalent("cvt_13") is None
+    rows = measure(["vit_t_ape"], [32], batch=1, rounds=1, steps=1, train=False, memory=False, log=lambda *a: None)
+    by = {r.model: r for r in rows}
+    assert by["vit_t_ape"].reference == "vit_tiny_patch16_224"
+    assert by["vit_t_ape"].gflops == pytest.approx(by["vit_tiny_patch16_224"].gflops)
+    assert by["vit_t_ape"].gflops == pytest.approx(sum(vit_flops_by_hand(32, 16, 192, 12, 1000).values()) / 1e9)
+    assert all(r.infer_ips > 0 for r in rows)
+
+
+# ---------------------------------------------------------------------------------------------------------- cards
+
+
+def test_cards_are_written_from_results_files(tmp_path):
+    results = tmp_path / "results"
+    (results / "speed").mkdir(parents=True)
+    machine = dict(cpu="Test CPU 9000", cores=2, threads=1, torch="2.x", timm="1.x", device="cpu", date="2025-01-01")
+    speed_rows = [
+        dict(
+            model=m,
+            resolution=224,
+            reference=ref,
+            tokens=196,
+            params_m=p,
+            gflops=g,
+            infer_ips=ips,
+            train_ips=None,
+            infer_mem_mb=50.0,
+            train_mem_mb=None,
+            notes=[],
+        )
+        for m, ref, p, g, ips in [
+            ("vit_s_ape", "vit_small_patch16_224", 22.05, 4.61, 123.4),
+            ("vit_small_patch16_224", None, 22.05, 4.61, 120.0),
+            ("vit_s_rope2d", None, 21.97, 4.61, 98.7),
+        ]
+    ]
+    settings = dict(batch=2, rounds=3, steps=1, clock="cpu", zoo=True)
+    (results / "speed" / "zoo.json").write_text(json.dumps(dict(machine=machine, settings=settings, rows=speed_rows)))
+    (results / "fm").mkdir()
+    table = [
+        dict(model=m, pe=m[6:], mode="extrapolate", height=h, width=h, mean=acc, std=0.5, n=3, delta=d)
+        for m, h, acc, d in [("vit_n_ape", 28, 88.0, 0.0), ("vit_n_ape", 56, 61.5, -26.5)]
+    ]
+    summary = dict(
+        name="fm",
+        dataset="fashion-mnist",
+        base=[28, 28],
+        sizes=[[28, 28], [56, 56]],
+        modes=["extrapolate"],
+        seeds=[0, 1, 2],
+        models=["vit_n_ape"],
+        modes_agree=[],
+        machine=machine,
+        date="2025-01-01",
+        table=table,
+    )
+    (results / "fm" / "summary.json").write_text(json.dumps(summary))
+    paths = write_cards(results, tmp_path / "cards", ["vit", "cvt"])
+    vit = (tmp_path / "cards" / "vit.md").read_text()
+    assert [p.name for p in paths] == ["vit.md", "cvt.md"]
+    assert "Test CPU 9000" in vit and "| vit_s_ape | 22.05 | 4.61 | 123.4 | 1.00 |" in vit
+    assert "| vit_s_rope2d | 21.97 | 4.61 | 98.7 | 0.80 |" in vit
+    assert "| vit_s_ape | vit_small_patch16_224 | 4.61 / 4.61 | 1.03 |" in vit
+    assert "| vit_n_ape | **88.0** | 61.5 (-26.5) |" in vit and "../results/fm/results.md" in vit
+    assert "checkpoint" in vit.lower() and "arXiv:2403.13298" in vit
+    cvt = (tmp_path / "cards" / "cvt.md").read_text()
+    assert "No extrapolation benchmark of this family yet" in cvt and "speed --zoo" in cvt
+    with pytest.raises(ValueError, match="unknown family"):
+        write_cards(results, tmp_path / "cards", ["vitt"])

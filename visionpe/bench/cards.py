@@ -1,0 +1,324 @@
+"""Model cards: `model_cards/<family>.md` for every registered family, written from measured results.
+
+    python -m visionpe.bench cards [--results results] [--out model_cards] [--families vit swin]
+
+A card reads the zoo's tables (sizes, PE variants, papers, weight loaders) and the results files: parameters, GFLOPs
+and speed from `results/speed/*.json` (`python -m visionpe.bench speed --zoo` writes `zoo.json`), accuracy across
+resolutions from every `results/<benchmark>/summary.json` that has models of the family
+(`python -m visionpe.bench extrapolate`). Nothing in a card is typed by hand: rerun after new measurements.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import visionpe  # noqa: F401  (registers the families)
+
+from ..pos.presets import PE_PRESETS
+from ..zoo import FAMILIES, Family, model_name
+from .evalsizes import size_label
+from .speed import machine_description
+
+__all__ = ["load_speed", "load_extrapolation", "family_card", "write_cards", "main"]
+
+
+def load_speed(results: Path) -> tuple[dict[tuple[str, int], dict], dict[str, dict]]:
+    """(model, resolution) -> speed row, and model -> the machine it was measured on; zoo.json wins over others."""
+    rows: dict[tuple[str, int], dict] = {}
+    machines: dict[str, dict] = {}
+    files = sorted((results / "speed").glob("*.json"), key=lambda p: p.stem == "zoo")  # zoo.json last: it wins
+    for path in files:
+        data = json.loads(path.read_text())
+        for r in data.get("rows", []):
+            rows[(r["model"], r["resolution"])] = r
+            machines[r["model"]] = dict(data.get("machine", {}), source=str(path), settings=data.get("settings", {}))
+    return rows, machines
+
+
+def load_extrapolation(results: Path) -> list[tuple[Path, dict]]:
+    """Every benchmark summary under `results` (results/<name>/summary.json)."""
+    return [(p, json.loads(p.read_text())) for p in sorted(results.glob("*/summary.json"))]
+
+
+def _first_paragraph(text: str | None) -> str:
+    return " ".join((text or "").strip().split("\n\n")[0].split())
+
+
+def _fmt(v, spec: str = ".2f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def _preset_text(preset: str) -> str:
+    parts = PE_PRESETS.get(preset, [])
+    if not parts:
+        return "none"
+    return " + ".join(f"{kind}({', '.join(f'{k}={v}' for k, v in kw.items())})" if kw else kind for kind, kw in parts)
+
+
+def _size_text(kwargs: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in kwargs.items())
+
+
+def _default_res(fam: Family, size: str) -> int:
+    cfg = {**fam.cfg, **fam.size_cfg.get(size, {})}
+    return int(cfg.get("input_size", (3, 224, 224))[-1])
+
+
+def _speed_section(fam: Family, speed: dict, machines: dict) -> list[str]:
+    from .speed import ZOO_SIZES
+
+    size = ZOO_SIZES.get(fam.name, next(iter(fam.sizes)))
+    res = _default_res(fam, size)
+    names = [model_name(fam.name, size, pe) for pe in fam.pes]
+    measured = [n for n in names if (n, res) in speed]
+    lines = ["## Measured cost of each PE", ""]
+    if not measured:
+        return lines + [
+            "No measurements yet: run `python -m visionpe.bench speed --zoo`, then `python -m visionpe.bench cards`.",
+            "",
+        ]
+    base = speed.get((names[0], res), {})
+    m = machines[measured[0]]
+    s = m.get("settings", {})
+    lines += [
+        f"`{fam.name}_{size}_*` at {res} px, measured on {machine_description(m)} ({m.get('date', '?')}; batch "
+        f"{s.get('batch', '?')}, median of {s.get('rounds', '?')} interleaved rounds, "
+        f"{'CPU seconds of one thread' if s.get('clock') == 'cpu' else 'wall-clock'}). Ratios are against "
+        f"`{names[0]}` measured in the same run; GFLOPs are fvcore MACs per image with attention counted; memory is "
+        f"the peak of one inference step of one image beyond the weights. CPU timings on a shared machine are noisy: "
+        f"read ratios, not absolute figures.",
+        "",
+        "| model | params (M) | GFLOPs | infer img/s | infer vs first | train img/s | train vs first | infer MiB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for n in measured:
+        r = speed[(n, res)]
+        ratio_i = f"{r['infer_ips'] / base['infer_ips']:.2f}" if r.get("infer_ips") and base.get("infer_ips") else "-"
+        ratio_t = f"{r['train_ips'] / base['train_ips']:.2f}" if r.get("train_ips") and base.get("train_ips") else "-"
+        lines.append(
+            f"| {n} | {r['params_m']:.2f} | {_fmt(r.get('gflops'), '.2f')} | {_fmt(r.get('infer_ips'), '.1f')}"
+            f" | {ratio_i} | {_fmt(r.get('train_ips'), '.1f')} | {ratio_t} | "
+            f"{_fmt(r.get('infer_mem_mb'), '.0f')} |"
+        )
+    pairs = [(n, speed[(n, res)]) for n in measured if speed[(n, res)].get("reference")]
+    if pairs:
+        lines += [
+            "",
+            "Against timm's implementation of the same architecture, same run:",
+            "",
+            "| ours | timm | GFLOPs (ours / timm) | inference speed ratio | training speed ratio |",
+            "|---|---|---:|---:|---:|",
+        ]
+        for n, r in pairs:
+            ref = speed.get((r["reference"], res), {})
+            fl = f"{_fmt(r.get('gflops'))} / {_fmt(ref.get('gflops'))}"
+            ri = f"{r['infer_ips'] / ref['infer_ips']:.2f}" if r.get("infer_ips") and ref.get("infer_ips") else "-"
+            rt = f"{r['train_ips'] / ref['train_ips']:.2f}" if r.get("train_ips") and ref.get("train_ips") else "-"
+            lines.append(f"| {n} | {r['reference']} | {fl} | {ri} | {rt} |")
+    return lines + [""]
+
+
+def _extrapolation_section(fam: Family, summaries: list[tuple[Path, dict]], out_dir: Path) -> list[str]:
+    lines = ["## Accuracy away from the training resolution", ""]
+    found = False
+    for path, s in summaries:
+        models = [m for m in s["models"] if m.startswith(fam.name + "_") or m == fam.name]
+        if not models:
+            continue
+        found = True
+        rel = _relative(path.parent, out_dir)
+        sizes = [tuple(x) for x in s["sizes"]]
+        base = tuple(s["base"])
+        stats = {(r["model"], r["mode"], (r["height"], r["width"])): r for r in s["table"]}
+        lines += [
+            f"### {s['name']}: {s['dataset']}, trained at {size_label(base)} px, {len(s['seeds'])} seed(s)",
+            "",
+            f"Top-1 (%), mean over seeds, change against {size_label(base)} px in brackets. Full tables, "
+            f"standard deviations and the plot: [{rel}/results.md]({rel}/results.md), "
+            f"![accuracy against resolution]({rel}/results.png)",
+            "",
+        ]
+        for mode in s["modes"]:
+            lines += [
+                f"*{mode}* positions:",
+                "",
+                "| model | " + " | ".join(size_label(x) for x in sizes) + " |",
+                "|---|" + "---:|" * len(sizes),
+            ]
+            for m in models:
+                cells = []
+                for x in sizes:
+                    r = stats.get((m, mode, x))
+                    if r is None:
+                        cells.append("-")
+                    elif x == base or r.get("delta") is None:
+                        cells.append(f"**{r['mean']:.1f}**")
+                    else:
+                        cells.append(f"{r['mean']:.1f} ({r['delta']:+.1f})")
+                same = " (=)" if m in s.get("modes_agree", []) and mode != s["modes"][0] else ""
+                lines.append(f"| {m}{same} | " + " | ".join(cells) + " |")
+            lines.append("")
+        lines += [
+            f"Measured on {machine_description(s['machine'])}, {s['date']}. (=): both position modes give "
+            f"identical logits for this model.",
+            "",
+        ]
+    if not found:
+        lines += [
+            "No extrapolation benchmark of this family yet: `python -m visionpe.bench extrapolate -c "
+            "configs/bench/<preset>.yaml` with models of this family, then rerun `cards`.",
+            "",
+        ]
+    return lines
+
+
+def _relative(target: Path, start: Path) -> str:
+    import os
+
+    return Path(os.path.relpath(target.resolve(), start.resolve())).as_posix()
+
+
+def _pe_paper(fam: Family, pe: str, preset: str) -> tuple[str, str] | None:
+    """(paper name, ids) of a PE variant: the family's own entry, else the entry another family gives the same PE
+    (Swin's iRPE is the iRPE paper), else the family's paper for its default PE; None for no PE."""
+    if pe in fam.pe_cfg:
+        cfg = fam.pe_cfg[pe]
+    elif pe == next(iter(fam.pes)) and preset != "nope":
+        cfg = fam.cfg
+    else:
+        kinds = [k for k, _ in PE_PRESETS.get(preset, [])]
+        keys = [pe, preset, *kinds]
+        cfg = next((f.pe_cfg[k] for k in keys for f in FAMILIES.values() if k in f.pe_cfg), None)
+    if not cfg or not cfg.get("paper_ids"):
+        return None
+    return cfg.get("paper_name", ""), cfg["paper_ids"]
+
+
+def _papers(fam: Family) -> list[str]:
+    seen: dict[str, str] = {}
+    for cfg in [fam.cfg, *fam.pe_cfg.values()]:
+        ids, name = cfg.get("paper_ids"), cfg.get("paper_name")
+        if ids and ids not in seen:
+            seen[ids] = name or ""
+    return [f"- {name} ({ids})" for ids, name in seen.items()]
+
+
+def family_card(fam: Family, speed: dict, machines: dict, summaries: list[tuple[Path, dict]], out_dir: Path) -> str:
+    """The Markdown card of one family."""
+    module = sys.modules[fam.module]
+    names = [model_name(fam.name, s, p) for s in fam.sizes for p in fam.pes]
+    lines = [
+        f"# {fam.name}: {fam.model_cls.__name__}",
+        "",
+        _first_paragraph(module.__doc__),
+        "",
+        f"{len(names)} registered timm models, `{fam.name}_{{size}}_{{pe}}` (e.g. `{names[0]}`, `{names[-1]}`): "
+        f'`import visionpe, timm; timm.create_model("{names[0]}")`. Every model takes any input size at call time '
+        f"(`fixed_input_size=False`).",
+        "",
+    ]
+    notes = fam.cfg.get("notes") or ()
+    if notes:
+        lines += [*(f"- {n}" for n in notes), ""]
+    lines += [
+        "## Architecture",
+        "",
+        "| size | configuration | default input | params (M) | GFLOPs |",
+        "|---|---|---:|---:|---:|",
+    ]
+    first_pe = next(iter(fam.pes))
+    for size, kwargs in fam.sizes.items():
+        res = _default_res(fam, size)
+        r = speed.get((model_name(fam.name, size, first_pe), res), {})
+        lines.append(f"| {size} | {_size_text(kwargs)} | {res} | {_fmt(r.get('params_m'))} | {_fmt(r.get('gflops'))} |")
+    lines += [
+        "",
+        f"Parameters and GFLOPs (fvcore MACs, attention included) with the `{first_pe or 'default'}` PE and "
+        f"1000 classes (400 for video), at the default input; '-' where not measured yet.",
+        "",
+        "## PE variants",
+        "",
+        "| suffix | PE preset (kinds and options) | model options | paper |",
+        "|---|---|---|---|",
+    ]
+    for pe, kwargs in fam.pes.items():
+        preset = kwargs.get("pe", "")
+        extra = {k: v for k, v in kwargs.items() if k != "pe"}
+        paper = _pe_paper(fam, pe, preset)
+        lines.append(
+            f"| `{pe or '(none)'}` | {preset}: {_preset_text(preset)} | {_size_text(extra) or '-'} | "
+            f"{f'{paper[0]} ({paper[1]})' if paper else '-'} |"
+        )
+    lines += [""]
+    lines += _speed_section(fam, speed, machines)
+    lines += _extrapolation_section(fam, summaries, out_dir)
+    lines += ["## Weight compatibility", ""]
+    if fam.filter_fn is not None:
+        doc = sys.modules[fam.filter_fn.__module__].__doc__
+        lines += [
+            " ".join((doc or "").split()),
+            "",
+            f"`timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=...))` applies this "
+            f"conversion ({fam.filter_fn.__module__}.{fam.filter_fn.__name__}); no weights are downloaded.",
+            "",
+        ]
+    else:
+        lines += [
+            "No published checkpoints map onto this family; its models train from random initialisation (`train.py`).",
+            "",
+        ]
+    lines += [
+        "## References",
+        "",
+        *_papers(fam),
+        "",
+        "---",
+        f"Generated by `python -m visionpe.bench cards` on {time.strftime('%Y-%m-%d')} from the files "
+        f"under results/; edits by hand are overwritten.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_cards(
+    results: str | Path = "results", out: str | Path = "model_cards", families: list[str] | None = None
+) -> list[Path]:
+    """Write one card per family; returns the paths."""
+    results, out = Path(results), Path(out)
+    unknown = [f for f in families or [] if f not in FAMILIES]
+    if unknown:
+        raise ValueError(
+            f"unknown famil{'y' if len(unknown) == 1 else 'ies'} {unknown}; registered: {', '.join(FAMILIES)}"
+        )
+    speed, machines = load_speed(results)
+    summaries = load_extrapolation(results)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, fam in FAMILIES.items():
+        if families and name not in families:
+            continue
+        path = out / f"{name}.md"
+        path.write_text(family_card(fam, speed, machines, summaries, out))
+        paths.append(path)
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="visionpe-bench cards", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--results", default="results", help="folder with speed/*.json and <benchmark>/summary.json")
+    ap.add_argument("--out", default="model_cards")
+    ap.add_argument("--families", nargs="+", default=None, help=f"default: all ({', '.join(FAMILIES)})")
+    args = ap.parse_args(argv)
+    try:
+        paths = write_cards(args.results, args.out, args.families)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
