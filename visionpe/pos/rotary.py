@@ -14,7 +14,7 @@ __all__ = ["rotary_angles", "rotary_cos_sin", "apply_rotary", "axial_frequencies
 
 
 def rope_frequencies(num: int, theta: float, dim: int | None = None) -> torch.Tensor:
-    """theta^(-2j/dim) for j = 0..num-1 (1D RoPE); with dim = 2 * num... the classic inverse frequencies."""
+    """The classic 1D RoPE inverse frequencies theta^(-2j/dim), j = 0..num-1 (dim defaults to 2 * num pairs)."""
     dim = 2 * num if dim is None else dim
     return theta ** (-2.0 * torch.arange(num, dtype=torch.float32) / dim)
 
