@@ -129,7 +129,8 @@ class ImageFolderDataset(Dataset):
         return skipped
 
 
-def _folder_factory(
+@register_dataset("imagefolder", num_classes=None, in_chans=3, kind="image")
+def image_folder(
     split: str = "train",
     resolution: int = 224,
     root: str | None = None,
@@ -141,6 +142,7 @@ def _folder_factory(
     interpolation: str | None = None,
     crop_pct: float | None = None,
 ) -> ImageFolderDataset:
+    """Any `root/<split>/<class>/*` folder (the number of classes is read from the folders)."""
     if not root:
         raise ValueError("image folders need data.root, a folder with train/<class>/* and val/<class>/*")
     aug = dict(aug or {})
@@ -160,23 +162,6 @@ def _folder_factory(
     return ImageFolderDataset(root, split, resolution, training=training, class_map=class_map, transform_kwargs=kwargs)
 
 
-@register_dataset("imagefolder", num_classes=None, in_chans=3, kind="image")
-def image_folder(
-    split: str = "train",
-    resolution: int = 224,
-    root: str | None = None,
-    training: bool = False,
-    class_map: dict | None = None,
-    aug: dict | None = None,
-    mean=None,
-    std=None,
-    interpolation: str | None = None,
-    crop_pct: float | None = None,
-) -> ImageFolderDataset:
-    """Any `root/<split>/<class>/*` folder (the number of classes is read from the folders)."""
-    return _folder_factory(split, resolution, root, training, class_map, aug, mean, std, interpolation, crop_pct)
-
-
 @register_dataset("imagenet", num_classes=1000, in_chans=3, kind="image")
 def imagenet(
     split: str = "train",
@@ -191,7 +176,7 @@ def imagenet(
     crop_pct: float | None = None,
 ) -> ImageFolderDataset:
     """ImageNet-1k in the usual `root/train/n01440764/*.JPEG`, `root/val/n01440764/*.JPEG` layout."""
-    ds = _folder_factory(split, resolution, root, training, class_map, aug, mean, std, interpolation, crop_pct)
+    ds = image_folder(split, resolution, root, training, class_map, aug, mean, std, interpolation, crop_pct)
     if ds.num_classes != 1000 and not class_map:
         raise ValueError(
             f"{ds.split_dir} has {ds.num_classes} class folders, ImageNet-1k has 1000; use "
