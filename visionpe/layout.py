@@ -115,8 +115,3 @@ def cell_centre_layout(h: int, w: int, stride: int, num_prefix: int = 0, device=
     """Layout of a strided (e.g. CvT's stride-2 key/value) grid in units of the full-resolution query grid."""
     return TokenLayout(num_prefix, (1, h, w), _cell_centre_pos(h, w, stride, _device_key(device)))
 
-
-# position builders of interleaved text / visual sequences (video and multimodal RoPE schemes)
-from .segments import SCHEMES, frequency_matrix, parse_segments, position_ids, segment_layout  # noqa: E402
-
-__all__ += ["SCHEMES", "frequency_matrix", "parse_segments", "position_ids", "segment_layout"]

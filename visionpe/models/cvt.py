@@ -17,7 +17,6 @@ code); the official models use QuickGELU (`act_layer="quick_gelu"`, the default)
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from functools import partial
 
@@ -30,7 +29,7 @@ from torch.utils.checkpoint import checkpoint
 from ..layers.checks import check_images
 from ..layout import TokenLayout, cell_centre_layout, image_layout
 from ..pos.base import AttnSpec, PEHost
-from ..pos.presets import PE_KINDS, PE_PRESETS, build_pos_encoding
+from ..pos.presets import build_pos_encoding
 from .cvt_layers import CvtBlock, CvtStage
 
 __all__ = ["ConvolutionalVisionTransformer"]
@@ -127,21 +126,8 @@ class ConvolutionalVisionTransformer(nn.Module):
         # global block index of each stage's first block
         self.stage_starts = [sum(depths[:s]) for s in range(n)]
 
-        grids = self.stage_grids(self.img_size)
-        specs = tuple(
-            AttnSpec(embed_dims[s], num_heads[s], embed_dims[s] // num_heads[s], grid=grids[s])
-            for s in range(n)
-            for _ in range(depths[s])
-        )
-        host = PEHost(
-            dim=embed_dims[0],
-            grid=grids[0],
-            num_prefix=self.num_prefix_tokens,
-            layers=specs,
-            embed_prefix=False,
-            extra=dict(stage_of_layer=tuple(s for s in range(n) for _ in range(depths[s])), stride_kv=stride_kv),
-        )
-        self.pe = build_pos_encoding(pe, host, self._default_pe_kwargs(pe, pe_kwargs))
+        self.num_heads = tuple(num_heads)
+        self.pe = build_pos_encoding(pe, self._host(), pe_kwargs)
         self.pe_name = pe
 
         self.norm = norm_layer(embed_dims[-1])
@@ -155,19 +141,6 @@ class ConvolutionalVisionTransformer(nn.Module):
             dict(module=f"stages.{s}", num_chs=embed_dims[s], reduction=reductions[s]) for s in range(n)
         ]
         self.init_weights()
-
-    def _default_pe_kwargs(self, pe: str, pe_kwargs: dict | None) -> dict:
-        """Block-site PEs (CPE/PEG) act after the first block of every stage (as in Twins), unless told otherwise."""
-        pe_kwargs = dict(pe_kwargs or {})
-        kinds = [kind for kind, _ in PE_PRESETS.get(pe, [])]
-        takes_blocks = any("blocks" in inspect.signature(PE_KINDS[k].__init__).parameters for k in kinds)
-        if (
-            takes_blocks
-            and "blocks" not in pe_kwargs
-            and not any(isinstance(v, dict) and "blocks" in v for v in pe_kwargs.values())
-        ):
-            pe_kwargs["blocks"] = tuple(self.stage_starts[s] for s, st in enumerate(self.stages) if len(st.blocks))
-        return pe_kwargs
 
     @staticmethod
     def _check_pool(global_pool: str, cls_token: bool) -> None:
@@ -185,8 +158,26 @@ class ConvolutionalVisionTransformer(nn.Module):
                 trunc_normal_(m.weight, std=0.02)
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
+        self.pe.init_weights()
 
     # ------------------------------------------------------------------------------------------------ positions
+
+    def _host(self) -> PEHost:
+        """What the PEs see: one AttnSpec per block on its stage's query grid at the reference size."""
+        grids = self.stage_grids(self.img_size)
+        depths = [len(stage.blocks) for stage in self.stages]
+        return PEHost(
+            dim=self.embed_dims[0],
+            grid=grids[0],
+            num_prefix=self.num_prefix_tokens,
+            layers=tuple(
+                AttnSpec(d, h, d // h, grid=g)
+                for d, h, g, n in zip(self.embed_dims, self.num_heads, grids, depths)
+                for _ in range(n)
+            ),
+            embed_prefix=False,
+            stage_starts=tuple(dict.fromkeys(start for start, n in zip(self.stage_starts, depths) if n)),
+        )
 
     def stage_grids(self, img_size: tuple[int, int]) -> list[tuple[int, int]]:
         """Query grid of every stage for an H x W image; a clear error when the image is too small."""
@@ -366,7 +357,7 @@ class ConvolutionalVisionTransformer(nn.Module):
         """Change the reference input size (CvT has no size-dependent tables; PEs that have them are resampled)."""
         if img_size is not None:
             self.img_size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
-        self.pe.set_grid(self.stage_grids(self.img_size)[0])
+        self.pe.set_host(self._host())
         if hasattr(self, "pretrained_cfg"):
             self.pretrained_cfg = {**self.pretrained_cfg, "input_size": (self.in_chans, *self.img_size)}
 

@@ -14,7 +14,6 @@ import torch
 from torch import nn
 
 from ..layout import TokenLayout
-from ..segments import runtime_options, segment_layout
 from .token_encoder import TokenEncoder
 from .video_vit import TubeletEmbed
 
@@ -63,13 +62,11 @@ class MultimodalEncoder(TokenEncoder):
         num_heads: int = 12,
         pe: str = "mrope",
         pe_kwargs: dict | None = None,
-        rope_theta: float = 10000.0,
-        v2pe_delta: float = 0.25,
         **kwargs,
     ):
         """pe: the RoPE scheme preset (rope1d, mrope, videorope, vrope, v2pe); text_split: how many leading text ids
-        go before the visual input (the rest follow it); rope_theta: base of the frequency ladder; v2pe_delta: V2PE's
-        visual step at inference (drawn per image in training). Other kwargs: see TokenEncoder."""
+        go before the visual input (the rest follow it); the scheme's options (RoPE base `theta`, V2PE's visual step
+        `delta`) go in pe_kwargs. Other kwargs: see TokenEncoder."""
         stem = TubeletEmbed(img_size, num_frames, patch_size, tubelet_size, in_chans, embed_dim)
         super().__init__(
             grid=stem.grid_size[1:],
@@ -80,9 +77,9 @@ class MultimodalEncoder(TokenEncoder):
             num_heads=num_heads,
             class_token=class_token,
             pe=pe,
-            pe_kwargs={"theta": rope_theta, **(pe_kwargs or {})},
+            pe_kwargs=pe_kwargs,
             default_scheme="rope1d",
-            host_extra={"frames": stem.grid_size[0]},
+            frames=stem.grid_size[0],
             **kwargs,
         )
         if text_split < 0:
@@ -91,7 +88,6 @@ class MultimodalEncoder(TokenEncoder):
         self.in_chans = in_chans
         self.vocab_size = vocab_size
         self.text_split = text_split
-        self.v2pe_delta = v2pe_delta
         self.text_embed = nn.Embedding(vocab_size, embed_dim)
         self.markers = nn.Parameter(torch.zeros(2, embed_dim))  # <img>, </img>
         self.feature_info = [dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=patch_size) for i in range(depth)]
@@ -125,9 +121,7 @@ class MultimodalEncoder(TokenEncoder):
         text = self.text_embed(ids)  # [B, L, D]
         opening, closing = (m.view(1, 1, D).expand(B, 1, D) for m in self.markers)
         x = torch.cat([text[:, :k], opening, vis, closing, text[:, k:]], dim=1)
-        opts = runtime_options(self.pos_scheme, self.training, self.v2pe_delta)
-        segments = self.segments(ids.shape[1], grid, k)
-        layout = segment_layout(segments, self.pos_scheme, self.num_prefix_tokens, x.device, **opts)
+        layout = self.scheme_layout(self.segments(ids.shape[1], grid, k), x.device)
         return self.add_prefix(x), layout
 
     # ----------------------------------------------------------------------------------------------------- forward

@@ -15,7 +15,11 @@ MM_SIZES = {  # DeiT widths; n(ano) for CPU experiments on small images
     "b": dict(embed_dim=768, depth=12, num_heads=12, patch_size=16, tubelet_size=2),
 }
 
-MM_PES = {scheme: dict(pe=scheme) for scheme in ("rope1d", "mrope", "videorope", "vrope", "v2pe")}
+# the language-model base theta = 10000 of the RoPE ladder (the video ViT keeps RoPE-ND's vision default, 100)
+MM_PES = {
+    scheme: dict(pe=scheme, pe_kwargs={"rope_nd": {"theta": 10000.0}})
+    for scheme in ("rope1d", "mrope", "videorope", "vrope", "v2pe")
+}
 
 MM = zoo.Family(
     name="mm",

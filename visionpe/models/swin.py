@@ -5,7 +5,7 @@ Every attention layer attends inside windows, and its PE sees a window-local lay
 `window_layout`); the shifted-window mask is one more additive bias, merged into the PE's context. The default PE
 is Swin's relative position bias, which here is iRPE's product mapping with an identity index (`pe="rpb"`): one
 implementation of bucketed relative bias serves both. Parameter names follow timm's `SwinTransformer` except the
-bias tables, which live with the PE (`pe.encodings.irpe.bias_tables.{i}`, i = block index over all stages).
+bias tables, which live with the PE (which names, initialises and resizes them).
 
 LePE in shifted windows: its depthwise conv on V runs per window (zero padding at window borders), so in a border
 window of a shifted block it also reads neighbours from the wrapped-around region, which the mask cuts off only for
@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from timm.layers import ClassifierHead, DropPath, Mlp, PatchEmbed, resize_rel_pos_bias_table, to_2tuple, trunc_normal_
+from timm.layers import ClassifierHead, DropPath, Mlp, PatchEmbed, to_2tuple, trunc_normal_
 from timm.models._features import feature_take_indices
 from timm.models.swin_transformer import PatchMerging
 from torch import nn
@@ -175,7 +175,7 @@ class SwinTransformer(nn.Module):
             )
             for s in range(n)
         )
-        self.pe_name, self.pe_kwargs = pe, pe_kwargs
+        self.pe_name = pe
         self.pe = build_pos_encoding(pe, self._host(), pe_kwargs)
 
         self.norm = norm_layer(self.num_features)
@@ -191,7 +191,13 @@ class SwinTransformer(nn.Module):
             for s, stage in enumerate(self.layers)
             for _ in stage.blocks
         )
-        return PEHost(dim=self.embed_dim, grid=self.patch_embed.grid_size, num_prefix=0, layers=specs, windowed=True)
+        return PEHost(
+            dim=self.embed_dim,
+            grid=tuple(self.patch_embed.grid_size),
+            num_prefix=0,
+            layers=specs,
+            stage_starts=tuple(self.stage_starts),
+        )
 
     def init_weights(self) -> None:
         for m in self.modules():
@@ -199,9 +205,7 @@ class SwinTransformer(nn.Module):
                 trunc_normal_(m.weight, std=0.02)
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
-        for name, p in self.pe.named_parameters():
-            if name.startswith("encodings.irpe.bias_tables."):  # Swin's init of its relative position bias
-                trunc_normal_(p, std=0.02)
+        self.pe.init_weights()
 
     # ---------------------------------------------------------------------------------------------------- forward
 
@@ -329,35 +333,10 @@ class SwinTransformer(nn.Module):
                 for s, info in enumerate(self.feature_info):
                     info["reduction"] = self.patch_embed.patch_size[0] * 2**s
         if window_size is not None:
-            old_windows = self.window_sizes
             self.window_sizes = stage_windows(window_size, len(self.layers))
-            if self.window_sizes != old_windows:
-                self._rebuild_pe(old_windows)
-        self.pe.set_grid(self.patch_embed.grid_size)
+        self.pe.set_host(self._host())
         if hasattr(self, "pretrained_cfg"):
             self.pretrained_cfg = {**self.pretrained_cfg, "input_size": (self.in_chans, *self.patch_embed.img_size)}
-
-    def _rebuild_pe(self, old_windows) -> None:
-        """New PEs for the new windows; parameters carried over, window-shaped bias tables resized."""
-        old = self.pe.state_dict()
-        window_of = [w for s, stage in enumerate(self.layers) for w in [self.window_sizes[s]] * len(stage.blocks)]
-        old_window_of = [w for s, stage in enumerate(self.layers) for w in [old_windows[s]] * len(stage.blocks)]
-        device = next(self.parameters()).device
-        pe = build_pos_encoding(self.pe_name, self._host(), self.pe_kwargs).to(device)
-        new = pe.state_dict()
-        with torch.no_grad():
-            for k, v in new.items():
-                if k not in old:
-                    continue
-                src = old[k]
-                if src.shape != v.shape:
-                    i = int(k.rsplit(".", 1)[1])
-                    if src.ndim != 2 or ".bias_tables." not in k:
-                        raise ValueError(f"cannot carry PE parameter {k} {tuple(src.shape)} -> {tuple(v.shape)}")
-                    src = resize_rel_pos_bias_table(src, window_of[i], tuple(v.shape), old_window_of[i])
-                v.copy_(src)
-        pe.load_state_dict(new)
-        self.pe = pe
 
     def token_grid(self, img_size: tuple[int, int]) -> tuple[int, int]:
         """The last stage's map for an image of this size (padded to whole patches, then halved, rounding up)."""

@@ -1,7 +1,10 @@
-"""A single-stream transformer over tokens with a layout: the trunk shared by the video ViT and the multimodal encoder.
+"""A single-stream transformer over tokens with a layout: the one trunk of the ViT, the video ViT and the multimodal
+encoder.
 
-A subclass owns the stem (`embed(...) -> tokens, layout`); this class owns the CLS token, the PEs (built from a preset
-for a PEHost), the blocks, the norms and the head, and the timm model interface.
+A subclass owns the stem (`embed(...) -> tokens, layout`, tokens before the token-site PEs) and tells the trunk its
+reference grid; this class owns the prefix tokens (CLS, registers), the PEs (built from a preset for a PEHost), the
+blocks, the norms and the head, and the timm model interface. The layout's position scheme is the one the PE
+declares (`pe.layout_scheme`, e.g. a RoPE-ND scheme), else the trunk's `default_scheme`.
 """
 
 from __future__ import annotations
@@ -10,14 +13,15 @@ from functools import partial
 
 import torch
 from timm.layers import trunc_normal_
+from timm.models._features import feature_take_indices
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..layers import Block
 from ..layout import TokenLayout
 from ..pos.base import AttnSpec, PEHost
+from ..pos.mm_positions import segment_layout
 from ..pos.presets import build_pos_encoding
-from ..pos.rope_nd import layout_scheme
 
 __all__ = ["TokenEncoder"]
 
@@ -38,18 +42,23 @@ class TokenEncoder(nn.Module):
         qk_norm: bool = False,
         init_values: float | None = None,
         class_token: bool = True,
+        reg_tokens: int = 0,
+        embed_prefix: bool = False,
+        fc_norm: bool | None = None,
         drop_rate: float = 0.0,
         proj_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
         pe: str = "rope3d",
         pe_kwargs: dict | None = None,
         default_scheme: str = "rope3d",
-        host_extra: dict | None = None,
+        frames: int = 1,
         norm_layer: type[nn.Module] | None = None,
         act_layer: type[nn.Module] | None = None,
     ):
-        """grid: the reference (H, W) patch grid the PEs are built for; default_scheme: the position scheme of the
-        layout when no PE asks for one (e.g. for a learned APE)."""
+        """grid: the reference (H, W) patch grid the PEs are built for (frames: its token frames T);
+        default_scheme: the position scheme of the layout when no PE declares one (e.g. for a learned APE);
+        embed_prefix: a learned APE has entries for the prefix tokens too; fc_norm: norm after pooling instead of
+        before (default: with average pooling)."""
         super().__init__()
         if global_pool not in POOLS:
             raise ValueError(f"global_pool must be '', 'avg' or 'token', got {global_pool!r}")
@@ -60,21 +69,16 @@ class TokenEncoder(nn.Module):
         self.num_classes = num_classes
         self.global_pool = global_pool
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
-        self.num_prefix_tokens = int(class_token)
+        self.num_prefix_tokens = int(class_token) + reg_tokens
+        self.num_reg_tokens = reg_tokens
+        self.default_scheme = default_scheme
         self.grad_checkpointing = False
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
+        self.reg_token = nn.Parameter(torch.zeros(1, reg_tokens, embed_dim)) if reg_tokens else None
 
-        host = PEHost(
-            dim=embed_dim,
-            grid=tuple(grid),
-            num_prefix=self.num_prefix_tokens,
-            layers=tuple(AttnSpec(embed_dim, num_heads, embed_dim // num_heads) for _ in range(depth)),
-            embed_prefix=False,
-            extra=dict(host_extra or {}),
-        )
-        self.pe = build_pos_encoding(pe, host, pe_kwargs)
+        self._pe_ref = dict(grid=tuple(grid), frames=int(frames), heads=num_heads, embed_prefix=embed_prefix)
+        self.pe = build_pos_encoding(pe, self._host(depth), pe_kwargs)
         self.pe_name = pe
-        self.pos_scheme = layout_scheme(self.pe, default_scheme)
 
         dpr = torch.linspace(0, drop_path_rate, depth).tolist()
         self.blocks = nn.ModuleList(
@@ -92,15 +96,16 @@ class TokenEncoder(nn.Module):
             )
             for i in range(depth)
         )
-        use_fc_norm = global_pool == "avg"
+        use_fc_norm = global_pool == "avg" if fc_norm is None else fc_norm
         self.norm = nn.Identity() if use_fc_norm else norm_layer(embed_dim)
         self.fc_norm = norm_layer(embed_dim) if use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
 
     def init_weights(self) -> None:
-        if self.cls_token is not None:
-            nn.init.normal_(self.cls_token, std=1e-6)
+        for p in (self.cls_token, self.reg_token):
+            if p is not None:
+                nn.init.normal_(p, std=1e-6)
         for m in self.blocks.modules():
             if isinstance(m, nn.Linear):
                 trunc_normal_(m.weight, std=0.02)
@@ -109,12 +114,46 @@ class TokenEncoder(nn.Module):
         if isinstance(self.head, nn.Linear):
             trunc_normal_(self.head.weight, std=0.02)
             nn.init.zeros_(self.head.bias)
+        self.pe.init_weights()
+
+    # ------------------------------------------------------------------------------------------------ positions
+
+    def _host(self, depth: int | None = None) -> PEHost:
+        """What the PEs see: the reference grid and frames, the prefix tokens and one AttnSpec per block."""
+        ref, dim = self._pe_ref, self.embed_dim
+        depth = len(self.blocks) if depth is None else depth
+        return PEHost(
+            dim=dim,
+            grid=ref["grid"],
+            num_prefix=self.num_prefix_tokens,
+            layers=tuple(AttnSpec(dim, ref["heads"], dim // ref["heads"]) for _ in range(depth)),
+            embed_prefix=ref["embed_prefix"],
+            frames=ref["frames"],
+        )
+
+    def set_reference(self, grid: tuple[int, int], frames: int | None = None) -> None:
+        """A new reference grid (timm's set_input_size): the PEs adapt their tables through `set_host`."""
+        self._pe_ref["grid"] = tuple(grid)
+        if frames is not None:
+            self._pe_ref["frames"] = int(frames)
+        self.pe.set_host(self._host())
+
+    @property
+    def pos_scheme(self) -> str:
+        """The position scheme of this model's layouts: the PE's, else the trunk's default."""
+        return self.pe.layout_scheme or self.default_scheme
+
+    def scheme_layout(self, segments, device=None) -> TokenLayout:
+        """Layout of a segment spec under the model's position scheme, with the PE's per-forward options."""
+        opts = self.pe.layout_options(self.training)
+        return segment_layout(segments, self.pos_scheme, self.num_prefix_tokens, device, **opts)
 
     # ---------------------------------------------------------------------------------------------------- trunk
 
     def add_prefix(self, x: torch.Tensor) -> torch.Tensor:
-        """x [B, N, C] -> [B, P + N, C] with the CLS token in front."""
-        return x if self.cls_token is None else torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        """x [B, N, C] -> [B, P + N, C] with the CLS and register tokens in front."""
+        prefix = [p.expand(x.shape[0], -1, -1) for p in (self.cls_token, self.reg_token) if p is not None]
+        return torch.cat([*prefix, x], dim=1) if prefix else x
 
     def run_block(self, i: int, x: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
         ctx = self.pe.context(i, layout)
@@ -142,16 +181,58 @@ class TokenEncoder(nn.Module):
         x = self.head_drop(self.fc_norm(self.pool(x)))
         return x if pre_logits else self.head(x)
 
+    def intermediates(
+        self,
+        x: torch.Tensor,
+        layout: TokenLayout,
+        indices: int | list[int] | None,
+        return_prefix_tokens: bool,
+        norm: bool,
+        stop_early: bool,
+        output_fmt: str,
+        intermediates_only: bool,
+    ):
+        """timm's forward_intermediates over embedded tokens: 'NLC' tokens or maps over the layout's grid
+        ('NCHW' for images, 'NCTHW' for clips), optionally with the prefix tokens."""
+        take_indices, max_index = feature_take_indices(len(self.blocks), indices)
+        x = self.pe.tokens(x, layout)
+        out = []
+        for i in range(max_index + 1 if stop_early else len(self.blocks)):
+            x = self.run_block(i, x, layout)
+            if i in take_indices:
+                out.append(self.norm(x) if norm else x)
+        p = self.num_prefix_tokens
+        prefix = [y[:, :p] for y in out]
+        out = [y[:, p:] for y in out]
+        if output_fmt != "NLC":
+            shape = layout.hw if output_fmt == "NCHW" else layout.grid
+            out = [y.transpose(1, 2).unflatten(2, shape).contiguous() for y in out]
+        if return_prefix_tokens and p:
+            out = list(zip(out, prefix))
+        if intermediates_only:
+            return out
+        return self.norm(x), out
+
+    def prune_intermediate_layers(self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head=True):
+        take_indices, max_index = feature_take_indices(len(self.blocks), indices)
+        self.blocks = self.blocks[: max_index + 1]
+        if prune_norm:
+            self.norm = nn.Identity()
+        if prune_head:
+            self.fc_norm = nn.Identity()
+            self.reset_classifier(0, "")
+        return take_indices
+
     # --------------------------------------------------------------------------------------------- timm interface
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
-        return {"cls_token"} | {f"pe.{n}" for n in self.pe.no_weight_decay()}
+        return {"cls_token", "reg_token"} | {f"pe.{n}" for n in self.pe.no_weight_decay()}
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict:
         return dict(
-            stem=r"^cls_token|^pe|^patch_embed|^text_embed|^markers",
+            stem=r"^cls_token|^reg_token|^pe|^patch_embed|^token_merger|^text_embed|^markers",
             blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))],
         )
 

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from timm.models._features import feature_take_indices
 from torch import nn
 
 from ..layout import TokenLayout
-from ..segments import runtime_options, segment_layout
 from .token_encoder import TokenEncoder
 
 __all__ = ["TubeletEmbed", "VideoViT", "check_clip"]
@@ -97,11 +95,10 @@ class VideoViT(TokenEncoder):
         num_heads: int = 12,
         pe: str = "rope3d",
         pe_kwargs: dict | None = None,
-        v2pe_delta: float = 0.25,
         **kwargs,
     ):
-        """pe: a PE preset (visionpe.pos.PE_PRESETS), e.g. 'ape_st', 'rope3d', 'vrope'; v2pe_delta: V2PE's fixed
-        visual step at inference (training draws it per clip). Other kwargs: see TokenEncoder."""
+        """pe: a PE preset (visionpe.pos.PE_PRESETS), e.g. 'ape_st', 'rope3d', 'vrope'; its options (e.g. V2PE's
+        visual step `delta`) go in pe_kwargs. Other kwargs: see TokenEncoder."""
         stem = TubeletEmbed(img_size, num_frames, patch_size, tubelet_size, in_chans, embed_dim)
         super().__init__(
             grid=stem.grid_size[1:],
@@ -113,20 +110,18 @@ class VideoViT(TokenEncoder):
             pe=pe,
             pe_kwargs=pe_kwargs,
             default_scheme="rope3d",
-            host_extra={"frames": stem.grid_size[0]},
+            frames=stem.grid_size[0],
             **kwargs,
         )
         self.patch_embed = stem
         self.in_chans = in_chans
         self.num_frames = num_frames
-        self.v2pe_delta = v2pe_delta
         self.feature_info = [dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=patch_size) for i in range(depth)]
         self.init_weights()
 
     def layout(self, grid: tuple[int, int, int], device=None) -> TokenLayout:
         """Layout of a T x H x W token grid under the model's position scheme ((t, y, x) for rope3d and the APE)."""
-        opts = runtime_options(self.pos_scheme, self.training, self.v2pe_delta)
-        return segment_layout([("video", tuple(grid))], self.pos_scheme, self.num_prefix_tokens, device, **opts)
+        return self.scheme_layout([("video", tuple(grid))], device)
 
     def embed(self, x: torch.Tensor) -> tuple[torch.Tensor, TokenLayout]:
         """Clips [B, C, T, H, W] -> tokens [B, P + N, D] (before the token-site PEs) and their layout."""
@@ -153,24 +148,10 @@ class VideoViT(TokenEncoder):
         """Features of the chosen blocks (timm's API): NCTHW maps or NLC tokens, optionally with prefix tokens."""
         if output_fmt not in ("NCTHW", "NLC"):
             raise ValueError(f"output_fmt must be 'NCTHW' or 'NLC', got {output_fmt!r}")
-        take_indices, max_index = feature_take_indices(len(self.blocks), indices)
         x, layout = self.embed(x)
-        x = self.pe.tokens(x, layout)
-        intermediates = []
-        for i in range(max_index + 1 if stop_early else len(self.blocks)):
-            x = self.run_block(i, x, layout)
-            if i in take_indices:
-                intermediates.append(self.norm(x) if norm else x)
-        p = self.num_prefix_tokens
-        prefix = [y[:, :p] for y in intermediates]
-        intermediates = [y[:, p:] for y in intermediates]
-        if output_fmt == "NCTHW":
-            intermediates = [y.transpose(1, 2).unflatten(2, layout.grid).contiguous() for y in intermediates]
-        if return_prefix_tokens and p:
-            intermediates = list(zip(intermediates, prefix))
-        if intermediates_only:
-            return intermediates
-        return self.norm(x), intermediates
+        return self.intermediates(
+            x, layout, indices, return_prefix_tokens, norm, stop_early, output_fmt, intermediates_only
+        )
 
     def set_input_size(self, img_size=None, num_frames: int | None = None) -> None:
         """Change the reference clip size: the APE's spatial table is resampled (its temporal table is resampled
@@ -179,4 +160,4 @@ class VideoViT(TokenEncoder):
             self.patch_embed.img_size = _pair(img_size)
         if num_frames is not None:
             self.patch_embed.num_frames = self.num_frames = num_frames
-        self.pe.set_grid(self.patch_embed.grid_size[1:])
+        self.set_reference(self.patch_embed.grid_size[1:])

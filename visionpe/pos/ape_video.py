@@ -15,13 +15,13 @@ __all__ = ["SpaceTimeAPE"]
 
 
 class SpaceTimeAPE(PosEncoding):
-    """`space` [1, H0*W0, C] and `time` [1, T0, C] on the reference tubelet grid (T0 = host.extra['frames'], the
+    """`space` [1, H0*W0, C] and `time` [1, T0, C] on the reference tubelet grid (T0 = host.frames, the
     number of token frames); prefix tokens get an entry of their own in `prefix` when host.embed_prefix."""
 
     def __init__(self, host: PEHost, std: float = 0.02):
         super().__init__(host)
         self.grid = tuple(host.grid)
-        self.frames = int(host.extra.get("frames", 1))
+        self.frames = int(host.frames)
         self.space = nn.Parameter(torch.zeros(1, self.grid[0] * self.grid[1], host.dim))
         self.time = nn.Parameter(torch.zeros(1, self.frames, host.dim))
         self.num_prefix_entries = host.num_prefix if host.embed_prefix else 0

@@ -9,12 +9,18 @@
 | block   | `block(i, x, layout)`           | CPE / PEG                          |
 
 Attention receives one `PosContext` per layer and never branches on a PE's name.
+
+The host contract, one way: the backbone describes itself in a `PEHost` and hands it to its PEs (at construction,
+and again through `set_host` whenever it changes, e.g. timm's `set_input_size` with a new image or window size);
+it calls `init_weights()` from its own init. A PE owns its parameters (their names, shapes, init and resizing) and
+declares what it needs from the backbone: `layout_scheme` (the position streams its layouts must carry) and
+`layout_options(training)` (per-forward options of that scheme). No backbone names a PE's parameters or presets.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -44,8 +50,8 @@ class PEHost:
     num_prefix: int
     layers: tuple[AttnSpec, ...]
     embed_prefix: bool = True  # learned APE also has entries for prefix tokens (timm DeiT); False = no_embed_class
-    windowed: bool = False  # attention runs inside windows (Swin); per-layer grids are the windows
-    extra: dict = field(default_factory=dict, compare=False)  # backbone-specific facts a PE may read
+    frames: int = 1  # token frames T of the reference grid (video trunks; 1 for images)
+    stage_starts: tuple[int, ...] = (0,)  # index of the first block of each stage (hierarchical backbones)
 
     @property
     def depth(self) -> int:
@@ -105,9 +111,24 @@ def merge_contexts(contexts: list[PosContext | None]) -> PosContext | None:
 class PosEncoding(nn.Module):
     """Base class of every PE. Override the sites the PE acts at; the defaults do nothing."""
 
+    layout_scheme: str | None = None  # position scheme its layouts must follow (visionpe.pos.mm_positions); None: any
+
     def __init__(self, host: PEHost):
         super().__init__()
         self.host = host
+
+    def set_host(self, host: PEHost) -> None:
+        """The backbone changed (timm's set_input_size: image, patch or window size): adapt the parameters to it.
+        The default resamples grid-shaped tables through `set_grid`; PEs with per-layer shapes override this."""
+        self.host = host
+        self.set_grid(host.grid)
+
+    def init_weights(self) -> None:
+        """Called by the backbone's init after its own layers (parameters the PE's options say to draw)."""
+
+    def layout_options(self, training: bool) -> dict:
+        """Per-forward options of `layout_scheme` (e.g. V2PE's visual step, drawn in training)."""
+        return {}
 
     def tokens(self, x: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
         """Site 'tokens': x [B, P + N, C] right after the patch embedding (prefix tokens included)."""
@@ -156,6 +177,25 @@ class PosStack(PosEncoding):
     def set_grid(self, grid):
         for pe in self.encodings.values():
             pe.set_grid(grid)
+
+    def set_host(self, host):
+        self.host = host
+        for pe in self.encodings.values():
+            pe.set_host(host)
+
+    def init_weights(self):
+        for pe in self.encodings.values():
+            pe.init_weights()
+
+    @property
+    def layout_scheme(self) -> str | None:
+        schemes = {pe.layout_scheme for pe in self.encodings.values()} - {None}
+        if len(schemes) > 1:
+            raise ValueError(f"PEs read different position schemes {sorted(schemes)}; combine at most one")
+        return schemes.pop() if schemes else None
+
+    def layout_options(self, training):
+        return {k: v for pe in self.encodings.values() for k, v in pe.layout_options(training).items()}
 
     def no_weight_decay(self):
         return {f"encodings.{name}.{p}" for name, pe in self.encodings.items() for p in pe.no_weight_decay()}

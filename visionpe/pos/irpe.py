@@ -25,6 +25,7 @@ import math
 from collections import OrderedDict
 
 import torch
+from timm.layers import resize_rel_pos_bias_table, trunc_normal_
 from torch import nn
 
 from ..layout import TokenLayout
@@ -119,7 +120,10 @@ class IRPE(PosEncoding):
         shared_heads: bool = True,
         index: str = "piecewise",
         max_offset: int | tuple[int, int] | None = None,
+        init_std: float = 0.0,
     ):
+        """init_std > 0: `init_weights` draws the tables from a truncated normal (Swin's relative position bias
+        uses 0.02); 0 keeps them at zero."""
         super().__init__(host)
         targets = tuple(targets)  # "qkv" or ("q", "k", "v")
         if mode not in MODES:
@@ -142,6 +146,7 @@ class IRPE(PosEncoding):
         self.mode, self.mapping, self.index = mode, mapping, index
         self.targets = tuple(t for t in TARGETS if t in targets)  # canonical order q, k, v
         self.ratio, self.shared_heads, self.max_offset = float(ratio), shared_heads, max_offset
+        self.init_std = float(init_std)
         self.extra_bucket = host.num_prefix > 0  # one bucket shared by every pair with a prefix token
         self.offsets = [self._layer_offsets(spec.grid) for spec in host.layers]  # (B_rows, B_cols) per layer
         self.rows = [self._table_rows(b) for b in self.offsets]
@@ -159,6 +164,34 @@ class IRPE(PosEncoding):
                 {t: nn.ParameterList(nn.Parameter(torch.zeros(shape)) for shape in shapes) for t in self.targets}
             )
         self._cache: OrderedDict = OrderedDict()  # bucket ids per (positions, prefixes, B, device)
+
+    def init_weights(self):
+        if self.init_std > 0:
+            tables = self.bias_tables if self.mode == "bias" else [p for t in self.tables.values() for p in t]
+            for p in tables:
+                trunc_normal_(p, std=self.init_std)
+
+    def set_host(self, host):
+        """A new host (e.g. Swin with a new window): tables whose bucket range follows the window are resized
+        (bias tables bicubically, as timm does for Swin checkpoints); contextual tables cannot follow one."""
+        offsets = [self._layer_offsets(spec.grid) for spec in host.layers]
+        old, self.host = self.offsets, host
+        if offsets == old:
+            return
+        if self.mode != "bias" or self.extra_bucket:
+            raise ValueError(
+                "iRPE tables sized by the attention window cannot follow a new window in contextual mode or with "
+                "prefix tokens; set max_offset or use index='piecewise' (its buckets do not depend on the window)"
+            )
+        with torch.no_grad():
+            for i, (a, b) in enumerate(zip(old, offsets)):
+                if a != b:
+                    t = self.bias_tables[i]
+                    shape = (self._table_rows(b), t.shape[1])
+                    new = resize_rel_pos_bias_table(t.data, (b[0] + 1, b[1] + 1), shape, (a[0] + 1, a[1] + 1))
+                    self.bias_tables[i] = nn.Parameter(new.contiguous())
+        self.offsets, self.rows = offsets, [self._table_rows(b) for b in offsets]
+        self._cache.clear()
 
     # ------------------------------------------------------------------------------------------------ buckets
 

@@ -1,6 +1,8 @@
 """RoPE over N position streams: 3D RoPE, M-RoPE, VideoRoPE, VRoPE, V2PE and 1D RoPE for video / multimodal models.
 
-The backbone builds the layout with `visionpe.segments` (its `pos` [N, S] holds the scheme's streams); this PE
+The PE declares its scheme (`layout_scheme`) and the scheme's per-forward options (`layout_options`: V2PE's visual
+step); the backbone builds its layouts with them through `visionpe.pos.mm_positions.segment_layout` (their `pos`
+[N, S] holds the scheme's streams) and never names the scheme itself. This PE
 rotates q and k of every layer through the shared kernel (visionpe.pos.rotary) with the scheme's fixed frequency
 matrix F [S, d/2]. The fixed angles are computed once per layout and head dim and shared by all layers.
 """
@@ -12,25 +14,33 @@ from collections.abc import Sequence
 import torch
 
 from ..layout import TokenLayout
-from ..segments import SCHEMES, frequency_matrix, scheme_streams
-from .base import PEHost, PosContext, PosEncoding, PosStack
+from .base import PEHost, PosContext, PosEncoding
+from .mm_positions import SCHEMES, V2PE_EVAL_DELTA, frequency_matrix, runtime_options, scheme_streams
 from .rotary import apply_rotary, rotary_angles, rotary_cos_sin
 
 __all__ = ["RoPEND", "layout_scheme"]
 
 
 class RoPEND(PosEncoding):
-    """Rotates q/k by the layout's position streams under one scheme of visionpe.segments; prefix tokens are not
-    rotated. theta: base of the 1D ladder f_c = theta^(-2c/d) every scheme uses (100 suits vision grids, 10000 is
-    the language-model default)."""
+    """Rotates q/k by the layout's position streams under one scheme of visionpe.pos.mm_positions; prefix tokens are
+    not rotated. theta: base of the 1D ladder f_c = theta^(-2c/d) every scheme uses (100 suits vision grids, 10000 is
+    the language-model default); delta: V2PE's visual step at inference (drawn per visual segment in training)."""
 
     def __init__(
-        self, host: PEHost, scheme: str = "rope3d", theta: float = 100.0, mrope_section: Sequence[int] | None = None
+        self,
+        host: PEHost,
+        scheme: str = "rope3d",
+        theta: float = 100.0,
+        mrope_section: Sequence[int] | None = None,
+        delta: float = V2PE_EVAL_DELTA,
     ):
         super().__init__(host)
         if scheme not in SCHEMES:
             raise ValueError(f"unknown RoPE scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
-        self.scheme = scheme
+        if not 0 < float(delta) <= 1:
+            raise ValueError(f"V2PE delta must be in (0, 1], got {delta}")
+        self.scheme = self.layout_scheme = scheme
+        self.delta = float(delta)
         self.theta = float(theta)
         self.num_streams = scheme_streams(scheme)
         for d in sorted({spec.head_dim for spec in host.layers}):
@@ -46,7 +56,7 @@ class RoPEND(PosEncoding):
         if layout.streams != self.num_streams:
             raise ValueError(
                 f"RoPE scheme {self.scheme!r} reads {self.num_streams} position streams, the layout has "
-                f"{layout.streams}; build the layout with visionpe.segments.segment_layout(..., {self.scheme!r})"
+                f"{layout.streams}; build it with visionpe.pos.mm_positions.segment_layout(..., {self.scheme!r})"
             )
         freqs = self.layer_frequencies(i)
         key = (layout.num_prefix, freqs.shape[-1], freqs.device, torch.is_inference_mode_enabled())
@@ -56,6 +66,9 @@ class RoPEND(PosEncoding):
         cos_sin = rotary_cos_sin(rotary_angles(layout.pos, freqs, layout.num_prefix))  # [P + N, d]
         self._cache = [*self._cache[-3:], (layout.pos, key, cos_sin)]
         return cos_sin
+
+    def layout_options(self, training):
+        return runtime_options(self.scheme, training, self.delta)
 
     def context(self, i, layout, kv_layout=None):
         cos_q, sin_q = self._cos_sin(i, layout)
@@ -69,8 +82,4 @@ class RoPEND(PosEncoding):
 
 def layout_scheme(pe: PosEncoding, default: str = "rope3d") -> str:
     """The position scheme a model must build its layouts with for `pe` (`default` when no PE reads one)."""
-    encodings = pe.encodings.values() if isinstance(pe, PosStack) else [pe]
-    schemes = {enc.scheme for enc in encodings if isinstance(enc, RoPEND)}
-    if len(schemes) > 1:
-        raise ValueError(f"PEs read different position schemes {sorted(schemes)}; combine at most one")
-    return schemes.pop() if schemes else default
+    return pe.layout_scheme or default

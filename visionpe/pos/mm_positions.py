@@ -1,0 +1,381 @@
+"""Position ids of interleaved text / visual sequences for the RoPE schemes of video and multimodal transformers.
+
+These builders live with the PE that reads them (RoPE-ND, visionpe.pos.rope_nd); `visionpe.segments` re-exports them.
+
+A sequence is a list of segments: `("text", n)`, `("video", (T, H, W))` or `("image", (H, W))` (an image is a video
+with T = 1), or the same as a string, `"text:3 video:2x2x3 text:2"`. Every scheme assigns each token S position
+streams (`position_ids` -> float32 [N, S]) and each rotary pair c reads one of them with frequency f_c
+(`frequency_matrix` -> F [S, d/2]); the shared kernel computes angle[n, c] = sum_s pos[n, s] * F[s, c]
+(visionpe.pos.rotary). Every scheme uses the 1D ladder f_c = theta^(-2c/d), so pure text is exactly 1D RoPE.
+
+| scheme    | S | positions                                                         | pair c reads                |
+|-----------|---|-------------------------------------------------------------------|-----------------------------|
+| rope1d    | 1 | raster order, +1 per token (the baseline)                         | the one stream              |
+| rope3d    | 3 | (t, y, x) from the block start; text t = y = x; next text max + 1 | axis c mod 3 (t, y, x)      |
+| mrope     | 3 | as rope3d (Qwen2-VL M-RoPE)                                       | sections [16, 24, 24] of 64 |
+| videorope | 3 | t = s + 2 t, y/x centred on it (diagonal); next text max + 1      | lowest quarter t, rest y, x |
+| vrope     | 4 | a0..a3 = the four diagonals + t (H + W - 1) + s; text +1 after    | variant c mod 4             |
+| v2pe      | 1 | text +1, visual +delta; closing text ceil(last) + 1               | the one stream              |
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from functools import lru_cache
+
+import torch
+
+from ..layout import TokenLayout
+from .rotary import rope_frequencies
+
+__all__ = [
+    "SCHEMES",
+    "V2PE_DELTAS",
+    "Segment",
+    "frequency_matrix",
+    "parse_segments",
+    "position_ids",
+    "runtime_options",
+    "scheme_streams",
+    "segment_layout",
+    "segments_length",
+    "stream_of_pairs",
+    "mrope_layout",
+    "v2pe_layout",
+    "videorope_layout",
+    "vrope_layout",
+]
+
+Segment = tuple  # ("text", n) or ("video", (T, H, W)) after parsing
+
+SCHEME_STREAMS = {"rope1d": 1, "rope3d": 3, "mrope": 3, "videorope": 3, "vrope": 4, "v2pe": 1}
+SCHEMES = tuple(SCHEME_STREAMS)
+SCHEME_OPTIONS = {  # options each scheme takes (besides device)
+    "rope1d": (),
+    "rope3d": (),
+    "mrope": (),
+    "videorope": ("temporal_stride",),
+    "vrope": (),
+    "v2pe": ("delta", "training", "deltas", "generator"),
+}
+V2PE_DELTAS = tuple(1.0 / 2**i for i in range(9))  # {1, 1/2, ..., 1/256}: V2PE's training draws
+V2PE_EVAL_DELTA = 0.25
+MROPE_SECTIONS = (16, 24, 24)  # of 64 pairs (Qwen2-VL, head dim 128)
+SPEC_FORMAT = "[('text', 3), ('video', (2, 2, 3)), ('image', (4, 4)), ...] or 'text:3 video:2x2x3 image:4x4'"
+
+
+# ---------------------------------------------------------------------------------------------------- segments
+
+
+def _check_scheme(scheme: str) -> None:
+    if scheme not in SCHEME_STREAMS:
+        import difflib
+
+        close = difflib.get_close_matches(str(scheme), SCHEMES, n=2, cutoff=0.4)
+        hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+        raise ValueError(f"unknown position scheme {scheme!r}{hint}; choose one of {', '.join(SCHEMES)}")
+
+
+def scheme_streams(scheme: str) -> int:
+    """Number of position streams S a scheme assigns per token."""
+    _check_scheme(scheme)
+    return SCHEME_STREAMS[scheme]
+
+
+def _as_int(v, what: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, str)) and not hasattr(v, "__index__"):
+        raise ValueError(f"{what}: expected an integer, got {v!r}")
+    try:
+        out = int(v)
+    except ValueError:
+        raise ValueError(f"{what}: expected an integer, got {v!r}") from None
+    if out < 1:
+        raise ValueError(f"{what}: sizes must be at least 1, got {out}")
+    return out
+
+
+def _parse_one(kind, size, where: str) -> Segment:
+    if kind == "text":
+        if isinstance(size, (tuple, list)):
+            raise ValueError(f"{where}: a text segment takes a token count, got {size!r}")
+        return ("text", _as_int(size, where))
+    if kind in ("video", "image"):
+        if isinstance(size, str):
+            size = size.lower().split("x")
+        if not isinstance(size, (tuple, list)):
+            raise ValueError(f"{where}: a {kind} segment takes a shape tuple, got {size!r}")
+        dims = tuple(_as_int(s, where) for s in size)
+        if kind == "image" and len(dims) == 2:
+            dims = (1, *dims)
+        if len(dims) != 3 or (kind == "image" and dims[0] != 1):
+            want = "(H, W)" if kind == "image" else "(T, H, W)"
+            raise ValueError(f"{where}: a {kind} segment takes {want} in tokens, got {size!r}")
+        return ("video", dims)
+    raise ValueError(f"{where}: unknown segment kind {kind!r}; use 'text', 'image' or 'video'")
+
+
+@lru_cache(maxsize=256)
+def _parse_string(spec: str) -> tuple[Segment, ...]:
+    parts = [p for p in re.split(r"[\s,;|]+", spec.strip()) if p]
+    out = []
+    for i, part in enumerate(parts):
+        m = re.fullmatch(r"([A-Za-z]+)[:(=]([0-9xX]+)\)?", part)
+        if m is None:
+            raise ValueError(f"segment spec {spec!r}: cannot parse {part!r}; expected e.g. {SPEC_FORMAT}")
+        kind, size = m.group(1).lower(), m.group(2)
+        out.append(_parse_one(kind, size, f"segment {i} ({part!r})"))
+    return tuple(out)
+
+
+def parse_segments(spec) -> tuple[Segment, ...]:
+    """Normalise a segment spec to a tuple of ("text", n) / ("video", (T, H, W)) (images become T = 1)."""
+    if isinstance(spec, str):
+        out = _parse_string(spec)
+    elif isinstance(spec, (list, tuple)):
+        out = []
+        for i, seg in enumerate(spec):
+            if not isinstance(seg, (list, tuple)) or len(seg) != 2 or not isinstance(seg[0], str):
+                raise ValueError(f"segment {i} is {seg!r}; expected a (kind, size) pair as in {SPEC_FORMAT}")
+            out.append(_parse_one(seg[0].lower(), seg[1], f"segment {i} ({seg!r})"))
+        out = tuple(out)
+    else:
+        raise ValueError(f"cannot parse a segment spec of type {type(spec).__name__}; expected {SPEC_FORMAT}")
+    if not out:
+        raise ValueError(f"empty segment spec; expected {SPEC_FORMAT}")
+    return out
+
+
+def segments_length(segments) -> int:
+    """Total number of tokens N of a segment spec."""
+    return sum(size if kind == "text" else math.prod(size) for kind, size in parse_segments(segments))
+
+
+# --------------------------------------------------------------------------------------------------- positions
+
+
+def _grid(t: int, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    tt, hh, ww = torch.meshgrid(
+        torch.arange(t, dtype=torch.float64),
+        torch.arange(h, dtype=torch.float64),
+        torch.arange(w, dtype=torch.float64),
+        indexing="ij",
+    )
+    return tt.flatten(), hh.flatten(), ww.flatten()  # raster order, w fastest
+
+
+def _rope1d(segments) -> torch.Tensor:
+    return torch.arange(segments_length(segments), dtype=torch.float64)[:, None]
+
+
+def _three_stream(segments, scheme: str, temporal_stride: float = 2.0) -> torch.Tensor:
+    """rope3d / mrope / videorope: streams (t, y, x); text has t = y = x = running index; after a visual block the
+    next text starts at the max over all streams + 1 (Qwen2-VL's rule)."""
+    rows, nxt = [], 0.0
+    for kind, size in segments:
+        if kind == "text":
+            p = torch.arange(size, dtype=torch.float64) + nxt
+            rows.append(p[:, None].expand(-1, 3))
+            nxt += size
+            continue
+        T, H, W = size
+        t, h, w = _grid(T, H, W)
+        if scheme == "videorope":  # temporal spacing, each frame centred on its time index (diagonal layout)
+            t = nxt + temporal_stride * t
+            h, w = t + h - (H - 1) // 2, t + w - (W - 1) // 2
+        else:
+            t, h, w = nxt + t, nxt + h, nxt + w
+        block = torch.stack([t, h, w], dim=1)
+        rows.append(block)
+        nxt = float(block.max()) + 1
+    return torch.cat(rows)
+
+
+def _vrope(segments) -> torch.Tensor:
+    """Four symmetric diagonal indices per visual token; the running index advances T (H + W - 1) per video."""
+    rows, nxt = [], 0.0
+    for kind, size in segments:
+        if kind == "text":
+            p = torch.arange(size, dtype=torch.float64) + nxt
+            rows.append(p[:, None].expand(-1, 4))
+            nxt += size
+            continue
+        T, H, W = size
+        t, h, w = _grid(T, H, W)
+        base = t * (H + W - 1) + nxt
+        hr, wr = (H - 1) - h, (W - 1) - w
+        rows.append(torch.stack([h + w, h + wr, hr + w, hr + wr], dim=1) + base[:, None])
+        nxt += T * (H + W - 1)
+    return torch.cat(rows)
+
+
+def _check_delta(delta: float) -> float:
+    delta = float(delta)
+    if not 0 < delta <= 1:
+        raise ValueError(f"V2PE delta must be in (0, 1], got {delta}")
+    return delta
+
+
+def _v2pe(segments, delta: float, training: bool, deltas: Sequence[float], generator) -> torch.Tensor:
+    """1 stream: text +1, visual +delta (drawn per visual segment from `deltas` in training). Around a visual block
+    the opening text token (marker) sits at p, visual token k (1-based) at p + k delta, the next text token at
+    ceil(p + N delta) + 1; a sequence that starts with a visual block starts at 0."""
+    rows, last, after_visual = [], None, False
+    for kind, size in segments:
+        if kind == "text":
+            start = 0.0 if last is None else (math.ceil(last) + 1 if after_visual else last + 1)
+            rows.append(torch.arange(size, dtype=torch.float64) + start)
+            last, after_visual = start + size - 1, False
+            continue
+        n = math.prod(size)
+        d = delta
+        if training:
+            d = float(deltas[int(torch.randint(len(deltas), (1,), generator=generator))])
+        first = 0.0 if last is None else last + d
+        rows.append(first + d * torch.arange(n, dtype=torch.float64))
+        last, after_visual = first + d * (n - 1), True
+    return torch.cat(rows)[:, None]
+
+
+def _compute(segments, scheme: str, options: dict) -> torch.Tensor:
+    if scheme == "rope1d":
+        pos = _rope1d(segments)
+    elif scheme == "vrope":
+        pos = _vrope(segments)
+    elif scheme == "v2pe":
+        deltas = tuple(_check_delta(d) for d in options.get("deltas", V2PE_DELTAS))
+        if not deltas:
+            raise ValueError("V2PE needs at least one candidate delta in `deltas`")
+        delta = _check_delta(options.get("delta", V2PE_EVAL_DELTA))
+        pos = _v2pe(segments, delta, bool(options.get("training", False)), deltas, options.get("generator"))
+    else:
+        stride = float(options.get("temporal_stride", 2.0))
+        if stride <= 0:
+            raise ValueError(f"VideoRoPE temporal_stride must be positive, got {stride}")
+        pos = _three_stream(segments, scheme, stride)
+    return pos.to(torch.float32)
+
+
+@lru_cache(maxsize=128)
+@torch.inference_mode(False)  # cached tensors must also serve autograd after an inference-mode first call
+def _cached(segments: tuple, scheme: str, options: tuple, device: str) -> torch.Tensor:
+    return _compute(segments, scheme, dict(options)).to(device)
+
+
+def _check_options(scheme: str, options: dict) -> None:
+    unknown = set(options) - set(SCHEME_OPTIONS[scheme])
+    if unknown:
+        valid = ", ".join(SCHEME_OPTIONS[scheme]) or "none"
+        raise ValueError(f"scheme {scheme!r} does not take options {sorted(unknown)}; it takes: {valid}")
+
+
+def _positions(segments, scheme: str, device, options: dict) -> torch.Tensor:
+    _check_scheme(scheme)
+    segments = parse_segments(segments)
+    _check_options(scheme, options)
+    device = str(torch.device(device) if device is not None else torch.device("cpu"))
+    if scheme == "v2pe" and options.get("training"):  # random: never cached
+        return _compute(segments, scheme, options).to(device)
+    if scheme == "v2pe":
+        options = {k: v for k, v in options.items() if k != "generator"}
+        if "deltas" in options:
+            options["deltas"] = tuple(options["deltas"])
+    return _cached(segments, scheme, tuple(sorted(options.items())), device)
+
+
+def position_ids(segments, scheme: str, device=None, **options) -> torch.Tensor:
+    """Position streams float32 [N, S] of an interleaved text / visual sequence under `scheme`.
+
+    Options: videorope `temporal_stride` (2); v2pe `delta` (fixed, default 1/4), `training` (draw delta per visual
+    segment from `deltas`, default {1, 1/2, ..., 1/256}), `generator` (for the draws).
+    Example: position_ids([("text", 3), ("video", (2, 2, 3)), ("text", 2)], "vrope")[:, 0]
+    -> 0 1 2 | 3 4 5 4 5 6 | 7 8 9 8 9 10 | 11 12.
+    """
+    return _positions(segments, scheme, device, options).clone()
+
+
+def runtime_options(scheme: str, training: bool = False, v2pe_delta: float = V2PE_EVAL_DELTA) -> dict:
+    """Per-forward options a model passes to `segment_layout`: V2PE draws delta in training and uses v2pe_delta
+    at inference; the other schemes take none."""
+    return {"training": bool(training), "delta": v2pe_delta} if scheme == "v2pe" else {}
+
+
+def segment_layout(segments, scheme: str, num_prefix: int = 0, device=None, **options) -> TokenLayout:
+    """A TokenLayout for a sequence: grid (T, H, W) when it is one visual segment, else None (interleaved)."""
+    parsed = parse_segments(segments)
+    pos = _positions(parsed, scheme, device, options)
+    grid = parsed[0][1] if len(parsed) == 1 and parsed[0][0] == "video" else None
+    return TokenLayout(num_prefix, grid, pos)
+
+
+def mrope_layout(segments, num_prefix: int = 0, device=None) -> TokenLayout:
+    """M-RoPE (Qwen2-VL) layout: streams (t, h, w)."""
+    return segment_layout(segments, "mrope", num_prefix, device)
+
+
+def videorope_layout(segments, num_prefix: int = 0, device=None, temporal_stride: float = 2.0) -> TokenLayout:
+    """VideoRoPE layout: streams (t, h, w), temporal spacing and the diagonal layout."""
+    return segment_layout(segments, "videorope", num_prefix, device, temporal_stride=temporal_stride)
+
+
+def vrope_layout(segments, num_prefix: int = 0, device=None) -> TokenLayout:
+    """VRoPE layout: the four diagonal streams a0..a3."""
+    return segment_layout(segments, "vrope", num_prefix, device)
+
+
+def v2pe_layout(
+    segments, num_prefix: int = 0, device=None, delta: float = V2PE_EVAL_DELTA, training: bool = False
+) -> TokenLayout:
+    """V2PE layout: one stream, text +1, visual +delta (drawn per visual segment when training)."""
+    return segment_layout(segments, "v2pe", num_prefix, device, delta=delta, training=training)
+
+
+# ------------------------------------------------------------------------------------------ frequency matrices
+
+
+def _mrope_sections(pairs: int, sections: Sequence[int] | None) -> tuple[int, int, int]:
+    if sections is not None:
+        sections = tuple(int(s) for s in sections)
+        if len(sections) != 3 or sum(sections) != pairs or min(sections) < 1:
+            raise ValueError(f"mrope_section must be 3 positive counts summing to {pairs} pairs, got {sections}")
+        return sections
+    t = pairs * MROPE_SECTIONS[0] // sum(MROPE_SECTIONS)  # [16, 24, 24] of 64 scaled to the head dim
+    h = (pairs - t) // 2
+    return t, h, pairs - t - h
+
+
+def stream_of_pairs(scheme: str, pairs: int, mrope_section: Sequence[int] | None = None) -> torch.Tensor:
+    """Which stream each rotary pair reads: long [d/2]."""
+    _check_scheme(scheme)
+    c = torch.arange(pairs)
+    if scheme in ("rope1d", "v2pe"):
+        return torch.zeros(pairs, dtype=torch.long)
+    if scheme == "rope3d":
+        return c % 3
+    if scheme == "vrope":
+        return c % 4
+    if scheme == "mrope":
+        t, h, w = _mrope_sections(pairs, mrope_section)
+        return torch.cat([torch.full((t,), 0), torch.full((h,), 1), torch.full((w,), 2)]).long()
+    # videorope: the lowest-frequency quarter (the last pairs) reads t; the rest alternate h, w
+    n_t = max(1, pairs // 4)
+    out = 1 + c % 2
+    out[pairs - n_t :] = 0
+    return out
+
+
+def frequency_matrix(
+    scheme: str, head_dim: int, theta: float = 10000.0, mrope_section: Sequence[int] | None = None
+) -> torch.Tensor:
+    """F [S, d/2]: F[s, c] = theta^(-2c/d) when pair c reads stream s, else 0 (one stream per pair)."""
+    streams = scheme_streams(scheme)
+    if head_dim % 2:
+        raise ValueError(f"RoPE needs an even head dim, got {head_dim}")
+    pairs = head_dim // 2
+    if pairs < streams:
+        raise ValueError(f"scheme {scheme!r} has {streams} streams but head dim {head_dim} has only {pairs} pairs")
+    reads = stream_of_pairs(scheme, pairs, mrope_section)
+    freqs = torch.zeros(streams, pairs)
+    freqs[reads, torch.arange(pairs)] = rope_frequencies(pairs, theta)
+    return freqs
