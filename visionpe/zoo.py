@@ -15,7 +15,7 @@ import timm
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
-from .pos.presets import nearest
+from .pos.presets import PRESET_MODEL_OPTIONS, nearest, preset_cfg
 
 __all__ = [
     "FAMILIES",
@@ -39,7 +39,7 @@ class Family:
     pes: dict[str, dict]  # name suffix -> model kwargs (pe preset and anything it implies); "" means no suffix
     cfg: dict  # base pretrained cfg (paper, mean/std, crop, ...)
     size_cfg: dict[str, dict] = field(default_factory=dict)  # per-size cfg overrides (e.g. input size)
-    pe_cfg: dict[str, dict] = field(default_factory=dict)  # per-PE cfg overrides (e.g. the paper)
+    pe_cfg: dict[str, dict] = field(default_factory=dict)  # per-PE cfg overrides (the paper comes from the preset)
     filter_fn: Callable | None = None  # checkpoint filter (published weights -> our names)
     feature_cfg: dict = field(default_factory=lambda: dict(out_indices=3, feature_cls="getter"))
     tiny: dict = field(default_factory=dict)  # kwargs for a tiny instance (tests, smoke runs)
@@ -75,9 +75,14 @@ def base_cfg(**kwargs) -> dict:
     return cfg
 
 
+def preset_model_options(model_kwargs: dict) -> dict:
+    """Model options the PE preset of these model kwargs implies (e.g. CPVT-GAP's average pooling)."""
+    return dict(PRESET_MODEL_OPTIONS.get(model_kwargs.get("pe", ""), {}))
+
+
 def _entrypoint(family: Family, name: str, size: str, pe: str) -> Callable:
     def create(pretrained: bool = False, **kwargs):
-        args = {**family.sizes[size], **family.pes[pe], **kwargs}
+        args = {**family.sizes[size], **preset_model_options(family.pes[pe]), **family.pes[pe], **kwargs}
         return build_model_with_cfg(
             family.model_cls,
             name,
@@ -101,7 +106,8 @@ def register_family(family: Family) -> list[str]:
     for size in family.sizes:
         for pe in family.pes:
             name = model_name(family.name, size, pe)
-            cfgs[name] = {**family.cfg, **family.size_cfg.get(size, {}), **family.pe_cfg.get(pe, {})}
+            paper = preset_cfg(family.pes[pe].get("pe", ""))
+            cfgs[name] = {**family.cfg, **family.size_cfg.get(size, {}), **paper, **family.pe_cfg.get(pe, {})}
     generated = generate_default_cfgs(cfgs)
     if not hasattr(mod, "default_cfgs"):
         mod.default_cfgs = {}

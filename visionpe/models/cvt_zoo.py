@@ -19,8 +19,8 @@ CVT_PES = {
     "": dict(pe="nope"),  # the paper's models
     "rope2d": dict(pe="rope2d"),
     "rope2d_mixed": dict(pe="rope2d_mixed"),
-    "irpe": dict(pe="irpe_only"),  # iRPE contextual on k (no APE: CvT has none)
-    "cpe": dict(pe="cpe"),  # a PEG after the first block of every stage
+    "irpe": dict(pe="irpe_k"),  # iRPE contextual on k (no APE: CvT has none)
+    "cpe": dict(pe="cpe"),  # a CPE after the first block of every stage
 }
 
 CVT_PAPER = dict(paper_ids="arXiv:2103.15808", paper_name="CvT: Introducing Convolutions to Vision Transformers")

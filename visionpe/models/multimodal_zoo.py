@@ -6,7 +6,6 @@ import torch
 
 from .. import zoo
 from .multimodal import MultimodalEncoder
-from .video_zoo import PE_PAPERS
 
 MM_SIZES = {  # DeiT widths; n(ano) for CPU experiments on small images
     "n": dict(embed_dim=96, depth=4, num_heads=4, patch_size=4, tubelet_size=2, img_size=32),
@@ -34,7 +33,6 @@ MM = zoo.Family(
         notes=("forward(pixels [B, C, H, W] or [B, C, T, H, W], text_ids=[B, L])",),
     ),
     size_cfg={"n": dict(input_size=(3, 32, 32))},
-    pe_cfg=PE_PAPERS,
     tiny=dict(embed_dim=32, depth=2, num_heads=2, patch_size=8, img_size=32, vocab_size=32),
 )
 

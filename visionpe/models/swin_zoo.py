@@ -17,7 +17,7 @@ SWIN_PES = {
     "rpb": dict(pe="rpb"),  # Swin's relative position bias (the paper's model)
     "rope2d": dict(pe="rope2d", pe_kwargs={"rope2d": {"theta": 50.0}}),  # RoPE-ViT's Swin: axial, theta 50
     "rope2d_mixed": dict(pe="rope2d_mixed"),
-    "irpe": dict(pe="irpe_only"),  # iRPE contextual on k in place of the bias
+    "irpe": dict(pe="irpe_k"),  # iRPE contextual on k in place of the bias (no APE: Swin has none)
     "lepe": dict(pe="lepe"),
     "nope": dict(pe="nope"),
 }
@@ -25,7 +25,6 @@ SWIN_PES = {
 SWIN_PAPER = dict(
     paper_ids="arXiv:2103.14030", paper_name="Swin Transformer: Hierarchical Vision Transformer using Shifted Windows"
 )
-ROPE_VIT = dict(paper_ids="arXiv:2403.13298", paper_name="Rotary Position Embedding for Vision Transformer")
 
 SWIN = zoo.Family(
     name="swin",
@@ -41,7 +40,6 @@ SWIN = zoo.Family(
         origin_url="https://github.com/microsoft/Swin-Transformer",
     ),
     size_cfg={"n": dict(input_size=(3, 32, 32), crop_pct=1.0)},
-    pe_cfg={"rope2d": ROPE_VIT, "rope2d_mixed": ROPE_VIT},
     filter_fn=checkpoint_filter_fn,
     feature_cfg=dict(out_indices=(0, 1, 2, 3), feature_cls="getter"),
     tiny=dict(embed_dim=16, depths=(2, 2), num_heads=(1, 2), window_size=4, patch_size=2, img_size=32, num_classes=10),

@@ -24,12 +24,7 @@ VIDEO_PES = {
 }
 
 VIVIT = dict(paper_ids="arXiv:2103.15691", paper_name="ViViT: A Video Vision Transformer")
-PE_PAPERS = {
-    "mrope": dict(paper_ids="arXiv:2409.12191", paper_name="Qwen2-VL (M-RoPE)"),
-    "videorope": dict(paper_ids="arXiv:2502.05173", paper_name="VideoRoPE: What Makes for Good Video Rotary Position"),
-    "vrope": dict(paper_ids="arXiv:2502.11664", paper_name="VRoPE: Rotary Position Embedding for Video LLMs"),
-    "v2pe": dict(paper_ids="arXiv:2412.09616", paper_name="V2PE: Variable Visual Position Encoding"),
-}
+PE_PAPERS: dict[str, dict] = {}  # kept for imports; papers come from the presets (visionpe.pos.presets)
 
 VIDEO = zoo.Family(
     name="vivit",
@@ -44,7 +39,6 @@ VIDEO = zoo.Family(
         notes=("clips [B, C, T, H, W]; reference clip 16 frames (8 for size n)",),
     ),
     size_cfg={"n": dict(input_size=(3, 32, 32))},
-    pe_cfg=PE_PAPERS,
     tiny=dict(embed_dim=32, depth=2, num_heads=2, patch_size=8, img_size=32, num_frames=4),
 )
 

@@ -26,25 +26,14 @@ VIT_PES = {
     "irpe_bias": dict(pe="irpe_bias"),
     "irpe_qkv": dict(pe="irpe_qkv"),
     "cpe": dict(pe="cpe"),
-    "cpe_gap": dict(pe="cpe_gap", global_pool="avg", class_token=False, fc_norm=False),  # CPVT-GAP: norm, then mean
+    "cpe_gap": dict(pe="cpe_gap"),  # CPVT-GAP: average pooling (a model option of the preset)
     "lepe": dict(pe="lepe"),
     "fuzzy": dict(pe="fuzzy"),
-    "fuzzy_atm": dict(pe="fuzzy_atm", token_merger=1),  # half-size patches merged to the patch grid (G=14 @ 224/16)
+    "fuzzy_atm": dict(pe="fuzzy_atm"),  # ViTAR: fuzzy PE + token merger (a model option of the preset)
 }
 
 DEIT = dict(paper_ids="arXiv:2012.12877", paper_name="Training data-efficient image transformers")
-ROPE_VIT = dict(paper_ids="arXiv:2403.13298", paper_name="Rotary Position Embedding for Vision Transformer")
-
-VIT_PE_CFG = {name: ROPE_VIT for name in VIT_PES if name.startswith("rope")}
-IRPE = dict(
-    paper_ids="arXiv:2107.14222",
-    paper_name="Rethinking and Improving Relative Position Encoding for Vision Transformer",
-)
-VIT_PE_CFG.update({name: IRPE for name in VIT_PES if name.startswith("irpe")})
-CPVT = dict(paper_ids="arXiv:2102.10882", paper_name="Conditional Positional Encodings for Vision Transformers")
-CSWIN = dict(paper_ids="arXiv:2107.00652", paper_name="CSWin Transformer")
-VITAR = dict(paper_ids="arXiv:2403.18361", paper_name="ViTAR: Vision Transformer with Any Resolution")
-VIT_PE_CFG.update(cpe=CPVT, cpe_gap=CPVT, lepe=CSWIN, fuzzy=VITAR, fuzzy_atm=VITAR)
+VIT_PE_CFG: dict[str, dict] = {}  # per-PE cfg overrides; papers come from the presets (visionpe.pos.presets)
 
 VIT = zoo.Family(
     name="vit",

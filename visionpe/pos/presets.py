@@ -1,32 +1,53 @@
 """PE presets by name: the table every backbone builds its positional encodings from.
 
-A preset is a list of (PE kind, constructor kwargs); several kinds act together (e.g. RoPE + APE). Adding a PE means
-adding its class to `PE_KINDS` and its presets to `PE_PRESETS`; backbones need no change.
+A preset is a list of (PE kind, constructor kwargs); several kinds act together (e.g. RoPE + APE). A kind's name is
+its module and (lower-cased) class name (`cpe` -> pos/cpe.py, `CPE`). Adding a PE means one module in pos/, its class
+in `PE_KINDS` and its presets in `PE_PRESETS` (`register_pe_kind` / `register_pe_preset` at runtime); backbones need
+no change (docs/adding_a_pe.md walks through one).
+
+One vocabulary: a preset name means the same PEs on every family, and no two presets share contents under different
+names. Model-level options a preset implies (CPVT-GAP's average pooling, ViTAR's token merger) live in
+`PRESET_MODEL_OPTIONS`, and each preset's paper in `PRESET_PAPERS`; the zoo reads both from here. Registered model
+names are kept for checkpoint compatibility and map a suffix to a preset per family: `vit_*_irpe` is the iRPE paper's
+DeiT, which keeps its APE (preset `irpe`), while `swin_*_irpe` / `cvt_*_irpe` have no APE (preset `irpe_k`).
 """
 
 from __future__ import annotations
 
 import difflib
 import inspect
+from dataclasses import dataclass
 
 from .absolute import LearnedAPE, SinCos2D
 from .ape_video import SpaceTimeAPE
 from .base import PEHost, PosEncoding, PosStack
+from .cpe import CPE
 from .fuzzy import FuzzyPE
 from .irpe import IRPE
 from .lepe import LePE
-from .peg import PEG
 from .rope2d import RoPE2D
 from .rope_nd import RoPEND
 
-__all__ = ["PE_KINDS", "PE_PRESETS", "build_pos_encoding", "register_pe_kind", "register_pe_preset", "nearest"]
+__all__ = [
+    "PE_KINDS",
+    "PE_PRESETS",
+    "PRESET_ALIASES",
+    "PRESET_MODEL_OPTIONS",
+    "PRESET_PAPERS",
+    "Paper",
+    "build_pos_encoding",
+    "nearest",
+    "preset_cfg",
+    "register_pe_kind",
+    "register_pe_preset",
+]
 
 PE_KINDS: dict[str, type[PosEncoding]] = {
     "ape": LearnedAPE,
     "sincos": SinCos2D,
     "rope2d": RoPE2D,
     "irpe": IRPE,
-    "cpe": PEG,
+    "cpe": CPE,
     "lepe": LePE,
     "fuzzy": FuzzyPE,
     "ape_st": SpaceTimeAPE,
@@ -41,14 +62,15 @@ PE_PRESETS: dict[str, list[tuple[str, dict]]] = {
     "rope2d_mixed": [("rope2d", {"mode": "mixed"})],
     "rope2d_ape": [("rope2d", {"mode": "axial"}), ("ape", {})],
     "rope2d_mixed_ape": [("rope2d", {"mode": "mixed"}), ("ape", {})],
-    # iRPE (DeiT default: contextual, product, on k, ratio 1.9, APE kept)
+    # iRPE (DeiT default: contextual, product, on k, ratio 1.9, APE kept; irpe_k: the same iRPE alone)
     "irpe": [("irpe", {"mode": "contextual", "mapping": "product", "targets": ("k",)}), ("ape", {})],
     "irpe_bias": [("irpe", {"mode": "bias", "mapping": "product", "targets": ("k",)}), ("ape", {})],
     "irpe_qkv": [("irpe", {"mode": "contextual", "mapping": "product", "targets": ("q", "k", "v")}), ("ape", {})],
-    # conditional / local: PEG after block 0 (no APE; cpe_gap is the CPVT-GAP model: the backbone pools by average),
-    # LePE on the values of every layer, ViTAR's fuzzy PE (fuzzy_atm: the backbone adds the token merger)
-    "cpe": [("cpe", {"blocks": (0,)})],
-    "cpe_gap": [("cpe", {"blocks": (0,)})],
+    "irpe_k": [("irpe", {"mode": "contextual", "mapping": "product", "targets": ("k",)})],
+    # conditional / local: a CPE after the first block of every stage (block 0 of a ViT; no APE), LePE on the values
+    # of every layer, ViTAR's fuzzy PE; cpe_gap / fuzzy_atm: the same PEs with their papers' model options (below)
+    "cpe": [("cpe", {})],
+    "cpe_gap": [("cpe", {})],
     "lepe": [("lepe", {})],
     "fuzzy": [("fuzzy", {})],
     "fuzzy_atm": [("fuzzy", {})],
@@ -60,19 +82,93 @@ PE_PRESETS: dict[str, list[tuple[str, dict]]] = {
     "videorope": [("rope_nd", {"scheme": "videorope"})],
     "vrope": [("rope_nd", {"scheme": "vrope"})],
     "v2pe": [("rope_nd", {"scheme": "v2pe"})],
-    # Swin's relative position bias: iRPE bias, product mapping, identity index, B = window - 1, a table per head
-    "rpb": [("irpe", {"mode": "bias", "mapping": "product", "index": "identity", "shared_heads": False})],
-    # iRPE alone (contextual, product, on k), for backbones without an APE (Swin, CvT)
-    "irpe_only": [("irpe", {"mode": "contextual", "mapping": "product", "targets": ("k",)})],
+    # Swin's relative position bias: iRPE bias, product mapping, identity index, B = window - 1, a table per head,
+    # drawn from a truncated normal (std 0.02) as in Swin
+    "rpb": [
+        ("irpe", {"mode": "bias", "mapping": "product", "index": "identity", "shared_heads": False, "init_std": 0.02})
+    ],
 }
+
+PRESET_ALIASES = {"irpe_only": "irpe_k"}  # old names that still resolve
+
+# model-level options a preset implies (applied by the zoo; a backbone that lacks the option rejects the preset)
+PRESET_MODEL_OPTIONS: dict[str, dict] = {
+    "cpe_gap": dict(global_pool="avg", class_token=False, fc_norm=False),  # CPVT-GAP: norm, then mean over patches
+    "fuzzy_atm": dict(token_merger=1),  # ViTAR: half-size patches merged to the patch grid (G = 14 at 224 / 16)
+}
+
+
+@dataclass(frozen=True)
+class Paper:
+    """Where a PE comes from: arXiv id, title and official code."""
+
+    arxiv: str
+    title: str
+    code: str = ""
+
+    def cfg(self) -> dict:
+        """The timm pretrained-cfg fields of this paper."""
+        return dict(paper_ids=f"arXiv:{self.arxiv}", paper_name=self.title)
+
+
+_ROPE_VIT = Paper(
+    "2403.13298", "Rotary Position Embedding for Vision Transformer", "https://github.com/naver-ai/rope-vit"
+)
+_IRPE = Paper(
+    "2107.14222",
+    "Rethinking and Improving Relative Position Encoding for Vision Transformer",
+    "https://github.com/microsoft/Cream/tree/main/iRPE",
+)
+_CPVT = Paper(
+    "2102.10882", "Conditional Positional Encodings for Vision Transformers", "https://github.com/Meituan-AutoML/CPVT"
+)
+_VITAR = Paper("2403.18361", "ViTAR: Vision Transformer with Any Resolution")
+_SWIN = Paper(
+    "2103.14030",
+    "Swin Transformer: Hierarchical Vision Transformer using Shifted Windows",
+    "https://github.com/microsoft/Swin-Transformer",
+)
+
+PRESET_PAPERS: dict[str, Paper] = {
+    **{name: _ROPE_VIT for name in ("rope2d", "rope2d_mixed", "rope2d_ape", "rope2d_mixed_ape")},
+    **{name: _IRPE for name in ("irpe", "irpe_bias", "irpe_qkv", "irpe_k")},
+    "cpe": _CPVT,
+    "cpe_gap": _CPVT,
+    "lepe": Paper("2107.00652", "CSWin Transformer", "https://github.com/microsoft/CSWin-Transformer"),
+    "fuzzy": _VITAR,
+    "fuzzy_atm": _VITAR,
+    "rpb": _SWIN,
+    "mrope": Paper("2409.12191", "Qwen2-VL (M-RoPE)", "https://github.com/QwenLM/Qwen2-VL"),
+    "videorope": Paper(
+        "2502.05173", "VideoRoPE: What Makes for Good Video Rotary Position", "https://github.com/Wiselnn570/VideoRoPE"
+    ),
+    "vrope": Paper("2502.11664", "VRoPE: Rotary Position Embedding for Video LLMs"),
+    "v2pe": Paper("2412.09616", "V2PE: Variable Visual Position Encoding", "https://github.com/OpenGVLab/V2PE"),
+}
+
+
+def preset_cfg(preset: str) -> dict:
+    """pretrained-cfg fields a preset contributes (its paper); {} for a preset without one (the backbone's)."""
+    paper = PRESET_PAPERS.get(PRESET_ALIASES.get(preset, preset))
+    return paper.cfg() if paper else {}
 
 
 def register_pe_kind(name: str, cls: type[PosEncoding]) -> None:
     PE_KINDS[name] = cls
 
 
-def register_pe_preset(name: str, parts: list[tuple[str, dict]]) -> None:
+def register_pe_preset(
+    name: str, parts: list[tuple[str, dict]], paper: Paper | None = None, model_options: dict | None = None
+) -> None:
+    """Add a preset (its PEs, optionally its paper and the model options it implies) under a new name."""
+    unknown = [kind for kind, _ in parts if kind not in PE_KINDS]
+    if unknown:
+        raise ValueError(f"preset {name!r} uses unknown PE kinds {unknown}; register them with register_pe_kind")
     PE_PRESETS[name] = parts
+    if paper is not None:
+        PRESET_PAPERS[name] = paper
+    if model_options:
+        PRESET_MODEL_OPTIONS[name] = dict(model_options)
 
 
 def nearest(name: str, choices, n: int = 3) -> str:
@@ -88,6 +184,7 @@ def _accepted(cls: type[PosEncoding]) -> set[str]:
 def build_pos_encoding(preset: str, host: PEHost, pe_kwargs: dict | None = None) -> PosStack:
     """Build the PEs of `preset` for a backbone. `pe_kwargs` override constructor kwargs: a flat key goes to every
     PE kind that accepts it; `{"kind": {...}}` targets one kind (e.g. `{"rope2d": {"theta": 50}}`)."""
+    preset = PRESET_ALIASES.get(preset, preset)
     if preset not in PE_PRESETS:
         raise ValueError(f"unknown positional encoding {preset!r}; nearest: {nearest(preset, PE_PRESETS)}")
     pe_kwargs = dict(pe_kwargs or {})
