@@ -113,7 +113,7 @@ def test_lepe_is_translation_equivariant_away_from_borders():
 
 def test_lepe_runs_per_window_with_zero_padding():
     ws, n_win = 4, 3
-    lepe = LePE(PEHost(dim=16, grid=(8, 12), num_prefix=0, layers=(AttnSpec(16, 2, 8, (ws, ws)),), windowed=True))
+    lepe = LePE(PEHost(dim=16, grid=(8, 12), num_prefix=0, layers=(AttnSpec(16, 2, 8, (ws, ws)),)))
     value = lepe.context(0, window_layout(ws, ws)).value
     v = torch.randn(2 * n_win, 2, ws * ws, 8)  # [B * nW, heads, ws * ws, d]
     zero = torch.zeros_like(v)

@@ -12,9 +12,9 @@ from visionpe.pos import IRPE, AttnSpec, PEHost, build_pos_encoding, piecewise_i
 TINY = dict(VIT.tiny)
 
 
-def _host(grid=(14, 14), prefix=1, layers=((384, 6, 64),), windows=None, windowed=False):
+def _host(grid=(14, 14), prefix=1, layers=((384, 6, 64),), windows=None):
     specs = tuple(AttnSpec(d, h, hd, windows) for d, h, hd in layers)
-    return PEHost(dim=layers[0][0], grid=grid, num_prefix=prefix, layers=specs, windowed=windowed)
+    return PEHost(dim=layers[0][0], grid=grid, num_prefix=prefix, layers=specs)
 
 
 def _randomise(pe: IRPE) -> IRPE:
@@ -91,7 +91,7 @@ def test_identity_product_is_swins_relative_position_index(ws):
 
 def test_swin_relative_position_bias_layout():
     host = _host(
-        grid=(56, 56), prefix=0, layers=((96, 3, 32), (96, 3, 32), (192, 6, 32)), windows=(7, 7), windowed=True
+        grid=(56, 56), prefix=0, layers=((96, 3, 32), (96, 3, 32), (192, 6, 32)), windows=(7, 7)
     )
     pe = IRPE(host, mode="bias", mapping="product", index="identity", shared_heads=False)
     assert [tuple(pe.bias_table(i).shape) for i in range(3)] == [(169, 3), (169, 3), (169, 6)], "no prefix bucket"

@@ -9,7 +9,6 @@ import math
 import pytest
 import torch
 
-import visionpe.layout
 from visionpe.layout import video_layout
 from visionpe.pos.rotary import apply_rotary, rope_frequencies, rotary_angles, rotary_cos_sin
 from visionpe.segments import (
@@ -29,7 +28,7 @@ EXAMPLE = [("text", 3), ("video", (2, 2, 3)), ("text", 2)]
 
 
 def test_vrope_worked_example_stream_a0():
-    pos = visionpe.layout.position_ids(EXAMPLE, "vrope")
+    pos = position_ids(EXAMPLE, "vrope")
     assert pos.dtype == torch.float32 and pos.shape == (17, 4)
     assert pos[:, 0].tolist() == [0, 1, 2, 3, 4, 5, 4, 5, 6, 7, 8, 9, 8, 9, 10, 11, 12]
 
