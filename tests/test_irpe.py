@@ -90,9 +90,7 @@ def test_identity_product_is_swins_relative_position_index(ws):
 
 
 def test_swin_relative_position_bias_layout():
-    host = _host(
-        grid=(56, 56), prefix=0, layers=((96, 3, 32), (96, 3, 32), (192, 6, 32)), windows=(7, 7)
-    )
+    host = _host(grid=(56, 56), prefix=0, layers=((96, 3, 32), (96, 3, 32), (192, 6, 32)), windows=(7, 7))
     pe = IRPE(host, mode="bias", mapping="product", index="identity", shared_heads=False)
     assert [tuple(pe.bias_table(i).shape) for i in range(3)] == [(169, 3), (169, 3), (169, 6)], "no prefix bucket"
     assert {k for k in pe.state_dict()} == {"bias_tables.0", "bias_tables.1", "bias_tables.2"}

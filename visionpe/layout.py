@@ -114,4 +114,3 @@ def _cell_centre_pos(h: int, w: int, stride: int, device: str) -> torch.Tensor:
 def cell_centre_layout(h: int, w: int, stride: int, num_prefix: int = 0, device=None) -> TokenLayout:
     """Layout of a strided (e.g. CvT's stride-2 key/value) grid in units of the full-resolution query grid."""
     return TokenLayout(num_prefix, (1, h, w), _cell_centre_pos(h, w, stride, _device_key(device)))
-

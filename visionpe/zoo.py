@@ -101,13 +101,16 @@ def _entrypoint(family: Family, name: str, size: str, pe: str) -> Callable:
 def register_family(family: Family) -> list[str]:
     """Register every size x PE of a family with timm; returns the names."""
     FAMILIES[family.name] = family
+    for pe, kwargs in family.pes.items():  # each PE variant's paper comes from its preset (pos/presets.py)
+        paper = preset_cfg(kwargs.get("pe", ""))
+        if paper:
+            family.pe_cfg[pe] = {**paper, **family.pe_cfg.get(pe, {})}
     mod = sys.modules[family.module]
     cfgs = {}
     for size in family.sizes:
         for pe in family.pes:
             name = model_name(family.name, size, pe)
-            paper = preset_cfg(family.pes[pe].get("pe", ""))
-            cfgs[name] = {**family.cfg, **family.size_cfg.get(size, {}), **paper, **family.pe_cfg.get(pe, {})}
+            cfgs[name] = {**family.cfg, **family.size_cfg.get(size, {}), **family.pe_cfg.get(pe, {})}
     generated = generate_default_cfgs(cfgs)
     if not hasattr(mod, "default_cfgs"):
         mod.default_cfgs = {}
