@@ -353,7 +353,8 @@ def scaling(rows: list[SpeedRow]) -> dict[str, dict]:
         if len({r.tokens for r in timed}) >= 2:
             key = "infer_ips" if all(r.infer_ips for r in timed) else "train_ips"
             entry["time_exp"] = growth_exponent([r.tokens for r in timed], [1 / getattr(r, key) for r in timed])
-        for key, label in (("infer_mem_mb", "memory_exp"), ("saved_act_mb", "activation_exp")):
+        mem_key = "infer_mem_mb" if any(r.infer_mem_mb for r in rs) else "train_mem_mb"
+        for key, label in ((mem_key, "memory_exp"), ("saved_act_mb", "activation_exp")):
             mem = [r for r in rs if getattr(r, key)]
             if len({r.tokens for r in mem}) >= 2:
                 entry[label] = growth_exponent([r.tokens for r in mem], [getattr(r, key) for r in mem])
