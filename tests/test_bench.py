@@ -5,21 +5,27 @@ from __future__ import annotations
 
 import csv
 import json
+import sys
+import types
 
 import pytest
 import timm
 import torch
 
 import visionpe  # noqa: F401
+import visionpe.attention
 import visionpe.engine
 from visionpe.attention import attn_backend
+from visionpe.bench import gpu_check
 from visionpe.bench.__main__ import main as bench_main
 from visionpe.bench.cards import write_cards
 from visionpe.bench.evalsizes import modes_agree, parse_size
 from visionpe.bench.extrapolate import run_benchmark
 from visionpe.bench.flops import count_flops, vit_flops_by_hand
+from visionpe.bench.memprobe import example_input, saved_activation_mb
 from visionpe.bench.plan import BenchConfigError, load_bench
-from visionpe.bench.speed import measure, timm_equivalent
+from visionpe.bench.speed import expand_models, measure, timm_equivalent
+from visionpe.bench.timing import Clock, interleave, paired_ratios, spread
 
 TINY = "{embed_dim: 32, depth: 1, num_heads: 2}"
 
@@ -214,3 +220,145 @@ def test_cards_are_written_from_results_files(tmp_path):
     assert "No extrapolation benchmark of this family yet" in cvt and "speed --zoo" in cvt
     with pytest.raises(ValueError, match="unknown family"):
         write_cards(results, tmp_path / "cards", ["vitt"])
+
+
+# ----------------------------------------------------------------------------------------- speed: clock and ratios
+
+
+class _StepClock:
+    """A clock that advances only when a task says so: exact, machine-independent rates."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def now(self) -> float:
+        return self.t
+
+
+def test_interleaved_rounds_give_paired_ratios_and_their_spread():
+    clock = _StepClock()
+
+    def task(cost: float):
+        def run() -> int:
+            clock.t += cost
+            return 2  # items per call
+
+        return run
+
+    rates = interleave({"fast": task(1.0), "slow": task(4.0)}, clock, rounds=5, steps=3)
+    assert rates["fast"] == [2.0] * 5 and rates["slow"] == [0.5] * 5  # 6 items in 3 (resp. 12) time units
+    assert paired_ratios(rates, "fast")["slow"] == [0.25] * 5
+    s = spread([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert (s.median, s.q1, s.q3, s.min, s.max) == (3.0, 2.0, 4.0, 1.0, 5.0)
+    assert s.text() == "3.00 [2.00-4.00]" and spread([1.0, 3.0]).text() == "2.00 [1.00-3.00]"
+    with pytest.raises(ValueError, match="baseline 'nope' was not measured"):
+        paired_ratios(rates, "nope")
+    with pytest.raises(ValueError, match="use the 'wall' clock"):
+        Clock("cpu", "cuda")
+
+
+def test_speed_covers_video_lengths_against_a_baseline_in_one_run():
+    rows = measure(
+        ["vivit_n_ape", "vivit_n_rope3d"],
+        [32],
+        batch=1,
+        rounds=2,
+        steps=1,
+        train=False,
+        memory=False,
+        flops=False,
+        frames=[2, 4],
+        baseline="vivit_n_ape",
+        log=lambda *a: None,
+    )
+    by = {(r.model, r.frames): r for r in rows}
+    assert set(by) == {(m, f) for m in ("vivit_n_ape", "vivit_n_rope3d") for f in (2, 4)}
+    assert by["vivit_n_ape", 4].tokens == 2 * by["vivit_n_ape", 2].tokens  # tubelets along time double
+    assert all(r.baseline == "vivit_n_ape" for r in rows)
+    assert by["vivit_n_ape", 2].infer_vs_base["median"] == 1.0  # the baseline against itself, round by round
+    model = timm.create_model("vivit_n_ape")
+    small, large = (saved_activation_mb(model, example_input("vivit_n_ape", 32, 1, f)) for f in (2, 4))
+    assert large > 1.5 * small  # activations grow about linearly with the clip length
+
+
+def test_speed_command_rejects_bad_models_and_sizes(capsys):
+    with pytest.raises(SystemExit):
+        bench_main(["speed", "--models", "zzz_*"])
+    assert "matches no registered visionpe model" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench_main(["speed", "--models", "vit_n_ape", "--resolutions", "0"])
+    assert "positive pixel sizes" in capsys.readouterr().err
+    assert expand_models(["vit_n_rope2d*", "vit_n_rope2d"]) == [
+        "vit_n_rope2d",
+        "vit_n_rope2d_ape",
+        "vit_n_rope2d_mixed",
+        "vit_n_rope2d_mixed_ape",
+    ]
+
+
+# ---------------------------------------------------------------------------------------------------- gpu-check
+
+
+def test_gpu_check_on_cpu_compares_sdpa_with_math_and_says_what_it_skipped(tmp_path, capsys):
+    assert bench_main(["gpu-check", "--out", str(tmp_path / "g")]) == 0
+    result = json.loads((tmp_path / "g.json").read_text())
+    assert {r["backend"] for r in result["agreement"]} == {"sdpa"}
+    assert {r["model"] for r in result["agreement"]} == set(gpu_check.AGREEMENT_MODELS.values())
+    assert all(r["ok"] and r["rel_err"] <= r["tol"] for r in result["agreement"])
+    assert result["throughput"] == [] and any("no CUDA device" in s for s in result["skipped"])
+    assert "| bias (Swin RPB + shift mask) | swin_n_rpb | float32 | sdpa |" in (tmp_path / "g.md").read_text()
+
+
+def _fake_xformers(monkeypatch, calls: list):
+    """An `xformers` package whose kernel is plain attention on [B, M, H, K] tensors (counts its calls)."""
+    ops = types.ModuleType("xformers.ops")
+
+    def memory_efficient_attention(q, k, v, attn_bias=None, scale=None):
+        calls.append(q.shape)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        attn = (q * scale) @ k.transpose(-2, -1) + (0 if attn_bias is None else attn_bias)
+        return (attn.softmax(-1) @ v).transpose(1, 2)
+
+    ops.memory_efficient_attention = memory_efficient_attention
+    pkg = types.ModuleType("xformers")
+    pkg.ops = ops
+    monkeypatch.setitem(sys.modules, "xformers", pkg)
+    monkeypatch.setitem(sys.modules, "xformers.ops", ops)
+
+
+def test_gpu_check_cuda_branches_run_with_a_mocked_gpu(monkeypatch):
+    calls: list = []
+    _fake_xformers(monkeypatch, calls)
+    allocated = iter(range(0, 10**9, 2**20))  # every reading 1 MiB more: the probe must subtract its base
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Mock GPU")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: next(allocated))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: next(allocated) + 5 * 2**20)
+    monkeypatch.setattr(gpu_check, "xformers_status", lambda: dict(torch="t", cuda="c", usable=True, reason=""))
+    monkeypatch.setattr(visionpe.attention, "xformers_supports", lambda q, bias: (True, ""))
+    result = gpu_check.run_check("cpu", "vit_n_ape", (32,), batch=1)
+    assert result["gpu"] == "Mock GPU" and result["backends"] == ["sdpa", "xformers"]
+    got = {(r["model"], r["dtype"], r["backend"]) for r in result["agreement"]}
+    assert got == {
+        (m, d, b)
+        for m in gpu_check.AGREEMENT_MODELS.values()
+        for d in ("float32", "bfloat16")
+        for b in ("sdpa", "xformers")
+    }
+    assert calls and all(r["ok"] for r in result["agreement"])
+    assert [r["backend"] for r in result["throughput"]] == ["math", "sdpa", "xformers"]
+    assert all(r["peak_mb"] == 6.0 and r["vs"] == "sdpa" for r in result["throughput"])  # 1 MiB step + 5 MiB peak
+    assert "| vit_n_ape | 32 | xformers |" in gpu_check.format_markdown(result)
+
+
+def test_gpu_check_reports_an_xformers_build_for_another_torch(monkeypatch):
+    _fake_xformers(monkeypatch, [])  # imports, but has no compiled `xformers._C`
+    monkeypatch.setattr(gpu_check.importlib.metadata, "version", lambda name: "0.0.34")
+    monkeypatch.setattr(gpu_check.importlib.metadata, "requires", lambda name: ["numpy", "torch==2.10.0"])
+    status = gpu_check.xformers_status()
+    assert status["xformers"] == "0.0.34" and status["xformers_requires_torch"] == "==2.10.0"
+    assert status["ops_import"] and not status["compiled_ops"] and not status["usable"]
+    assert "compiled ops do not load with torch" in status["reason"]
+    assert gpu_check.XFORMERS_TORCH["0.0.34"] == "==2.10.0"

@@ -1,7 +1,8 @@
-"""`python -m visionpe.bench` (or `visionpe-bench`): extrapolate | speed | cards.
+"""`python -m visionpe.bench` (or `visionpe-bench`): extrapolate | speed | gpu-check | cards.
 
 visionpe-bench extrapolate -c configs/bench/quick.yaml [key=value ...]   # accuracy at other resolutions
-visionpe-bench speed [--models ...] [--resolutions ...] [--zoo]          # images/s, memory, params, GFLOPs
+visionpe-bench speed [--models ...] [--resolutions ...] [--frames ...] [--data NAME] [--zoo]  # ratios vs baseline
+visionpe-bench gpu-check                                               # backends agree; ViT-B/16 speed per backend
 visionpe-bench cards [--results results] [--out model_cards]           # model cards from measured results
 """
 
@@ -11,7 +12,8 @@ import sys
 
 COMMANDS = {
     "extrapolate": ("visionpe.bench.extrapolate", "train at one resolution, evaluate at many (tables and a plot)"),
-    "speed": ("visionpe.bench.speed", "inference/training images/s, peak memory, parameters, GFLOPs vs timm"),
+    "speed": ("visionpe.bench.speed", "images/s, peak memory, parameters, GFLOPs: ratios vs a baseline and timm"),
+    "gpu-check": ("visionpe.bench.gpu_check", "attention backends agree per PE; ViT-B/16 images/s, memory per backend"),
     "cards": ("visionpe.bench.cards", "write model_cards/<family>.md from the results under results/"),
 }
 

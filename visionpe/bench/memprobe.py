@@ -1,29 +1,125 @@
-"""Child process of `timing.peak_memory_mb`: build a model, run one step, print the peak RSS growth in MiB.
+"""The one memory probe of every benchmark: peak memory of one step beyond the model's weights.
 
-Usage: python -m visionpe.bench.memprobe NAME SIZE BATCH TRAIN(0|1) MODEL_KWARGS_JSON
+On CUDA: the allocator's high-water mark around the step (`cuda_peak_mb`). On CPU there is no allocator mark to reset,
+so each measurement runs in a fresh process (`python -m visionpe.bench.memprobe SPEC_JSON`) that warms the model up on
+a tiny input, resets the kernel's peak resident set size (VmHWM, via /proc/self/clear_refs) and reads it after the
+step. `saved_activation_mb` counts the bytes autograd keeps for backward: exact and free of allocator noise.
 """
 
 from __future__ import annotations
 
 import json
 import resource
+import subprocess
 import sys
+from collections.abc import Callable
 
 import timm
 import torch
+from torch import nn
 
 import visionpe  # noqa: F401  (registers the models)
-from visionpe.zoo import family_of
+
+from ..zoo import family_of, list_visionpe_models
+
+__all__ = ["example_input", "is_video", "peak_memory_mb", "cuda_peak_mb", "saved_activation_mb"]
 
 
-def _rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+def is_video(name: str) -> bool:
+    """True for models that take clips [B, C, T, H, W]."""
+    if name not in list_visionpe_models():
+        return False
+    make = getattr(family_of(name), "example_input", None)
+    return make is not None and isinstance(x := make(32, 1), torch.Tensor) and x.ndim == 5
+
+
+def example_input(name: str, size: int, batch: int, frames: int | None = None, in_chans: int = 3):
+    """A random input of `size` px for `name`: its family's example input (clips of `frames` frames for video)."""
+    if name in list_visionpe_models():
+        make = getattr(family_of(name), "example_input", None)
+        if make is not None:
+            x = make(size, batch)
+            if frames is not None and isinstance(x, torch.Tensor) and x.ndim == 5:
+                x = torch.randn(batch, x.shape[1], frames, size, size)
+            return x
+    return torch.randn(batch, in_chans, size, size)
+
+
+def _run(model: nn.Module, x, train: bool) -> None:
+    if train:
+        out = model(**x) if isinstance(x, dict) else model(x)
+        out.float().square().mean().backward()
+        model.zero_grad(set_to_none=True)
+    else:
+        with torch.inference_mode():
+            model(**x) if isinstance(x, dict) else model(x)
+
+
+def cuda_peak_mb(step: Callable[[], object], device: str = "cuda") -> float:
+    """Peak CUDA memory (MiB) allocated by `step()` beyond what was allocated before it."""
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    step()
+    torch.cuda.synchronize(device)
+    return (torch.cuda.max_memory_allocated(device) - base) / 2**20
+
+
+def saved_activation_mb(model: nn.Module, x) -> float:
+    """MiB of tensors autograd saves for backward in one training forward (weights excluded)."""
+    params = {p.data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params:
+            seen[ptr] = max(seen.get(ptr, 0), t.untyped_storage().nbytes())
+        return t
+
+    was_training = model.training
+    model.train()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(**x) if isinstance(x, dict) else model(x)
+    model.train(was_training)
+    return sum(seen.values()) / 2**20
+
+
+def peak_memory_mb(
+    name: str,
+    size: int,
+    batch: int = 1,
+    train: bool = False,
+    model_kwargs: dict | None = None,
+    frames: int | None = None,
+    device: str = "cpu",
+    model: nn.Module | None = None,
+) -> float:
+    """Peak memory (MiB) of one step of model `name` at `size` px beyond its weights (`model`: reuse on CUDA)."""
+    kwargs = model_kwargs or {}
+    if device.startswith("cuda"):
+        model = (model or timm.create_model(name, **kwargs)).to(device).train(train)
+        x = example_input(name, size, batch, frames)
+        x = {k: v.to(device) for k, v in x.items()} if isinstance(x, dict) else x.to(device)
+        return cuda_peak_mb(lambda: _run(model, x, train), device)
+    spec = dict(name=name, size=size, batch=batch, train=train, kwargs=kwargs, frames=frames)
+    out = subprocess.run(
+        [sys.executable, "-m", "visionpe.bench.memprobe", json.dumps(spec)], capture_output=True, text=True
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"memory probe for {name} at {size} px failed:\n{out.stderr[-2000:]}")
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+# ---------------------------------------------------------------------------------------------- child process
+
+
+def _status_mb(field: str) -> float:
+    with open("/proc/self/status") as f:
+        return next(int(ln.split()[1]) for ln in f if ln.startswith(field + ":")) / 1024  # kB
 
 
 def _reset_peak() -> bool:
-    """Reset the kernel's peak-RSS mark (VmHWM), so that the peak of the import and of model building is not read
-    as the step's; False where /proc/self/clear_refs is not writable (the lifetime peak is used then)."""
+    """Reset VmHWM to the current RSS; False where /proc/self/clear_refs is not writable."""
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
@@ -32,31 +128,19 @@ def _reset_peak() -> bool:
         return False
 
 
-def _hwm_mb() -> float:
-    with open("/proc/self/status") as f:
-        return next(int(ln.split()[1]) for ln in f if ln.startswith("VmHWM")) / 1024  # kB
-
-
-def main(argv: list[str]) -> None:
-    name, size, batch, train, kwargs = argv[0], int(argv[1]), int(argv[2]), argv[3] == "1", json.loads(argv[4])
+def _child(spec: dict) -> float:
     torch.set_num_threads(1)
-    model = timm.create_model(name, **kwargs).train(train)
-    fam = family_of(name) if name in visionpe.list_visionpe_models() else None
-    if fam is not None and getattr(fam, "example_input", None) is not None:
-        x = fam.example_input(size, batch)
-    else:
-        x = torch.randn(batch, model.pretrained_cfg.get("input_size", (3,))[0], size, size)
-    before = _rss_mb()
+    name, train, frames = spec["name"], spec["train"], spec.get("frames")
+    model = timm.create_model(name, **spec.get("kwargs", {})).train(train)
+    x = example_input(name, spec["size"], spec["batch"], frames)
+    if "img_size" not in spec.get("kwargs", {}):  # timm's models are built for one size and cannot take 32 px
+        _run(model, example_input(name, 32, 1, frames and 2), train)  # warm-up: kernels and thread pools
+    before = _status_mb("VmRSS")
     resettable = _reset_peak()
-    if train:
-        out = model(**x) if isinstance(x, dict) else model(x)
-        out.float().square().mean().backward()
-    else:
-        with torch.inference_mode():
-            model(**x) if isinstance(x, dict) else model(x)
-    peak = _hwm_mb() if resettable else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-    print(f"{max(peak - before, 0.0):.1f}")
+    _run(model, x, train)
+    peak = _status_mb("VmHWM") if resettable else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return max(peak - before, 0.0)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    print(f"{_child(json.loads(sys.argv[1])):.1f}")

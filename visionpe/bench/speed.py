@@ -1,19 +1,28 @@
-"""Speed, memory, parameters and FLOPs of models at a list of resolutions, against timm's equivalent models.
+"""`visionpe-bench speed`: the one speed command. Images/s, peak memory, parameters and FLOPs of models at a list of
+resolutions (and clip lengths for video), against a baseline and timm's equivalent model measured in the same run.
 
     python -m visionpe.bench speed --models vit_s_ape swin_t_rpb cvt_13 --resolutions 224 384
+    python -m visionpe.bench speed --models 'vit_s_*' --baseline vit_s_ape --infer --resolutions 224   # PE cost
+    python -m visionpe.bench speed --models 'vit_s_*' --mode memory --infer --resolutions 512            # PE memory
+    python -m visionpe.bench speed --models swin_t_rpb 'cvt_13*' --infer                         # Swin vs timm, CvT PEs
+    python -m visionpe.bench speed --models 'vivit_s_*' --baseline vivit_s_ape --frames 4 8 16 32 --resolutions 112
+    python -m visionpe.bench speed --data fashion-mnist --models 'vit_n_*' --batch 128 --workers 0 1  # loader vs step
     python -m visionpe.bench speed --zoo          # what the model cards report (results/speed/zoo.json)
 
-Per model and resolution: parameters, GFLOPs (fvcore MACs with attention counted, see flops.py), inference and
-training images/s (all models of a resolution interleaved in one run, median of the rounds), peak memory of one step
-(a fresh process per measurement on CPU). timm's equivalent model (same architecture, e.g. vit_s_ape and
-vit_small_patch16_224) is measured in the same run, and every figure is also given as a ratio against it and against
-the first model listed. With two or more resolutions, the growth of time and memory with the token count is fitted
-as a power law (time ~ N^a). Results go to a JSON file and a Markdown table next to it.
+Models may be glob patterns over the registered models. Per model and size: parameters, GFLOPs (fvcore MACs with
+attention counted, see flops.py), inference and training images/s (clips/s for video), peak memory of one step of one
+item (see memprobe.py) and, for video training, the activations autograd saves. Models that take the same input run
+interleaved in random order each round (see timing.py); every ratio is taken per round against the baseline (the
+--baseline model, else the first listed) and timm's equivalent (same architecture, e.g. vit_s_ape and
+vit_small_patch16_224), and reported as median [interquartile range, or min-max under 4 rounds]. With two or more
+sizes, the growth of time and memory with the token count is fitted as a power law (time ~ N^a). Results go to a JSON
+file and a Markdown table next to it.
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import math
 import os
@@ -28,13 +37,24 @@ from torch import nn
 
 import visionpe  # noqa: F401  (registers the models)
 
-from ..zoo import FAMILIES, create_model, family_of, list_visionpe_models, model_name
+from ..zoo import FAMILIES, create_model, list_visionpe_models, model_name
 from .flops import count_flops
-from .timing import interleaved_throughput, peak_memory_mb
+from .memprobe import example_input, is_video, peak_memory_mb, saved_activation_mb
+from .timing import CLOCKS, Clock, Spread, interleave, model_step, paired_ratios, spread, torch_threads
 
-__all__ = ["TIMM_EQUIVALENTS", "timm_equivalent", "machine_info", "SpeedRow", "measure", "zoo_plan", "main"]
+__all__ = [
+    "TIMM_EQUIVALENTS",
+    "timm_equivalent",
+    "expand_models",
+    "machine_info",
+    "SpeedRow",
+    "measure",
+    "scaling",
+    "format_markdown",
+    "zoo_plan",
+    "main",
+]
 
-CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 _VIT_SIZES = {"t": "tiny", "s": "small", "b": "base", "l": "large"}
 _LS = dict(init_values=1e-5)  # timm's RoPE-ViT ports are DeiT-III models (LayerScale)
 
@@ -83,19 +103,44 @@ def machine_info(device: str = "cpu") -> dict:
     return info
 
 
+def expand_models(patterns: list[str]) -> list[str]:
+    """Model names with glob patterns ('vit_s_*') expanded over the registered visionpe models, order kept."""
+    names: list[str] = []
+    for p in patterns:
+        if any(c in p for c in "*?["):
+            hits = fnmatch.filter(list_visionpe_models(), p)
+            if not hits:
+                raise ValueError(f"--models pattern {p!r} matches no registered visionpe model")
+            names += hits
+        elif timm.is_model(p):
+            names.append(p)
+        else:
+            create_model(p)  # raises, naming the nearest model names
+    return list(dict.fromkeys(names))
+
+
 @dataclass
 class SpeedRow:
     model: str
     resolution: int
-    reference: str | None = None  # timm's equivalent measured in the same run, or None for a timm model itself
+    reference: str | None = None  # timm's equivalent measured in the same run, or None
     tokens: int = 0
     params_m: float = 0.0
     gflops: float | None = None
-    infer_ips: float | None = None  # images per second
+    infer_ips: float | None = None  # images (clips) per second, median of the rounds
     train_ips: float | None = None
-    infer_mem_mb: float | None = None  # peak memory of one step beyond the weights
+    infer_mem_mb: float | None = None  # peak memory of one step of one item beyond the weights
     train_mem_mb: float | None = None
     notes: list[str] = field(default_factory=list)
+    frames: int | None = None  # clip length (video models)
+    baseline: str | None = None  # the model the ratios below are against (measured in the same rounds)
+    infer_spread: dict | None = None  # Spread of images/s over the rounds
+    train_spread: dict | None = None
+    infer_vs_base: dict | None = None  # Spread of the per-round ratio against the baseline
+    train_vs_base: dict | None = None
+    infer_vs_timm: dict | None = None  # Spread of the per-round ratio against timm's equivalent
+    train_vs_timm: dict | None = None
+    saved_act_mb: float | None = None  # activations autograd keeps for backward (one item)
 
 
 # ------------------------------------------------------------------------------------------------------ models
@@ -112,24 +157,18 @@ class _Kwargs(nn.Module):
         return self.model(**dict(zip(self.keys, args)))
 
 
-def _example(name: str, resolution: int, batch: int, in_chans: int = 3):
-    if name in list_visionpe_models():
-        fam = family_of(name)
-        make = getattr(fam, "example_input", None)
-        if make is not None:
-            return make(resolution, batch)
-    return torch.randn(batch, in_chans, resolution, resolution)
-
-
 def _build(name: str, kwargs: dict, resolution: int, ours: bool) -> nn.Module:
     if ours:
         return create_model(name, **kwargs)
     return timm.create_model(name, img_size=resolution, **kwargs)  # timm's models fix their size at creation
 
 
-def _tokens(model: nn.Module, resolution: int) -> int:
-    """Patch tokens of the first stage at this resolution (prefix tokens left out)."""
-    patch = getattr(getattr(model, "patch_embed", None), "patch_size", None)
+def _tokens(model: nn.Module, resolution: int, frames: int | None = None) -> int:
+    """Patch tokens of the first stage at this size (prefix tokens left out; all frames of a clip)."""
+    embed = getattr(model, "patch_embed", None)
+    if frames is not None and hasattr(embed, "token_grid"):
+        return math.prod(embed.token_grid(frames, resolution, resolution))
+    patch = getattr(embed, "patch_size", None)
     if patch is None:
         info = getattr(model, "feature_info", None) or [{"reduction": 4}]
         patch = info[0]["reduction"] if isinstance(info, list) else info.reduction(0)
@@ -143,7 +182,49 @@ def _flops(model: nn.Module, x) -> float:
     return count_flops(model, x[:1]) / 1e9
 
 
+def _signature(x) -> str:
+    if isinstance(x, dict):
+        return repr(sorted((k, tuple(v.shape)) for k, v in x.items()))
+    return repr(tuple(x.shape))
+
+
+def _to(x, device: str):
+    return {k: v.to(device) for k, v in x.items()} if isinstance(x, dict) else x.to(device)
+
+
 # ----------------------------------------------------------------------------------------------------- measure
+
+
+def _points(models: list[str], resolutions: list[int], frames: list[int] | None) -> list[tuple[int, int | None, list]]:
+    """(resolution, frames, models measured there): image models once per resolution, video models per length."""
+    video = [m for m in models if is_video(m)]
+    image = [m for m in models if m not in video]
+    points = []
+    for res in resolutions:
+        if image or not frames:
+            points.append((res, None, image + ([] if frames else video)))
+        for f in frames or []:
+            if video:
+                points.append((res, f, video))
+    return [p for p in points if p[2]]
+
+
+def _time_group(group: dict, rows: dict, baseline: str | None, x, train: bool, clock: Clock, rounds, steps) -> None:
+    """Interleave one group of models on the same input; fill images/s and per-round ratios into their rows."""
+    tasks = {n: model_step(m, x, train) for n, m in group.items()}
+    rates = interleave(tasks, clock, rounds, steps)
+    base = baseline if baseline in group else next(iter(group))
+    vs_base = paired_ratios(rates, base)
+    key = "train" if train else "infer"
+    for n, v in rates.items():
+        row = rows[n]
+        row.baseline = base
+        s = spread(v)
+        setattr(row, f"{key}_ips", s.median)
+        setattr(row, f"{key}_spread", s.as_dict())
+        setattr(row, f"{key}_vs_base", spread(vs_base[n]).as_dict())
+        if row.reference in rates:
+            setattr(row, f"{key}_vs_timm", spread(paired_ratios(rates, row.reference)[n]).as_dict())
 
 
 def measure(
@@ -159,36 +240,41 @@ def measure(
     device: str = "cpu",
     clock: str = "wall",
     log=print,
+    *,
+    infer: bool = True,
+    timing: bool = True,
+    frames: list[int] | None = None,
+    baseline: str | None = None,
 ) -> list[SpeedRow]:
-    """One SpeedRow per (model, resolution), timm's equivalents included (their `reference` is None).
-    clock='cpu' times CPU seconds of this process (use with one torch thread on a shared machine)."""
-    if clock not in CLOCKS:
-        raise ValueError(f"clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
-    tick = CLOCKS[clock]
-    for name in models:
-        if not timm.is_model(name):
-            create_model(name)  # raises, naming the nearest model names
+    """One SpeedRow per (model, resolution[, frames]), timm's equivalents included (their `reference` is None).
+    clock='cpu' times CPU seconds of the calling thread (use with one torch thread on a shared machine)."""
+    tick = Clock(clock, device)
+    models = expand_models(models)
+    if baseline is not None and baseline not in models:
+        models = [baseline, *models]
     rows: list[SpeedRow] = []
-    for res in resolutions:
+    for res, n_frames, names in _points(models, resolutions, frames):
+        where = f"{res} px" + (f", {n_frames} frames" if n_frames else "")
         built: dict[str, tuple[nn.Module, dict, bool]] = {}
-        for name in models:
-            pair = timm_equivalent(name) if with_timm else None
+        for name in names:
+            pair = timm_equivalent(name) if with_timm and n_frames is None else None
             kwargs = dict(pair[1]) if pair else {}
-            built[name] = (_build(name, kwargs, res, True), kwargs, True)
+            built[name] = (_build(name, kwargs, res, name in list_visionpe_models()), kwargs, True)
             if pair and pair[0] not in built:
                 try:
                     built[pair[0]] = (_build(pair[0], {}, res, False), {"img_size": res}, False)
                 except Exception as e:  # a timm model that cannot take this size: measure ours alone
                     log(f"  {pair[0]} cannot be built at {res} px ({e}); measuring {name} alone")
-        by_name = {}
-        for name, (model, _, ours) in built.items():
+        by_name: dict[str, SpeedRow] = {}
+        for name, (model, kwargs, ours) in built.items():
             model.to(device)
             pair = timm_equivalent(name) if ours and with_timm else None
             ref = pair[0] if pair and pair[0] in built else None
-            row = SpeedRow(name, res, ref, _tokens(model, res), sum(p.numel() for p in model.parameters()) / 1e6)
-            if ours and built[name][1]:
-                row.notes.append(f"built with {built[name][1]} to match {pair[0]}")
-            x = _example(name, res, 1)
+            params = sum(p.numel() for p in model.parameters()) / 1e6
+            row = SpeedRow(name, res, ref, _tokens(model, res, n_frames), params, frames=n_frames)
+            if ours and kwargs:
+                row.notes.append(f"built with {kwargs} to match {pair[0]}")
+            x = example_input(name, res, 1, n_frames)
             if flops:
                 try:
                     row.gflops = _flops(model, x)
@@ -196,59 +282,35 @@ def measure(
                     row.notes.append(f"FLOPs not counted: {type(e).__name__}: {str(e)[:120]}")
             by_name[name] = row
             rows.append(row)
-        groups: dict[str, dict[str, nn.Module]] = {}  # models that take the same input are interleaved together
-        for n, (m, _, _) in built.items():
-            groups.setdefault(_signature(_example(n, res, 1)), {})[n] = m
-        for group in groups.values():
-            first = next(iter(group))
-            make = lambda f=first, r=res: _to(_example(f, r, batch), device)  # noqa: E731
-            if train:  # training first: some PEs cache index tensors, which inference mode would make read-only
-                log(f"  {res} px: timing training of {', '.join(group)}")
-                for n, v in interleaved_throughput(group, make, True, rounds, steps, tick).items():
-                    by_name[n].train_ips = v
-            log(f"  {res} px: timing inference of {', '.join(group)}")
-            for n, v in interleaved_throughput(group, make, False, rounds, steps, tick).items():
-                by_name[n].infer_ips = v
+        if timing:
+            groups: dict[str, dict[str, nn.Module]] = {}  # models that take the same input are interleaved together
+            for n, (m, _, _) in built.items():
+                groups.setdefault(_signature(example_input(n, res, 1, n_frames)), {})[n] = m
+            for group in groups.values():
+                x = _to(example_input(next(iter(group)), res, batch, n_frames), device)
+                if train:  # training first: some PEs cache index tensors, which inference mode would make read-only
+                    log(f"  {where}: timing training of {', '.join(group)}")
+                    _time_group(group, by_name, baseline, x, True, tick, rounds, steps)
+                if infer:
+                    log(f"  {where}: timing inference of {', '.join(group)}")
+                    _time_group(group, by_name, baseline, x, False, tick, rounds, steps)
         if memory:
             for name, (model, kwargs, _) in built.items():
-                log(f"  {res} px: peak memory of {name}")
-                by_name[name].infer_mem_mb = _peak(name, res, False, kwargs, device, model)
-                if train:
-                    by_name[name].train_mem_mb = _peak(name, res, True, kwargs, device, model)
+                log(f"  {where}: peak memory of {name}")
+                row = by_name[name]
+                row.infer_mem_mb = _peak(name, res, False, kwargs, device, model, n_frames) if infer else None
+                row.train_mem_mb = _peak(name, res, True, kwargs, device, model, n_frames) if train else None
+                if train and n_frames is not None:
+                    row.saved_act_mb = saved_activation_mb(model.cpu(), example_input(name, res, 1, n_frames))
         for model, _, _ in built.values():
             model.cpu()
-        del built, groups
+        del built
     return rows
 
 
-def _signature(x) -> str:
-    if isinstance(x, dict):
-        return repr(sorted((k, tuple(v.shape)) for k, v in x.items()))
-    return repr(tuple(x.shape))
-
-
-def _to(x, device: str):
-    return {k: v.to(device) for k, v in x.items()} if isinstance(x, dict) else x.to(device)
-
-
-def _peak(name: str, res: int, train: bool, kwargs: dict, device: str, model: nn.Module) -> float | None:
-    if device.startswith("cuda"):
-        model.to(device).train(train)
-        x = _to(_example(name, res, 1), device)
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        if train:
-            out = model(**x) if isinstance(x, dict) else model(x)
-            out.float().square().mean().backward()
-            model.zero_grad(set_to_none=True)
-        else:
-            with torch.inference_mode():
-                model(**x) if isinstance(x, dict) else model(x)
-        torch.cuda.synchronize()
-        return (torch.cuda.max_memory_allocated() - base) / 2**20
+def _peak(name: str, res: int, train: bool, kwargs: dict, device: str, model: nn.Module, frames) -> float | None:
     try:
-        return peak_memory_mb(name, res, 1, train, kwargs)
+        return peak_memory_mb(name, res, 1, train, kwargs, frames, device, model)
     except RuntimeError:
         return None
 
@@ -256,74 +318,97 @@ def _peak(name: str, res: int, train: bool, kwargs: dict, device: str, model: nn
 # -------------------------------------------------------------------------------------------------------- report
 
 
-def _ratio(a: float | None, b: float | None) -> str:
-    return f"{a / b:.2f}" if a and b else "-"
-
-
 def _fmt(v: float | None, spec: str = ".1f") -> str:
     return "-" if v is None else format(v, spec)
 
 
+def _spread_text(d: dict | None) -> str:
+    return "-" if not d else Spread(**d).text()
+
+
+def _mem_ratio(r: SpeedRow, base: SpeedRow | None) -> str:
+    parts = []
+    for key in ("infer_mem_mb", "train_mem_mb"):
+        a, b = getattr(r, key), base and getattr(base, key)
+        parts.append(f"{a / b:.2f}" if a and b else "-")
+    return " / ".join(parts)
+
+
+def growth_exponent(xs: list[float], ys: list[float]) -> float:
+    """Least-squares slope k of log y = k log x + c."""
+    lx, ly = [math.log(x) for x in xs], [math.log(y) for y in ys]
+    mx, my = sum(lx) / len(lx), sum(ly) / len(ly)
+    return sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum((a - mx) ** 2 for a in lx)
+
+
 def scaling(rows: list[SpeedRow]) -> dict[str, dict]:
-    """Per model with two or more resolutions: exponents a, b of time per image ~ N^a and memory ~ N^b."""
+    """Per model with two or more token counts: exponents a, b of time per item ~ N^a and memory ~ N^b (fit)."""
     out = {}
     for name in dict.fromkeys(r.model for r in rows):
-        rs = sorted((r for r in rows if r.model == name and r.infer_ips), key=lambda r: r.tokens)
+        rs = sorted((r for r in rows if r.model == name and r.tokens), key=lambda r: r.tokens)
         if len(rs) < 2 or rs[0].tokens == rs[-1].tokens:
             continue
-        span = math.log(rs[-1].tokens / rs[0].tokens)
-        entry = dict(tokens=[rs[0].tokens, rs[-1].tokens], time_exp=math.log(rs[0].infer_ips / rs[-1].infer_ips) / span)
-        if rs[0].infer_mem_mb and rs[-1].infer_mem_mb:
-            entry["memory_exp"] = math.log(rs[-1].infer_mem_mb / rs[0].infer_mem_mb) / span
-        out[name] = entry
+        entry: dict = dict(tokens=[rs[0].tokens, rs[-1].tokens])
+        timed = [r for r in rs if r.infer_ips or r.train_ips]
+        if len({r.tokens for r in timed}) >= 2:
+            key = "infer_ips" if all(r.infer_ips for r in timed) else "train_ips"
+            entry["time_exp"] = growth_exponent([r.tokens for r in timed], [1 / getattr(r, key) for r in timed])
+        mem_key = "infer_mem_mb" if any(r.infer_mem_mb for r in rs) else "train_mem_mb"
+        for key, label in ((mem_key, "memory_exp"), ("saved_act_mb", "activation_exp")):
+            mem = [r for r in rs if getattr(r, key)]
+            if len({r.tokens for r in mem}) >= 2:
+                entry[label] = growth_exponent([r.tokens for r in mem], [getattr(r, key) for r in mem])
+        if len(entry) > 1:
+            out[name] = entry
     return out
 
 
 def _clock_text(settings: dict) -> str:
-    if settings.get("clock") == "cpu":
-        return "timed in CPU seconds of one thread (robust to other work on a shared machine)"
-    return "timed in wall-clock seconds"
+    return Clock(settings.get("clock", "wall")).describe() if settings.get("clock") in CLOCKS else "wall-clock seconds"
 
 
 def format_markdown(rows: list[SpeedRow], machine: dict, settings: dict) -> str:
-    first = rows[0].model if rows else None
+    rounds = settings["rounds"]
+    spread_word = "interquartile range" if rounds >= 4 else "min-max"
     lines = [
         f"# Speed, memory and FLOPs ({machine['date']})",
         "",
-        f"Measured on {machine_description(machine)}; batch {settings['batch']}, median of {settings['rounds']} "
-        f"interleaved rounds of {settings['steps']} steps, {_clock_text(settings)}. Ratios are against timm's "
-        f"equivalent model (same "
-        f"architecture) measured in the same run, and against the first model listed ({first}). GFLOPs are "
-        f"fvcore MACs per image with attention counted; memory is the peak of one step of one image beyond the "
-        f"weights.",
+        f"Measured on {machine_description(machine)}; batch {settings['batch']}, {rounds} interleaved rounds of "
+        f"{settings['steps']} steps, timed in {_clock_text(settings)}. Images/s (clips/s for video) are medians "
+        f"over the rounds; ratios are taken per round against the baseline and against timm's equivalent model "
+        f"(same architecture) measured in the same rounds, given as median [{spread_word}]. GFLOPs are fvcore "
+        f"MACs per item with attention counted; memory is the peak of one step of one item beyond the weights "
+        f"(infer / train).",
         "",
-        "| model | px | tokens | params (M) | GFLOPs | infer img/s | train img/s | infer MiB | train MiB | "
-        "infer vs timm | train vs timm | infer vs first | train vs first |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| model | px | frames | tokens | params (M) | GFLOPs | infer img/s | train img/s | infer MiB | train MiB | "
+        "baseline | infer vs base | train vs base | memory vs base | infer vs timm | train vs timm |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|",
     ]
-    by = {(r.model, r.resolution): r for r in rows}
+    by = {(r.model, r.resolution, r.frames): r for r in rows}
     for r in rows:
-        ref = by.get((r.reference, r.resolution)) if r.reference else None
-        base = by.get((first, r.resolution))
+        base = by.get((r.baseline, r.resolution, r.frames)) if r.baseline else None
         lines.append(
-            f"| {r.model} | {r.resolution} | {r.tokens} | {r.params_m:.2f} | {_fmt(r.gflops, '.3f')} | "
-            f"{_fmt(r.infer_ips)} | {_fmt(r.train_ips)} | {_fmt(r.infer_mem_mb, '.0f')} | "
-            f"{_fmt(r.train_mem_mb, '.0f')} | {_ratio(r.infer_ips, ref and ref.infer_ips)} | "
-            f"{_ratio(r.train_ips, ref and ref.train_ips)} | {_ratio(r.infer_ips, base and base.infer_ips)} | "
-            f"{_ratio(r.train_ips, base and base.train_ips)} |"
+            f"| {r.model} | {r.resolution} | {r.frames or '-'} | {r.tokens} | {r.params_m:.2f} | "
+            f"{_fmt(r.gflops, '.3f')} | {_fmt(r.infer_ips)} | {_fmt(r.train_ips)} | {_fmt(r.infer_mem_mb, '.0f')} | "
+            f"{_fmt(r.train_mem_mb, '.0f')} | {r.baseline or '-'} | {_spread_text(r.infer_vs_base)} | "
+            f"{_spread_text(r.train_vs_base)} | {_mem_ratio(r, base)} | {_spread_text(r.infer_vs_timm)} | "
+            f"{_spread_text(r.train_vs_timm)} |"
         )
+    if any(r.saved_act_mb for r in rows):
+        lines += ["", "Activations autograd saves for backward (one clip, MiB):", ""]
+        lines += [f"- {r.model} @ {r.frames} x {r.resolution}: {r.saved_act_mb:.0f}" for r in rows if r.saved_act_mb]
     grow = scaling(rows)
     if grow:
         lines += [
             "",
-            "Growth with the number of tokens N (power-law fit between the smallest and largest size):",
+            "Growth with the number of tokens N (least-squares power-law fit over the sizes measured):",
             "",
-            "| model | N | time per image ~ N^a | memory ~ N^b |",
-            "|---|---|---:|---:|",
+            "| model | N | time per item ~ N^a | memory ~ N^b | saved activations ~ N^c |",
+            "|---|---|---:|---:|---:|",
         ]
         for name, g in grow.items():
-            mem = f"{g['memory_exp']:.2f}" if "memory_exp" in g else "-"
-            lines.append(f"| {name} | {g['tokens'][0]} -> {g['tokens'][1]} | {g['time_exp']:.2f} | {mem} |")
+            cols = [f"{g[k]:.2f}" if k in g else "-" for k in ("time_exp", "memory_exp", "activation_exp")]
+            lines.append(f"| {name} | {g['tokens'][0]} -> {g['tokens'][1]} | {' | '.join(cols)} |")
     notes = [f"- {r.model} @ {r.resolution}: {n}" for r in rows for n in r.notes]
     if notes:
         lines += ["", "Notes:", *notes]
@@ -372,17 +457,7 @@ def run_zoo(args) -> list[SpeedRow]:
     for fam, models in zoo_plan():
         res = _default_resolution(models[0])
         print(f"{fam}: {len(models)} models at {res} px")
-        rows += measure(
-            models,
-            [res],
-            args.batch,
-            args.rounds,
-            args.steps,
-            train=args.train,
-            memory=args.memory,
-            device=args.device,
-            clock=args.clock,
-        )
+        rows += measure(models, [res], **_measure_kwargs(args))
     timed = {r.model for r in rows}
     for name in zoo_sizes_plan():
         if name in timed:
@@ -391,80 +466,122 @@ def run_zoo(args) -> list[SpeedRow]:
         print(f"{name}: parameters and FLOPs at {res} px")
         model = create_model(name)
         row = SpeedRow(name, res, None, _tokens(model, res), sum(p.numel() for p in model.parameters()) / 1e6)
-        row.gflops = _flops(model, _example(name, res, 1))
+        row.gflops = _flops(model, example_input(name, res, 1))
         rows.append(row)
         del model
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
+def _measure_kwargs(args) -> dict:
+    return dict(
+        batch=args.batch,
+        rounds=args.rounds,
+        steps=args.steps,
+        train=args.train,
+        infer=args.infer,
+        memory=args.mode in ("memory", "both"),
+        timing=args.mode in ("time", "both"),
+        with_timm=args.timm,
+        device=args.device,
+        clock=args.clock,
+    )
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="visionpe-bench speed", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--models", nargs="+", default=["vit_s_ape", "vit_s_rope2d_mixed", "swin_t_rpb", "cvt_13"])
+    ap.add_argument(
+        "--models",
+        nargs="+",
+        default=None,
+        help="model names or glob patterns (default: vit_s_ape vit_s_rope2d_mixed swin_t_rpb cvt_13; with --data: "
+        "every vit_n_* model)",
+    )
+    ap.add_argument("--baseline", default=None, help="the model every ratio is against (default: the first listed)")
     ap.add_argument("--resolutions", nargs="+", type=int, default=[224])
+    ap.add_argument("--frames", nargs="+", type=int, default=None, help="clip lengths of video models")
+    ap.add_argument("--mode", choices=("time", "memory", "both"), default="both")
+    phase = ap.add_mutually_exclusive_group()
+    phase.add_argument("--train", dest="phase", action="store_const", const="train", help="training steps only")
+    phase.add_argument("--infer", dest="phase", action="store_const", const="infer", help="inference only")
+    phase.add_argument("--no-train", dest="phase", action="store_const", const="infer", help=argparse.SUPPRESS)
+    ap.add_argument("--no-memory", dest="mode", action="store_const", const="time", help=argparse.SUPPRESS)
     ap.add_argument(
         "--zoo",
         action="store_true",
         help="every PE of one size per family at its default resolution, "
         "plus parameters/FLOPs of every size (what the model cards report)",
     )
-    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--data", default=None, help="dataset: training loader vs training step in images/s")
+    ap.add_argument("--workers", type=int, nargs="+", default=[0, 1], help="loader worker counts (with --data)")
+    ap.add_argument("--root", default=None, help="dataset folder (with --data)")
+    ap.add_argument("--batch", type=int, default=None, help="batch size (default 4; 128 with --data)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument(
         "--clock",
-        choices=sorted(CLOCKS),
+        choices=CLOCKS,
         default=None,
         help="cpu: CPU seconds of one thread, robust on a shared machine (default on CPU); wall: wall-clock seconds "
-        "(default on GPU)",
+        "(default on GPU and with --data, whose loader workers are other processes)",
     )
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: 1 with --clock cpu)")
-    ap.add_argument("--no-train", dest="train", action="store_false", help="skip training speed and memory")
-    ap.add_argument("--no-memory", dest="memory", action="store_false", help="skip peak memory")
     ap.add_argument("--no-timm", dest="timm", action="store_false", help="do not measure timm's equivalents")
     ap.add_argument("--device", default="cpu")
     ap.add_argument(
         "--out",
         default=None,
-        help="output path without suffix (default results/speed/speed or "
-        "results/speed/zoo with --zoo); .json and .md are written",
+        help="output path without suffix (default results/speed/speed, results/speed/zoo with --zoo, "
+        "results/speed/data with --data); .json and .md are written",
     )
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
     args = ap.parse_args(argv)
-    args.clock = args.clock or ("wall" if args.device.startswith("cuda") else "cpu")
-    if args.threads or args.clock == "cpu":
-        torch.set_num_threads(args.threads or 1)
+    args.train, args.infer = args.phase in (None, "train"), args.phase in (None, "infer")
+    args.clock = args.clock or ("wall" if args.data else Clock.default(args.device))
+    args.batch = args.batch or (128 if args.data else 4)
+    if args.clock == "cpu" and not args.device.startswith("cpu"):
+        ap.error(f"--clock cpu counts CPU work; use --clock wall on {args.device}")
     if not args.resolutions or any(r <= 0 for r in args.resolutions):
         ap.error(f"--resolutions takes positive pixel sizes, got {args.resolutions}")
+    if args.frames is not None and any(f <= 0 for f in args.frames):
+        ap.error(f"--frames takes positive clip lengths, got {args.frames}")
     if args.batch <= 0 or args.rounds <= 0 or args.steps <= 0:
         ap.error("--batch, --rounds and --steps must be positive")
+    try:
+        models = expand_models(args.models or (["vit_n_*"] if args.data else _DEFAULT_MODELS))
+        if args.baseline:
+            expand_models([args.baseline])
+    except ValueError as e:
+        ap.error(str(e).splitlines()[0])
     t0 = time.perf_counter()
-    if args.zoo:
-        rows = run_zoo(args)
-    else:
-        rows = measure(
-            args.models,
-            args.resolutions,
-            args.batch,
-            args.rounds,
-            args.steps,
-            train=args.train,
-            memory=args.memory,
-            with_timm=args.timm,
-            device=args.device,
-            clock=args.clock,
+    with torch_threads(args.threads or (1 if args.clock == "cpu" else None)):
+        machine = machine_info(args.device)
+        settings = dict(
+            batch=args.batch, rounds=args.rounds, steps=args.steps, clock=args.clock, zoo=args.zoo, mode=args.mode
         )
-    machine = machine_info(args.device)
-    settings = dict(
-        batch=args.batch,
-        rounds=args.rounds,
-        steps=args.steps,
-        clock=args.clock,
-        zoo=args.zoo,
-        seconds=round(time.perf_counter() - t0, 1),
-    )
-    out = Path(args.out or ("results/speed/zoo" if args.zoo else "results/speed/speed"))
-    json_path, md_path = write_results(rows, out, machine, settings)
+        if args.data:
+            from .data_throughput import measure_data, write_data_results
+
+            result = measure_data(args.data, models, args.batch, args.rounds, args.steps, args.workers, args.root)
+            settings.update(seconds=round(time.perf_counter() - t0, 1), clock="wall")
+            json_path, md_path = write_data_results(result, Path(args.out or "results/speed/data"), machine, settings)
+        else:
+            if args.zoo:
+                rows = run_zoo(args)
+            else:
+                kw = _measure_kwargs(args)
+                rows = measure(models, args.resolutions, frames=args.frames, baseline=args.baseline, **kw)
+            settings.update(seconds=round(time.perf_counter() - t0, 1))
+            out = Path(args.out or ("results/speed/zoo" if args.zoo else "results/speed/speed"))
+            json_path, md_path = write_results(rows, out, machine, settings)
     print(md_path.read_text())
     print(f"wrote {json_path} and {md_path}")
     return 0
+
+
+_DEFAULT_MODELS = ["vit_s_ape", "vit_s_rope2d_mixed", "swin_t_rpb", "cvt_13"]

@@ -1,0 +1,248 @@
+"""`visionpe-bench gpu-check`: is this GPU set up right? One command, a few minutes on one GPU.
+
+1. Versions: torch, CUDA, xformers, the torch version the installed xformers was built for, and whether xformers'
+   compiled ops load and run.
+2. Agreement: the output of small models with a rotary PE (vit rope2d), bias PEs (iRPE; Swin's relative position
+   bias with the shifted-window mask) and a value PE (iRPE on q, k and v) under each attention backend
+   (xformers, sdpa) against the explicit math backend, in fp32 and bf16 (bf16 on CUDA only).
+3. Throughput: images/s and peak memory of ViT-B/16 at 224/512/1024 px per backend (CUDA only).
+On CPU, the agreement runs sdpa against math at tiny sizes, xformers is reported unavailable and the throughput rows
+are skipped with the reason. Results go to a JSON file and a Markdown table next to it.
+
+Known good pairs (wheel METADATA on PyPI): xformers 0.0.31 requires torch==2.7.1, 0.0.32.post2 torch==2.8.0,
+0.0.33.post1 torch==2.9.0, 0.0.34 torch==2.10.0. 0.0.35 says torch>=2.10, but its compiled ops are built for torch
+2.10.0 and do not load on torch 2.14.1 (xformers then imports, warns, and has no memory-efficient kernel). No
+xformers build matches torch 2.14.1 yet: the `[xformers]` extra pins the pair xformers 0.0.34 + torch 2.10.0, and
+this check reports the installed pair and whether the compiled ops load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+import visionpe  # noqa: F401  (registers the models)
+from visionpe import attn_backend
+
+from ..zoo import FAMILIES, create_model, family_of
+from .memprobe import cuda_peak_mb
+from .timing import Clock, interleave, model_step, spread
+
+__all__ = ["XFORMERS_TORCH", "AGREEMENT_MODELS", "TOLERANCE", "xformers_status", "agreement", "throughput", "main"]
+
+XFORMERS_TORCH = {
+    "0.0.31": "==2.7.1",
+    "0.0.32.post2": "==2.8.0",
+    "0.0.33.post1": "==2.9.0",
+    "0.0.34": "==2.10.0",
+    "0.0.35": ">=2.10 (compiled ops built for 2.10.0)",
+}
+AGREEMENT_MODELS = {
+    "rotary (RoPE-2D)": "vit_n_rope2d_mixed",
+    "bias (iRPE contextual)": "vit_n_irpe",
+    "bias (Swin RPB + shift mask)": "swin_n_rpb",
+    "value (iRPE on q, k, v)": "vit_n_irpe_qkv",
+}
+# Largest |backend - math| relative to max |math| that passes. fp32: unit roundoff 6e-8, and the two backends order
+# the sums of a few hundred products per dot product and softmax row differently, through 2 blocks: ~1e-6 expected,
+# 1e-4 leaves room for TF32-free reordering on any kernel. bf16: unit roundoff 3.9e-3 on every stored activation,
+# several roundings per block, 2 blocks: a few 1e-2 expected.
+TOLERANCE = {"float32": 1e-4, "bfloat16": 6e-2}
+
+
+def xformers_status() -> dict:
+    """Installed versions and whether xformers' compiled ops load (and run, on CUDA)."""
+    info: dict = dict(torch=torch.__version__, cuda=torch.version.cuda, cuda_available=torch.cuda.is_available())
+    try:
+        info["xformers"] = importlib.metadata.version("xformers")
+    except importlib.metadata.PackageNotFoundError:
+        return dict(info, xformers=None, usable=False, reason="xformers is not installed (pip install '.[xformers]')")
+    reqs = importlib.metadata.requires("xformers") or []
+    info["xformers_requires_torch"] = next((r.split(";")[0][5:].strip() for r in reqs if r.startswith("torch")), None)
+    try:
+        import xformers.ops as xops
+
+        info["ops_import"] = True
+    except Exception as e:  # a build for another torch can fail here with an undefined-symbol or version error
+        return dict(info, ops_import=False, usable=False, reason=f"import xformers.ops: {type(e).__name__}: {e}")
+    try:  # a build for another torch imports with a warning, but its compiled extension does not load
+        importlib.import_module("xformers._C")
+        info["compiled_ops"] = True
+    except (ImportError, OSError) as e:
+        why = f"xformers' compiled ops do not load with torch {torch.__version__}: {str(e)[:160]}"
+        return dict(info, compiled_ops=False, usable=False, reason=why)
+    if not torch.cuda.is_available():
+        return dict(info, usable=False, reason="xformers' kernels run on CUDA only")
+    try:
+        q = torch.randn(1, 16, 2, 32, device="cuda", dtype=torch.float16)
+        xops.memory_efficient_attention(q, q, q)
+    except Exception as e:
+        return dict(info, usable=False, reason=f"memory_efficient_attention failed: {type(e).__name__}: {e}")
+    return dict(info, usable=True, reason="")
+
+
+def _tiny(name: str) -> torch.nn.Module:
+    return create_model(name, **FAMILIES[family_of(name).name].tiny)
+
+
+def _forward(model: torch.nn.Module, x: torch.Tensor, dtype: torch.dtype, backend: str) -> torch.Tensor:
+    mixed = torch.autocast(x.device.type, dtype=dtype, enabled=dtype != torch.float32)
+    with torch.inference_mode(), mixed, attn_backend(backend):
+        return model(x).float()
+
+
+def agreement(backends: list[str], dtypes: list[torch.dtype], device: str, batch: int = 2) -> list[dict]:
+    """Per PE model, dtype and backend: max |backend - math| / max |math| of the logits, and pass/fail. bf16 runs
+    under autocast (fp32 weights), as mixed-precision training and inference do."""
+    rows = []
+    for kind, name in AGREEMENT_MODELS.items():
+        torch.manual_seed(0)
+        model = _tiny(name).eval().to(device)
+        x = torch.randn(batch, 3, 32, 32, device=device)
+        for dtype in dtypes:
+            label = str(dtype).removeprefix("torch.")
+            try:
+                ref = _forward(model, x, dtype, "math")
+            except Exception as e:  # reported, not raised: the check goes on
+                err = f"math reference: {type(e).__name__}: {str(e)[:200]}"
+                rows += [dict(pe=kind, model=name, dtype=label, backend=b, error=err, ok=False) for b in backends]
+                continue
+            for backend in backends:
+                row = dict(pe=kind, model=name, dtype=label, backend=backend)
+                try:
+                    out = _forward(model, x, dtype, backend)
+                except Exception as e:  # reported, not raised: the check goes on to the next backend
+                    rows.append(dict(row, error=f"{type(e).__name__}: {str(e)[:200]}", ok=False))
+                    continue
+                rel = ((out - ref).abs().max() / ref.abs().max().clamp_min(1e-12)).item()
+                rows.append(dict(row, rel_err=rel, tol=TOLERANCE[label], ok=rel <= TOLERANCE[label]))
+        model.cpu()
+    return rows
+
+
+def throughput(
+    backends: list[str],
+    device: str,
+    model_name: str = "vit_b_ape",
+    resolutions: tuple[int, ...] = (224, 512, 1024),
+    batch: int = 8,
+    rounds: int = 3,
+    dtype: torch.dtype = torch.bfloat16,
+    build: Callable[[str], torch.nn.Module] = create_model,
+) -> list[dict]:
+    """Images/s (backends interleaved per resolution, ratio against sdpa per round) and peak memory of one step."""
+    rows = []
+    model = build(model_name).eval().to(device, dtype)
+    for res in resolutions:
+        x = torch.randn(batch, 3, res, res, device=device, dtype=dtype)
+        step = model_step(model, x, train=False)
+
+        def run(b: str, step=step) -> int:
+            with attn_backend(b):
+                return step()
+
+        tasks = {b: (lambda b=b: run(b)) for b in backends}
+        rates = interleave(tasks, Clock("wall", device), rounds, steps=1)
+        base = "sdpa" if "sdpa" in rates else backends[0]
+        for b in backends:
+            ratios = [a / c for a, c in zip(rates[b], rates[base])]
+            mem = cuda_peak_mb(lambda b=b: run(b), device)
+            rows.append(
+                dict(
+                    model=model_name,
+                    resolution=res,
+                    backend=b,
+                    images_per_s=spread(rates[b]).as_dict(),
+                    vs=base,
+                    ratio=spread(ratios).as_dict(),
+                    peak_mb=mem,
+                )
+            )
+    return rows
+
+
+def run_check(
+    device: str | None = None, throughput_model: str = "vit_b_ape", resolutions=(224, 512, 1024), batch: int = 8
+) -> dict:
+    """Everything the command reports, as one dict (the CUDA-only parts run where torch.cuda.is_available())."""
+    cuda = torch.cuda.is_available()
+    device = device or ("cuda" if cuda else "cpu")
+    status = xformers_status()
+    backends = ["sdpa"] + (["xformers"] if status["usable"] else [])
+    dtypes = [torch.float32] + ([torch.bfloat16] if cuda else [])
+    result: dict = dict(versions=status, device=device, backends=backends, skipped=[])
+    if not status["usable"]:
+        result["skipped"].append(f"xformers: {status['reason']}")
+    if not cuda:
+        result["skipped"].append("bf16 agreement: no CUDA device (bf16 on CPU is not what this check is about)")
+    result["agreement"] = agreement(backends, dtypes, device)
+    if cuda:
+        result["gpu"] = torch.cuda.get_device_name(device)
+        result["throughput"] = throughput(["math", *backends], device, throughput_model, tuple(resolutions), batch)
+    else:
+        result["throughput"] = []
+        result["skipped"].append("throughput and peak memory of ViT-B/16: no CUDA device")
+    result["ok"] = all(r["ok"] for r in result["agreement"])
+    return result
+
+
+def format_markdown(result: dict) -> str:
+    v = result["versions"]
+    lines = [
+        f"# GPU check ({time.strftime('%Y-%m-%d')})",
+        "",
+        f"Device {result.get('gpu', result['device'])}; torch {v['torch']} (CUDA {v['cuda']}); xformers "
+        f"{v.get('xformers') or 'not installed'}"
+        + (f" (built for torch{v['xformers_requires_torch']})" if v.get("xformers_requires_torch") else "")
+        + f"; xformers usable: {'yes' if v['usable'] else 'no (' + v['reason'] + ')'}.",
+        "",
+        "| PE | model | dtype | backend | max rel. error vs math | tolerance | ok |",
+        "|---|---|---|---|---:|---:|---|",
+    ]
+    for r in result["agreement"]:
+        err = f"{r['rel_err']:.2e}" if "rel_err" in r else r["error"]
+        tol = f"{r['tol']:.0e}" if "tol" in r else "-"
+        lines.append(f"| {r['pe']} | {r['model']} | {r['dtype']} | {r['backend']} | {err} | {tol} | {r['ok']} |")
+    if result["throughput"]:
+        lines += [
+            "",
+            "| model | px | backend | images/s | vs | ratio | peak MiB |",
+            "|---|---:|---|---:|---|---:|---:|",
+        ]
+        for r in result["throughput"]:
+            ips, ratio = r["images_per_s"], r["ratio"]
+            lines.append(
+                f"| {r['model']} | {r['resolution']} | {r['backend']} | {ips['median']:.1f} | {r['vs']} | "
+                f"{ratio['median']:.2f} [{ratio['min']:.2f}-{ratio['max']:.2f}] | {r['peak_mb']:.0f} |"
+            )
+    if result["skipped"]:
+        lines += ["", "Skipped:", *[f"- {s}" for s in result["skipped"]]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="visionpe-bench gpu-check", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--model", default="vit_b_ape", help="model of the throughput rows (default ViT-B/16, APE)")
+    ap.add_argument("--resolutions", nargs="+", type=int, default=[224, 512, 1024])
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--out", default="results/gpu_check", help="output path without suffix (.json and .md)")
+    args = ap.parse_args(argv)
+    if args.batch <= 0 or any(r <= 0 for r in args.resolutions):
+        ap.error("--batch and --resolutions must be positive")
+    result = run_check(None, args.model, args.resolutions, args.batch)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    md = format_markdown(result)
+    out.with_suffix(".md").write_text(md)
+    print(md)
+    print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.md')}")
+    return 0 if result["ok"] else 1
