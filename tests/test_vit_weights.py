@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import save_file
 
 import visionpe  # noqa: F401
-from visionpe.models.vit_weights import CheckpointMismatch
+from visionpe.models.vit_weights import CheckpointMismatch  # the old import path keeps working
 
 LS = dict(init_values=1e-5)
 PAIRS = [
@@ -54,10 +54,10 @@ def test_checkpoint_round_trip_gives_the_same_logits(timm_name, ours, kwargs, tm
 @pytest.mark.parametrize(
     "timm_name, ours, kwargs, fix",
     [
-        ("vit_small_patch16_rope_224", "vit_s_rope2d", {}, "init_values=1e-5"),
-        ("vit_small_patch16_rope_ape_224", "vit_s_rope2d_ape", LS, "no_embed_class=True"),
+        ("vit_small_patch16_224", "vit_s_rope2d_ape", {}, "has no LayerScale"),  # the tag's cfg adds LayerScale
+        ("vit_small_patch16_rope_ape_224", "vit_s_rope2d_ape", dict(no_embed_class=False), "no_embed_class=True"),
         ("vit_small_patch16_rope_mixed_224", "vit_s_rope2d", LS, "rope2d_mixed"),
-        ("vit_small_patch16_224", "vit_s_rope2d", {}, "_ape"),
+        ("vit_small_patch16_rope_ape_224", "vit_s_rope2d", {}, "_ape"),
         ("vit_small_patch16_rope_224", "vit_s_rope2d_mixed", LS, "rope2d"),
     ],
 )

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import timm
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models import build_model_with_cfg, generate_default_cfgs, get_pretrained_cfg, register_model
 
 from .pos.presets import PRESET_MODEL_OPTIONS, nearest, preset_cfg
 
@@ -80,13 +80,35 @@ def preset_model_options(model_kwargs: dict) -> dict:
     return dict(PRESET_MODEL_OPTIONS.get(model_kwargs.get("pe", ""), {}))
 
 
+def _selected_tag(name: str, pretrained: bool, pretrained_cfg) -> str | None:
+    """The weights tag a create call selects: named (`name.tag` or pretrained_cfg="tag" or a cfg dict with a tag),
+    else the default tag when pretrained=True; None for a plain architecture."""
+    if isinstance(pretrained_cfg, str):
+        return pretrained_cfg
+    if pretrained_cfg is not None:
+        return pretrained_cfg.get("tag") if isinstance(pretrained_cfg, dict) else getattr(pretrained_cfg, "tag", None)
+    if pretrained:
+        return get_pretrained_cfg(name).tag
+    return None
+
+
 def _entrypoint(family: Family, name: str, size: str, pe: str) -> Callable:
-    def create(pretrained: bool = False, **kwargs):
-        args = {**family.sizes[size], **preset_model_options(family.pes[pe]), **family.pes[pe], **kwargs}
+    def create(pretrained: bool = False, pretrained_cfg=None, **kwargs):
+        from .models.pretrained_cfgs import model_args_for  # the models package imports this module
+
+        trained_with = model_args_for(name, _selected_tag(name, pretrained, pretrained_cfg))
+        args = {
+            **family.sizes[size],
+            **preset_model_options(family.pes[pe]),
+            **family.pes[pe],
+            **trained_with,
+            **kwargs,
+        }
         return build_model_with_cfg(
             family.model_cls,
             name,
             pretrained,
+            pretrained_cfg=pretrained_cfg,
             pretrained_filter_fn=family.filter_fn,
             feature_cfg=dict(family.feature_cfg),
             **args,
@@ -106,11 +128,17 @@ def register_family(family: Family) -> list[str]:
         if paper:
             family.pe_cfg[pe] = {**paper, **family.pe_cfg.get(pe, {})}
     mod = sys.modules[family.module]
+    from .models.pretrained_cfgs import WEIGHTS  # the models package imports this module
+
     cfgs = {}
     for size in family.sizes:
         for pe in family.pes:
             name = model_name(family.name, size, pe)
-            cfgs[name] = {**family.cfg, **family.size_cfg.get(size, {}), **family.pe_cfg.get(pe, {})}
+            cfg = {**family.cfg, **family.size_cfg.get(size, {}), **family.pe_cfg.get(pe, {})}
+            for tag, weights in WEIGHTS.get(name, {}).items():  # published weights: one cfg per tag
+                cfgs[f"{name}.{tag}"] = {**cfg, **{k: v for k, v in weights.items() if k != "model_args"}}
+            if name not in WEIGHTS:
+                cfgs[name] = cfg
     generated = generate_default_cfgs(cfgs)
     if not hasattr(mod, "default_cfgs"):
         mod.default_cfgs = {}

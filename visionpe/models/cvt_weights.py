@@ -15,12 +15,9 @@ from __future__ import annotations
 
 import re
 
+from .checkpoints import CheckpointMismatch, describe_checkpoint, ensure_fits, unwrap
+
 __all__ = ["checkpoint_filter_fn", "CheckpointMismatch"]
-
-
-class CheckpointMismatch(ValueError):
-    """The checkpoint does not fit the model it is loaded into."""
-
 
 _QKV = {"query": "q", "key": "k", "value": "v"}
 
@@ -51,13 +48,6 @@ _HF_RULES = [
 ]
 
 
-def _unwrap(state_dict: dict) -> dict:
-    for key in ("model_ema", "model", "state_dict"):
-        if key in state_dict and isinstance(state_dict[key], dict):
-            return state_dict[key]
-    return state_dict
-
-
 def _from_hf(key: str) -> str | None:
     if key.startswith("layernorm."):
         return "norm." + key[len("layernorm.") :]
@@ -76,10 +66,12 @@ def _from_hf(key: str) -> str | None:
 
 def checkpoint_filter_fn(state_dict: dict, model) -> dict:
     """Rename an official CvT or transformers `CvtForImageClassification` state dict for a visionpe CvT."""
-    state_dict = _unwrap(state_dict)
+    original = state_dict = unwrap(state_dict)
     if any(k.startswith("stages.") for k in state_dict):  # already ours
         return state_dict
     hf = any(k.startswith(("cvt.", "encoder.")) for k in state_dict)
+    if not hf and not any(k.startswith("stage") for k in state_dict):
+        raise CheckpointMismatch(f"this is not a CvT checkpoint but {describe_checkpoint(state_dict)}")
     out = {}
     for k, v in state_dict.items():
         if hf:
@@ -97,6 +89,8 @@ def checkpoint_filter_fn(state_dict: dict, model) -> dict:
     )
     if missing:
         raise CheckpointMismatch(
-            f"the checkpoint lacks {missing[:3]}...; it is not a CvT of this size (depths, widths or cls_token differ)"
+            f"the checkpoint lacks {missing[:3]}...; it is not a CvT of this size (depths, widths or cls_token "
+            f"differ): it is {describe_checkpoint(original)}"
         )
+    ensure_fits(out, model, original, skip=("head.", "pe."))
     return out

@@ -13,20 +13,11 @@ import re
 
 from timm.layers import resample_patch_embed, resize_rel_pos_bias_table
 
+from .checkpoints import CheckpointMismatch, describe_checkpoint, ensure_fits, unwrap
+
 __all__ = ["checkpoint_filter_fn", "CheckpointMismatch"]
 
 _TABLE = re.compile(r"^layers\.(\d+)\.blocks\.(\d+)\.attn\.relative_position_bias_table$")
-
-
-class CheckpointMismatch(ValueError):
-    """The checkpoint was trained with options the model was not built with."""
-
-
-def _unwrap(state_dict: dict) -> dict:
-    for key in ("model_ema", "model", "state_dict"):
-        if key in state_dict and isinstance(state_dict[key], dict):
-            return state_dict[key]
-    return state_dict
 
 
 def _official_to_timm(state_dict: dict) -> dict:
@@ -42,9 +33,11 @@ def _official_to_timm(state_dict: dict) -> dict:
 
 def checkpoint_filter_fn(state_dict: dict, model) -> dict:
     """Rename and reshape a timm / official Swin state dict for a visionpe SwinTransformer."""
-    state_dict = _unwrap(state_dict)
+    original = state_dict = unwrap(state_dict)
     if any(k.startswith("pe.") for k in state_dict):  # already ours
         return state_dict
+    if not any(k.startswith("layers.") for k in state_dict):
+        raise CheckpointMismatch(f"this is not a Swin checkpoint but {describe_checkpoint(state_dict)}")
     if "layers.0.downsample.reduction.weight" in state_dict:
         state_dict = _official_to_timm(state_dict)
     model_sd = model.state_dict()
@@ -61,12 +54,16 @@ def checkpoint_filter_fn(state_dict: dict, model) -> dict:
         m = _TABLE.match(k)
         if m:
             s, j = int(m[1]), int(m[2])
-            i = model.stage_starts[s] + j
-            k = f"pe.encodings.irpe.bias_tables.{i}"
+            k = f"pe.encodings.irpe.bias_tables.{model.stage_starts[s] + j}" if s < len(model.stage_starts) else k
+            if k not in model_sd:
+                raise CheckpointMismatch(
+                    f"the checkpoint has more blocks than the model; it is {describe_checkpoint(original)}"
+                )
             target = model_sd[k].shape
-            if v.shape != target:
+            if v.shape[0] != target[0] and v.shape[1] == target[1]:
                 v = resize_rel_pos_bias_table(v, new_window_size=model.window_sizes[s], new_bias_shape=tuple(target))
         elif k == "patch_embed.proj.weight" and v.shape[-2:] != model_sd[k].shape[-2:]:
             v = resample_patch_embed(v, list(model_sd[k].shape[-2:]), interpolation="bicubic", antialias=True)
         out[k] = v
+    ensure_fits(out, model, original, skip=("head.",))
     return out

@@ -1,4 +1,6 @@
-"""Loading published ViT weights: timm's ViT/DeiT and the RoPE-ViT ports (timm's eva.py names) -> visionpe names.
+"""Loading published ViT weights: timm's ViT/DeiT, the RoPE-ViT ports (timm's eva.py names) and naver's own RoPE-ViT
+checkpoints (naver-ai/rope-vit: mixed frequencies `freqs` [2, depth, heads * d/2], position buffers `freqs_t_x/y`)
+-> visionpe names.
 
 A checkpoint whose architecture does not match the model's options gets an error naming the option to pass
 (`init_values` for LayerScale, `no_embed_class` for APE tables without a CLS entry, the PE preset).
@@ -11,18 +13,9 @@ import math
 import torch
 from timm.layers import resample_abs_pos_embed
 
-__all__ = ["checkpoint_filter_fn"]
+from .checkpoints import CheckpointMismatch, describe_checkpoint, ensure_fits, unwrap
 
-
-class CheckpointMismatch(ValueError):
-    """The checkpoint was trained with options the model was not built with."""
-
-
-def _unwrap(state_dict: dict) -> dict:
-    for key in ("model_ema", "model", "state_dict"):
-        if key in state_dict and isinstance(state_dict[key], dict):
-            return state_dict[key]
-    return state_dict
+__all__ = ["CheckpointMismatch", "checkpoint_filter_fn"]
 
 
 def _ape_entries(num: int, model) -> int:
@@ -62,9 +55,11 @@ def _map_pos_embed(v: torch.Tensor, model) -> tuple[str, torch.Tensor]:
 
 def checkpoint_filter_fn(state_dict: dict, model) -> dict:
     """Rename and reshape a timm ViT / DeiT / RoPE-ViT (eva) state dict for a visionpe VisionTransformer."""
-    state_dict = _unwrap(state_dict)
+    original = state_dict = unwrap(state_dict)
     if any(k.startswith("pe.") for k in state_dict):  # already ours
         return state_dict
+    if not any(k.startswith("blocks.") for k in state_dict):
+        raise CheckpointMismatch(f"this is not a ViT checkpoint but {describe_checkpoint(state_dict)}")
     model_keys = set(model.state_dict().keys())
     has_ls_model = any(k.endswith("ls1.gamma") for k in model_keys)
     has_ls_ckpt = any(k.endswith(("gamma_1", "ls1.gamma")) for k in state_dict)
@@ -78,13 +73,16 @@ def checkpoint_filter_fn(state_dict: dict, model) -> dict:
     for k, v in state_dict.items():
         if k == "pos_embed":
             k, v = _map_pos_embed(v, model)
-        elif k == "rope.freqs":
+        elif k in ("freqs_t_x", "freqs_t_y"):
+            continue  # naver's patch positions (buffers), rebuilt from the layout
+        elif k in ("rope.freqs", "freqs"):  # timm's port [2, depth, H, d/2]; naver's [2, depth, H * d/2]
             if "pe.encodings.rope2d.freqs" not in model_keys:
                 raise CheckpointMismatch(
                     f"the checkpoint has RoPE-Mixed frequencies but the model's PE is {model.pe_name!r}; "
                     "use a rope2d_mixed preset (e.g. vit_s_rope2d_mixed)"
                 )
             k = "pe.encodings.rope2d.freqs"
+            v = _mixed_freqs(v, model, original)
         elif k.endswith(".gamma_1"):
             k = k[: -len("gamma_1")] + "ls1.gamma"
         elif k.endswith(".gamma_2"):
@@ -109,4 +107,18 @@ def checkpoint_filter_fn(state_dict: dict, model) -> dict:
         raise CheckpointMismatch(
             f"the model's PE {model.pe_name!r} has a learned APE the checkpoint lacks; use a preset without 'ape'"
         )
+    ensure_fits(out, model, original, skip=("head.",))
     return out
+
+
+def _mixed_freqs(v: torch.Tensor, model, original: dict) -> torch.Tensor:
+    """RoPE-Mixed frequencies in timm's layout [2, depth, H, d/2] (naver stores them as [2, depth, H * d/2])."""
+    target = model.pe.encodings["rope2d"].freqs.shape
+    if v.shape == target:
+        return v
+    if v.dim() == 3 and v.numel() == target.numel() and tuple(v.shape[:2]) == tuple(target[:2]):
+        return v.reshape(target)
+    raise CheckpointMismatch(
+        f"the checkpoint's RoPE-Mixed frequencies have shape {tuple(v.shape)}, the model's {tuple(target)} "
+        f"[2, depth, heads, head_dim/2]; it is {describe_checkpoint(original)}"
+    )

@@ -1,0 +1,109 @@
+"""Helpers shared by the checkpoint filters of every family: one error type, unwrapping, and a guess of what a
+checkpoint is when it does not fit the model it is loaded into (so the error names what to pass instead)."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+__all__ = ["CheckpointMismatch", "describe_checkpoint", "ensure_fits", "unwrap"]
+
+
+class CheckpointMismatch(ValueError):
+    """The checkpoint does not fit the model it is loaded into (architecture, size or options differ)."""
+
+
+def unwrap(state_dict: dict) -> dict:
+    """The weights inside a training checkpoint ({"model_ema"|"model"|"state_dict": weights, ...})."""
+    for key in ("model_ema", "model", "state_dict"):
+        if key in state_dict and isinstance(state_dict[key], dict):
+            return state_dict[key]
+    return state_dict
+
+
+def _count(state_dict: dict, pattern: str) -> int:
+    found = {m[1] for k in state_dict if (m := re.match(pattern, k))}
+    return len(found)
+
+
+def _width(state_dict: dict, *keys: str) -> int | None:
+    for k in keys:
+        if k in state_dict and isinstance(state_dict[k], torch.Tensor):
+            return int(state_dict[k].shape[0])
+    return None
+
+
+def _guess(state_dict: dict) -> tuple[str, dict]:
+    """(family, dims) of a checkpoint in any layout we load: ours, timm's, or the official ones."""
+    if any(re.match(r"^(cvt\.)?encoder\.stages\.", k) for k in state_dict) or any(
+        re.match(r"^stages?\.?\d+\.patch_embed", k) for k in state_dict
+    ):
+        hf = any(k.startswith(("cvt.", "encoder.")) for k in state_dict)
+        stage = r"^(?:cvt\.)?encoder\.stages\.(\d+)\." if hf else r"^stages?\.?(\d+)\."
+        n = _count(state_dict, stage)
+        depths, widths = [], []
+        for s in range(n):
+            block = rf"^(?:cvt\.)?encoder\.stages\.{s}\.layers\.(\d+)\." if hf else rf"^stages?\.?{s}\.blocks\.(\d+)\."
+            depths.append(_count(state_dict, block))
+            emb = (
+                f"cvt.encoder.stages.{s}.embedding.convolution_embeddings.projection.weight"
+                if hf
+                else next((k for k in state_dict if re.match(rf"^stages?\.?{s}\.patch_embed\.proj\.weight$", k)), "")
+            )
+            widths.append(_width(state_dict, emb, emb.replace("cvt.", "", 1)))
+        return "cvt", dict(embed_dims=tuple(widths), depths=tuple(depths))
+    if any(re.match(r"^layers\.\d+\.blocks\.", k) for k in state_dict):
+        n = _count(state_dict, r"^layers\.(\d+)\.")
+        depths = tuple(_count(state_dict, rf"^layers\.{s}\.blocks\.(\d+)\.") for s in range(n))
+        return "swin", dict(embed_dim=_width(state_dict, "patch_embed.proj.weight"), depths=depths)
+    if any(re.match(r"^blocks\.\d+\.", k) for k in state_dict):
+        depth = _count(state_dict, r"^blocks\.(\d+)\.")
+        return "vit", dict(embed_dim=_width(state_dict, "patch_embed.proj.weight"), depth=depth)
+    return "unknown", {}
+
+
+def _same(a, b) -> bool:
+    return tuple(a) == tuple(b) if isinstance(b, tuple) and a is not None else a == b
+
+
+def _size_name(family: str, dims: dict) -> str | None:
+    """The registered size whose table matches the checkpoint's dims (None if no size does)."""
+    from .. import zoo
+
+    fam = zoo.FAMILIES.get(family)
+    if fam is None:
+        return None
+    for size, args in fam.sizes.items():
+        if all(_same(args.get(k), v) for k, v in dims.items()):
+            return size
+    return None
+
+
+def describe_checkpoint(state_dict: dict) -> str:
+    """One line: what the checkpoint looks like and which visionpe name loads it."""
+    family, dims = _guess(unwrap(state_dict))
+    if family == "unknown":
+        return "a checkpoint of no family visionpe knows (no ViT, Swin or CvT block keys)"
+    shown = ", ".join(f"{k}={v}" for k, v in dims.items())
+    size = _size_name(family, dims)
+    where = f"load it into {family}_{size}_*" if size else f"no registered {family} size has these dims"
+    return f"a {family} checkpoint ({shown}): {where}"
+
+
+def ensure_fits(mapped: dict, model: torch.nn.Module, original: dict, skip: tuple[str, ...] = ()) -> None:
+    """Raise one CheckpointMismatch naming what the checkpoint is when its mapped keys or shapes do not fit `model`.
+
+    Keys starting with `skip` (the classifier, which timm drops when num_classes differs; PE parameters a model may
+    train from scratch) are not compared."""
+    target = model.state_dict()
+    wrong = [k for k, v in mapped.items() if k in target and not k.startswith(skip) and v.shape != target[k].shape]
+    extra = [k for k in mapped if k not in target and not k.startswith(skip)]
+    missing = [k for k in target if k not in mapped and not k.startswith(skip) and "num_batches_tracked" not in k]
+    if wrong or extra or missing:
+        first = (wrong or extra or missing)[0]
+        what = "has the wrong shape" if wrong else ("is not in the model" if extra else "is missing")
+        raise CheckpointMismatch(
+            f"the checkpoint does not fit this {type(model).__name__} ({first!r} {what}); "
+            f"it is {describe_checkpoint(original)}"
+        )
