@@ -132,11 +132,11 @@ def run_job(job: Job, log=print) -> dict:
         record.pop("run_dir", None)
     else:
         model, cfg, class_map = _trained_model(job, record)
-    model.eval()
+    device = torch.device(job.device)
+    model.eval().to(device)
     record["params"] = sum(p.numel() for p in model.parameters())
     base = tuple(job.sizes[0])
     datasets = build_eval_sets(cfg, sorted({max(s) for s in job.sizes}), class_map)
-    device = torch.device("cpu")
     amp = resolve_amp(cfg.train.amp, device)
     workers = cfg.data.workers
     protocols = list(dict.fromkeys(p.protocol for p in job.points))
@@ -147,7 +147,8 @@ def run_job(job: Job, log=print) -> dict:
     ]
     probes += [p for p in job.points if p.height != p.width and p not in probes]
     record["modes_agree"] = all(
-        modes_agree(model, torch.stack([view_of(datasets, p, base, 4)[i][0] for i in range(4)])) for p in probes
+        modes_agree(model, torch.stack([view_of(datasets, p, base, 4)[i][0] for i in range(4)]).to(device))
+        for p in probes
     )
     t0, c0 = time.perf_counter(), time.process_time()
     rows = {(r["mode"], row_point(r)): r for r in record["rows"]}

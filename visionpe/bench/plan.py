@@ -90,6 +90,10 @@ class BenchConfig:
     eval_batch_size: int = _opt(256, "evaluation batch size")
     processes: int = _opt(1, "runs trained in parallel, one process each")
     threads: int = _opt(1, "torch threads per process")
+    device: str = _opt("cpu", "evaluation device (cpu, cuda, cuda:1, ...); training follows train.device")
+    model_kwargs: dict = _opt(
+        {}, "model -> extra constructor kwargs for that model only (e.g. init_values for LayerScale checkpoints)"
+    )
     output_dir: str = _opt("results/{name}", "tables, plot and per-run results (small files, meant to be kept)")
     runs_dir: str = _opt("runs/bench/{name}", "training run directories (checkpoints)")
 
@@ -213,6 +217,7 @@ class Job:
     eval_batch_size: int
     threads: int
     record_path: Path
+    device: str = "cpu"
     points: list[Point] = field(default_factory=list)  # every evaluation point, the base of each protocol first
     base_frames: int = 0
     pretrained: bool = False
@@ -298,6 +303,7 @@ def make_plan(bench: BenchConfig, cfg: Config) -> Plan:
         for seed in seeds:
             c = copy.deepcopy(cfg)
             c.model.name = model
+            c.model.kwargs = {**c.model.kwargs, **(bench.model_kwargs.get(model) or {})}
             c.train.seed = seed
             c.train.output_dir = str(bench.runs())
             c.train.run_name = f"{model}-s{seed}"
@@ -316,6 +322,7 @@ def make_plan(bench: BenchConfig, cfg: Config) -> Plan:
                     bench.eval_batch_size,
                     bench.threads,
                     bench.out() / "evals" / f"{model}-s{seed}.json",
+                    bench.device,
                     points,
                     base_frames,
                     bench.pretrained,
@@ -351,9 +358,10 @@ def validate(plan: Plan, check_models: bool = True) -> None:
         )
     if any(f < 1 for f in b.frames):
         raise BenchConfigError(f"bench.frames are clip lengths of at least 1 frame, got {b.frames}")
-    unknown = sorted(set(b.checkpoints) - set(b.models))
-    if unknown:
-        raise BenchConfigError(f"bench.checkpoints names model(s) {unknown} that are not in bench.models")
+    for key in ("checkpoints", "model_kwargs"):
+        unknown = sorted(set(getattr(b, key)) - set(b.models))
+        if unknown:
+            raise BenchConfigError(f"bench.{key} names model(s) {unknown} that are not in bench.models")
     if b.checkpoints and not b.pretrained:
         raise BenchConfigError("bench.checkpoints are evaluated without training; add bench.pretrained=true")
     if not b.resolutions and not b.shapes and "frames" not in b.protocols:
@@ -376,6 +384,12 @@ def validate(plan: Plan, check_models: bool = True) -> None:
     for key in ("processes", "threads", "eval_batch_size"):
         if getattr(b, key) < 1:
             raise BenchConfigError(f"bench.{key} must be at least 1, got {getattr(b, key)}")
+    try:
+        device = torch.device(b.device)
+    except RuntimeError as e:
+        raise BenchConfigError(f"bench.device: {e}; use cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise BenchConfigError(f"bench.device={b.device} but no CUDA device is available; use bench.device=cpu")
     if b.eval_samples < 0:
         raise BenchConfigError(f"bench.eval_samples must be 0 (all) or positive, got {b.eval_samples}")
     if cfg.data.train_resolutions:
@@ -448,8 +462,7 @@ def _check_models(plan: Plan, info) -> None:
     device = torch.device("cpu")
     amp = resolve_amp(cfg.train.amp, device)
     for model_name in plan.bench.models:
-        c = copy.deepcopy(plan.jobs[0].cfg)
-        c.model.name = model_name
+        c = copy.deepcopy(next(j.cfg for j in plan.jobs if j.model == model_name))
         try:
             model = build_model(c, num_classes, info.in_chans).eval()
         except (TypeError, ValueError, RuntimeError) as e:
