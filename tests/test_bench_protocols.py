@@ -289,3 +289,25 @@ train: {{amp: none}}
     row = next(r for r in record["rows"] if (r["mode"], r["height"]) == ("interpolate", 64))
     assert row["loss"] == pytest.approx(expect["loss"], rel=1e-5)  # same fp32 ops on the same inputs
     assert "Pretrained weights" in (out / "results.md").read_text()
+
+
+def test_tiny_image_text_benchmark_evaluates_more_visual_tokens(tmp_path):
+    path = tmp_path / "mm.yaml"
+    path.write_text(f"""
+bench:
+  models: [mm_n_mrope, mm_n_v2pe]
+  seeds: [0]
+  resolutions: [48]
+  position_modes: [extrapolate]
+  output_dir: {tmp_path / "out"}
+  runs_dir: {tmp_path / "runs"}
+model: {{kwargs: {{embed_dim: 32, depth: 1, num_heads: 2}}}}
+data: {{name: image-text-shapes, resolution: 32, batch_size: 8, options: {{num_samples: 16}}}}
+train: {{epochs: 1, amp: none, progress: false}}
+""")
+    out = run_benchmark(*load_bench(path), log=lambda *a: None)
+    record = json.loads((out / "evals" / "mm_n_v2pe-s0.json").read_text())
+    assert {(r["height"], r["images"]) for r in record["rows"]} == {(32, 16), (48, 16)}
+    summary = json.loads((out / "summary.json").read_text())
+    v2pe = next(c for c in summary["claims"] if c["claim"].startswith("V2PE"))
+    assert {(c["better"], c["worse"], c["height"]) for c in v2pe["comparisons"]} == {("mm_n_v2pe", "mm_n_mrope", 48)}

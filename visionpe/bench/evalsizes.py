@@ -19,9 +19,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
+from torch.utils.data._utils.collate import default_collate
 
 from ..data.multires import Batch
 from ..engine import DistContext, evaluate_loader
+from ..engine.setup import run_model
 
 __all__ = [
     "PROTOCOLS",
@@ -35,6 +37,7 @@ __all__ = [
     "modes_agree",
     "evaluate_size",
     "evaluate_view",
+    "first_inputs",
 ]
 
 
@@ -129,10 +132,14 @@ class SizedView(Dataset):
     def __getitem__(self, index: int):
         h, w = self.size
         x, y = self._load(index)
+        if isinstance(x, dict) and "pixels" in x:  # image-text items: draw the image at the size asked for
+            if tuple(x["pixels"].shape[-2:]) != (h, w):
+                x, y = self.render(index, (h, w))
+            return x, int(y)
         if not isinstance(x, torch.Tensor) or x.ndim not in (3, 4):
             raise TypeError(
-                f"the extrapolation benchmark evaluates images [C, H, W] or clips [C, T, H, W]; the dataset gave "
-                f"{type(x).__name__} {tuple(getattr(x, 'shape', ()))}"
+                f"the extrapolation benchmark evaluates images [C, H, W], clips [C, T, H, W] or image-text dicts; "
+                f"the dataset gave {type(x).__name__} {tuple(getattr(x, 'shape', ()))}"
             )
         if tuple(x.shape[-2:]) != (h, w):
             shrink = h < x.shape[-2] or w < x.shape[-1]
@@ -142,15 +149,23 @@ class SizedView(Dataset):
         return x, int(y)
 
 
-def _collate(items, size: tuple[int, int]) -> Batch:
+def _collate(items, size: tuple[int, int], collate_inputs=None) -> Batch:
     xs, ys = zip(*items)
-    return Batch(torch.stack(xs), torch.as_tensor(ys), size[0], ())
+    if isinstance(xs[0], dict):
+        inputs = collate_inputs(list(xs)) if collate_inputs else default_collate(list(xs))
+    else:
+        inputs = torch.stack(xs)
+    return Batch(inputs, torch.as_tensor(ys), size[0], ())
 
 
 def loader(view: SizedView, batch_size: int, workers: int = 0) -> DataLoader:
-    return DataLoader(
-        view, batch_size=batch_size, shuffle=False, num_workers=workers, collate_fn=partial(_collate, size=view.size)
-    )
+    collate = partial(_collate, size=view.size, collate_inputs=getattr(view.dataset, "collate_inputs", None))
+    return DataLoader(view, batch_size=batch_size, shuffle=False, num_workers=workers, collate_fn=collate)
+
+
+def first_inputs(view: SizedView, n: int):
+    """The model inputs of the view's first n items as one batch (a tensor or a dict of tensors)."""
+    return next(iter(loader(view, n))).inputs
 
 
 def has_position_modes(model: nn.Module) -> bool:
@@ -164,7 +179,7 @@ def set_position_mode(model: nn.Module, mode: str) -> None:
 
 
 @torch.no_grad()
-def modes_agree(model: nn.Module, x: torch.Tensor) -> bool:
+def modes_agree(model: nn.Module, x) -> bool:
     """Whether the two position modes give the same logits on `x` (e.g. a learned APE, which is resampled to the
     grid either way, or NoPE/CPE/LePE, which read no coordinates): then one evaluation serves both."""
     if not has_position_modes(model):
@@ -173,9 +188,9 @@ def modes_agree(model: nn.Module, x: torch.Tensor) -> bool:
     model.eval()
     try:
         model.set_position_mode("extrapolate")
-        a = model(x)
+        a = run_model(model, x)
         model.set_position_mode("interpolate")
-        b = model(x)
+        b = run_model(model, x)
     finally:
         model.set_position_mode(mode)
         model.train(was_training)

@@ -34,8 +34,8 @@ import yaml
 from ..data import get_dataset_info
 from ..engine.checkpoint import atomic_write_text, find_checkpoint
 from ..engine.config import Config, config_to_dict
-from ..engine.setup import build_eval_sets, resolve_amp
-from .evalsizes import Point, evaluate_view, modes_agree, point_label
+from ..engine.setup import build_eval_sets, resolve_amp, to_device
+from .evalsizes import Point, evaluate_view, first_inputs, modes_agree, point_label
 from .plan import (
     BenchConfig,
     Job,
@@ -147,8 +147,7 @@ def run_job(job: Job, log=print) -> dict:
     ]
     probes += [p for p in job.points if p.height != p.width and p not in probes]
     record["modes_agree"] = all(
-        modes_agree(model, torch.stack([view_of(datasets, p, base, 4)[i][0] for i in range(4)]).to(device))
-        for p in probes
+        modes_agree(model, to_device(first_inputs(view_of(datasets, p, base, 4), 4), device)) for p in probes
     )
     t0, c0 = time.perf_counter(), time.process_time()
     rows = {(r["mode"], row_point(r)): r for r in record["rows"]}

@@ -29,9 +29,18 @@ from ..data import get_dataset_info
 from ..data.loader import dataset_num_classes
 from ..engine.checkpoint import atomic_write_text
 from ..engine.config import Config, ConfigError, apply_overrides, coerce, config_from_dict, config_to_dict
-from ..engine.setup import build_eval_sets, build_model, build_split, resolve_amp
+from ..engine.setup import build_eval_sets, build_model, build_split, resolve_amp, run_model
 from ..zoo import create_model
-from .evalsizes import PROTOCOLS, Point, SizedView, has_position_modes, parse_size, point_label, set_position_mode
+from .evalsizes import (
+    PROTOCOLS,
+    Point,
+    SizedView,
+    first_inputs,
+    has_position_modes,
+    parse_size,
+    point_label,
+    set_position_mode,
+)
 
 __all__ = [
     "BenchConfig",
@@ -403,10 +412,14 @@ def validate(plan: Plan, check_models: bool = True) -> None:
             except ValueError as e:
                 raise BenchConfigError(f"bench.models: {e}") from None
     info = get_dataset_info(cfg.data.name)
-    if info.kind not in ("image", "video"):
+    if info.kind not in ("image", "video", "image_text"):
         raise BenchConfigError(
-            f"the extrapolation benchmark evaluates image and video classifiers; dataset {cfg.data.name!r} is "
-            f"{info.kind!r}"
+            f"the extrapolation benchmark evaluates image, video and image-text classifiers; dataset "
+            f"{cfg.data.name!r} is {info.kind!r}"
+        )
+    if info.kind == "image_text" and b.protocols != ["upsample"]:
+        raise BenchConfigError(
+            f"image-text datasets are evaluated with more visual tokens (bench.protocols=upsample), got {b.protocols}"
         )
     if "frames" in b.protocols and info.kind != "video":
         raise BenchConfigError(f"the frames protocol evaluates clip lengths; dataset {cfg.data.name!r} is not a video")
@@ -477,7 +490,7 @@ def _check_models(plan: Plan, info) -> None:
             )
         for point in plan.points:
             try:
-                x = view_of(evals, point, plan.base, 1)[0][0][None]
+                x = first_inputs(view_of(evals, point, plan.base, 1), 1)
             except ValueError as e:
                 raise BenchConfigError(f"cannot evaluate at {point_label(point)}: {e}") from None
             unit = "" if point.protocol == "frames" else " px"
@@ -485,7 +498,7 @@ def _check_models(plan: Plan, info) -> None:
                 set_position_mode(model, mode)
                 try:
                     with torch.autocast("cpu", dtype=amp or torch.float32, enabled=amp is not None):
-                        out = model(x)
+                        out = run_model(model, x)
                 except (RuntimeError, ValueError, TypeError, AssertionError) as e:
                     raise BenchConfigError(
                         f"model {model_name!r} cannot take {point_label(point)}{unit} in {mode} mode: "
