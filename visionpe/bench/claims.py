@@ -151,10 +151,14 @@ def judge_claims(stats: dict, records: list[dict], points: list, modes: list[str
 
 
 def tally_text(judged: dict) -> str:
-    """'holds at 5 of 8 comparisons, within noise at 3' or why nothing was compared."""
-    n = len(judged["comparisons"])
-    if not n:
+    """'upsample: holds at 5 of 8 comparisons, within noise at 3; fov: ...' or why nothing was compared."""
+    comparisons = judged["comparisons"]
+    if not comparisons:
         pes = sorted({pe for pair in judged["pairs"] for pe in pair})
         return f"not measured: this benchmark lacks models with the PEs {', '.join(pes)} on one backbone"
-    parts = [f"{v} at {k}" for v, k in judged["tally"].items() if k]
-    return f"{n} comparison(s): " + ", ".join(parts)
+    parts = []
+    for protocol in dict.fromkeys(c["protocol"] for c in comparisons):
+        mine = [c["verdict"] for c in comparisons if c["protocol"] == protocol]
+        counts = ", ".join(f"{v} at {mine.count(v)}" for v in VERDICTS if v in mine)
+        parts.append(f"{protocol}: {counts} of {len(mine)} comparison(s)")
+    return "; ".join(parts)

@@ -250,6 +250,8 @@ def augmentation_text(cfg) -> str:
     if crop == "rrc" or ("aug" in params and "crop" not in params):
         a = cfg.aug
         return f"random resized crops (area {a.scale}, aspect {[round(r, 2) for r in a.ratio]}) and flips (p={a.hflip})"
+    if "item" in params:
+        return f"the item placed at a random position on the canvas, flips (p={cfg.aug.hflip})"
     if "training" in params:
         return f"the dataset's default training augmentation{f' (crop={crop})' if crop else ''}"
     return "none"
