@@ -23,6 +23,7 @@ class Claim:
     source: str
     pairs: tuple[tuple[str, str], ...]  # (PE expected better or equal, PE expected worse), as in model names
     where: str  # "beyond": larger than the training size/length; "base": at the training point; "all"
+    protocols: tuple[str, ...] = ()  # only these evaluation protocols (empty: all)
 
 
 CLAIMS = (
@@ -49,12 +50,14 @@ CLAIMS = (
         "Wei et al., VideoRoPE: What Makes for Good Video Rotary Position Embedding? (2025)",
         (("videorope", "mrope"),),
         "beyond",
+        ("frames",),
     ),
     Claim(
         "VRoPE >= M-RoPE on longer videos than trained on",
         "Liu et al., VRoPE: Rotary Position Embedding for Video Large Language Models (2025)",
         (("vrope", "mrope"),),
         "beyond",
+        ("frames",),
     ),
     Claim(
         "V2PE's smaller visual position increments help long contexts (V2PE >= M-RoPE, 3D RoPE beyond the "
@@ -115,6 +118,8 @@ def judge_claims(stats: dict, records: list[dict], points: list, modes: list[str
                         continue
                     for mode in modes:
                         for point in points:
+                            if claim.protocols and point.protocol not in claim.protocols:
+                                continue
                             if not _selected(point, base_of(point.protocol), claim.where):
                                 continue
                             a, b = stats.get((ra["model"], mode, point)), stats.get((rb["model"], mode, point))
@@ -142,7 +147,7 @@ def judge_claims(stats: dict, records: list[dict], points: list, modes: list[str
                 claim=claim.text,
                 source=claim.source,
                 pairs=[list(p) for p in claim.pairs],
-                where=claim.where,
+                where=claim.where + (f" ({', '.join(claim.protocols)})" if claim.protocols else ""),
                 comparisons=comparisons,
                 tally=tally,
             )
@@ -158,7 +163,10 @@ def tally_text(judged: dict) -> str:
         return f"not measured: this benchmark lacks models with the PEs {', '.join(pes)} on one backbone"
     parts = []
     for protocol in dict.fromkeys(c["protocol"] for c in comparisons):
-        mine = [c["verdict"] for c in comparisons if c["protocol"] == protocol]
+        rows = [c for c in comparisons if c["protocol"] == protocol]
+        mine = [c["verdict"] for c in rows]
         counts = ", ".join(f"{v} at {mine.count(v)}" for v in VERDICTS if v in mine)
-        parts.append(f"{protocol}: {counts} of {len(mine)} comparison(s)")
+        ahead = sum(c["diff"] > 0 for c in rows if c["verdict"] == "one seed")
+        signs = f" (the claimed-better PE ahead at {ahead})" if "one seed" in mine else ""
+        parts.append(f"{protocol}: {counts}{signs} of {len(mine)} comparison(s)")
     return "; ".join(parts)

@@ -30,6 +30,7 @@ def plot_extrapolation(summary: dict, path: Path) -> Path | None:
     labels = _labels(summary["models"])
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), sharey=True, squeeze=False)
     for ax, (protocol, mode) in zip(axes[0], panels):
+        ticks: set[int] = set()
         for model in summary["models"]:
             pts = sorted(
                 (r["frames"] if protocol == "frames" else r["height"], r["mean"], r["std"])
@@ -42,10 +43,13 @@ def plot_extrapolation(summary: dict, path: Path) -> Path | None:
             if not pts:
                 continue
             xs, ys, es = zip(*pts)
+            ticks.update(xs)
             ax.errorbar(xs, ys, yerr=es if any(es) else None, marker="o", ms=4, capsize=2, label=labels[model])
         ax.axvline(summary.get("base_frames") if protocol == "frames" else summary["base"][0], color="grey", ls=":")
         if protocol == "frames":
             ax.set_xscale("log", base=2)
+            ax.set_xticks(sorted(ticks), [str(t) for t in sorted(ticks)])
+            ax.minorticks_off()
         ax.set_title(f"{protocol}, {mode} positions" if len(modes) > 1 else protocol)
         ax.set_xlabel(_AXES[protocol])
         ax.grid(alpha=0.3)

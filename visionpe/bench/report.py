@@ -228,14 +228,14 @@ def format_markdown(records: list[dict], plan, seconds: float, machine: str) -> 
     lines += [f"Note: {n}." for n in getattr(plan, "notes", [])] + ([""] if getattr(plan, "notes", []) else [])
     lines += _quality_lines(stats, models, plan)
     lines += _claim_lines(_judged(records, plan))
-    cpu = [r.get("train_cpu_seconds") or 0 for r in records]
-    ev = [r.get("eval_cpu_seconds") or 0 for r in records]
+    cpu = [r["train_cpu_seconds"] for r in records if r.get("train_cpu_seconds")] or [0]
+    ev = [r["eval_cpu_seconds"] for r in records if r.get("eval_cpu_seconds")] or [0]
     lines += [
         f"{len(records)} runs; this invocation took {seconds / 60:.1f} min on {machine}, "
         f"{b.processes} process(es) x {b.threads} thread(s); CPU time per run: training {statistics.fmean(cpu):.0f} s, "
-        f"evaluation {statistics.fmean(ev):.0f} s on average (sum over runs {(sum(cpu) + sum(ev)) / 60:.1f} "
-        f"CPU-minutes). Regenerate: `python -m visionpe.bench extrapolate -c <the benchmark file>` (finished runs "
-        f"are reused).",
+        f"evaluation {statistics.fmean(ev):.0f} s on average over the runs this benchmark trained/evaluated "
+        f"({len(cpu)}/{len(ev)} of {len(records)}). Regenerate: `python -m visionpe.bench extrapolate -c "
+        f"<the benchmark file>` (finished runs are reused).",
         "",
     ]
     return "\n".join(lines)
