@@ -1,23 +1,34 @@
-"""Evaluation at any height x width (square or not) in a chosen test-time position mode.
+"""Evaluation at any height x width (square or not), clip length and test-time position mode, under a protocol.
 
 The engine's evaluation loop (`visionpe.engine.evaluate_loader`) does the counting; this file only brings the
-evaluation images to the size asked for: datasets that render any resolution draw each item at max(H, W) and are
-resized to H x W (a stretched aspect ratio, the image content unchanged), others are resized from their own size.
+evaluation inputs to the point asked for. Protocols:
+- upsample: the image at another size, content scaled with it. Datasets that render any resolution draw each item at
+  max(H, W) and are resized to H x W (a stretched aspect ratio, the content unchanged); canvas datasets draw their
+  training-size canvas and resize it; others are resized from their own size.
+- fov: the field of view grows, the content keeps its training scale (`render_canvas(index, (H, W))`, see
+  visionpe.data.canvas): only the positions extrapolate.
+- frames: a clip of another length at the training frame size (`render(index, resolution, frames)`).
 """
 
 from __future__ import annotations
 
 from functools import partial
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
+from torch.utils.data._utils.collate import default_collate
 
 from ..data.multires import Batch
 from ..engine import DistContext, evaluate_loader
+from ..engine.setup import run_model
 
 __all__ = [
+    "PROTOCOLS",
+    "Point",
+    "point_label",
     "SizedView",
     "parse_size",
     "size_label",
@@ -25,6 +36,8 @@ __all__ = [
     "set_position_mode",
     "modes_agree",
     "evaluate_size",
+    "evaluate_view",
+    "first_inputs",
 ]
 
 
@@ -52,40 +65,107 @@ def size_label(size: tuple[int, int]) -> str:
     return str(size[0]) if size[0] == size[1] else f"{size[0]}x{size[1]}"
 
 
-class SizedView(Dataset):
-    """The first `limit` items of an evaluation set as (image [C, H, W], target)."""
+PROTOCOLS = ("upsample", "fov", "frames")
 
-    def __init__(self, dataset: Dataset, size: tuple[int, int], limit: int = 0):
-        self.dataset, self.size = dataset, size
+
+class Point(NamedTuple):
+    """Where a model is evaluated: protocol, frame size and clip length (0 for images and the default length)."""
+
+    protocol: str
+    height: int
+    width: int
+    frames: int = 0
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return self.height, self.width
+
+
+def point_label(point: Point) -> str:
+    """'48' (upsample), 'fov 48', '16 f' (frames)."""
+    if point.protocol == "frames":
+        return f"{point.frames} f"
+    label = size_label(point.size)
+    return f"fov {label}" if point.protocol == "fov" else label
+
+
+class SizedView(Dataset):
+    """The first `limit` items of an evaluation set as (image [C, H, W] or clip [C, T, H, W], target) at `size`
+    under `protocol`; `base` is the training size (what canvas datasets upsample from), `frames` the clip length."""
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        size: tuple[int, int],
+        limit: int = 0,
+        protocol: str = "upsample",
+        base: tuple[int, int] | None = None,
+        frames: int = 0,
+    ):
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"unknown protocol {protocol!r}; use one of {', '.join(PROTOCOLS)}")
+        if protocol == "fov" and not callable(getattr(dataset, "render_canvas", None)):
+            raise ValueError(
+                f"the fov protocol needs a dataset that places items on canvases (e.g. fashion-mnist-canvas); "
+                f"{type(dataset).__name__} has no render_canvas"
+            )
+        if protocol == "frames" and frames < 1:
+            raise ValueError(f"the frames protocol needs a clip length of at least 1, got {frames}")
+        self.dataset, self.size, self.protocol, self.base, self.frames = dataset, size, protocol, base, frames
         self.render = getattr(dataset, "render", None)
+        self.canvas = getattr(dataset, "render_canvas", None)
         self.length = min(len(dataset), limit) if limit else len(dataset)
 
     def __len__(self) -> int:
         return self.length
 
+    def _load(self, index: int):
+        h, w = self.size
+        if self.protocol == "fov":
+            return self.canvas(index, (h, w))
+        if self.protocol == "frames":
+            return self.render(index, (h, w), self.frames)
+        if self.canvas is not None and self.base is not None:
+            return self.canvas(index, self.base)
+        return self.render(index, max(h, w)) if self.render else self.dataset[index]
+
     def __getitem__(self, index: int):
         h, w = self.size
-        x, y = self.render(index, max(h, w)) if self.render else self.dataset[index]
-        if not isinstance(x, torch.Tensor) or x.ndim != 3:
+        x, y = self._load(index)
+        if isinstance(x, dict) and "pixels" in x:  # image-text items: draw the image at the size asked for
+            if tuple(x["pixels"].shape[-2:]) != (h, w):
+                x, y = self.render(index, (h, w))
+            return x, int(y)
+        if not isinstance(x, torch.Tensor) or x.ndim not in (3, 4):
             raise TypeError(
-                f"the extrapolation benchmark evaluates images [C, H, W]; the dataset gave "
-                f"{type(x).__name__} {tuple(getattr(x, 'shape', ()))}"
+                f"the extrapolation benchmark evaluates images [C, H, W], clips [C, T, H, W] or image-text dicts; "
+                f"the dataset gave {type(x).__name__} {tuple(getattr(x, 'shape', ()))}"
             )
         if tuple(x.shape[-2:]) != (h, w):
             shrink = h < x.shape[-2] or w < x.shape[-1]
-            x = F.interpolate(x[None].float(), size=(h, w), mode="bilinear", align_corners=False, antialias=shrink)[0]
+            flat = x.reshape(-1, 1, *x.shape[-2:]) if x.ndim == 4 else x[None]
+            flat = F.interpolate(flat.float(), size=(h, w), mode="bilinear", align_corners=False, antialias=shrink)
+            x = flat.reshape(*x.shape[:-2], h, w)
         return x, int(y)
 
 
-def _collate(items, size: tuple[int, int]) -> Batch:
+def _collate(items, size: tuple[int, int], collate_inputs=None) -> Batch:
     xs, ys = zip(*items)
-    return Batch(torch.stack(xs), torch.as_tensor(ys), size[0], ())
+    if isinstance(xs[0], dict):
+        inputs = collate_inputs(list(xs)) if collate_inputs else default_collate(list(xs))
+    else:
+        inputs = torch.stack(xs)
+    return Batch(inputs, torch.as_tensor(ys), size[0], ())
 
 
 def loader(view: SizedView, batch_size: int, workers: int = 0) -> DataLoader:
-    return DataLoader(
-        view, batch_size=batch_size, shuffle=False, num_workers=workers, collate_fn=partial(_collate, size=view.size)
-    )
+    collate = partial(_collate, size=view.size, collate_inputs=getattr(view.dataset, "collate_inputs", None))
+    return DataLoader(view, batch_size=batch_size, shuffle=False, num_workers=workers, collate_fn=collate)
+
+
+def first_inputs(view: SizedView, n: int):
+    """The model inputs of the view's first n items as one batch (a tensor or a dict of tensors)."""
+    return next(iter(loader(view, n))).inputs
 
 
 def has_position_modes(model: nn.Module) -> bool:
@@ -99,7 +179,7 @@ def set_position_mode(model: nn.Module, mode: str) -> None:
 
 
 @torch.no_grad()
-def modes_agree(model: nn.Module, x: torch.Tensor) -> bool:
+def modes_agree(model: nn.Module, x) -> bool:
     """Whether the two position modes give the same logits on `x` (e.g. a learned APE, which is resampled to the
     grid either way, or NoPE/CPE/LePE, which read no coordinates): then one evaluation serves both."""
     if not has_position_modes(model):
@@ -108,9 +188,9 @@ def modes_agree(model: nn.Module, x: torch.Tensor) -> bool:
     model.eval()
     try:
         model.set_position_mode("extrapolate")
-        a = model(x)
+        a = run_model(model, x)
         model.set_position_mode("interpolate")
-        b = model(x)
+        b = run_model(model, x)
     finally:
         model.set_position_mode(mode)
         model.train(was_training)
@@ -129,7 +209,18 @@ def evaluate_size(
     workers: int = 0,
 ) -> dict:
     """{'top1', 'top5', 'loss', 'images'} of `model` on the first `limit` items at `size` in position `mode`."""
+    return evaluate_view(model, SizedView(dataset, size, limit), mode, batch_size, device, amp, workers)
+
+
+def evaluate_view(
+    model: nn.Module,
+    view: SizedView,
+    mode: str,
+    batch_size: int,
+    device: torch.device,
+    amp: torch.dtype | None,
+    workers: int = 0,
+) -> dict:
+    """{'top1', 'top5', 'loss', 'images'} of `model` on a view (any protocol) in position `mode`."""
     set_position_mode(model, mode)
-    return evaluate_loader(
-        model, loader(SizedView(dataset, size, limit), batch_size, workers), DistContext(device=device), amp
-    )
+    return evaluate_loader(model, loader(view, batch_size, workers), DistContext(device=device), amp)

@@ -2,9 +2,11 @@
 and every check that can fail before training starts.
 
 A benchmark file holds the sections of `train.py -c` (model, data, aug, optim, train, eval) and a `bench:` section
-(models, seeds, evaluation sizes, position modes, parallelism). `load_bench` reads it with `bench.key=value` and recipe
-overrides; `make_plan` turns it into one Job per (model, seed); `validate` checks lists, names, the data, each model at
-each size and mode, and results left by another recipe, raising BenchConfigError naming the fix.
+(models, seeds, evaluation sizes and clip lengths, protocols, position modes, parallelism, or pretrained weights to
+evaluate without training). `load_bench` reads it with `bench.key=value` and recipe overrides; `make_plan` turns it
+into one Job per (model, seed) with its evaluation points (protocol x size x length); `validate` checks lists, names,
+the data, each model at each point and mode, and results left by another recipe, raising BenchConfigError naming the
+fix.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import inspect
 import json
 import os
 import typing
@@ -26,9 +29,18 @@ from ..data import get_dataset_info
 from ..data.loader import dataset_num_classes
 from ..engine.checkpoint import atomic_write_text
 from ..engine.config import Config, ConfigError, apply_overrides, coerce, config_from_dict, config_to_dict
-from ..engine.setup import build_eval_sets, build_model, build_split, resolve_amp
+from ..engine.setup import build_eval_sets, build_model, build_split, resolve_amp, run_model
 from ..zoo import create_model
-from .evalsizes import SizedView, has_position_modes, parse_size, set_position_mode, size_label
+from .evalsizes import (
+    PROTOCOLS,
+    Point,
+    SizedView,
+    first_inputs,
+    has_position_modes,
+    parse_size,
+    point_label,
+    set_position_mode,
+)
 
 __all__ = [
     "BenchConfig",
@@ -43,6 +55,9 @@ __all__ = [
     "split_name",
     "read_record",
     "write_record",
+    "row_point",
+    "make_points",
+    "view_of",
 ]
 
 POSITION_MODES = ("extrapolate", "interpolate")
@@ -53,8 +68,8 @@ class BenchConfigError(ConfigError):
 
 
 def _opt(default, help_text: str):
-    if isinstance(default, list):
-        return field(default_factory=lambda d=default: list(d), metadata={"help": help_text})
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: copy.deepcopy(d), metadata={"help": help_text})
     return field(default=default, metadata={"help": help_text})
 
 
@@ -68,10 +83,26 @@ class BenchConfig:
     resolutions: list[int] = _opt([], "square evaluation sizes in px (the training resolution is always added)")
     shapes: list[str] = _opt([], "non-square evaluation sizes HxW, e.g. [28x56]")
     position_modes: list[str] = _opt(list(POSITION_MODES), "test-time position modes: extrapolate, interpolate")
+    protocols: list[str] = _opt(
+        ["upsample"],
+        "upsample (content scaled with the image), fov (larger canvas, content at its training scale; canvas "
+        "datasets), frames (clip lengths of bench.frames at the training frame size; video datasets)",
+    )
+    frames: list[int] = _opt([], "clip lengths evaluated by the frames protocol (the training length is added)")
+    pretrained: bool = _opt(False, "evaluate published/saved weights without training (see bench.checkpoints)")
+    checkpoints: dict = _opt(
+        {},
+        "pretrained mode: model -> weights file (timm/official .pth/.safetensors, loaded through the model's "
+        "pretrained filter) or a visionpe run directory; models not listed load timm's pretrained weights",
+    )
     eval_samples: int = _opt(0, "evaluate on the first N images of the validation split (0: all of it)")
     eval_batch_size: int = _opt(256, "evaluation batch size")
     processes: int = _opt(1, "runs trained in parallel, one process each")
     threads: int = _opt(1, "torch threads per process")
+    device: str = _opt("cpu", "evaluation device (cpu, cuda, cuda:1, ...); training follows train.device")
+    model_kwargs: dict = _opt(
+        {}, "model -> extra constructor kwargs for that model only (e.g. init_values for LayerScale checkpoints)"
+    )
     output_dir: str = _opt("results/{name}", "tables, plot and per-run results (small files, meant to be kept)")
     runs_dir: str = _opt("runs/bench/{name}", "training run directories (checkpoints)")
 
@@ -195,6 +226,11 @@ class Job:
     eval_batch_size: int
     threads: int
     record_path: Path
+    device: str = "cpu"
+    points: list[Point] = field(default_factory=list)  # every evaluation point, the base of each protocol first
+    base_frames: int = 0
+    pretrained: bool = False
+    checkpoint: str | None = None  # pretrained mode: weights file or run directory (None: timm's weights)
 
     @property
     def run_dir(self) -> Path:
@@ -207,12 +243,17 @@ class Job:
     def eval_key(self) -> dict:
         return dict(split=self.cfg.data.val_split, samples=self.eval_samples)
 
-    def missing(self, record: dict | None) -> list[tuple[str, tuple[int, int]]]:
-        """(mode, size) pairs the record lacks."""
+    def missing(self, record: dict | None) -> list[tuple[str, Point]]:
+        """(mode, point) pairs the record lacks."""
         have = set()
         if record and record.get("eval") == self.eval_key():
-            have = {(r["mode"], (r["height"], r["width"])) for r in record.get("rows", [])}
-        return [(m, s) for m in self.modes for s in self.sizes if (m, s) not in have]
+            have = {(r["mode"], row_point(r)) for r in record.get("rows", [])}
+        return [(m, p) for m in self.modes for p in self.points if (m, p) not in have]
+
+
+def row_point(row: dict) -> Point:
+    """The evaluation point of a record row (rows written before protocols existed are 'upsample')."""
+    return Point(row.get("protocol", "upsample"), row["height"], row["width"], row.get("frames", 0))
 
 
 @dataclass
@@ -223,6 +264,34 @@ class Plan:
     base: tuple[int, int]
     sizes: list[tuple[int, int]]
     notes: list[str] = field(default_factory=list)  # what validation noticed (e.g. sizes that need padding)
+    points: list[Point] = field(default_factory=list)
+    base_frames: int = 0
+
+    def base_point(self, protocol: str) -> Point:
+        return Point(protocol, *self.base, self.base_frames if protocol == "frames" else 0)
+
+
+def _option_default(cfg: Config, key: str) -> int:
+    """A dataset option's value: the recipe's, else the factory's default (0 when it has none)."""
+    if key in cfg.data.options:
+        return int(cfg.data.options[key])
+    try:
+        param = inspect.signature(get_dataset_info(cfg.data.name).factory).parameters.get(key)
+    except ValueError:
+        return 0
+    return int(param.default) if param is not None and isinstance(param.default, int) else 0
+
+
+def make_points(bench: BenchConfig, sizes: list[tuple[int, int]], base_frames: int) -> list[Point]:
+    """Upsample and fov points at every size; frames points at the base size for every length (base first)."""
+    points = []
+    for protocol in bench.protocols:
+        if protocol == "frames":
+            lengths = [base_frames] + [f for f in bench.frames if f != base_frames]
+            points += [Point("frames", *sizes[0], f) for f in lengths]
+        else:
+            points += [Point(protocol, *s, 0) for s in sizes]
+    return points
 
 
 def make_plan(bench: BenchConfig, cfg: Config) -> Plan:
@@ -235,11 +304,15 @@ def make_plan(bench: BenchConfig, cfg: Config) -> Plan:
             raise BenchConfigError(f"bench.resolutions / bench.shapes: {e}") from None
         if size not in sizes:
             sizes.append(size)
+    base_frames = _option_default(cfg, "frames")
+    points = make_points(bench, sizes, base_frames)
+    seeds = [0] if bench.pretrained else bench.seeds  # published weights are one run
     jobs = []
     for model in bench.models:
-        for seed in bench.seeds:
+        for seed in seeds:
             c = copy.deepcopy(cfg)
             c.model.name = model
+            c.model.kwargs = {**c.model.kwargs, **(bench.model_kwargs.get(model) or {})}
             c.train.seed = seed
             c.train.output_dir = str(bench.runs())
             c.train.run_name = f"{model}-s{seed}"
@@ -258,9 +331,14 @@ def make_plan(bench: BenchConfig, cfg: Config) -> Plan:
                     bench.eval_batch_size,
                     bench.threads,
                     bench.out() / "evals" / f"{model}-s{seed}.json",
+                    bench.device,
+                    points,
+                    base_frames,
+                    bench.pretrained,
+                    bench.checkpoints.get(model),
                 )
             )
-    return Plan(bench, cfg, jobs, base, sizes)
+    return Plan(bench, cfg, jobs, base, sizes, points=points, base_frames=base_frames)
 
 
 # ------------------------------------------------------------------------------------------------------ validation
@@ -278,7 +356,24 @@ def validate(plan: Plan, check_models: bool = True) -> None:
     _nonempty(b.models, "bench.models", "vit_n_ape,vit_n_rope2d")
     _nonempty(b.seeds, "bench.seeds", "0,1,2")
     _nonempty(b.position_modes, "bench.position_modes", "extrapolate,interpolate")
-    if not b.resolutions and not b.shapes:
+    _nonempty(b.protocols, "bench.protocols", "upsample,fov")
+    bad = [p for p in b.protocols if p not in PROTOCOLS]
+    if bad:
+        raise BenchConfigError(f"bench.protocols: unknown protocol(s) {bad}; use {', '.join(PROTOCOLS)}")
+    if ("frames" in b.protocols) != bool(b.frames):
+        raise BenchConfigError(
+            "the frames protocol and bench.frames go together: list clip lengths (bench.frames=4,16,32) with "
+            "bench.protocols including frames, or neither"
+        )
+    if any(f < 1 for f in b.frames):
+        raise BenchConfigError(f"bench.frames are clip lengths of at least 1 frame, got {b.frames}")
+    for key in ("checkpoints", "model_kwargs"):
+        unknown = sorted(set(getattr(b, key)) - set(b.models))
+        if unknown:
+            raise BenchConfigError(f"bench.{key} names model(s) {unknown} that are not in bench.models")
+    if b.checkpoints and not b.pretrained:
+        raise BenchConfigError("bench.checkpoints are evaluated without training; add bench.pretrained=true")
+    if not b.resolutions and not b.shapes and "frames" not in b.protocols:
         raise BenchConfigError(
             "bench.resolutions and bench.shapes are both empty; list the sizes to evaluate at, "
             "e.g. bench.resolutions=28,42,56"
@@ -287,6 +382,7 @@ def validate(plan: Plan, check_models: bool = True) -> None:
         ("bench.models", b.models),
         ("bench.seeds", b.seeds),
         ("bench.position_modes", b.position_modes),
+        ("bench.protocols", b.protocols),
     ):
         dups = sorted({str(v) for v in values if values.count(v) > 1})
         if dups:
@@ -297,6 +393,12 @@ def validate(plan: Plan, check_models: bool = True) -> None:
     for key in ("processes", "threads", "eval_batch_size"):
         if getattr(b, key) < 1:
             raise BenchConfigError(f"bench.{key} must be at least 1, got {getattr(b, key)}")
+    try:
+        device = torch.device(b.device)
+    except RuntimeError as e:
+        raise BenchConfigError(f"bench.device: {e}; use cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise BenchConfigError(f"bench.device={b.device} but no CUDA device is available; use bench.device=cpu")
     if b.eval_samples < 0:
         raise BenchConfigError(f"bench.eval_samples must be 0 (all) or positive, got {b.eval_samples}")
     if cfg.data.train_resolutions:
@@ -310,11 +412,24 @@ def validate(plan: Plan, check_models: bool = True) -> None:
             except ValueError as e:
                 raise BenchConfigError(f"bench.models: {e}") from None
     info = get_dataset_info(cfg.data.name)
-    if info.kind != "image":
+    if info.kind not in ("image", "video", "image_text"):
         raise BenchConfigError(
-            f"the extrapolation benchmark evaluates image classifiers; dataset {cfg.data.name!r} is {info.kind!r}"
+            f"the extrapolation benchmark evaluates image, video and image-text classifiers; dataset "
+            f"{cfg.data.name!r} is {info.kind!r}"
         )
-    _check_recipes(plan)
+    if info.kind == "image_text" and b.protocols != ["upsample"]:
+        raise BenchConfigError(
+            f"image-text datasets are evaluated with more visual tokens (bench.protocols=upsample), got {b.protocols}"
+        )
+    if "frames" in b.protocols and info.kind != "video":
+        raise BenchConfigError(f"the frames protocol evaluates clip lengths; dataset {cfg.data.name!r} is not a video")
+    if "fov" in b.protocols and info.kind != "image":
+        raise BenchConfigError(f"the fov protocol places images on canvases; dataset {cfg.data.name!r} is a video")
+    for model, source in b.checkpoints.items():
+        if not Path(source).exists():
+            raise BenchConfigError(f"bench.checkpoints.{model}: {source} does not exist")
+    if not b.pretrained:
+        _check_recipes(plan)
     if check_models:
         _check_models(plan, info)
 
@@ -337,40 +452,57 @@ def _check_recipes(plan: Plan) -> None:
             )
 
 
+def view_of(evals: dict, point: Point, base: tuple[int, int], limit: int = 0) -> SizedView:
+    """The evaluation inputs of one point: upsample reads the set built for its size, fov and frames the base set."""
+    if point.protocol == "upsample":
+        return SizedView(evals[max(point.size)], point.size, limit, "upsample", base)
+    return SizedView(evals[max(base)], point.size, limit, point.protocol, base, point.frames)
+
+
+def eval_split_classes(cfg: Config, info, pretrained: bool) -> tuple[int, dict | None]:
+    """(number of classes, class map) from the training split, or the evaluation split for pretrained weights
+    (an ImageNet-style val folder needs no train folder next to it)."""
+    split = cfg.data.val_split if pretrained else cfg.data.train_split
+    ds = build_split(cfg, split, cfg.data.resolution, training=not pretrained)
+    return dataset_num_classes(info, ds), getattr(ds, "class_to_idx", None)
+
+
 @torch.no_grad()
 def _check_models(plan: Plan, info) -> None:
     cfg = plan.cfg
-    train_set = build_split(cfg, cfg.data.train_split, cfg.data.resolution, training=True)
-    num_classes = dataset_num_classes(info, train_set)
-    evals = build_eval_sets(cfg, sorted({max(s) for s in plan.sizes}), getattr(train_set, "class_to_idx", None))
+    num_classes, class_map = eval_split_classes(cfg, info, plan.bench.pretrained)
+    evals = build_eval_sets(cfg, sorted({max(s) for s in plan.sizes}), class_map)
     device = torch.device("cpu")
     amp = resolve_amp(cfg.train.amp, device)
     for model_name in plan.bench.models:
-        c = copy.deepcopy(plan.jobs[0].cfg)
-        c.model.name = model_name
+        c = copy.deepcopy(next(j.cfg for j in plan.jobs if j.model == model_name))
         try:
             model = build_model(c, num_classes, info.in_chans).eval()
         except (TypeError, ValueError, RuntimeError) as e:
             raise BenchConfigError(f"model {model_name!r} cannot be built for {cfg.data.name!r}: {e}") from None
         patch = getattr(getattr(model, "patch_embed", None), "patch_size", None)
-        patch = patch[0] if isinstance(patch, (tuple, list)) else patch
-        padded = [size_label(s) for s in plan.sizes if patch and (s[0] % patch or s[1] % patch)]
+        patch = patch[-1] if isinstance(patch, (tuple, list)) else patch
+        padded = sorted({point_label(p) for p in plan.points if patch and (p.height % patch or p.width % patch)})
         if padded:
             plan.notes.append(
-                f"{model_name}: {', '.join(padded)} px are not multiples of its {patch} px patch; the "
+                f"{model_name}: {', '.join(padded)} are not multiples of its {patch} px patch; the "
                 f"model zero-pads them at the bottom/right, which costs accuracy of its own"
             )
-        for size in plan.sizes:
-            x = SizedView(evals[max(size)], size, 1)[0][0][None]
+        for point in plan.points:
+            try:
+                x = first_inputs(view_of(evals, point, plan.base, 1), 1)
+            except ValueError as e:
+                raise BenchConfigError(f"cannot evaluate at {point_label(point)}: {e}") from None
+            unit = "" if point.protocol == "frames" else " px"
             for mode in plan.bench.position_modes:
                 set_position_mode(model, mode)
                 try:
                     with torch.autocast("cpu", dtype=amp or torch.float32, enabled=amp is not None):
-                        out = model(x)
+                        out = run_model(model, x)
                 except (RuntimeError, ValueError, TypeError, AssertionError) as e:
                     raise BenchConfigError(
-                        f"model {model_name!r} cannot take {size_label(size)} px in {mode} mode: "
-                        f"{e}; drop that size from bench.resolutions / bench.shapes"
+                        f"model {model_name!r} cannot take {point_label(point)}{unit} in {mode} mode: "
+                        f"{e}; drop that size from bench.resolutions / bench.shapes / bench.frames"
                     ) from None
                 if out.shape != (1, num_classes):
                     raise BenchConfigError(

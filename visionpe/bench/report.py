@@ -1,5 +1,6 @@
-"""Tables of an extrapolation benchmark: results.csv (one row per run, mode and size), results.md (mean and standard
-deviation over seeds, and the change against the training resolution), summary.json (what the model cards read)."""
+"""Tables of an extrapolation benchmark: results.csv (one row per run, mode and evaluation point), results.md (mean and
+standard deviation over seeds per point, the protocols side by side, the change against the training point, and the
+papers' orderings judged against the seed spread), summary.json (what the model cards read)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import statistics
 import time
 from pathlib import Path
 
-from .evalsizes import size_label
+from .claims import judge_claims, tally_text
+from .evalsizes import Point, point_label, size_label
 
 __all__ = ["long_rows", "aggregate", "ordered_sizes", "format_markdown", "write_report", "CSV_KEYS"]
 
@@ -20,9 +22,11 @@ CSV_KEYS = (
     "size",
     "pe",
     "seed",
+    "protocol",
     "mode",
     "height",
     "width",
+    "frames",
     "top1",
     "top5",
     "loss",
@@ -41,6 +45,8 @@ def long_rows(records: list[dict]) -> list[dict]:
                 {
                     **{k: rec.get(k) for k in ("model", "family", "size", "pe", "seed", "train_seconds")},
                     **{k: r.get(k) for k in ("mode", "height", "width", "top1", "top5", "loss", "images", "same_as")},
+                    "protocol": r.get("protocol", "upsample"),
+                    "frames": r.get("frames", 0),
                 }
             )
     return out
@@ -52,11 +58,12 @@ def ordered_sizes(sizes: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return square + sorted((s for s in sizes if s[0] != s[1]), key=lambda s: (s[0] * s[1], s))
 
 
-def aggregate(rows: list[dict]) -> dict[tuple[str, str, tuple[int, int]], dict]:
-    """(model, mode, (H, W)) -> {'mean', 'std', 'n', 'seeds'} of top-1 over seeds (sample std; 0 for one seed)."""
+def aggregate(rows: list[dict]) -> dict[tuple[str, str, Point], dict]:
+    """(model, mode, point) -> {'mean', 'std', 'n'} of top-1 over seeds (sample std; 0 for one seed)."""
     groups: dict[tuple, list[float]] = {}
     for r in rows:
-        groups.setdefault((r["model"], r["mode"], (r["height"], r["width"])), []).append(r["top1"])
+        point = Point(r.get("protocol", "upsample"), r["height"], r["width"], r.get("frames", 0))
+        groups.setdefault((r["model"], r["mode"], point), []).append(r["top1"])
     return {
         k: dict(mean=statistics.fmean(v), std=statistics.stdev(v) if len(v) > 1 else 0.0, n=len(v))
         for k, v in groups.items()
@@ -72,42 +79,143 @@ def _cell(stat: dict | None, base: dict | None, is_base: bool) -> str:
     return f"{text} ({stat['mean'] - base['mean']:+.1f})"
 
 
+def columns(plan) -> list[Point]:
+    """Table columns: the training point once, then every other point of each protocol (at the training point all
+    protocols show the same inputs)."""
+    base = plan.base_point(plan.bench.protocols[0])
+    bases = {plan.base_point(p) for p in plan.bench.protocols}
+    return [base] + [p for p in plan.points if p not in bases]
+
+
+def _base_label(plan) -> str:
+    frames = f"{plan.base_frames} f, " if "frames" in plan.bench.protocols else ""
+    return f"base ({frames}{size_label(plan.base)})"
+
+
+def _column_label(point: Point, plan) -> str:
+    if point == plan.base_point(point.protocol):
+        return _base_label(plan)
+    return (
+        "up " + point_label(point)
+        if point.protocol == "upsample" and len(plan.bench.protocols) > 1
+        else point_label(point)
+    )
+
+
+def _stat_text(st: dict) -> str:
+    return f"{st['mean']:.1f} ± {st['std']:.1f}" if st["n"] > 1 else f"{st['mean']:.1f}"
+
+
+def _quality_lines(stats: dict, models: list[str], plan) -> list[str]:
+    """Base accuracy and seed spread at the training point: whether the benchmark can rank anything."""
+    base = plan.base_point(plan.bench.protocols[0])
+    mode = plan.bench.position_modes[0]
+    at_base = [(m, stats[(m, mode, base)]) for m in models if (m, mode, base) in stats]
+    if not at_base:
+        return []
+    lo = min(at_base, key=lambda x: x[1]["mean"])
+    hi = max(at_base, key=lambda x: x[1]["mean"])
+    spread = max(at_base, key=lambda x: x[1]["std"])
+    seeds = sorted({st["n"] for _, st in at_base})
+    return [
+        "## Statistics",
+        "",
+        f"At the training point ({_base_label(plan)}): top-1 from {lo[1]['mean']:.1f} ({lo[0]}) to "
+        f"{hi[1]['mean']:.1f} ({hi[0]}); the largest seed standard deviation is {spread[1]['std']:.2f} points "
+        f"({spread[0]}); {'/'.join(map(str, seeds))} seed(s) per cell. An ordering *holds* when the mean difference "
+        f"is at least twice its standard error sqrt(s_a²/n_a + s_b²/n_b), *does not hold* when it is at least twice "
+        f"that the other way, and is *within noise* otherwise.",
+        "",
+    ]
+
+
+def _claim_lines(judged: list[dict]) -> list[str]:
+    lines = ["## The papers' claims on this benchmark", ""]
+    for j in judged:
+        lines.append(f"- **{j['claim']}** ({j['source']}; where: {j['where']}): {tally_text(j)}.")
+    lines.append("")
+    for j in judged:
+        if not j["comparisons"]:
+            continue
+        lines += [
+            f"### {j['claim']}",
+            "",
+            "| better? | than | protocol | point | mode | top-1 a | top-1 b | a - b | 2 x s.e. | verdict |",
+            "|---|---|---|---|---|---:|---:|---:|---:|---|",
+        ]
+        for c in j["comparisons"]:
+            point = Point(c["protocol"], c["height"], c["width"], c["frames"])
+            lines.append(
+                f"| {c['better']} | {c['worse']} | {c['protocol']} | {point_label(point)} | {c['mode']} | "
+                f"{_stat_text(c['a'])} | {_stat_text(c['b'])} | {c['diff']:+.1f} | {2 * c['se']:.1f} | "
+                f"{c['verdict']} |"
+            )
+        lines.append("")
+    return lines
+
+
+def _judged(records: list[dict], plan) -> list[dict]:
+    stats = aggregate(long_rows(records))
+    return judge_claims(stats, records, plan.points, list(plan.bench.position_modes), plan.base_point)
+
+
 def format_markdown(records: list[dict], plan, seconds: float, machine: str) -> str:
     b, cfg = plan.bench, plan.cfg
     rows = long_rows(records)
     stats = aggregate(rows)
-    sizes = ordered_sizes(plan.sizes)
+    cols = columns(plan)
     models = [m for m in b.models if any(r["model"] == m for r in rows)]
     pe_of = {rec["model"]: rec.get("pe", rec["model"]) for rec in records}
     agree = {rec["model"] for rec in records if rec.get("modes_agree")}
     images = sorted({r["images"] for r in rows})
     seeds = sorted({r["seed"] for r in rows})
     opts = ", ".join(f"{k}={v}" for k, v in cfg.data.options.items()) or "none"
+    if b.pretrained:
+        how = "Pretrained weights (no training) "
+    else:
+        how = (
+            f"Trained on `{cfg.data.name}` at {cfg.data.resolution} px ({cfg.train.epochs} epochs, batch "
+            f"{cfg.data.batch_size}, {cfg.optim.opt} lr {cfg.optim.lr:g}, data options: {opts}; augmentation: "
+            f"{augmentation_text(cfg)}), then "
+        )
+    protocol_text = {
+        "upsample": "*upsample* (`up N`): the image at N px, its content scaled with it",
+        "fov": "*fov* (`fov N`): an N px canvas with the content at its training scale, placed at random (the same "
+        "canvases for every model), so only the field of view and the positions change",
+        "frames": "*frames* (`N f`): clips of N frames at the training frame size",
+    }
     lines = [
-        f"# Resolution extrapolation: {b.name}",
+        f"# Extrapolation: {b.name}",
         "",
-        f"Trained on `{cfg.data.name}` at {cfg.data.resolution} px ({cfg.train.epochs} epochs, batch "
-        f"{cfg.data.batch_size}, {cfg.optim.opt} lr {cfg.optim.lr:g}, data options: {opts}; augmentation: "
-        f"{augmentation_text(cfg)}), then evaluated without fine-tuning on "
-        f"{'/'.join(str(i) for i in images)} `{cfg.data.val_split}` images at each size. Top-1 accuracy (%), "
-        f"mean ± standard deviation over {len(seeds)} seed(s) {seeds}; in brackets, the change against the "
-        f"training resolution (bold). Non-square sizes are H x W (the image stretched).",
+        f"{how}evaluated without fine-tuning on {'/'.join(str(i) for i in images)} `{cfg.data.val_split}` items at "
+        f"each point. Top-1 accuracy (%), mean ± standard deviation over {len(seeds)} seed(s) {seeds}; in brackets, "
+        f"the change against the training point (bold). Non-square sizes are H x W.",
+        "",
+        "Protocols: " + "; ".join(protocol_text[p] for p in b.protocols) + ".",
         "",
         "Position modes: *extrapolate* keeps raw patch indices at the new size; *interpolate* rescales positions to "
         "the training grid (the counterpart of resampling an APE table). A learned APE is resampled to the new grid "
-        "in both modes.",
+        "in both modes. Models without test-time position modes (the video backbones) run as they are.",
         "",
     ]
     for mode in b.position_modes:
         lines += [
             f"## {mode}",
             "",
-            "| model | PE | " + " | ".join(size_label(s) for s in sizes) + " |",
-            "|---|---|" + "---:|" * len(sizes),
+            "| model | PE | " + " | ".join(_column_label(c, plan) for c in cols) + " |",
+            "|---|---|" + "---:|" * len(cols),
         ]
         for m in models:
-            base = stats.get((m, mode, plan.base))
-            cells = [_cell(stats.get((m, mode, s)), base, s == plan.base) for s in sizes]
+            cells = []
+            for c in cols:
+                st = stats.get((m, mode, c))
+                base = stats.get((m, mode, plan.base_point(c.protocol)))
+                if st is None:
+                    cells.append("-")
+                elif c == plan.base_point(c.protocol) or base is None:
+                    cells.append(f"**{_stat_text(st)}**")
+                else:
+                    cells.append(f"{_stat_text(st)} ({st['mean'] - base['mean']:+.1f})")
             mark = " (=)" if m in agree and mode != b.position_modes[0] else ""
             lines.append(f"| {m}{mark} | {pe_of.get(m, '')} | " + " | ".join(cells) + " |")
         lines.append("")
@@ -118,10 +226,16 @@ def format_markdown(records: list[dict], plan, seconds: float, machine: str) -> 
             "",
         ]
     lines += [f"Note: {n}." for n in getattr(plan, "notes", [])] + ([""] if getattr(plan, "notes", []) else [])
+    lines += _quality_lines(stats, models, plan)
+    lines += _claim_lines(_judged(records, plan))
+    cpu = [r["train_cpu_seconds"] for r in records if r.get("train_cpu_seconds")] or [0]
+    ev = [r["eval_cpu_seconds"] for r in records if r.get("eval_cpu_seconds")] or [0]
     lines += [
         f"{len(records)} runs; this invocation took {seconds / 60:.1f} min on {machine}, "
-        f"{b.processes} process(es) x {b.threads} thread(s). Regenerate: "
-        f"`python -m visionpe.bench extrapolate -c <the benchmark file>` (finished runs are reused).",
+        f"{b.processes} process(es) x {b.threads} thread(s); CPU time per run: training {statistics.fmean(cpu):.0f} s, "
+        f"evaluation {statistics.fmean(ev):.0f} s on average over the runs this benchmark trained/evaluated "
+        f"({len(cpu)}/{len(ev)} of {len(records)}). Regenerate: `python -m visionpe.bench extrapolate -c "
+        f"<the benchmark file>` (finished runs are reused).",
         "",
     ]
     return "\n".join(lines)
@@ -136,33 +250,38 @@ def augmentation_text(cfg) -> str:
     if crop == "rrc" or ("aug" in params and "crop" not in params):
         a = cfg.aug
         return f"random resized crops (area {a.scale}, aspect {[round(r, 2) for r in a.ratio]}) and flips (p={a.hflip})"
+    if "item" in params:
+        return f"the item placed at a random position on the canvas, flips (p={cfg.aug.hflip})"
     if "training" in params:
         return f"the dataset's default training augmentation{f' (crop={crop})' if crop else ''}"
     return "none"
 
 
 def restrict(records: list[dict], plan) -> list[dict]:
-    """The records' rows for the plan's modes and sizes only (a record keeps rows of sizes since dropped)."""
-    sizes, modes = set(plan.sizes), set(plan.bench.position_modes)
+    """The records' rows for the plan's modes and points only (a record keeps rows of points since dropped)."""
+    from .plan import row_point
+
+    points, modes = set(plan.points), set(plan.bench.position_modes)
     return [
-        dict(r, rows=[x for x in r.get("rows", []) if x["mode"] in modes and (x["height"], x["width"]) in sizes])
-        for r in records
+        dict(r, rows=[x for x in r.get("rows", []) if x["mode"] in modes and row_point(x) in points]) for r in records
     ]
 
 
 def _summary(records: list[dict], plan, seconds: float, machine: dict) -> dict:
     stats = aggregate(long_rows(records))
     table = []
-    for (model, mode, size), st in sorted(stats.items()):
-        base = stats.get((model, mode, plan.base))
+    for (model, mode, point), st in sorted(stats.items()):
+        base = stats.get((model, mode, plan.base_point(point.protocol)))
         pe = next((r.get("pe") for r in records if r["model"] == model), model)
         table.append(
             dict(
                 model=model,
                 pe=pe,
+                protocol=point.protocol,
                 mode=mode,
-                height=size[0],
-                width=size[1],
+                height=point.height,
+                width=point.width,
+                frames=point.frames,
                 mean=st["mean"],
                 std=st["std"],
                 n=st["n"],
@@ -176,6 +295,9 @@ def _summary(records: list[dict], plan, seconds: float, machine: dict) -> dict:
         base=list(plan.base),
         sizes=[list(s) for s in ordered_sizes(plan.sizes)],
         modes=list(plan.bench.position_modes),
+        protocols=list(plan.bench.protocols),
+        base_frames=plan.base_frames,
+        pretrained=plan.bench.pretrained,
         seeds=sorted({r["seed"] for r in records}),
         models=[m for m in plan.bench.models if any(r["model"] == m for r in records)],
         recipe=dict(
@@ -190,8 +312,13 @@ def _summary(records: list[dict], plan, seconds: float, machine: dict) -> dict:
         modes_agree=sorted(r["model"] for r in records if r.get("modes_agree")),
         machine=machine,
         seconds=round(seconds, 1),
+        cpu_seconds=dict(
+            train=round(sum(r.get("train_cpu_seconds") or 0 for r in records), 1),
+            eval=round(sum(r.get("eval_cpu_seconds") or 0 for r in records), 1),
+        ),
         date=time.strftime("%Y-%m-%d"),
         table=table,
+        claims=_judged(records, plan),
     )
 
 

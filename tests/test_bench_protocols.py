@@ -1,0 +1,313 @@
+"""Extrapolation protocols: field-of-view canvases keep the content's scale, clip lengths keep the temporal-order task,
+orderings are judged against the seed spread, and pretrained weights are evaluated without training."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import timm
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+import visionpe  # noqa: F401
+import visionpe.engine
+from visionpe.bench.claims import judge_claims, verdict
+from visionpe.bench.evalsizes import Point, SizedView, evaluate_view
+from visionpe.bench.extrapolate import main as extrapolate_main
+from visionpe.bench.extrapolate import run_benchmark
+from visionpe.bench.plan import BenchConfigError, load_bench
+from visionpe.data import build_dataset
+from visionpe.data.video_shapes import render_scene, reverse_scene
+from visionpe.engine.setup import build_eval_sets
+
+TINY = "{embed_dim: 32, depth: 1, num_heads: 2}"
+
+
+def _no_training(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("training started")
+
+    monkeypatch.setattr(visionpe.engine, "train", refuse)
+
+
+def _fashion_folder(root: Path, n: int = 40) -> Path:
+    """Fashion-MNIST-shaped IDX files: a bright square whose corner encodes the class, on black."""
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for prefix in ("train", "t10k"):
+        labels = np.arange(n) % 10
+        images = np.zeros((n, 28, 28), np.uint8)
+        for i, y in enumerate(labels):
+            r, c = 2 + 2 * (y // 5) * 5, 2 + 4 * (y % 5)
+            images[i, r : r + 8, c : c + 6] = 255
+            images[i] += rng.integers(0, 20, (28, 28), dtype=np.uint8)
+        for kind, arr, dims in (("images-idx3", images, images.shape), ("labels-idx1", labels, labels.shape)):
+            header = bytes([0, 0, 8, len(dims)]) + b"".join(int(d).to_bytes(4, "big") for d in dims)
+            with gzip.open(root / f"{prefix}-{kind}-ubyte.gz", "wb") as f:
+                f.write(header + arr.astype(np.uint8).tobytes())
+    return root
+
+
+# ------------------------------------------------------------------------------------------------- fov canvases
+
+
+def test_fov_canvas_keeps_the_item_pixels_at_training_scale_inside_the_canvas(tmp_path):
+    root = _fashion_folder(tmp_path / "fm")
+    ds = build_dataset("fashion-mnist-canvas", "val", 32, root=str(root))
+    for index in range(6):
+        item, y = ds.base.render(index, 28)
+        canvas, y2 = ds.render_canvas(index, (48, 64))
+        assert canvas.shape == (1, 48, 64) and y2 == y
+        # the item appears exactly once, pixel for pixel, fully inside; everything else is the background
+        found = [
+            (t, left)
+            for t in range(48 - 28 + 1)
+            for left in range(64 - 28 + 1)
+            if torch.equal(canvas[:, t : t + 28, left : left + 28], item)
+        ]
+        assert len(found) == 1
+        t, left = found[0]
+        rest = canvas.clone()
+        rest[:, t : t + 28, left : left + 28] = ds.fill
+        assert torch.all(rest == ds.fill)
+        assert torch.equal(ds.render_canvas(index, (48, 64))[0], canvas)  # evaluation canvases are fixed
+    offsets = {tuple((ds.render_canvas(i, (96, 96))[0] != ds.fill).nonzero()[0].tolist()) for i in range(10)}
+    assert len(offsets) > 3  # positions vary over items, so the far corners of the canvas are visited
+
+
+def test_upsample_and_fov_protocols_differ_only_away_from_the_training_size(tmp_path):
+    root = _fashion_folder(tmp_path / "fm")
+    ds = build_dataset("fashion-mnist-canvas", "val", 32, root=str(root))
+    base = (32, 32)
+    up = SizedView(ds, (64, 64), protocol="upsample", base=base)[2][0]
+    fov = SizedView(ds, (64, 64), protocol="fov", base=base)[2][0]
+    ref = F.interpolate(ds.render_canvas(2, base)[0][None], size=(64, 64), mode="bilinear", align_corners=False)[0]
+    assert torch.allclose(up, ref, atol=1e-6)  # same op on the same input; fp32 rounding only
+    # upsampling doubles the item (about 4x its bright area), fov keeps it: count pixels above mid-grey
+    bright = ds.fill + 1.0
+    assert (up > bright).sum() > 3 * (fov > bright).sum() > 0
+    at_base = [SizedView(ds, base, protocol=p, base=base)[2][0] for p in ("upsample", "fov")]
+    assert torch.equal(*at_base)
+
+
+def test_fov_needs_a_canvas_dataset_and_room_for_the_item(tmp_path):
+    root = _fashion_folder(tmp_path / "fm")
+    with pytest.raises(ValueError, match="render_canvas"):
+        SizedView(build_dataset("fashion-mnist", "val", 28, root=str(root)), (56, 56), protocol="fov")
+    ds = build_dataset("fashion-mnist-canvas", "val", 32, root=str(root))
+    with pytest.raises(ValueError, match="at least 28 px"):
+        ds.render_canvas(0, (24, 24))
+
+
+# --------------------------------------------------------------------------------------------- temporal order
+
+
+def test_frames_protocol_clips_need_temporal_order():
+    ds = build_dataset("video-shapes", "val", 16, options=dict(num_samples=8, noise=0.0))
+    for index in range(8):
+        clip, y = SizedView(ds, (16, 16), protocol="frames", frames=16)[index]
+        assert clip.shape == (3, 16, 16, 16)
+        scene = ds.scene(index)
+        rev = reverse_scene(scene)
+        assert rev["target"] != y  # playing the clip backwards changes the class ...
+        backwards = render_scene(rev, 16, 16)
+        # ... and is exactly the reversed clip (frame f samples time (f + 0.5) / T, symmetric under t -> 1 - t);
+        # the shapes' edges are thresholds of fp32 coordinates, so allow a few boundary pixels to flip
+        assert (backwards - clip.flip(1)).abs().gt(1e-4).float().mean() < 0.01
+        assert (clip - clip.flip(1)).abs().gt(1e-4).float().mean() > 0.01  # and the clip is not a palindrome
+
+
+# ------------------------------------------------------------------------------------------------ statistics
+
+
+def test_orderings_are_judged_against_twice_the_combined_standard_error():
+    a = dict(mean=80.0, std=1.0, n=3)
+    se = math.sqrt(2 / 3)  # sqrt(1/3 + 1/3)
+    assert verdict(a, dict(mean=80.0 - 2.1 * se, std=1.0, n=3)) == "holds"
+    assert verdict(a, dict(mean=80.0 - 1.9 * se, std=1.0, n=3)) == "within noise"
+    assert verdict(a, dict(mean=80.0 + 2.1 * se, std=1.0, n=3)) == "does not hold"
+    assert verdict(a, dict(mean=70.0, std=0.0, n=1)) == "one seed"
+
+
+def test_claims_compare_pes_on_one_backbone_beyond_the_training_point():
+    records = [
+        dict(model=m, family="vit", size="n", pe=pe)
+        for m, pe in (("vit_n_rope2d_mixed", "rope2d_mixed"), ("vit_n_rope2d", "rope2d"), ("vit_n_ape", "ape"))
+    ]
+    base, far = Point("fov", 32, 32), Point("fov", 64, 64)
+    stats = {
+        ("vit_n_rope2d_mixed", "extrapolate", base): dict(mean=90, std=1, n=3),
+        ("vit_n_rope2d", "extrapolate", base): dict(mean=90, std=1, n=3),
+        ("vit_n_ape", "extrapolate", base): dict(mean=90, std=1, n=3),
+        ("vit_n_rope2d_mixed", "extrapolate", far): dict(mean=70, std=1, n=3),
+        ("vit_n_rope2d", "extrapolate", far): dict(mean=60, std=1, n=3),
+        ("vit_n_ape", "extrapolate", far): dict(mean=65, std=1, n=3),
+    }
+    judged = judge_claims(stats, records, [base, far], ["extrapolate"], lambda p: base)
+    rope = next(j for j in judged if j["claim"].startswith("RoPE-Mixed"))
+    got = {(c["better"], c["worse"]): c["verdict"] for c in rope["comparisons"]}
+    assert got == {("vit_n_rope2d_mixed", "vit_n_rope2d"): "holds", ("vit_n_rope2d", "vit_n_ape"): "does not hold"}
+    assert all((c["height"], c["width"]) == (64, 64) for c in rope["comparisons"])  # the base point is not beyond
+    assert next(j for j in judged if j["claim"].startswith("VideoRoPE"))["comparisons"] == []
+
+
+# ------------------------------------------------------------------------------------------- end to end (tiny)
+
+
+def test_tiny_benchmark_reports_both_image_protocols_side_by_side(tmp_path):
+    root = _fashion_folder(tmp_path / "fm", n=48)
+    path = tmp_path / "fov.yaml"
+    path.write_text(f"""
+bench:
+  models: [vit_n_ape, vit_n_rope2d]
+  seeds: [0, 1]
+  resolutions: [48]
+  protocols: [upsample, fov]
+  output_dir: {tmp_path / "out"}
+  runs_dir: {tmp_path / "runs"}
+model: {{kwargs: {TINY}}}
+data:
+  {{name: fashion-mnist-canvas, root: {root}, resolution: 32, batch_size: 16, options: {{num_train: 32, num_val: 8}}}}
+train: {{epochs: 1, amp: none, progress: false}}
+""")
+    out = run_benchmark(*load_bench(path), log=lambda *a: None)
+    rows = list(csv.DictReader((out / "results.csv").read_text().splitlines()))
+    # models x seeds x modes x (base + up 48 + fov 48 + fov's base, copied from upsample's)
+    assert len(rows) == 2 * 2 * 2 * 4
+    assert {r["protocol"] for r in rows} == {"upsample", "fov"}
+    copied = [r for r in rows if r["same_as"] == "upsample"]
+    assert copied and all((r["protocol"], r["height"]) == ("fov", "32") for r in copied)
+    md = (out / "results.md").read_text()
+    header = next(line for line in md.splitlines() if line.startswith("| model | PE |"))
+    assert "base (32)" in header and "up 48" in header and "fov 48" in header  # one row per PE, both protocols
+    assert "## Statistics" in md and "RoPE-Mixed >= RoPE-Axial >= APE" in md
+    summary = json.loads((out / "summary.json").read_text())
+    assert {r["protocol"] for r in summary["table"]} == {"upsample", "fov"}
+    assert all(r["n"] == 2 for r in summary["table"])
+    rope = next(c for c in summary["claims"] if c["claim"].startswith("RoPE-Mixed"))
+    assert {(c["better"], c["worse"]) for c in rope["comparisons"]} == {("vit_n_rope2d", "vit_n_ape")}
+    assert {c["protocol"] for c in rope["comparisons"]} == {"upsample", "fov"}
+
+
+def test_tiny_video_benchmark_evaluates_longer_clips_and_larger_frames(tmp_path):
+    path = tmp_path / "video.yaml"
+    path.write_text(f"""
+bench:
+  models: [vivit_n_mrope, vivit_n_videorope]
+  seeds: [0]
+  resolutions: [24]
+  frames: [2, 8]
+  protocols: [frames, upsample]
+  position_modes: [extrapolate]
+  output_dir: {tmp_path / "out"}
+  runs_dir: {tmp_path / "runs"}
+model: {{kwargs: {{embed_dim: 32, depth: 1, num_heads: 2, patch_size: 8}}}}
+data: {{name: video-shapes, resolution: 16, batch_size: 8, options: {{num_samples: 16, frames: 4}}}}
+train: {{epochs: 1, amp: none, progress: false}}
+""")
+    out = run_benchmark(*load_bench(path), log=lambda *a: None)
+    record = json.loads((out / "evals" / "vivit_n_videorope-s0.json").read_text())
+    got = {(r["protocol"], r["frames"], r["height"]) for r in record["rows"]}
+    assert got == {("frames", 4, 16), ("frames", 2, 16), ("frames", 8, 16), ("upsample", 0, 16), ("upsample", 0, 24)}
+    summary = json.loads((out / "summary.json").read_text())
+    video = next(c for c in summary["claims"] if c["claim"].startswith("VideoRoPE"))
+    assert {c["frames"] for c in video["comparisons"] if c["protocol"] == "frames"} == {8}  # longer than trained
+    assert all(c["verdict"] == "one seed" for c in video["comparisons"])
+    assert "8 f" in (out / "results.md").read_text()
+
+
+def test_bad_protocols_fail_before_training(tmp_path, monkeypatch):
+    _no_training(monkeypatch)
+    root = _fashion_folder(tmp_path / "fm")
+    base = ["data.name=fashion-mnist", f"data.root={root}", "data.resolution=28", "bench.models=vit_n_ape"]
+    with pytest.raises(BenchConfigError, match="render_canvas"):
+        run_benchmark(*load_bench(None, [*base, "bench.resolutions=56", "bench.protocols=fov"]), log=print)
+    with pytest.raises(BenchConfigError, match="go together"):
+        run_benchmark(*load_bench(None, [*base, "bench.resolutions=56", "bench.frames=16"]), log=print)
+    with pytest.raises(BenchConfigError, match="not a video"):
+        run_benchmark(*load_bench(None, [*base, "bench.protocols=frames", "bench.frames=16"]), log=print)
+    with pytest.raises(BenchConfigError, match="unknown protocol"):
+        run_benchmark(*load_bench(None, [*base, "bench.resolutions=56", "bench.protocols=zoom"]), log=print)
+
+
+# ------------------------------------------------------------------------------------------------- pretrained
+
+
+def _image_folder(root: Path, classes: int = 3, per_class: int = 4) -> Path:
+    rng = np.random.default_rng(0)
+    for c in range(classes):
+        d = root / "val" / f"n0000{c}"
+        d.mkdir(parents=True)
+        for i in range(per_class):
+            arr = rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)
+            arr[..., c] = 255  # a class-coloured image, so a trained-looking model is not needed to read it
+            Image.fromarray(arr).save(d / f"{i}.png")
+    return root
+
+
+def test_pretrained_mode_evaluates_saved_weights_without_training(tmp_path, monkeypatch):
+    _no_training(monkeypatch)
+    root = _image_folder(tmp_path / "imgs")
+    kw = dict(embed_dim=32, depth=1, num_heads=2, img_size=32)
+    ckpts = {}
+    for name in ("vit_n_ape", "vit_n_rope2d_mixed"):
+        model = timm.create_model(name, num_classes=3, **kw)
+        ckpts[name] = tmp_path / f"{name}.pth"
+        torch.save(model.state_dict(), ckpts[name])
+    path = tmp_path / "pre.yaml"
+    path.write_text(f"""
+bench:
+  models: [vit_n_ape, vit_n_rope2d_mixed]
+  resolutions: [48, 64]
+  checkpoints: {{vit_n_ape: {ckpts["vit_n_ape"]}, vit_n_rope2d_mixed: {ckpts["vit_n_rope2d_mixed"]}}}
+  output_dir: {tmp_path / "out"}
+model: {{kwargs: {{embed_dim: 32, depth: 1, num_heads: 2}}}}
+data: {{name: imagefolder, root: {root}, resolution: 32, batch_size: 4}}
+train: {{amp: none}}
+""")
+    assert extrapolate_main(["--pretrained", "-c", str(path)]) == 0
+    out = tmp_path / "out"
+    record = json.loads((out / "evals" / "vit_n_rope2d_mixed-s0.json").read_text())
+    assert record["pretrained"] == str(ckpts["vit_n_rope2d_mixed"])
+    assert {(r["mode"], r["height"]) for r in record["rows"]} == {
+        (m, s) for m in ("extrapolate", "interpolate") for s in (32, 48, 64)
+    }
+    # the weights were loaded: the recorded loss is the saved model's own loss on the same folder at 64 px
+
+    model = timm.create_model("vit_n_rope2d_mixed", num_classes=3, **kw)
+    model.load_state_dict(torch.load(ckpts["vit_n_rope2d_mixed"]))
+    cfg = load_bench(path, ["bench.pretrained=true"])[1]
+    ds = build_eval_sets(cfg, [64])[64]  # the engine's preprocessing; what is checked here is the weights
+    expect = evaluate_view(model.eval(), SizedView(ds, (64, 64)), "interpolate", 4, torch.device("cpu"), None)
+    row = next(r for r in record["rows"] if (r["mode"], r["height"]) == ("interpolate", 64))
+    assert row["loss"] == pytest.approx(expect["loss"], rel=1e-5)  # same fp32 ops on the same inputs
+    assert "Pretrained weights" in (out / "results.md").read_text()
+
+
+def test_tiny_image_text_benchmark_evaluates_more_visual_tokens(tmp_path):
+    path = tmp_path / "mm.yaml"
+    path.write_text(f"""
+bench:
+  models: [mm_n_mrope, mm_n_v2pe]
+  seeds: [0]
+  resolutions: [48]
+  position_modes: [extrapolate]
+  output_dir: {tmp_path / "out"}
+  runs_dir: {tmp_path / "runs"}
+model: {{kwargs: {{embed_dim: 32, depth: 1, num_heads: 2}}}}
+data: {{name: image-text-shapes, resolution: 32, batch_size: 8, options: {{num_samples: 16}}}}
+train: {{epochs: 1, amp: none, progress: false}}
+""")
+    out = run_benchmark(*load_bench(path), log=lambda *a: None)
+    record = json.loads((out / "evals" / "mm_n_v2pe-s0.json").read_text())
+    assert {(r["height"], r["images"]) for r in record["rows"]} == {(32, 16), (48, 16)}
+    summary = json.loads((out / "summary.json").read_text())
+    v2pe = next(c for c in summary["claims"] if c["claim"].startswith("V2PE"))
+    assert {(c["better"], c["worse"], c["height"]) for c in v2pe["comparisons"]} == {("mm_n_v2pe", "mm_n_mrope", 48)}

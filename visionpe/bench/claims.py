@@ -1,0 +1,172 @@
+"""The orderings PE papers claim, judged on a benchmark's own numbers.
+
+Each claim is a list of (better PE, worse PE) pairs and where it is meant to hold (beyond the training size or clip
+length, at the training point, or everywhere). At each evaluation point and position mode where a benchmark has both
+models of a pair (same backbone), the difference of their mean top-1 over seeds is compared with its standard error
+sqrt(s_a^2 / n_a + s_b^2 / n_b): 'holds' when the better PE leads by at least twice that, 'does not hold' when it
+trails by as much, 'within noise' otherwise, and 'one seed' when a spread cannot be estimated.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["Claim", "CLAIMS", "VERDICTS", "standard_error", "verdict", "judge_claims", "tally_text"]
+
+VERDICTS = ("holds", "does not hold", "within noise", "one seed")
+
+
+@dataclass(frozen=True)
+class Claim:
+    text: str  # the claim in the papers' terms
+    source: str
+    pairs: tuple[tuple[str, str], ...]  # (PE expected better or equal, PE expected worse), as in model names
+    where: str  # "beyond": larger than the training size/length; "base": at the training point; "all"
+    protocols: tuple[str, ...] = ()  # only these evaluation protocols (empty: all)
+
+
+CLAIMS = (
+    Claim(
+        "RoPE-Mixed >= RoPE-Axial >= APE beyond the training resolution",
+        "Heo et al., Rotary Position Embedding for Vision Transformer (ECCV 2024), multi-resolution figure",
+        (("rope2d_mixed", "rope2d"), ("rope2d", "ape")),
+        "beyond",
+    ),
+    Claim(
+        "PEG (conditional PE) > no PE",
+        "Chu et al., Conditional Positional Encodings for Vision Transformers (ICLR 2023)",
+        (("cpe", "nope"),),
+        "all",
+    ),
+    Claim(
+        "iRPE > APE",
+        "Wu et al., Rethinking and Improving Relative Position Encoding for Vision Transformer (ICCV 2021)",
+        (("irpe", "ape"),),
+        "all",
+    ),
+    Claim(
+        "VideoRoPE >= M-RoPE on longer videos than trained on",
+        "Wei et al., VideoRoPE: What Makes for Good Video Rotary Position Embedding? (2025)",
+        (("videorope", "mrope"),),
+        "beyond",
+        ("frames",),
+    ),
+    Claim(
+        "VRoPE >= M-RoPE on longer videos than trained on",
+        "Liu et al., VRoPE: Rotary Position Embedding for Video Large Language Models (2025)",
+        (("vrope", "mrope"),),
+        "beyond",
+        ("frames",),
+    ),
+    Claim(
+        "V2PE's smaller visual position increments help long contexts (V2PE >= M-RoPE, 3D RoPE beyond the "
+        "trained length)",
+        "Ge et al., V2PE: Improving Multimodal Long-Context Capability of Vision-Language Models (2024)",
+        (("v2pe", "mrope"), ("v2pe", "rope3d")),
+        "beyond",
+    ),
+)
+
+
+def standard_error(a: dict, b: dict) -> float:
+    """Standard error of mean_a - mean_b from each side's sample std and number of seeds."""
+    return math.sqrt(a["std"] ** 2 / a["n"] + b["std"] ** 2 / b["n"])
+
+
+def verdict(a: dict, b: dict) -> str:
+    """Whether 'a above b' holds on {'mean', 'std', 'n'} statistics (see the module docstring)."""
+    if a["n"] < 2 or b["n"] < 2:
+        return "one seed"
+    diff, se = a["mean"] - b["mean"], standard_error(a, b)
+    if abs(diff) < 2 * se or diff == 0:
+        return "within noise"
+    return "holds" if diff > 0 else "does not hold"
+
+
+def _is_beyond(point, base) -> bool:
+    if point.protocol == "frames":
+        return point.frames > base.frames
+    return point.height * point.width > base.height * base.width
+
+
+def _selected(point, base, where: str) -> bool:
+    if where == "base":
+        return point == base
+    if where == "beyond":
+        return _is_beyond(point, base)
+    return True
+
+
+def judge_claims(stats: dict, records: list[dict], points: list, modes: list[str], base_of) -> list[dict]:
+    """Every claim judged at every point and mode where the benchmark has both models of a pair.
+
+    stats: (model, mode, point) -> {'mean', 'std', 'n'}; records: per-run records (model, family, size, pe);
+    base_of(protocol) -> the training point of that protocol."""
+    by_pe: dict[str, list[dict]] = {}
+    for rec in records:
+        by_pe.setdefault(rec.get("pe"), [])
+        if all(r["model"] != rec["model"] for r in by_pe[rec.get("pe")]):
+            by_pe[rec.get("pe")].append(rec)
+    out = []
+    for claim in CLAIMS:
+        comparisons = []
+        for good, bad in claim.pairs:
+            for ra in by_pe.get(good, []):
+                for rb in by_pe.get(bad, []):
+                    if (ra.get("family"), ra.get("size")) != (rb.get("family"), rb.get("size")):
+                        continue
+                    for mode in modes:
+                        for point in points:
+                            if claim.protocols and point.protocol not in claim.protocols:
+                                continue
+                            if not _selected(point, base_of(point.protocol), claim.where):
+                                continue
+                            a, b = stats.get((ra["model"], mode, point)), stats.get((rb["model"], mode, point))
+                            if a is None or b is None:
+                                continue
+                            comparisons.append(
+                                dict(
+                                    better=ra["model"],
+                                    worse=rb["model"],
+                                    protocol=point.protocol,
+                                    mode=mode,
+                                    height=point.height,
+                                    width=point.width,
+                                    frames=point.frames,
+                                    a=dict(a),
+                                    b=dict(b),
+                                    diff=a["mean"] - b["mean"],
+                                    se=standard_error(a, b),
+                                    verdict=verdict(a, b),
+                                )
+                            )
+        tally = {v: sum(c["verdict"] == v for c in comparisons) for v in VERDICTS}
+        out.append(
+            dict(
+                claim=claim.text,
+                source=claim.source,
+                pairs=[list(p) for p in claim.pairs],
+                where=claim.where + (f" ({', '.join(claim.protocols)})" if claim.protocols else ""),
+                comparisons=comparisons,
+                tally=tally,
+            )
+        )
+    return out
+
+
+def tally_text(judged: dict) -> str:
+    """'upsample: holds at 5 of 8 comparisons, within noise at 3; fov: ...' or why nothing was compared."""
+    comparisons = judged["comparisons"]
+    if not comparisons:
+        pes = sorted({pe for pair in judged["pairs"] for pe in pair})
+        return f"not measured: this benchmark lacks models with the PEs {', '.join(pes)} on one backbone"
+    parts = []
+    for protocol in dict.fromkeys(c["protocol"] for c in comparisons):
+        rows = [c for c in comparisons if c["protocol"] == protocol]
+        mine = [c["verdict"] for c in rows]
+        counts = ", ".join(f"{v} at {mine.count(v)}" for v in VERDICTS if v in mine)
+        ahead = sum(c["diff"] > 0 for c in rows if c["verdict"] == "one seed")
+        signs = f" (the claimed-better PE ahead at {ahead})" if "one seed" in mine else ""
+        parts.append(f"{protocol}: {counts}{signs} of {len(mine)} comparison(s)")
+    return "; ".join(parts)

@@ -1,0 +1,100 @@
+"""Field-of-view canvases: an item kept at its training scale, placed on a canvas of any size.
+
+Upsampling an image to a larger size changes the content's scale together with the positions; a larger canvas with
+the item drawn at the same pixel size changes only the field of view (how many positions there are, and where the
+item sits). `CanvasDataset` wraps a dataset that renders items (`render(index, resolution)`) and places item i at a
+random position on an H x W canvas: during training from the global torch RNG (seeded per item by the engine's
+loader), at evaluation from a generator seeded by (index, H, W), so every model sees the same canvases.
+
+`fashion-mnist-canvas` registers Fashion-MNIST this way: 28 px garments (the dataset's own augmentation applied to
+the item) on a canvas of `resolution` px filled with the images' black.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import Dataset
+
+from . import fashion_mnist as fm
+from .registry import register_dataset
+
+__all__ = ["place", "canvas_offset", "CanvasDataset", "fashion_mnist_canvas"]
+
+
+def place(item: torch.Tensor, canvas: tuple[int, int], top: int, left: int, fill: float) -> torch.Tensor:
+    """`item` [C, h, w] pasted at (top, left) onto a [C, H, W] canvas of `fill`."""
+    c, h, w = item.shape
+    H, W = canvas
+    if not (0 <= top <= H - h and 0 <= left <= W - w):
+        raise ValueError(f"a {h} x {w} item at ({top}, {left}) does not fit a {H} x {W} canvas")
+    out = item.new_full((c, H, W), fill)
+    out[:, top : top + h, left : left + w] = item
+    return out
+
+
+def canvas_offset(
+    item: tuple[int, int], canvas: tuple[int, int], generator: torch.Generator | None = None
+) -> tuple[int, int]:
+    """A uniform random (top, left) at which an item fits inside the canvas."""
+    top = torch.randint(0, canvas[0] - item[0] + 1, (), generator=generator).item()
+    left = torch.randint(0, canvas[1] - item[1] + 1, (), generator=generator).item()
+    return int(top), int(left)
+
+
+class CanvasDataset(Dataset):
+    """Items of `base` rendered at `item_size` px and placed on canvases; `render(i, R)` gives an R x R canvas,
+    `render_canvas(i, (H, W))` any canvas, `[i]` the canvas of `resolution` px."""
+
+    def __init__(self, base: Dataset, item_size: int, resolution: int, fill: float, training: bool, seed: int = 0):
+        if not callable(getattr(base, "render", None)):
+            raise TypeError(f"{type(base).__name__} cannot render items at a chosen size; a canvas needs render()")
+        if resolution < item_size:
+            raise ValueError(f"the canvas ({resolution} px) must be at least the item size ({item_size} px)")
+        self.base, self.item_size, self.resolution = base, int(item_size), int(resolution)
+        self.fill, self.training, self.seed = float(fill), training, int(seed)
+        self.num_classes = getattr(base, "num_classes", None)
+        self.classes = getattr(base, "classes", None)
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def render_canvas(self, index: int, size: tuple[int, int]) -> tuple[torch.Tensor, int]:
+        h, w = size
+        if h < self.item_size or w < self.item_size:
+            raise ValueError(
+                f"a field-of-view canvas of {h} x {w} px cannot hold the {self.item_size} px item; evaluate at "
+                f"sizes of at least {self.item_size} px"
+            )
+        item, target = self.base.render(index, self.item_size)
+        g = None
+        if not self.training:  # the same canvas for every model and run
+            g = torch.Generator().manual_seed(((self.seed * 1_000_003 + index) * 4099 + h) * 4099 + w)
+        top, left = canvas_offset(tuple(item.shape[-2:]), (h, w), g)
+        return place(item, (h, w), top, left, self.fill), target
+
+    def render(self, index: int, resolution: int) -> tuple[torch.Tensor, int]:
+        return self.render_canvas(index, (resolution, resolution))
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return self.render(index, self.resolution)
+
+
+@register_dataset("fashion-mnist-canvas", num_classes=10, in_chans=1, kind="image")
+def fashion_mnist_canvas(
+    split: str = "train",
+    resolution: int = 32,
+    root: str | None = None,
+    training: bool = False,
+    item: int = 28,
+    shift: int = 0,
+    num_train: int | None = None,
+    num_val: int | None = None,
+    crop: str = "shift",
+    aug: dict | None = None,
+) -> CanvasDataset:
+    """Fashion-MNIST garments of `item` px at random positions on a `resolution` px canvas (the placement is the
+    translation augmentation; `shift`/`crop`/flips act on the item as in `fashion-mnist`)."""
+    base = fm.fashion_mnist(
+        split, item, root, training=training, shift=shift, num_train=num_train, num_val=num_val, crop=crop, aug=aug
+    )
+    return CanvasDataset(base, item, resolution, fill=(0.0 - fm.MEAN) / fm.STD, training=training)
