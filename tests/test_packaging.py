@@ -65,7 +65,7 @@ def test_wheel_metadata_declares_the_imported_dependencies(wheel):
     core = {r.split(">")[0].split("=")[0].strip().lower() for r in requires if "extra ==" not in r}
     assert {"torch", "torchvision", "timm", "numpy", "pillow", "pyyaml", "safetensors", "tqdm"} <= core
     assert not core & {"matplotlib", "fvcore"}  # benchmark-only: the [bench] extra
-    bench = [r for r in requires if "extra == \"bench\"" in r]
+    bench = [r for r in requires if 'extra == "bench"' in r]
     assert any(r.startswith("matplotlib") for r in bench) and any(r.startswith("fvcore") for r in bench)
     assert "License-File: LICENSE" in meta or any(n.endswith("LICENSE") for n in wheel.namelist())
 

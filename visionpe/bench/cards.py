@@ -20,6 +20,8 @@ import visionpe  # noqa: F401  (registers the families)
 
 from ..pos.presets import PE_PRESETS
 from ..zoo import FAMILIES, Family, model_name
+from .card_text import DATASETS, TASKS, card_metadata, limitations_section, usage_section
+from .citations import bibtex
 from .evalsizes import size_label
 from .speed import machine_description
 
@@ -123,7 +125,7 @@ def _speed_section(fam: Family, speed: dict, machines: dict) -> list[str]:
 
 
 def _extrapolation_section(fam: Family, summaries: list[tuple[Path, dict]], out_dir: Path) -> list[str]:
-    lines = ["## Accuracy away from the training resolution", ""]
+    lines = ["## Evaluation results", ""]
     found = False
     for path, s in summaries:
         models = [m for m in s["models"] if m.startswith(fam.name + "_") or m == fam.name]
@@ -135,10 +137,11 @@ def _extrapolation_section(fam: Family, summaries: list[tuple[Path, dict]], out_
         base = tuple(s["base"])
         stats = {(r["model"], r["mode"], (r["height"], r["width"])): r for r in s["table"]}
         lines += [
-            f"### {s['name']}: {s['dataset']}, trained at {size_label(base)} px, {len(s['seeds'])} seed(s)",
+            f"### {s['name']}: trained at {size_label(base)} px, {len(s['seeds'])} seed(s)",
             "",
-            f"Top-1 (%), mean over seeds, change against {size_label(base)} px in brackets. Full tables, "
-            f"standard deviations and the plot: [{rel}/results.md]({rel}/results.md), "
+            f"Top-1 (%) on {s['dataset']} validation images, mean ± standard deviation over the seeds "
+            f"{s['seeds']}, change of the mean against {size_label(base)} px in brackets; the same weights at every "
+            f"size, no fine-tuning. Full tables and the plot: [{rel}/results.md]({rel}/results.md), "
             f"![accuracy against resolution]({rel}/results.png)",
             "",
         ]
@@ -156,9 +159,9 @@ def _extrapolation_section(fam: Family, summaries: list[tuple[Path, dict]], out_
                     if r is None:
                         cells.append("-")
                     elif x == base or r.get("delta") is None:
-                        cells.append(f"**{r['mean']:.1f}**")
+                        cells.append(f"**{_spread(r)}**")
                     else:
-                        cells.append(f"{r['mean']:.1f} ({r['delta']:+.1f})")
+                        cells.append(f"{_spread(r)} ({r['delta']:+.1f})")
                 same = " (=)" if m in s.get("modes_agree", []) and mode != s["modes"][0] else ""
                 lines.append(f"| {m}{same} | " + " | ".join(cells) + " |")
             lines.append("")
@@ -169,11 +172,53 @@ def _extrapolation_section(fam: Family, summaries: list[tuple[Path, dict]], out_
         ]
     if not found:
         lines += [
-            "No extrapolation benchmark of this family yet: `python -m visionpe.bench extrapolate -c "
-            "configs/bench/<preset>.yaml` with models of this family, then rerun `cards`.",
+            "No accuracy benchmark of this family yet: `visionpe-bench extrapolate -c <benchmark>` with models of this "
+            "family, then rerun `visionpe-bench cards`.",
             "",
         ]
     return lines
+
+
+def _spread(row: dict) -> str:
+    std = row.get("std")
+    return f"{row['mean']:.1f}" if std is None or row.get("n", 1) < 2 else f"{row['mean']:.1f} ± {std:.1f}"
+
+
+def _family_summaries(fam: Family, summaries: list[tuple[Path, dict]]) -> list[tuple[Path, dict, list[str]]]:
+    out = []
+    for path, s in summaries:
+        models = [m for m in s["models"] if m.startswith(fam.name + "_") or m == fam.name]
+        if models:
+            out.append((path, s, models))
+    return out
+
+
+def _recipe_text(s: dict) -> str:
+    r = dict(s.get("recipe", {}))
+    opts = r.pop("data_options", {}) or {}
+    parts = [f"{k}={v}" for k, v in r.items()]
+    parts += [f"data.{k}={v}" for k, v in opts.items()]
+    return ", ".join(parts)
+
+
+def _training_section(fam: Family, summaries: list[tuple[Path, dict]], out_dir: Path) -> list[str]:
+    lines = ["## Training data and recipe", ""]
+    found = _family_summaries(fam, summaries)
+    if not found:
+        return lines + [
+            "visionpe publishes no trained weights for this family and has no accuracy benchmark of it yet; train "
+            "with `visionpe-train -c <recipe> model.name=<model>` (recipes: `visionpe/configs/`).",
+            "",
+        ]
+    for path, s, models in found:
+        rel = _relative(path.parent, out_dir)
+        data = DATASETS.get(s["dataset"], (None, s["dataset"]))[1]
+        lines += [
+            f"- **{s['name']}** ({', '.join(f'`{m}`' for m in models)}): {data}. Trained from random initialisation "
+            f"at {size_label(tuple(s['base']))} px with {_recipe_text(s)}; seeds {s['seeds']}. Recipe: "
+            f"[{rel}/bench.yaml]({rel}/bench.yaml), rerun with `visionpe-bench extrapolate -c {rel}/bench.yaml`.",
+        ]
+    return lines + [""]
 
 
 def _relative(target: Path, start: Path) -> str:
@@ -198,13 +243,21 @@ def _pe_paper(fam: Family, pe: str, preset: str) -> tuple[str, str] | None:
     return cfg.get("paper_name", ""), cfg["paper_ids"]
 
 
-def _papers(fam: Family) -> list[str]:
+def _paper_names(fam: Family) -> dict[str, str]:
     seen: dict[str, str] = {}
     for cfg in [fam.cfg, *fam.pe_cfg.values()]:
         ids, name = cfg.get("paper_ids"), cfg.get("paper_name")
         if ids and ids not in seen:
             seen[ids] = name or ""
-    return [f"- {name} ({ids})" for ids, name in seen.items()]
+    return seen
+
+
+def _paper_ids(fam: Family) -> list[str]:
+    return list(_paper_names(fam))
+
+
+def _papers(fam: Family) -> list[str]:
+    return [f"- {name} ({ids})" for ids, name in _paper_names(fam).items()]
 
 
 def family_card(fam: Family, speed: dict, machines: dict, summaries: list[tuple[Path, dict]], out_dir: Path) -> str:
@@ -212,6 +265,7 @@ def family_card(fam: Family, speed: dict, machines: dict, summaries: list[tuple[
     module = sys.modules[fam.module]
     names = [model_name(fam.name, s, p) for s in fam.sizes for p in fam.pes]
     lines = [
+        card_metadata(fam, summaries),
         f"# {fam.name}: {fam.model_cls.__name__}",
         "",
         _first_paragraph(module.__doc__),
@@ -225,7 +279,14 @@ def family_card(fam: Family, speed: dict, machines: dict, summaries: list[tuple[
     if notes:
         lines += [*(f"- {n}" for n in notes), ""]
     lines += [
-        "## Architecture",
+        "## Model details",
+        "",
+        f"- Model type: {TASKS.get(fam.name, TASKS['*'])[1]}, timm models (`library_name: timm`) built by visionpe",
+        "- Weights: none published by visionpe; models train from scratch or load converted published checkpoints "
+        "(see *Weight compatibility*)",
+        "- License: Apache-2.0 (the code; converted checkpoints keep their own licenses)",
+        "",
+        "### Architecture",
         "",
         "| size | configuration | default input | params (M) | GFLOPs |",
         "|---|---|---:|---:|---:|",
@@ -240,7 +301,7 @@ def family_card(fam: Family, speed: dict, machines: dict, summaries: list[tuple[
         f"Parameters and GFLOPs (fvcore MACs, attention included) with the `{first_pe or 'default'}` PE and "
         f"1000 classes (400 for video), at the default input; '-' where not measured yet.",
         "",
-        "## PE variants",
+        "### PE variants",
         "",
         "| suffix | PE preset (kinds and options) | model options | paper |",
         "|---|---|---|---|",
@@ -254,8 +315,11 @@ def family_card(fam: Family, speed: dict, machines: dict, summaries: list[tuple[
             f"{f'{paper[0]} ({paper[1]})' if paper else '-'} |"
         )
     lines += [""]
-    lines += _speed_section(fam, speed, machines)
+    lines += usage_section(fam, names)
+    lines += _training_section(fam, summaries, out_dir)
     lines += _extrapolation_section(fam, summaries, out_dir)
+    lines += _speed_section(fam, speed, machines)
+    lines += limitations_section(fam, _family_summaries(fam, summaries))
     lines += ["## Weight compatibility", ""]
     if fam.filter_fn is not None:
         doc = sys.modules[fam.filter_fn.__module__].__doc__
@@ -272,9 +336,15 @@ def family_card(fam: Family, speed: dict, machines: dict, summaries: list[tuple[
             "",
         ]
     lines += [
-        "## References",
+        "## Citation",
+        "",
+        "The papers behind this family and its PE variants:",
         "",
         *_papers(fam),
+        "",
+        "```bibtex",
+        "\n\n".join(entry for entry in (bibtex(ids) for ids in _paper_ids(fam)) if entry),
+        "```",
         "",
         "---",
         f"Generated by `python -m visionpe.bench cards` on {time.strftime('%Y-%m-%d')} from the files "

@@ -38,7 +38,11 @@ def train_main(argv: list[str] | None = None) -> int:
         epilog="config keys (default, then help):\n" + format_config_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("-c", "--config", help="YAML recipe: a file or a packaged recipe name (quick, fashion_mnist_vit_n, ...); defaults apply without one")
+    parser.add_argument(
+        "-c",
+        "--config",
+        help="YAML recipe: a file or a packaged recipe name (quick, fashion_mnist_vit_n, ...); defaults apply without one",
+    )
     parser.add_argument(
         "--resume",
         nargs="?",

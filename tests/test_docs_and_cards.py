@@ -1,0 +1,90 @@
+"""The documentation links only to files in the repository, and the model cards follow the Hugging Face convention."""
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from visionpe.bench.cards import write_cards
+from visionpe.bench.citations import PAPERS
+from visionpe.zoo import FAMILIES
+
+REPO = Path(__file__).resolve().parents[1]
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+# written on the architecture branch (the worked example of adding a PE); linked from here before it lands
+PENDING = {"docs/adding_a_pe.md"}
+
+
+def _local_links(path: Path) -> list[str]:
+    return [t for t in LINK.findall(path.read_text()) if not re.match(r"[a-z]+:", t) and not t.startswith("#")]
+
+
+@pytest.mark.parametrize("doc", ["README.md", *sorted(p.relative_to(REPO).as_posix() for p in REPO.glob("docs/*.md"))])
+def test_docs_link_only_to_files_in_the_repository(doc):
+    path = REPO / doc
+    for target in _local_links(path):
+        resolved = (path.parent / target.split("#")[0]).resolve()
+        assert resolved.is_relative_to(REPO), f"{doc} links outside the repository: {target}"
+        rel = resolved.relative_to(REPO).as_posix()
+        assert resolved.exists() or rel in PENDING, f"{doc} links to a missing file: {target}"
+
+
+def test_docs_cover_the_design_the_pes_and_timm_usage():
+    pes = (REPO / "docs" / "pes.md").read_text()
+    for kind in ("ape", "sincos", "rope2d", "rope2d_mixed", "irpe", "rpb", "cpe", "lepe", "fuzzy", "mrope", "vrope"):
+        assert f"(`{kind}" in pes, f"docs/pes.md lacks a section for {kind}"
+    usage = (REPO / "docs" / "using_with_timm.md").read_text()
+    assert "--device-modules visionpe" in usage and "import visionpe" in usage
+    design = (REPO / "docs" / "design.md").read_text()
+    assert all(site in design for site in ("| tokens |", "| qk |", "| logits |", "| values |", "| block |"))
+
+
+@pytest.fixture(scope="module")
+def cards(tmp_path_factory) -> dict[str, str]:
+    out = tmp_path_factory.mktemp("cards")
+    return {p.stem: p.read_text() for p in write_cards(REPO / "results", out)}
+
+
+def _front_matter(text: str) -> dict:
+    assert text.startswith("---\n"), "a Hugging Face card opens with a YAML block"
+    return yaml.safe_load(text.split("---\n")[1])
+
+
+def test_every_family_card_has_hub_metadata_and_the_sections(cards):
+    assert set(cards) == set(FAMILIES)
+    for name, text in cards.items():
+        meta = _front_matter(text)
+        assert meta["library_name"] == "timm" and meta["license"] == "apache-2.0", name
+        assert "timm" in meta["tags"] and meta["metrics"] == ["accuracy"] and meta["pipeline_tag"], name
+        for section in ("## Model details", "## How to use", "## Intended use", "## Training data and recipe",
+                        "## Evaluation results", "## Limitations", "## Citation"):  # fmt: skip
+            assert f"\n{section}\n" in text, f"{name} card lacks {section}"
+
+
+def test_cards_cite_every_paper_of_the_family_in_bibtex(cards):
+    for name, fam in FAMILIES.items():
+        ids = {c["paper_ids"] for c in [fam.cfg, *fam.pe_cfg.values()] if c.get("paper_ids")}
+        for paper in ids:
+            key = PAPERS[paper.removeprefix("arXiv:")][0]
+            assert f"@misc{{{key}," in cards[name], f"{name} card lacks the BibTeX of {paper}"
+
+
+def test_cards_report_the_seed_spread_of_every_committed_result(cards):
+    for summary in REPO.glob("results/*/summary.json"):
+        data = yaml.safe_load(summary.read_text())  # JSON is YAML
+        if len(data["seeds"]) < 2:
+            continue
+        families = {m.split("_")[0] for m in data["models"]}
+        for fam in families:
+            section = cards[fam].split("## Evaluation results")[1].split("\n## ")[0]
+            assert f"### {data['name']}:" in section, f"{fam} card lacks results/{data['name']}"
+            assert " ± " in section, f"{fam} card gives means without their spread"
+
+
+def test_the_usage_code_of_every_card_runs(cards):
+    for name, text in cards.items():
+        code = text.split("## How to use")[1].split("```python\n")[1].split("```")[0]
+        scope: dict = {}
+        exec(compile(code, f"<{name} card>", "exec"), scope)  # noqa: S102  (our own generated snippet)
+        assert scope["logits"].shape == (2, 10), name
