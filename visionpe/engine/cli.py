@@ -39,9 +39,7 @@ def train_main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "-c",
-        "--config",
-        help="YAML recipe: a file or a packaged recipe name (quick, fashion_mnist_vit_n, ...); defaults apply without one",
+        "-c", "--config", help="YAML file or packaged recipe name (e.g. quick); defaults apply without one"
     )
     parser.add_argument(
         "--resume",
