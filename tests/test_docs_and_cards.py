@@ -88,3 +88,30 @@ def test_the_usage_code_of_every_card_runs(cards):
         scope: dict = {}
         exec(compile(code, f"<{name} card>", "exec"), scope)  # noqa: S102  (our own generated snippet)
         assert scope["logits"].shape == (2, 10), name
+
+
+def test_seeds_benchmark_summary_feeds_the_card(tmp_path):
+    from visionpe.bench.seeds import run_seeds
+
+    small = ["data.options={num_samples: 8, frames: 2}", "data.batch_size=4", "train.epochs=1", "model.kwargs.depth=1"]
+    summary = run_seeds(
+        "video_shapes_vivit_n",
+        ["vivit_n_ape"],
+        [0, 1],
+        [24],
+        "tiny",
+        small,
+        tmp_path / "results" / "tiny",
+        tmp_path / "runs",
+    )
+    data = yaml.safe_load(summary.read_text())
+    assert data["seeds"] == [0, 1] and [tuple(s) for s in data["sizes"]] == [(24, 24), (32, 32)]
+    evals = [yaml.safe_load(p.read_text()) for p in sorted(summary.parent.glob("evals/*.json"))]
+    assert [e["seed"] for e in evals] == [0, 1]
+    for row in data["table"]:  # the summary's mean and spread are those of the two runs
+        top1 = [r["top1"] for e in evals for r in e["rows"] if r["height"] == row["height"]]
+        assert row["n"] == 2 and abs(row["mean"] - sum(top1) / 2) < 1e-9  # an average of two floats: exact to 1 ulp
+        assert abs(row["std"] - abs(top1[0] - top1[1]) / 2**0.5) < 1e-9  # sample std of two values
+    (path,) = write_cards(tmp_path / "results", tmp_path / "cards", ["vivit"])
+    text = path.read_text()
+    assert "### tiny: trained at 32 px, 2 seed(s)" in text and "visionpe-bench seeds -c video_shapes_vivit_n" in text

@@ -2,6 +2,7 @@
 
 visionpe-bench extrapolate -c configs/bench/quick.yaml [key=value ...]   # accuracy at other resolutions
 visionpe-bench speed [--models ...] [--resolutions ...] [--zoo]          # images/s, memory, params, GFLOPs
+visionpe-bench seeds -c RECIPE --models ... --resolutions ...              # video / image-text models
 visionpe-bench cards [--results results] [--out model_cards]           # model cards from measured results
 """
 
@@ -12,6 +13,7 @@ import sys
 COMMANDS = {
     "extrapolate": ("visionpe.bench.extrapolate", "train at one resolution, evaluate at many (tables and a plot)"),
     "speed": ("visionpe.bench.speed", "inference/training images/s, peak memory, parameters, GFLOPs vs timm"),
+    "seeds": ("visionpe.bench.seeds", "train video / image-text models over seeds, evaluate at several resolutions"),
     "cards": ("visionpe.bench.cards", "write model_cards/<family>.md from the results under results/"),
 }
 

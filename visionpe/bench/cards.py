@@ -216,7 +216,8 @@ def _training_section(fam: Family, summaries: list[tuple[Path, dict]], out_dir: 
         lines += [
             f"- **{s['name']}** ({', '.join(f'`{m}`' for m in models)}): {data}. Trained from random initialisation "
             f"at {size_label(tuple(s['base']))} px with {_recipe_text(s)}; seeds {s['seeds']}. Recipe: "
-            f"[{rel}/bench.yaml]({rel}/bench.yaml), rerun with `visionpe-bench extrapolate -c {rel}/bench.yaml`.",
+            f"[{rel}/bench.yaml]({rel}/bench.yaml), rerun with "
+            f"`{s.get('command') or f'visionpe-bench extrapolate -c {rel}/bench.yaml'}`.",
         ]
     return lines + [""]
 
