@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 import visionpe  # noqa: F401  (registers the families)
 
 from ..pos.presets import PE_PRESETS
@@ -193,11 +195,19 @@ def _family_summaries(fam: Family, summaries: list[tuple[Path, dict]]) -> list[t
     return out
 
 
-def _recipe_text(s: dict) -> str:
-    r = dict(s.get("recipe", {}))
+def _recipe_text(s: dict, folder: Path) -> str:
+    """The recipe in one line; the augmentation in words from the run's saved config (bench.yaml)."""
+    r = {k: v for k, v in s.get("recipe", {}).items() if k not in ("scale", "hflip")}
     opts = r.pop("data_options", {}) or {}
     parts = [f"{k}={v}" for k, v in r.items()]
     parts += [f"data.{k}={v}" for k, v in opts.items()]
+    if (folder / "bench.yaml").is_file():
+        from ..engine.config import config_from_dict
+        from .report import augmentation_text
+
+        data = yaml.safe_load((folder / "bench.yaml").read_text()) or {}
+        data.pop("bench", None)
+        parts.append(f"augmentation: {augmentation_text(config_from_dict(data))}")
     return ", ".join(parts)
 
 
@@ -215,7 +225,7 @@ def _training_section(fam: Family, summaries: list[tuple[Path, dict]], out_dir: 
         data = DATASETS.get(s["dataset"], (None, s["dataset"]))[1]
         lines += [
             f"- **{s['name']}** ({', '.join(f'`{m}`' for m in models)}): {data}. Trained from random initialisation "
-            f"at {size_label(tuple(s['base']))} px with {_recipe_text(s)}; seeds {s['seeds']}. Recipe: "
+            f"at {size_label(tuple(s['base']))} px with {_recipe_text(s, path.parent)}; seeds {s['seeds']}. Recipe: "
             f"[{rel}/bench.yaml]({rel}/bench.yaml), rerun with "
             f"`{s.get('command') or f'visionpe-bench extrapolate -c {rel}/bench.yaml'}`.",
         ]
