@@ -169,7 +169,7 @@ def _extrapolation_section(fam: Family, summaries: list[tuple[Path, dict]], out_
             lines.append("")
         lines += [
             f"Measured on {machine_description(s['machine'])}, {s['date']}. (=): both position modes give "
-            f"identical logits for this model.",
+            f"identical logits for this model.{_chance_text(s)}",
             "",
         ]
     if not found:
@@ -179,6 +179,22 @@ def _extrapolation_section(fam: Family, summaries: list[tuple[Path, dict]], out_
             "",
         ]
     return lines
+
+
+def _chance_text(s: dict) -> str:
+    """The accuracy of guessing, and whether the results stay within two standard deviations of it."""
+    from ..data import get_dataset_info
+
+    try:
+        chance = 100.0 / get_dataset_info(s["dataset"]).num_classes
+    except (KeyError, ValueError, TypeError, ZeroDivisionError):  # unknown set, or classes known only from a folder
+        return ""
+    text = f" Chance level: {chance:.1f}%."
+    base = tuple(s["base"])
+    at_base = [r for r in s["table"] if (r["height"], r["width"]) == base]
+    if at_base and all(r["mean"] - 2 * r.get("std", 0.0) <= chance for r in at_base):
+        text += " At the training size no model is clearly above chance: this schedule is too short for the task."
+    return text
 
 
 def _spread(row: dict) -> str:
