@@ -143,8 +143,8 @@ def _extrapolation_section(fam: Family, summaries: list[tuple[Path, dict]], out_
             "",
             f"Top-1 (%) on {s['dataset']} validation images, mean ± standard deviation over the seeds "
             f"{s['seeds']}, change of the mean against {size_label(base)} px in brackets; the same weights at every "
-            f"size, no fine-tuning. Full tables and the plot: [{rel}/results.md]({rel}/results.md), "
-            f"![accuracy against resolution]({rel}/results.png)",
+            f"size, no fine-tuning. Full tables: [{rel}/results.md]({rel}/results.md)"
+            + (f", ![top-1 against resolution]({rel}/results.png)" if (path.parent / "results.png").exists() else ""),
             "",
         ]
         for mode in s["modes"]:
@@ -168,8 +168,9 @@ def _extrapolation_section(fam: Family, summaries: list[tuple[Path, dict]], out_
                 lines.append(f"| {m}{same} | " + " | ".join(cells) + " |")
             lines.append("")
         lines += [
-            f"Measured on {machine_description(s['machine'])}, {s['date']}. (=): both position modes give "
-            f"identical logits for this model.{_chance_text(s)}",
+            f"Measured on {machine_description(s['machine'])}, {s['date']}."
+            + (" (=): both position modes give identical logits for this model." if len(s["modes"]) > 1 else "")
+            + _chance_text(s),
             "",
         ]
     if not found:
