@@ -115,3 +115,15 @@ def test_seeds_benchmark_summary_feeds_the_card(tmp_path):
     (path,) = write_cards(tmp_path / "results", tmp_path / "cards", ["vivit"])
     text = path.read_text()
     assert "### tiny: trained at 32 px, 2 seed(s)" in text and "visionpe-bench seeds -c video_shapes_vivit_n" in text
+
+
+def test_card_metadata_without_huggingface_hub_has_the_same_keys(monkeypatch):
+    import sys
+
+    from visionpe.bench.card_text import card_metadata
+
+    fam = FAMILIES["swin"]
+    with_hub = _front_matter(card_metadata(fam, []))
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # import now raises ImportError: the plain-YAML path
+    without = _front_matter(card_metadata(fam, []))
+    assert without == with_hub and without["pipeline_tag"] == "image-classification"
