@@ -20,7 +20,13 @@ def _local_links(path: Path) -> list[str]:
     return [t for t in LINK.findall(path.read_text()) if not re.match(r"[a-z]+:", t) and not t.startswith("#")]
 
 
-@pytest.mark.parametrize("doc", ["README.md", *sorted(p.relative_to(REPO).as_posix() for p in REPO.glob("docs/*.md"))])
+DOCS = [
+    "README.md",
+    *sorted(p.relative_to(REPO).as_posix() for p in [*REPO.glob("docs/*.md"), *REPO.glob("model_cards/*.md")]),
+]
+
+
+@pytest.mark.parametrize("doc", DOCS)
 def test_docs_link_only_to_files_in_the_repository(doc):
     path = REPO / doc
     for target in _local_links(path):
