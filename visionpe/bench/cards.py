@@ -141,7 +141,7 @@ def _extrapolation_section(fam: Family, summaries: list[tuple[Path, dict]], out_
         lines += [
             f"### {s['name']}: trained at {size_label(base)} px, {len(s['seeds'])} seed(s)",
             "",
-            f"Top-1 (%) on {s['dataset']} validation images, mean ± standard deviation over the seeds "
+            f"Top-1 (%) on {s['dataset']} validation examples, mean ± standard deviation over the seeds "
             f"{s['seeds']}, change of the mean against {size_label(base)} px in brackets; the same weights at every "
             f"size, no fine-tuning. Full tables: [{rel}/results.md]({rel}/results.md)"
             + (f", ![top-1 against resolution]({rel}/results.png)" if (path.parent / "results.png").exists() else ""),
