@@ -1,4 +1,4 @@
-"""Train any registered model: `python train.py -c configs/quick.yaml [key=value ...] [--resume [RUN_DIR]]`.
+"""Train any registered model: `python train.py -c quick [key=value ...] [--resume [RUN_DIR]]` (= `visionpe-train`).
 
 Under `torchrun --nproc_per_node N train.py ...` the same command trains with DDP. `--help` lists every config key.
 """

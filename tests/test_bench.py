@@ -214,10 +214,10 @@ def test_cards_are_written_from_results_files(tmp_path):
     assert "Test CPU 9000" in vit and "| vit_s_ape | 22.05 | 4.61 | 123.4 | 1.00 |" in vit
     assert "| vit_s_rope2d | 21.97 | 4.61 | 98.7 | 0.80 |" in vit
     assert "| vit_s_ape | vit_small_patch16_224 | 4.61 / 4.61 | 1.03 |" in vit
-    assert "| vit_n_ape | **88.0** | 61.5 (-26.5) |" in vit and "../results/fm/results.md" in vit
+    assert "| vit_n_ape | **88.0 ± 0.5** | 61.5 ± 0.5 (-26.5) |" in vit and "../results/fm/results.md" in vit
     assert "checkpoint" in vit.lower() and "arXiv:2403.13298" in vit
     cvt = (tmp_path / "cards" / "cvt.md").read_text()
-    assert "No extrapolation benchmark of this family yet" in cvt and "speed --zoo" in cvt
+    assert "No accuracy benchmark of this family yet" in cvt and "speed --zoo" in cvt
     with pytest.raises(ValueError, match="unknown family"):
         write_cards(results, tmp_path / "cards", ["vitt"])
 

@@ -316,7 +316,7 @@ def test_help_lists_every_key_with_its_default(capsys):
 def test_every_recipe_loads_and_has_a_header():
     import timm
 
-    recipes = sorted((REPO / "configs").glob("*.yaml"))
+    recipes = sorted((REPO / "visionpe" / "configs").glob("*.yaml"))
     assert len(recipes) >= 5
     unregistered = []
     for path in recipes:
@@ -384,7 +384,7 @@ def test_imagenet_recipe_runs_small(tmp_path):
         "eval.every_epochs=1",
     ]
     with attn_backend("sdpa"):
-        run = train(REPO / "configs" / "imagenet_deit_s.yaml", overrides)
+        run = train(REPO / "visionpe" / "configs" / "imagenet_deit_s.yaml", overrides)
     cfg = yaml.safe_load((run / "config.yaml").read_text())
     assert run.name == "imagenet_deit_s-vit_s_ape" and cfg["aug"]["mixup"] == 0.8
     rows = json.loads((run / "results.json").read_text())

@@ -16,10 +16,14 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 import visionpe  # noqa: F401  (registers the families)
 
 from ..pos.presets import PE_PRESETS
 from ..zoo import FAMILIES, Family, model_name
+from .card_text import DATASETS, TASKS, card_metadata, limitations_section, usage_section
+from .citations import bibtex
 from .evalsizes import size_label
 from .speed import machine_description
 
@@ -123,7 +127,7 @@ def _speed_section(fam: Family, speed: dict, machines: dict) -> list[str]:
 
 
 def _extrapolation_section(fam: Family, summaries: list[tuple[Path, dict]], out_dir: Path) -> list[str]:
-    lines = ["## Accuracy away from the training resolution", ""]
+    lines = ["## Evaluation results", ""]
     found = False
     for path, s in summaries:
         models = [m for m in s["models"] if m.startswith(fam.name + "_") or m == fam.name]
@@ -135,11 +139,12 @@ def _extrapolation_section(fam: Family, summaries: list[tuple[Path, dict]], out_
         base = tuple(s["base"])
         stats = {(r["model"], r["mode"], (r["height"], r["width"])): r for r in s["table"]}
         lines += [
-            f"### {s['name']}: {s['dataset']}, trained at {size_label(base)} px, {len(s['seeds'])} seed(s)",
+            f"### {s['name']}: trained at {size_label(base)} px, {len(s['seeds'])} seed(s)",
             "",
-            f"Top-1 (%), mean over seeds, change against {size_label(base)} px in brackets. Full tables, "
-            f"standard deviations and the plot: [{rel}/results.md]({rel}/results.md), "
-            f"![accuracy against resolution]({rel}/results.png)",
+            f"Top-1 (%) on {s['dataset']} validation examples, mean ± standard deviation over the seeds "
+            f"{s['seeds']}, change of the mean against {size_label(base)} px in brackets; the same weights at every "
+            f"size, no fine-tuning. Full tables: [{rel}/results.md]({rel}/results.md)"
+            + (f", ![top-1 against resolution]({rel}/results.png)" if (path.parent / "results.png").exists() else ""),
             "",
         ]
         for mode in s["modes"]:
@@ -156,24 +161,92 @@ def _extrapolation_section(fam: Family, summaries: list[tuple[Path, dict]], out_
                     if r is None:
                         cells.append("-")
                     elif x == base or r.get("delta") is None:
-                        cells.append(f"**{r['mean']:.1f}**")
+                        cells.append(f"**{_spread(r)}**")
                     else:
-                        cells.append(f"{r['mean']:.1f} ({r['delta']:+.1f})")
+                        cells.append(f"{_spread(r)} ({r['delta']:+.1f})")
                 same = " (=)" if m in s.get("modes_agree", []) and mode != s["modes"][0] else ""
                 lines.append(f"| {m}{same} | " + " | ".join(cells) + " |")
             lines.append("")
         lines += [
-            f"Measured on {machine_description(s['machine'])}, {s['date']}. (=): both position modes give "
-            f"identical logits for this model.",
+            f"Measured on {machine_description(s['machine'])}, {s['date']}."
+            + (" (=): both position modes give identical logits for this model." if len(s["modes"]) > 1 else "")
+            + _chance_text(s),
             "",
         ]
     if not found:
         lines += [
-            "No extrapolation benchmark of this family yet: `python -m visionpe.bench extrapolate -c "
-            "configs/bench/<preset>.yaml` with models of this family, then rerun `cards`.",
+            "No accuracy benchmark of this family yet: `visionpe-bench extrapolate -c <benchmark>` with models of this "
+            "family, then rerun `visionpe-bench cards`.",
             "",
         ]
     return lines
+
+
+def _chance_text(s: dict) -> str:
+    """The accuracy of guessing, and whether the results stay within two standard deviations of it."""
+    from ..data import get_dataset_info
+
+    try:
+        chance = 100.0 / get_dataset_info(s["dataset"]).num_classes
+    except (KeyError, ValueError, TypeError, ZeroDivisionError):  # unknown set, or classes known only from a folder
+        return ""
+    text = f" Chance level: {chance:.1f}%."
+    base = tuple(s["base"])
+    at_base = [r for r in s["table"] if (r["height"], r["width"]) == base]
+    if at_base and all(r["mean"] - 2 * r.get("std", 0.0) <= chance for r in at_base):
+        text += " At the training size no model is clearly above chance: this schedule is too short for the task."
+    return text
+
+
+def _spread(row: dict) -> str:
+    std = row.get("std")
+    return f"{row['mean']:.1f}" if std is None or row.get("n", 1) < 2 else f"{row['mean']:.1f} ± {std:.1f}"
+
+
+def _family_summaries(fam: Family, summaries: list[tuple[Path, dict]]) -> list[tuple[Path, dict, list[str]]]:
+    out = []
+    for path, s in summaries:
+        models = [m for m in s["models"] if m.startswith(fam.name + "_") or m == fam.name]
+        if models:
+            out.append((path, s, models))
+    return out
+
+
+def _recipe_text(s: dict, folder: Path) -> str:
+    """The recipe in one line; the augmentation in words from the run's saved config (bench.yaml)."""
+    r = {k: v for k, v in s.get("recipe", {}).items() if k not in ("scale", "hflip")}
+    opts = r.pop("data_options", {}) or {}
+    parts = [f"{k}={v}" for k, v in r.items()]
+    parts += [f"data.{k}={v}" for k, v in opts.items()]
+    if (folder / "bench.yaml").is_file():
+        from ..engine.config import config_from_dict
+        from .report import augmentation_text
+
+        data = yaml.safe_load((folder / "bench.yaml").read_text()) or {}
+        data.pop("bench", None)
+        parts.append(f"augmentation: {augmentation_text(config_from_dict(data))}")
+    return ", ".join(parts)
+
+
+def _training_section(fam: Family, summaries: list[tuple[Path, dict]], out_dir: Path) -> list[str]:
+    lines = ["## Training data and recipe", ""]
+    found = _family_summaries(fam, summaries)
+    if not found:
+        return lines + [
+            "visionpe publishes no trained weights for this family and has no accuracy benchmark of it yet; train "
+            "with `visionpe-train -c <recipe> model.name=<model>` (recipes: `visionpe/configs/`).",
+            "",
+        ]
+    for path, s, models in found:
+        rel = _relative(path.parent, out_dir)
+        data = DATASETS.get(s["dataset"], (None, s["dataset"]))[1]
+        lines += [
+            f"- **{s['name']}** ({', '.join(f'`{m}`' for m in models)}): {data}. Trained from random initialisation "
+            f"at {size_label(tuple(s['base']))} px with {_recipe_text(s, path.parent)}; seeds {s['seeds']}. Recipe: "
+            f"[{rel}/bench.yaml]({rel}/bench.yaml), rerun with "
+            f"`{s.get('command') or f'visionpe-bench extrapolate -c {rel}/bench.yaml'}`.",
+        ]
+    return lines + [""]
 
 
 def _relative(target: Path, start: Path) -> str:
@@ -198,13 +271,21 @@ def _pe_paper(fam: Family, pe: str, preset: str) -> tuple[str, str] | None:
     return cfg.get("paper_name", ""), cfg["paper_ids"]
 
 
-def _papers(fam: Family) -> list[str]:
+def _paper_names(fam: Family) -> dict[str, str]:
     seen: dict[str, str] = {}
     for cfg in [fam.cfg, *fam.pe_cfg.values()]:
         ids, name = cfg.get("paper_ids"), cfg.get("paper_name")
         if ids and ids not in seen:
             seen[ids] = name or ""
-    return [f"- {name} ({ids})" for ids, name in seen.items()]
+    return seen
+
+
+def _paper_ids(fam: Family) -> list[str]:
+    return list(_paper_names(fam))
+
+
+def _papers(fam: Family) -> list[str]:
+    return [f"- {name} ({ids})" for ids, name in _paper_names(fam).items()]
 
 
 def family_card(fam: Family, speed: dict, machines: dict, summaries: list[tuple[Path, dict]], out_dir: Path) -> str:
@@ -212,6 +293,7 @@ def family_card(fam: Family, speed: dict, machines: dict, summaries: list[tuple[
     module = sys.modules[fam.module]
     names = [model_name(fam.name, s, p) for s in fam.sizes for p in fam.pes]
     lines = [
+        card_metadata(fam, summaries),
         f"# {fam.name}: {fam.model_cls.__name__}",
         "",
         _first_paragraph(module.__doc__),
@@ -225,7 +307,14 @@ def family_card(fam: Family, speed: dict, machines: dict, summaries: list[tuple[
     if notes:
         lines += [*(f"- {n}" for n in notes), ""]
     lines += [
-        "## Architecture",
+        "## Model details",
+        "",
+        f"- Model type: {TASKS.get(fam.name, TASKS['*'])[1]}, timm models (`library_name: timm`) built by visionpe",
+        "- Weights: none published by visionpe; models train from scratch or load converted published checkpoints "
+        "(see *Weight compatibility*)",
+        "- License: Apache-2.0 (the code; converted checkpoints keep their own licenses)",
+        "",
+        "### Architecture",
         "",
         "| size | configuration | default input | params (M) | GFLOPs |",
         "|---|---|---:|---:|---:|",
@@ -240,7 +329,7 @@ def family_card(fam: Family, speed: dict, machines: dict, summaries: list[tuple[
         f"Parameters and GFLOPs (fvcore MACs, attention included) with the `{first_pe or 'default'}` PE and "
         f"1000 classes (400 for video), at the default input; '-' where not measured yet.",
         "",
-        "## PE variants",
+        "### PE variants",
         "",
         "| suffix | PE preset (kinds and options) | model options | paper |",
         "|---|---|---|---|",
@@ -254,8 +343,11 @@ def family_card(fam: Family, speed: dict, machines: dict, summaries: list[tuple[
             f"{f'{paper[0]} ({paper[1]})' if paper else '-'} |"
         )
     lines += [""]
-    lines += _speed_section(fam, speed, machines)
+    lines += usage_section(fam, names)
+    lines += _training_section(fam, summaries, out_dir)
     lines += _extrapolation_section(fam, summaries, out_dir)
+    lines += _speed_section(fam, speed, machines)
+    lines += limitations_section(fam, _family_summaries(fam, summaries))
     lines += ["## Weight compatibility", ""]
     if fam.filter_fn is not None:
         doc = sys.modules[fam.filter_fn.__module__].__doc__
@@ -272,9 +364,15 @@ def family_card(fam: Family, speed: dict, machines: dict, summaries: list[tuple[
             "",
         ]
     lines += [
-        "## References",
+        "## Citation",
+        "",
+        "The papers behind this family and its PE variants:",
         "",
         *_papers(fam),
+        "",
+        "```bibtex",
+        "\n\n".join(entry for entry in (bibtex(ids) for ids in _paper_ids(fam)) if entry),
+        "```",
         "",
         "---",
         f"Generated by `python -m visionpe.bench cards` on {time.strftime('%Y-%m-%d')} from the files "

@@ -38,7 +38,10 @@ def sdpa_flop_jit(inputs: list, outputs: list) -> int:
 def count_flops(model: nn.Module, inputs, by_operator: bool = False):
     """Total MACs of one forward pass (model in eval mode; `inputs` a tensor or a tuple of positional tensors).
     With `by_operator`, also the Counter per aten op (e.g. {'linear': ..., 'scaled_dot_product_attention': ...})."""
-    from fvcore.nn import FlopCountAnalysis
+    try:
+        from fvcore.nn import FlopCountAnalysis
+    except ImportError:
+        raise ImportError('counting FLOPs needs fvcore: pip install "visionpe[bench]"') from None
 
     was_training = model.training
     model.eval()

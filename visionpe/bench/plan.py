@@ -142,9 +142,9 @@ def load_bench(
     data: dict = {}
     where = ""
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"benchmark file {path} not found (presets live in configs/bench/)")
+        from ..recipes import resolve_recipe
+
+        path = resolve_recipe(path, kind="bench")  # a file, or a packaged benchmark name such as "quick"
         try:
             data = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as e:

@@ -33,13 +33,14 @@ def _parse_resolutions(text: str) -> list[int]:
 
 def train_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="train.py",
         description="Train a registered model: a YAML recipe, then key=value overrides "
         "(e.g. model.name=vit_n_rope2d data.root=/data/imagenet train.epochs=2). Works under torchrun.",
         epilog="config keys (default, then help):\n" + format_config_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("-c", "--config", help="YAML recipe (configs/*.yaml); defaults apply without one")
+    parser.add_argument(
+        "-c", "--config", help="YAML file or packaged recipe name (e.g. quick); defaults apply without one"
+    )
     parser.add_argument(
         "--resume",
         nargs="?",
@@ -61,7 +62,6 @@ def train_main(argv: list[str] | None = None) -> int:
 
 def eval_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="eval.py",
         description="Evaluate a checkpoint at several resolutions: top-1, top-5 and loss per resolution. "
         "Overrides (key=value) are applied to the checkpoint's config, e.g. data.root=... data.eval_batch_size=256.",
     )

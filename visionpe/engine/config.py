@@ -329,12 +329,12 @@ def apply_overrides(cfg: Config, overrides: list[str] | tuple[str, ...]) -> Conf
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Defaults, then the YAML file at `path` (if any), then the overrides."""
+    """Defaults, then the YAML file at `path` (a file or a packaged recipe name; if any), then the overrides."""
     cfg = Config()
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"config file {path} not found")
+        from ..recipes import resolve_recipe
+
+        path = resolve_recipe(path)  # a file, or a packaged recipe name such as "quick"
         with open(path) as f:
             try:
                 data = yaml.safe_load(f)

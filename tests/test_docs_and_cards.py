@@ -1,0 +1,135 @@
+"""The documentation links only to files in the repository, and the model cards follow the Hugging Face convention."""
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from visionpe.bench.cards import write_cards
+from visionpe.bench.citations import PAPERS
+from visionpe.zoo import FAMILIES
+
+REPO = Path(__file__).resolve().parents[1]
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+# written on the architecture branch (the worked example of adding a PE); linked from here before it lands
+PENDING = {"docs/adding_a_pe.md"}
+
+
+def _local_links(path: Path) -> list[str]:
+    return [t for t in LINK.findall(path.read_text()) if not re.match(r"[a-z]+:", t) and not t.startswith("#")]
+
+
+DOCS = [
+    "README.md",
+    *sorted(p.relative_to(REPO).as_posix() for p in [*REPO.glob("docs/*.md"), *REPO.glob("model_cards/*.md")]),
+]
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_docs_link_only_to_files_in_the_repository(doc):
+    path = REPO / doc
+    for target in _local_links(path):
+        resolved = (path.parent / target.split("#")[0]).resolve()
+        assert resolved.is_relative_to(REPO), f"{doc} links outside the repository: {target}"
+        rel = resolved.relative_to(REPO).as_posix()
+        assert resolved.exists() or rel in PENDING, f"{doc} links to a missing file: {target}"
+
+
+def test_docs_cover_the_design_the_pes_and_timm_usage():
+    pes = (REPO / "docs" / "pes.md").read_text()
+    for kind in ("ape", "sincos", "rope2d", "rope2d_mixed", "irpe", "rpb", "cpe", "lepe", "fuzzy", "mrope", "vrope"):
+        assert f"(`{kind}" in pes, f"docs/pes.md lacks a section for {kind}"
+    usage = (REPO / "docs" / "using_with_timm.md").read_text()
+    assert "--device-modules visionpe" in usage and "import visionpe" in usage
+    design = (REPO / "docs" / "design.md").read_text()
+    assert all(site in design for site in ("| tokens |", "| qk |", "| logits |", "| values |", "| block |"))
+
+
+@pytest.fixture(scope="module")
+def cards(tmp_path_factory) -> dict[str, str]:
+    out = tmp_path_factory.mktemp("cards")
+    return {p.stem: p.read_text() for p in write_cards(REPO / "results", out)}
+
+
+def _front_matter(text: str) -> dict:
+    assert text.startswith("---\n"), "a Hugging Face card opens with a YAML block"
+    return yaml.safe_load(text.split("---\n")[1])
+
+
+def test_every_family_card_has_hub_metadata_and_the_sections(cards):
+    assert set(cards) == set(FAMILIES)
+    for name, text in cards.items():
+        meta = _front_matter(text)
+        assert meta["library_name"] == "timm" and meta["license"] == "apache-2.0", name
+        assert "timm" in meta["tags"] and meta["metrics"] == ["accuracy"] and meta["pipeline_tag"], name
+        for section in ("## Model details", "## How to use", "## Intended use", "## Training data and recipe",
+                        "## Evaluation results", "## Limitations", "## Citation"):  # fmt: skip
+            assert f"\n{section}\n" in text, f"{name} card lacks {section}"
+
+
+def test_cards_cite_every_paper_of_the_family_in_bibtex(cards):
+    for name, fam in FAMILIES.items():
+        ids = {c["paper_ids"] for c in [fam.cfg, *fam.pe_cfg.values()] if c.get("paper_ids")}
+        for paper in ids:
+            key = PAPERS[paper.removeprefix("arXiv:")][0]
+            assert f"@misc{{{key}," in cards[name], f"{name} card lacks the BibTeX of {paper}"
+
+
+def test_cards_report_the_seed_spread_of_every_committed_result(cards):
+    for summary in REPO.glob("results/*/summary.json"):
+        data = yaml.safe_load(summary.read_text())  # JSON is YAML
+        if len(data["seeds"]) < 2:
+            continue
+        families = {m.split("_")[0] for m in data["models"]}
+        for fam in families:
+            section = cards[fam].split("## Evaluation results")[1].split("\n## ")[0]
+            assert f"### {data['name']}:" in section, f"{fam} card lacks results/{data['name']}"
+            assert " ± " in section, f"{fam} card gives means without their spread"
+
+
+def test_the_usage_code_of_every_card_runs(cards):
+    for name, text in cards.items():
+        code = text.split("## How to use")[1].split("```python\n")[1].split("```")[0]
+        scope: dict = {}
+        exec(compile(code, f"<{name} card>", "exec"), scope)  # noqa: S102  (our own generated snippet)
+        assert scope["logits"].shape == (2, 10), name
+
+
+def test_seeds_benchmark_summary_feeds_the_card(tmp_path):
+    from visionpe.bench.seeds import run_seeds
+
+    small = ["data.options={num_samples: 8, frames: 2}", "data.batch_size=4", "train.epochs=1", "model.kwargs.depth=1"]
+    summary = run_seeds(
+        "video_shapes_vivit_n",
+        ["vivit_n_ape"],
+        [0, 1],
+        [24],
+        "tiny",
+        small,
+        tmp_path / "results" / "tiny",
+        tmp_path / "runs",
+    )
+    data = yaml.safe_load(summary.read_text())
+    assert data["seeds"] == [0, 1] and [tuple(s) for s in data["sizes"]] == [(24, 24), (32, 32)]
+    evals = [yaml.safe_load(p.read_text()) for p in sorted(summary.parent.glob("evals/*.json"))]
+    assert [e["seed"] for e in evals] == [0, 1]
+    for row in data["table"]:  # the summary's mean and spread are those of the two runs
+        top1 = [r["top1"] for e in evals for r in e["rows"] if r["height"] == row["height"]]
+        assert row["n"] == 2 and abs(row["mean"] - sum(top1) / 2) < 1e-9  # an average of two floats: exact to 1 ulp
+        assert abs(row["std"] - abs(top1[0] - top1[1]) / 2**0.5) < 1e-9  # sample std of two values
+    (path,) = write_cards(tmp_path / "results", tmp_path / "cards", ["vivit"])
+    text = path.read_text()
+    assert "### tiny: trained at 32 px, 2 seed(s)" in text and "visionpe-bench seeds -c video_shapes_vivit_n" in text
+
+
+def test_card_metadata_without_huggingface_hub_has_the_same_keys(monkeypatch):
+    import sys
+
+    from visionpe.bench.card_text import card_metadata
+
+    fam = FAMILIES["swin"]
+    with_hub = _front_matter(card_metadata(fam, []))
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # import now raises ImportError: the plain-YAML path
+    without = _front_matter(card_metadata(fam, []))
+    assert without == with_hub and without["pipeline_tag"] == "image-classification"
