@@ -12,8 +12,6 @@ from visionpe.zoo import FAMILIES
 
 REPO = Path(__file__).resolve().parents[1]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
-# written on the architecture branch (the worked example of adding a PE); linked from here before it lands
-PENDING = {"docs/adding_a_pe.md"}
 
 
 def _local_links(path: Path) -> list[str]:
@@ -32,8 +30,7 @@ def test_docs_link_only_to_files_in_the_repository(doc):
     for target in _local_links(path):
         resolved = (path.parent / target.split("#")[0]).resolve()
         assert resolved.is_relative_to(REPO), f"{doc} links outside the repository: {target}"
-        rel = resolved.relative_to(REPO).as_posix()
-        assert resolved.exists() or rel in PENDING, f"{doc} links to a missing file: {target}"
+        assert resolved.exists(), f"{doc} links to a missing file: {target}"
 
 
 def test_docs_cover_the_design_the_pes_and_timm_usage():
