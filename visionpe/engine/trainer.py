@@ -47,7 +47,7 @@ from .checkpoint import (
 )
 from .config import Config, ConfigError, config_to_dict, load_config, save_config
 from .distributed import DistContext, all_reduce_sum, barrier, init_distributed, shutdown
-from .evaluate import evaluate_resolutions, format_table, write_json
+from .evaluate import evaluate_resolutions, format_table, json_safe, write_json
 from .setup import (
     autocast,
     build_eval_sets,
@@ -220,7 +220,7 @@ class Trainer:
     def _metrics(self, **row) -> None:
         if self.ctx.is_main:
             with open(self.run_dir / METRICS, "a") as f:
-                f.write(json.dumps(row) + "\n")
+                f.write(json.dumps(json_safe(row), allow_nan=False) + "\n")
 
     def log(self, msg: str) -> None:
         if self.ctx.is_main:
@@ -405,11 +405,12 @@ class Trainer:
                     )
                 self.save()
         bar.close()
+        skipped = sorted(set(skipped))  # a file is tried again by each neighbour that stands in for it
         n_skipped = int(all_reduce_sum(torch.tensor(float(len(skipped)), device=self.device), ctx).item())
         if n_skipped and ctx.is_main:
             warnings.warn(
-                f"epoch {self.epoch + 1}: skipped {n_skipped} unreadable image file(s), each replaced by "
-                f"the next readable one (e.g. {skipped[0] if skipped else 'on another rank'})",
+                f"epoch {self.epoch + 1}: skipped {n_skipped} unreadable image file(s) of {cfg.data.train_split}, "
+                f"each replaced by the next readable one (e.g. {skipped[0] if skipped else 'on another rank'})",
                 SkippedImagesWarning,
                 stacklevel=2,
             )
@@ -457,6 +458,14 @@ class Trainer:
             f"{r['weights'] + ' ' if r['weights'] != 'model' else ''}@{r['resolution']} {r['top1']:.2f}" for r in rows
         )
         self.log(f"epoch {self.epoch + 1}/{self.epochs}: {cfg.data.val_split} top-1 {summary}")
+        bad = [f"{r['loss']} at {r['resolution']} px" for r in rows if not math.isfinite(r["loss"])]
+        if bad and ctx.is_main:
+            warnings.warn(
+                f"epoch {self.epoch + 1}: {cfg.data.val_split} loss is {', '.join(bad)} (non-finite logits); "
+                f"recorded as null with a 'nonfinite' flag in {METRICS} and results.json",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         return rows
 
 
