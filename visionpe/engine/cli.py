@@ -48,12 +48,21 @@ def train_main(argv: list[str] | None = None) -> int:
         metavar="RUN_DIR",
         help="continue the run the config names, or the given run directory (with its saved config)",
     )
+    parser.add_argument(
+        "--accept-changes",
+        action="store_true",
+        help="with --resume: continue with overrides that change what was trained (optimizer, lr, data, ...); "
+        "the change and its step are recorded in the run's config_changes.jsonl",
+    )
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
     args = parser.parse_args(argv)
+    if isinstance(args.resume, str) and "=" in args.resume:  # `--resume key=value ...`: an override, not a run dir
+        args.overrides.insert(0, args.resume)
+        args.resume = True
     from .trainer import train  # after argparse: --help stays fast
 
     try:
-        train(args.config, args.overrides, resume=args.resume)
+        train(args.config, args.overrides, resume=args.resume, accept_changes=args.accept_changes)
     except USER_ERRORS as e:
         return _fail(e)
     return 0

@@ -28,7 +28,16 @@ from ..data.loader import build_eval_loader, dataset_num_classes
 from .checkpoint import CheckpointError, find_checkpoint, load_into_model, load_weights
 from .config import Config, apply_overrides, config_from_dict
 from .distributed import DistContext, all_reduce_sum, init_distributed
-from .setup import autocast, build_eval_sets, build_model, check_resolutions, resolve_amp, run_model, to_device
+from .setup import (
+    autocast,
+    build_eval_sets,
+    build_model,
+    check_labels,
+    check_resolutions,
+    resolve_amp,
+    run_model,
+    to_device,
+)
 
 __all__ = [
     "evaluate_loader",
@@ -64,6 +73,7 @@ def evaluate_loader(
         with autocast(ctx.device, amp):
             logits = run_model(model, to_device(batch.inputs, ctx.device))
         logits = logits.float()
+        check_labels(batch.targets, logits.shape[1], where or "the evaluation split")
         k = min(5, logits.shape[1])
         top = logits.topk(k, dim=1).indices  # (B, k)
         hit = top == targets[:, None]

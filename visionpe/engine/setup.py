@@ -28,6 +28,7 @@ __all__ = [
     "to_device",
     "run_model",
     "check_resolutions",
+    "check_labels",
 ]
 
 
@@ -166,3 +167,14 @@ def check_resolutions(
                 )
     finally:
         model.train(was_training)
+
+
+def check_labels(targets: torch.Tensor, num_classes: int, dataset: str) -> None:
+    """Class ids must lie in 0..num_classes-1 (soft targets, already one-hot, are not checked)."""
+    if targets.numel() and not targets.is_floating_point():
+        lo, hi = int(targets.min()), int(targets.max())
+        if lo < 0 or hi >= num_classes:
+            raise ValueError(
+                f"dataset {dataset!r} gave label {lo if lo < 0 else hi}, outside its {num_classes} classes "
+                f"0..{num_classes - 1}; check the dataset's labels (or its declared number of classes)"
+            )
