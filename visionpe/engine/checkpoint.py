@@ -14,6 +14,7 @@ import errno
 import json
 import os
 import random
+import shutil
 import signal
 import warnings
 from dataclasses import dataclass
@@ -74,10 +75,15 @@ def _atomic(path: str | os.PathLike, write, phase: str | None = None) -> None:
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        write(tmp)
-        os.chmod(tmp, 0o666 & ~_UMASK)  # some writers create 0600 files
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
+        try:
+            write(tmp)
+            os.chmod(tmp, 0o666 & ~_UMASK)  # some writers create 0600 files
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+        except Exception as e:  # safetensors and torch.save report a full disk in their own error types
+            if _disk_full(e, tmp.parent):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp)) from e
+            raise
         if phase:
             _phase(f"{phase}-tmp")
         os.replace(tmp, path)
@@ -86,6 +92,18 @@ def _atomic(path: str | os.PathLike, write, phase: str | None = None) -> None:
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def _disk_full(e: Exception, folder: Path) -> bool:
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(e)
+    if "No space left on device" in text or "os error 28" in text or "Disk quota exceeded" in text:
+        return True
+    try:  # torch.save says only "file write failed": the disk is full if it has less than a write's worth left
+        return shutil.disk_usage(folder).free < 1 << 20
+    except OSError:
+        return False
 
 
 def remove_stale_tmp(run_dir: str | os.PathLike) -> list[Path]:

@@ -48,7 +48,7 @@ from .checkpoint import (
     write_checkpoint,
 )
 from .config import Config, ConfigError, config_to_dict, load_config, save_config
-from .distributed import DistContext, all_reduce_sum, barrier, init_distributed, shutdown
+from .distributed import DistContext, all_reduce_sum, barrier, init_distributed, shutdown, timeouts_explained
 from .evaluate import evaluate_resolutions, format_table, json_safe, write_json
 from .setup import (
     autocast,
@@ -521,9 +521,10 @@ def train(
         cfg = _as_config(config, overrides)
     owns_group = not torch.distributed.is_initialized()
     threads = torch.get_num_threads()
-    ctx = init_distributed(cfg.train.device)
+    ctx = init_distributed(cfg.train.device, cfg.train.dist_timeout)
     try:
-        return Trainer(cfg, ctx, resume=bool(resume), accept_changes=accept_changes).run()
+        with timeouts_explained(ctx, cfg.train.dist_timeout):
+            return Trainer(cfg, ctx, resume=bool(resume), accept_changes=accept_changes).run()
     finally:
         torch.set_num_threads(threads)  # train.threads applies to this run only
         if owns_group:
