@@ -225,12 +225,25 @@ def test_ddp_two_processes_match_one_process_with_the_global_batch(tmp_path):
     single = run_train([*common, "data.batch_size=16", "train.run_name=single"])
     ddp = tmp_path / "ddp"
     a, b = weights(single), weights(ddp)
+    # DDP sums the gradient over two half batches, one process over the whole batch: the same numbers up to fp32
+    # rounding order. AdamW divides by the gradient's RMS, so weights differ by what that rounding does to the
+    # normalised steps, at most lr per step and per element (|m_hat / sqrt(v_hat)| <= 1 for a steady gradient; 3.2 =
+    # (1 - beta1) / sqrt(1 - beta2) for any gradient sequence). The key bias's true gradient is exactly zero (softmax
+    # ignores a constant added to every logit of a query), so its steps are normalised rounding noise: only the
+    # worst-case bound holds there. Elsewhere gradients stand far above rounding (relative error ~1e-6) and the
+    # weights agree to a 1e-2 fraction of the distance lr * steps any weight can move.
+    lr, steps, dim = 1e-3, 2 * 64 // 16, 32  # optim.lr's default; 2 epochs of 64 items in batches of 16; embed_dim
     for k in a:
-        assert torch.allclose(a[k], b[k], atol=1e-5, rtol=1e-4), k
+        diff = (a[k] - b[k]).abs()
+        if k.endswith("attn.qkv.bias"):
+            assert diff[dim : 2 * dim].max() <= 3.2 * lr * steps, k
+            diff = torch.cat([diff[:dim], diff[2 * dim :]])
+        assert diff.max() <= 1e-2 * lr * steps, k
     evals = [json.loads(ln) for ln in (ddp / "metrics.jsonl").read_text().splitlines() if '"eval"' in ln]
     assert len(evals) == 2 * 2 and all(r["images"] == 32 for r in evals)  # one writer; all 32 images counted once
     ra, rb = (json.loads((d / "results.json").read_text()) for d in (single, ddp))
-    assert [r["top1"] for r in ra] == [r["top1"] for r in rb]
+    for r, q in zip(ra, rb):  # near-equal weights: at most a near-tie image of the 32 changes its prediction
+        assert abs(r["top1"] - q["top1"]) <= 100 / 32 + 1e-9 and r["images"] == q["images"] == 32
 
 
 # --------------------------------------------------------------------------------------------------- image folders
