@@ -247,6 +247,9 @@ def test_resume_falls_back_from_a_corrupt_newest_checkpoint(tmp_path):
     with pytest.warns(CorruptCheckpointWarning, match=f"resuming from the newest valid one, {history[-2]}"):
         run(args, resume=True)  # the finished run's last 2 steps are trained again, exactly
     assert all(torch.equal(weights(out)[k], v) for k, v in want.items())
+    (out / "checkpoint.json").write_text("{ half a pointer")
+    with pytest.warns(UserWarning, match="checkpoint.json is corrupt.*looking for checkpoints in"):
+        run(args, resume=True)  # the files on disk, newest first: the finished run, reported again
     for p in (out / "checkpoints").iterdir():
         p.write_bytes(b"junk")
     with pytest.raises(CheckpointError, match="no readable checkpoint"):
