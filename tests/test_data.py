@@ -157,14 +157,19 @@ def test_image_folder_errors(tmp_path):
         build_dataset("imagefolder", "train", 16)
 
 
-def test_corrupt_image_is_replaced_and_reported(tmp_path):
+def test_corrupt_image_is_replaced_in_training_and_left_out_in_evaluation(tmp_path):
     _image_folder(tmp_path, "train", per_class=2)
     (tmp_path / "train" / "cat" / "1.png").write_bytes(b"not a png at all")
-    ds = ImageFolderDataset(tmp_path, "train", 16)
+    ds = ImageFolderDataset(tmp_path, "train", 16, training=True)
     x, y = ds[1]  # cat/1.png is broken: the next file (dog/0.png) stands in
     assert x.shape == (3, 16, 16) and y == 1
     skipped = ds.pop_skipped()
     assert len(skipped) == 1 and skipped[0].endswith("1.png") and ds.pop_skipped() == []
+    ev = ImageFolderDataset(tmp_path, "train", 16)  # evaluation: no stand-in, the item is marked unreadable
+    x, y = ev[1]
+    assert x is None and y == 0 and ev.pop_skipped()[0].endswith("1.png")
+    batch = collate_to_resolution([KeyedDataset(ev)[(i, 16, None)] for i in range(4)])
+    assert batch.targets.tolist() == [0, 1, 1] and batch.inputs.shape[0] == 3 and len(batch.skipped) == 1
 
 
 # --------------------------------------------------------------------------------------------------- batching, loaders
@@ -243,3 +248,57 @@ def test_eval_loader_shards_cover_every_item_once():
         for batch in build_eval_loader(ds, 16, 2, rank=rank, world_size=3):
             seen += batch.targets.tolist()
     assert seen == [ds[i][1] for i in range(11)]
+
+
+# ------------------------------------------------------------------------------------------- pixels as they look
+
+
+def _pixels(path: Path) -> np.ndarray:
+    from visionpe.data.pixels import to_rgb
+
+    with Image.open(path) as img:
+        return np.asarray(to_rgb(img)).astype(int)
+
+
+def test_high_bit_depth_images_are_scaled_not_clipped(tmp_path):
+    Image.fromarray(np.full((4, 4), 30000, np.uint16)).save(tmp_path / "g16.png")  # I;16: 30000/65535 = 45.8% grey
+    Image.fromarray(np.full((4, 4), 30000, np.uint16)).save(tmp_path / "g16.tiff")
+    Image.fromarray(np.full((4, 4), 0.25, np.float32)).save(tmp_path / "f.tiff")  # float in [0, 1]
+    for name, want in (("g16.png", 117), ("g16.tiff", 117), ("f.tiff", 64)):  # round(30000*255/65535), round(63.75)
+        assert (_pixels(tmp_path / name) == want).all(), name  # exact: integer rounding of one value
+    Image.fromarray(np.full((4, 4), 300.0, np.float32)).save(tmp_path / "odd.tiff")
+    with pytest.raises(ValueError, match="float image with values in \\[300.0"):
+        _pixels(tmp_path / "odd.tiff")
+
+
+def test_palette_la_cmyk_and_exif_rotation_load_as_they_look(tmp_path):
+    pal = Image.new("P", (4, 4))
+    pal.putpalette([200, 10, 10] + [0] * 765)
+    pal.save(tmp_path / "p.png")
+    Image.fromarray(np.stack([np.full((4, 4), 100, np.uint8), np.full((4, 4), 255, np.uint8)], -1), "LA").save(
+        tmp_path / "la.png"
+    )
+    Image.new("CMYK", (4, 4), (0, 255, 255, 0)).save(tmp_path / "cmyk.tiff")  # lossless: exact red
+    assert (_pixels(tmp_path / "p.png") == [200, 10, 10]).all()
+    assert (_pixels(tmp_path / "la.png") == 100).all()
+    assert (_pixels(tmp_path / "cmyk.tiff") == [255, 0, 0]).all()
+    im = Image.new("L", (8, 4), 0)
+    im.paste(255, (0, 0, 4, 4))  # left half white as stored; orientation 6: shown rotated 90 degrees clockwise
+    exif = im.getexif()
+    exif[0x0112] = 6
+    im.save(tmp_path / "rot.png", exif=exif)
+    a = _pixels(tmp_path / "rot.png")
+    assert a.shape == (8, 4, 3) and (a[:4] == 255).all() and (a[4:] == 0).all()  # the top half is white
+
+
+def test_evaluation_class_missing_from_training_is_an_error_or_dropped_and_counted(tmp_path):
+    _image_folder(tmp_path, "train", classes=("cat", "dog"))
+    _image_folder(tmp_path, "val", classes=("cat", "emu"))
+    cmap = {"cat": 0, "dog": 1}
+    with pytest.raises(ValueError, match="class folder.*'emu' \\(3 images\\).*drop_unknown_classes=true"):
+        build_dataset("imagefolder", "val", 16, root=str(tmp_path), class_map=cmap)
+    with pytest.warns(UserWarning, match="left out 3 image"):
+        ds = build_dataset(
+            "imagefolder", "val", 16, root=str(tmp_path), class_map=cmap, options={"drop_unknown_classes": True}
+        )
+    assert len(ds) == 3 and ds.dropped_unknown == 3 and ds.num_classes == 2

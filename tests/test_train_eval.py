@@ -93,14 +93,16 @@ def test_train_then_eval_end_to_end(tmp_path, capsys):
         assert r["images"] == 32 and 0 <= r["top1"] <= r["top5"] <= 100 and r["loss"] > 0
     with open(cs) as f:
         assert list(csv.DictReader(f))[2]["resolution"] == "32"
-    # eval of the run's final checkpoint reproduces the numbers training logged
+    # eval of the run's final checkpoint reproduces the numbers training logged (same weights and batches; approx's
+    # rel 1e-6, ~8 fp32 eps, leaves room only for another summation order of the loss over 32 images)
     final = {r["resolution"]: r for r in json.loads((run / "results.json").read_text())}
     assert rows[0]["top1"] == pytest.approx(final[16]["top1"]) and rows[0]["loss"] == pytest.approx(final[16]["loss"])
     assert "resolution    top1" in capsys.readouterr().out
     ema_rows = evaluate_checkpoint(run, [16], ema=True)
     assert ema_rows[0]["images"] == 32
     model, cfg, meta = load_checkpoint(run)  # the programmatic path the benchmarks use
-    assert meta["model"] == "vit_n_ape" and evaluate_model(model, cfg, [16])[0] == rows[0]
+    again = evaluate_model(model, cfg, [16])[0]
+    assert meta["model"] == "vit_n_ape" and again["skipped"] == 0 and {k: again[k] for k in rows[0]} == rows[0]
 
 
 def test_training_learns(tmp_path):
@@ -224,12 +226,25 @@ def test_ddp_two_processes_match_one_process_with_the_global_batch(tmp_path):
     single = run_train([*common, "data.batch_size=16", "train.run_name=single"])
     ddp = tmp_path / "ddp"
     a, b = weights(single), weights(ddp)
+    # DDP sums the gradient over two half batches, one process over the whole batch: the same numbers up to fp32
+    # rounding order. AdamW divides by the gradient's RMS, so weights differ by what that rounding does to the
+    # normalised steps, at most lr per step and per element (|m_hat / sqrt(v_hat)| <= 1 for a steady gradient; 3.2 =
+    # (1 - beta1) / sqrt(1 - beta2) for any gradient sequence). The key bias's true gradient is exactly zero (softmax
+    # ignores a constant added to every logit of a query), so its steps are normalised rounding noise: only the
+    # worst-case bound holds there. Elsewhere gradients stand far above rounding (relative error ~1e-6) and the
+    # weights agree to a 1e-2 fraction of the distance lr * steps any weight can move.
+    lr, steps, dim = 1e-3, 2 * 64 // 16, 32  # optim.lr's default; 2 epochs of 64 items in batches of 16; embed_dim
     for k in a:
-        assert torch.allclose(a[k], b[k], atol=1e-5, rtol=1e-4), k
+        diff = (a[k] - b[k]).abs()
+        if k.endswith("attn.qkv.bias"):
+            assert diff[dim : 2 * dim].max() <= 3.2 * lr * steps, k
+            diff = torch.cat([diff[:dim], diff[2 * dim :]])
+        assert diff.max() <= 1e-2 * lr * steps, k
     evals = [json.loads(ln) for ln in (ddp / "metrics.jsonl").read_text().splitlines() if '"eval"' in ln]
     assert len(evals) == 2 * 2 and all(r["images"] == 32 for r in evals)  # one writer; all 32 images counted once
     ra, rb = (json.loads((d / "results.json").read_text()) for d in (single, ddp))
-    assert [r["top1"] for r in ra] == [r["top1"] for r in rb]
+    for r, q in zip(ra, rb):  # near-equal weights: at most a near-tie image of the 32 changes its prediction
+        assert abs(r["top1"] - q["top1"]) <= 100 / 32 + 1e-9 and r["images"] == q["images"] == 32
 
 
 # --------------------------------------------------------------------------------------------------- image folders
@@ -262,8 +277,9 @@ def test_corrupt_image_in_a_folder_is_skipped_with_one_warning(tmp_path):
     skips = [str(w.message) for w in caught if issubclass(w.category, SkippedImagesWarning)]
     assert [m for m in skips if m.startswith("epoch")] == [m for m in skips if "epoch 1: skipped 2 unreadable" in m]
     assert len([m for m in skips if m.startswith("epoch")]) == 1  # one warning for the epoch, counting both files
-    assert len([m for m in skips if m.startswith("evaluation skipped 1 ")]) == 2  # one per evaluated resolution
-    assert json.loads((run / "results.json").read_text())[0]["images"] == 16
+    left_out = [m for m in skips if m.startswith("evaluation of ") and "left out 1 unreadable" in m]
+    assert len(left_out) == 2 and all("15 of 16 evaluated" in m for m in left_out)  # one per evaluated resolution
+    assert json.loads((run / "results.json").read_text())[0]["images"] == 15  # the broken file is not counted
     meta = load_weights(find_checkpoint(run).weights)[1]
     assert json.loads(meta["class_map"]) == {"a": 0, "b": 1}
 

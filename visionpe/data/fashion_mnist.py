@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import zlib
 from functools import lru_cache
 from pathlib import Path
 
@@ -35,8 +36,11 @@ def read_idx(path: str | os.PathLike) -> torch.Tensor:
     """An IDX file (optionally gzipped) of unsigned bytes -> uint8 tensor of its shape."""
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        data = f.read()
+    try:
+        with opener(path, "rb") as f:
+            data = f.read()
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+        raise ValueError(f"{path} is truncated or not gzip data ({e}); download or copy it again") from None
     if len(data) < 4 or data[0] != 0 or data[1] != 0:
         raise ValueError(f"{path} is not an IDX file (bad magic number)")
     if data[2] != 0x08:
@@ -70,6 +74,14 @@ def _load(root: str, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
     if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
         raise ValueError(
             f"Fashion-MNIST {kind} files in {root} disagree: images {tuple(images.shape)}, labels {tuple(labels.shape)}"
+        )
+    bad = (labels < 0) | (labels >= len(CLASS_NAMES))
+    if bad.any():
+        i = int(bad.nonzero()[0, 0])
+        raise ValueError(
+            f"Fashion-MNIST {kind} labels in {root} hold {int(bad.sum())} value(s) outside the "
+            f"{len(CLASS_NAMES)} classes 0..{len(CLASS_NAMES) - 1} (e.g. {int(labels[i])} at item {i}); "
+            f"the labels file is corrupt or from another dataset"
         )
     return images, labels
 

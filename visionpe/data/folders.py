@@ -3,27 +3,46 @@
 The split folder may use any of timm's synonyms (train/training, val/valid/validation/eval/evaluation). Transforms
 come from timm (RandomResizedCrop, RandAugment, random erasing for training; resize + centre crop for evaluation), one
 per resolution, built when first asked for, so one dataset serves every resolution (`render(i, resolution)`).
-An unreadable or corrupt file is replaced by the next readable one and reported through `pop_skipped()`; the engine
-sums those reports and warns once per epoch with the count.
+
+Pixels are read as they look (`pixels.py`): 16-bit and float images are scaled to 8 bits, EXIF rotation is applied.
+An unreadable or corrupt file is reported through `pop_skipped()`: in a training split it is replaced by the next
+readable one (batches keep their size), in an evaluation split it is left out (the item's input is None and the
+collate drops it), so evaluation counts only the images it saw. The engine warns with the counts. A class folder of an
+evaluation split that the training split does not have is an error, or dropped and counted with drop_unknown_classes.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
+from collections import Counter
 from pathlib import Path
 
 from PIL import Image
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, create_dataset, create_transform
+from timm.data.readers.reader_image_folder import find_images_and_targets
 from torch.utils.data import Dataset
 
+from .pixels import to_rgb
 from .registry import register_dataset
 from .splits import EVAL_SPLITS, TRAIN_SPLITS, split_kind
 
-__all__ = ["ImageFolderDataset", "SkippedImagesWarning", "image_folder", "find_split_dir", "MAX_CONSECUTIVE_FAILURES"]
+__all__ = [
+    "ImageFolderDataset",
+    "SkippedImagesWarning",
+    "UnknownClassesWarning",
+    "image_folder",
+    "find_split_dir",
+    "MAX_CONSECUTIVE_FAILURES",
+]
 
 
 class SkippedImagesWarning(UserWarning):
-    """Some image files could not be read and were replaced by the next readable one."""
+    """Some image files could not be read (replaced by the next readable one in training, left out in evaluation)."""
+
+
+class UnknownClassesWarning(UserWarning):
+    """Images of class folders the training split does not have were dropped (drop_unknown_classes=True)."""
 
 
 MAX_CONSECUTIVE_FAILURES = 50  # more unreadable files in a row than this means the folder itself is broken
@@ -57,8 +76,10 @@ class ImageFolderDataset(Dataset):
         training: bool = False,
         class_map: dict | None = None,
         transform_kwargs: dict | None = None,
+        drop_unknown_classes: bool = False,
     ):
         split_dir = find_split_dir(root, split)
+        self.dropped_unknown = _check_classes(split_dir, class_map, drop_unknown_classes) if class_map else 0
         try:
             self.base = create_dataset(
                 "",
@@ -82,6 +103,7 @@ class ImageFolderDataset(Dataset):
         self.split_dir = split_dir
         self.resolution = int(resolution)
         self.training = training
+        self.replace_unreadable = training  # evaluation leaves unreadable files out instead
         self.transform_kwargs = dict(transform_kwargs or {})
         self._transforms: dict[int, object] = {}
         self._skipped: list[str] = []
@@ -99,25 +121,33 @@ class ImageFolderDataset(Dataset):
     def _open(self, index: int):
         f, target = self.base.reader[index]
         try:
-            img = Image.open(f)
-            img = img.convert("RGB")  # decodes the pixels: truncated files fail here, not in the transform
+            img = to_rgb(Image.open(f))  # decodes the pixels: truncated files fail here, not in the transform
         finally:
             if hasattr(f, "close"):
                 f.close()
         return img, target
 
     def render(self, index: int, resolution: int):
+        """(image tensor, class); in an evaluation split an unreadable file gives (None, class)."""
         n = len(self.base)
-        for attempt in range(MAX_CONSECUTIVE_FAILURES):
+        if not self.replace_unreadable:
+            try:
+                img, target = self._open(index)
+            except DECODE_ERRORS:
+                self._skipped.append(str(self.base.filename(index, absolute=True)))
+                return None, self.base.reader.samples[index][1]
+            return self.transform(resolution)(img), target
+        for attempt in range(min(MAX_CONSECUTIVE_FAILURES, n)):
             i = (index + attempt) % n
             try:
                 img, target = self._open(i)
                 return self.transform(resolution)(img), target
             except DECODE_ERRORS:
                 self._skipped.append(str(self.base.filename(i, absolute=True)))
-        raise RuntimeError(
-            f"{MAX_CONSECUTIVE_FAILURES} unreadable images in a row from index {index} in "
-            f"{self.split_dir}, e.g. {self._skipped[-1]}; check the folder"
+        raise ValueError(
+            f"{min(MAX_CONSECUTIVE_FAILURES, n)} unreadable images in a row from index {index} in "
+            f"{self.split_dir} ({'every file' if n <= MAX_CONSECUTIVE_FAILURES else 'the folder looks broken'}), "
+            f"e.g. {self._skipped[-1]}; check that the files are images"
         )
 
     def __getitem__(self, index: int):
@@ -127,6 +157,30 @@ class ImageFolderDataset(Dataset):
         """Paths skipped since the last call (per process: the loader reports them with each batch)."""
         skipped, self._skipped = self._skipped, []
         return skipped
+
+
+def _check_classes(split_dir: Path, class_map: dict, drop: bool) -> int:
+    """Images in class folders that `class_map` (the training split's classes) lacks: an error, or their count."""
+    samples, found = find_images_and_targets(str(split_dir))
+    name = {i: c for c, i in found.items()}
+    unknown = Counter(name[t] for _, t in samples if name[t] not in class_map)
+    if not unknown:
+        return 0
+    names = ", ".join(f"{c!r} ({n} images)" for c, n in sorted(unknown.items())[:5])
+    more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+    if not drop:
+        raise ValueError(
+            f"{split_dir} has class folder(s) the training split does not have: {names}{more}; the model cannot "
+            f"predict them. Remove them, or set data.options.drop_unknown_classes=true to leave them out"
+        )
+    n = sum(unknown.values())
+    warnings.warn(
+        f"{split_dir}: left out {n} image(s) of {len(unknown)} class folder(s) not in the training split: "
+        f"{names}{more} (data.options.drop_unknown_classes=true)",
+        UnknownClassesWarning,
+        stacklevel=2,
+    )
+    return n
 
 
 @register_dataset("imagefolder", num_classes=None, in_chans=3, kind="image")
@@ -141,8 +195,10 @@ def image_folder(
     std=None,
     interpolation: str | None = None,
     crop_pct: float | None = None,
+    drop_unknown_classes: bool = False,
 ) -> ImageFolderDataset:
-    """Any `root/<split>/<class>/*` folder (the number of classes is read from the folders)."""
+    """Any `root/<split>/<class>/*` folder (the number of classes is read from the folders). An evaluation class
+    folder that training lacks is an error unless drop_unknown_classes (then its images are left out, counted)."""
     if not root:
         raise ValueError("image folders need data.root, a folder with train/<class>/* and val/<class>/*")
     aug = dict(aug or {})
@@ -159,7 +215,15 @@ def image_folder(
         for key in ("scale", "ratio"):
             if aug.get(key) is not None:
                 kwargs[key] = tuple(aug[key])
-    return ImageFolderDataset(root, split, resolution, training=training, class_map=class_map, transform_kwargs=kwargs)
+    return ImageFolderDataset(
+        root,
+        split,
+        resolution,
+        training=training,
+        class_map=class_map,
+        transform_kwargs=kwargs,
+        drop_unknown_classes=drop_unknown_classes,
+    )
 
 
 @register_dataset("imagenet", num_classes=1000, in_chans=3, kind="image")
@@ -174,9 +238,12 @@ def imagenet(
     std=None,
     interpolation: str | None = None,
     crop_pct: float | None = None,
+    drop_unknown_classes: bool = False,
 ) -> ImageFolderDataset:
     """ImageNet-1k in the usual `root/train/n01440764/*.JPEG`, `root/val/n01440764/*.JPEG` layout."""
-    ds = image_folder(split, resolution, root, training, class_map, aug, mean, std, interpolation, crop_pct)
+    ds = image_folder(
+        split, resolution, root, training, class_map, aug, mean, std, interpolation, crop_pct, drop_unknown_classes
+    )
     if ds.num_classes != 1000 and not class_map:
         raise ValueError(
             f"{ds.split_dir} has {ds.num_classes} class folders, ImageNet-1k has 1000; use "

@@ -27,7 +27,7 @@ class Batch(NamedTuple):
     inputs: torch.Tensor | dict  # images [B, C, R, R], clips [B, C, T, R, R], or a dict of model kwargs
     targets: torch.Tensor  # [B] class ids
     resolution: int
-    skipped: tuple[str, ...]  # unreadable files replaced while building this batch
+    skipped: tuple[str, ...]  # unreadable files replaced (training) or left out (evaluation) in this batch
 
 
 class ResolutionBatchSampler(Sampler):
@@ -115,9 +115,15 @@ def resize_to(x: torch.Tensor, resolution: int) -> torch.Tensor:
 
 def collate_to_resolution(items: list[tuple], collate_inputs: Callable | None = None) -> Batch:
     """Items (input, target, resolution, skipped) -> a Batch at the batch's resolution. Dict inputs are collated by
-    the dataset's `collate_inputs(list_of_dicts)` when it has one (e.g. to pad text), else by default_collate."""
-    inputs, targets, resolutions, skipped = zip(*items)
-    res = resolutions[0]
+    the dataset's `collate_inputs(list_of_dicts)` when it has one (e.g. to pad text), else by default_collate.
+    Items whose input is None (unreadable files of an evaluation split) are left out; if none is left, the Batch has
+    inputs None and no targets."""
+    skipped = tuple(p for item in items for p in item[3])
+    res = items[0][2]
+    items = [item for item in items if item[0] is not None]
+    if not items:
+        return Batch(None, torch.zeros(0, dtype=torch.long), res, skipped)
+    inputs, targets, _, _ = zip(*items)
     if isinstance(inputs[0], torch.Tensor):
         stacked = torch.stack([resize_to(x, res) for x in inputs])
     elif isinstance(inputs[0], dict):
@@ -127,4 +133,4 @@ def collate_to_resolution(items: list[tuple], collate_inputs: Callable | None = 
             f"dataset items must be (tensor, target) or (dict of model kwargs, target), got {type(inputs[0]).__name__}"
         )
     target = torch.as_tensor(targets) if not isinstance(targets[0], torch.Tensor) else torch.stack(targets)
-    return Batch(stacked, target, res, tuple(p for s in skipped for p in s))
+    return Batch(stacked, target, res, skipped)

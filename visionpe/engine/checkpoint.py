@@ -10,9 +10,13 @@ checkpoint intact and pointed to.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
+import shutil
+import signal
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +38,10 @@ __all__ = [
     "load_into_model",
     "rng_state",
     "set_rng_state",
+    "DiskFullError",
+    "remove_stale_tmp",
+    "resume_candidates",
+    "KILL_AT_ENV",
 ]
 
 POINTER = "checkpoint.json"
@@ -46,25 +54,74 @@ class CheckpointError(ValueError):
     """A checkpoint that is missing, broken or does not fit the model; the message names the fix."""
 
 
-def _atomic(path: str | os.PathLike, write) -> None:
+class DiskFullError(CheckpointError):
+    """The disk filled up while a checkpoint was written; the previous checkpoint is intact."""
+
+
+# Fault injection for tests: "<phase>,<k>" SIGKILLs this process when the k-th checkpoint write (1-based) reaches
+# <phase>: weights-tmp / state-tmp / pointer-tmp (temporary file written and fsynced, not yet renamed), weights /
+# state / pointer (renamed into place), pruned (old checkpoints deleted).
+KILL_AT_ENV = "VISIONPE_FAULT_KILL_AT"
+_writes = 0
+
+
+def _phase(name: str) -> None:
+    spec = os.environ.get(KILL_AT_ENV)
+    if spec and spec.split(",")[0] == name and int(spec.split(",")[1]) == _writes:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _atomic(path: str | os.PathLike, write, phase: str | None = None) -> None:
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        write(tmp)
-        os.chmod(tmp, 0o666 & ~_UMASK)  # some writers create 0600 files
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
+        try:
+            write(tmp)
+            os.chmod(tmp, 0o666 & ~_UMASK)  # some writers create 0600 files
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+        except Exception as e:  # safetensors and torch.save report a full disk in their own error types
+            if _disk_full(e, tmp.parent):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp)) from e
+            raise
+        if phase:
+            _phase(f"{phase}-tmp")
         os.replace(tmp, path)
+        if phase:
+            _phase(phase)
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def _disk_full(e: Exception, folder: Path) -> bool:
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(e)
+    if "No space left on device" in text or "os error 28" in text or "Disk quota exceeded" in text:
+        return True
+    try:  # torch.save says only "file write failed": the disk is full if it has less than a write's worth left
+        return shutil.disk_usage(folder).free < 1 << 20
+    except OSError:
+        return False
+
+
+def remove_stale_tmp(run_dir: str | os.PathLike) -> list[Path]:
+    """Delete temporary files (`.<name>.tmp-<pid>`) that a killed writer left in a run directory."""
+    run_dir = Path(run_dir)
+    stale = [p for d in (run_dir, run_dir / CKPT_DIR) if d.is_dir() for p in d.glob(".*.tmp-*")]
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return stale
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     _atomic(path, lambda tmp: Path(tmp).write_text(text))
 
 
-def save_weights(path: str | os.PathLike, state_dict: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+def save_weights(
+    path: str | os.PathLike, state_dict: dict[str, torch.Tensor], metadata: dict[str, str], phase: str | None = None
+) -> None:
     """A state dict as safetensors, atomically; tensors that share memory are stored as copies."""
     tensors, seen = {}, set()
     for k, v in state_dict.items():
@@ -73,7 +130,8 @@ def save_weights(path: str | os.PathLike, state_dict: dict[str, torch.Tensor], m
         tensors[k] = v.clone() if ptr in seen else v.contiguous()
         if ptr is not None:
             seen.add(ptr)
-    _atomic(path, lambda tmp: save_file(tensors, str(tmp), metadata={k: str(v) for k, v in metadata.items()}))
+    meta = {k: str(v) for k, v in metadata.items()}
+    _atomic(path, lambda tmp: save_file(tensors, str(tmp), metadata=meta), phase)
 
 
 def load_weights(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -141,29 +199,47 @@ def write_checkpoint(
     info: dict | None = None,
     keep: int = 2,
 ) -> CheckpointRef:
-    """Write weights, EMA weights and training state under `tag`, then move the pointer, then prune old tags."""
+    """Write weights, EMA weights and training state under `tag`, then move the pointer, then prune old tags.
+    A full disk is a DiskFullError naming the path; the previous checkpoint stays intact and pointed to."""
+    global _writes
+    _writes += 1
     run_dir = Path(run_dir)
     ckpt_dir = run_dir / CKPT_DIR
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     ref = CheckpointRef(ckpt_dir / f"{tag}.safetensors", None, ckpt_dir / f"{tag}.state.pt")
-    save_weights(ref.weights, model_state, metadata)
-    if ema_state is not None:
-        ref.ema = ckpt_dir / f"{tag}-ema.safetensors"
-        save_weights(ref.ema, ema_state, {**metadata, "ema": "true"})
-    _atomic(ref.state, lambda tmp: torch.save(train_state, tmp))
-    old = _read_pointer(run_dir) or {}
-    history = [t for t in old.get("history", []) if t != tag] + [tag]
-    pointer = {
-        **(info or {}),
-        "weights": str(ref.weights.relative_to(run_dir)),
-        "ema": str(ref.ema.relative_to(run_dir)) if ref.ema else None,
-        "state": str(ref.state.relative_to(run_dir)),
-        "history": history[-max(keep, 1) :],
-    }
-    atomic_write_text(run_dir / POINTER, json.dumps(pointer, indent=1))
+    path = ref.weights
+    try:
+        save_weights(ref.weights, model_state, metadata, phase="weights")
+        if ema_state is not None:
+            ref.ema = path = ckpt_dir / f"{tag}-ema.safetensors"
+            save_weights(ref.ema, ema_state, {**metadata, "ema": "true"})
+        path = ref.state
+        _atomic(ref.state, lambda tmp: torch.save(train_state, tmp), "state")
+        old = _read_pointer(run_dir) or {}
+        history = [t for t in old.get("history", []) if t != tag] + [tag]
+        pointer = {
+            **(info or {}),
+            "weights": str(ref.weights.relative_to(run_dir)),
+            "ema": str(ref.ema.relative_to(run_dir)) if ref.ema else None,
+            "state": str(ref.state.relative_to(run_dir)),
+            "history": history[-max(keep, 1) :],
+        }
+        path = run_dir / POINTER
+        _atomic(path, lambda tmp: Path(tmp).write_text(json.dumps(pointer, indent=1)), "pointer")
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        previous = (_read_pointer(run_dir) or {}).get("weights")
+        kept = f"the previous checkpoint {run_dir / previous} is intact" if previous else "no earlier checkpoint"
+        raise DiskFullError(
+            f"disk full while writing checkpoint {path}; {kept} (checkpoint.json still points to it). Free space "
+            f"on {run_dir}'s disk and continue with --resume"
+        ) from None
     for stale in history[: -max(keep, 1)]:
         for name in (f"{stale}.safetensors", f"{stale}-ema.safetensors", f"{stale}.state.pt"):
             (ckpt_dir / name).unlink(missing_ok=True)
+    remove_stale_tmp(run_dir)  # a killed earlier write's leftovers (one writer per run directory)
+    _phase("pruned")
     ref.info = pointer
     return ref
 
@@ -201,6 +277,26 @@ def find_checkpoint(path: str | os.PathLike) -> CheckpointRef | None:
         state = path.with_name(path.name.removesuffix("-ema.safetensors").removesuffix(".safetensors") + ".state.pt")
         return CheckpointRef(path, None, state if state.is_file() else None, None)
     raise CheckpointError(f"checkpoint {path} does not exist; pass a run directory or a .safetensors file")
+
+
+def resume_candidates(run_dir: str | os.PathLike) -> list[CheckpointRef]:
+    """The run's checkpoints, newest first: the pointer's history, or (pointer unreadable) the files on disk."""
+    run_dir = Path(run_dir)
+    ckpt_dir = run_dir / CKPT_DIR
+    try:
+        tags = (_read_pointer(run_dir) or {}).get("history", [])[::-1]
+    except CheckpointError as e:
+        warnings.warn(f"{e}; looking for checkpoints in {ckpt_dir}", stacklevel=2)
+        tags = []
+    found = sorted((p.name.removesuffix(".state.pt") for p in ckpt_dir.glob("*.state.pt")), reverse=True)
+    tags += [t for t in found if t not in tags]  # newest first: tags are e<epoch>-b<batch>, zero-padded
+    refs = []
+    for t in tags:
+        ema = ckpt_dir / f"{t}-ema.safetensors"
+        refs.append(
+            CheckpointRef(ckpt_dir / f"{t}.safetensors", ema if ema.is_file() else None, ckpt_dir / f"{t}.state.pt")
+        )
+    return refs
 
 
 def load_training_state(path: str | os.PathLike) -> dict:

@@ -3,22 +3,30 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 
 from .checkpoint import CheckpointError
 from .config import ConfigError, format_config_help
+from .distributed import DistTimeoutError
 
 __all__ = ["train_main", "eval_main"]
 
-USER_ERRORS = (ConfigError, CheckpointError, FileNotFoundError, ValueError, FloatingPointError)
+USER_ERRORS = (ConfigError, CheckpointError, FileNotFoundError, ValueError, FloatingPointError, DistTimeoutError)
 
 
 def _fail(e: Exception) -> int:
     if os.environ.get("VISIONPE_DEBUG"):
         raise e
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        e = f"disk full writing {e.filename or 'a file'} ({e.strerror}); free space and rerun (--resume continues)"
     print(f"error: {e}\n(set VISIONPE_DEBUG=1 for the traceback)", file=sys.stderr)
     return 2
+
+
+def _is_disk_full(e: BaseException) -> bool:
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def _parse_resolutions(text: str) -> list[int]:
@@ -49,13 +57,26 @@ def train_main(argv: list[str] | None = None) -> int:
         metavar="RUN_DIR",
         help="continue the run the config names, or the given run directory (with its saved config)",
     )
+    parser.add_argument(
+        "--accept-changes",
+        action="store_true",
+        help="with --resume: continue with overrides that change what was trained (optimizer, lr, data, ...); "
+        "the change and its step are recorded in the run's config_changes.jsonl",
+    )
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
     args = parser.parse_args(argv)
+    if isinstance(args.resume, str) and "=" in args.resume:  # `--resume key=value ...`: an override, not a run dir
+        args.overrides.insert(0, args.resume)
+        args.resume = True
     from .trainer import train  # after argparse: --help stays fast
 
     try:
-        train(args.config, args.overrides, resume=args.resume)
+        train(args.config, args.overrides, resume=args.resume, accept_changes=args.accept_changes)
     except USER_ERRORS as e:
+        return _fail(e)
+    except OSError as e:
+        if not _is_disk_full(e):
+            raise
         return _fail(e)
     return 0
 

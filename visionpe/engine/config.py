@@ -133,6 +133,7 @@ class TrainConfig:
     keep_checkpoints: int = setting(2, "checkpoints kept on disk (older ones are deleted once a newer one is safe)")
     log_every: int = setting(20, "append a train metrics line every this many steps")
     progress: bool = setting(True, "show a progress bar (rank 0, interactive terminals)")
+    dist_timeout: float = setting(1800.0, "seconds a DDP process waits for the others before failing with an error")
     output_dir: str = setting("runs", "where run directories go")
     run_name: str | None = setting(None, "run directory name ({model} becomes model.name); null: <config name>-{model}")
 

@@ -6,13 +6,28 @@ everything below degrades to a single process with no process group.
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import os
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["DistContext", "init_distributed", "resolve_device", "all_reduce_sum", "barrier", "shutdown"]
+__all__ = [
+    "DistContext",
+    "DistTimeoutError",
+    "init_distributed",
+    "resolve_device",
+    "all_reduce_sum",
+    "barrier",
+    "shutdown",
+    "timeouts_explained",
+]
+
+
+class DistTimeoutError(RuntimeError):
+    """Another process of the group did not answer within train.dist_timeout seconds."""
 
 
 @dataclass(frozen=True)
@@ -44,8 +59,9 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     return torch.device("cpu")
 
 
-def init_distributed(device: str = "auto") -> DistContext:
-    """Join the process group torchrun set up (if any) and pick this process's device."""
+def init_distributed(device: str = "auto", timeout_s: float | None = None) -> DistContext:
+    """Join the process group torchrun set up (if any) and pick this process's device. A collective that waits
+    longer than `timeout_s` for another rank fails (see timeouts_explained) instead of hanging."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -53,7 +69,8 @@ def init_distributed(device: str = "auto") -> DistContext:
     if world > 1 and not dist.is_initialized():
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
-        dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
+        timeout = datetime.timedelta(seconds=timeout_s) if timeout_s else None
+        dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo", timeout=timeout)
     return DistContext(rank, world, local_rank, dev)
 
 
@@ -71,3 +88,18 @@ def barrier(ctx: DistContext) -> None:
 def shutdown(ctx: DistContext) -> None:
     if ctx.distributed and dist.is_initialized():
         dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def timeouts_explained(ctx: DistContext, timeout_s: float | None):
+    """Turn a collective's timeout (gloo/nccl RuntimeError) into a DistTimeoutError that says what happened."""
+    try:
+        yield
+    except RuntimeError as e:
+        text = str(e).lower()
+        if not ctx.distributed or isinstance(e, DistTimeoutError) or not ("timed out" in text or "timeout" in text):
+            raise
+        raise DistTimeoutError(
+            f"rank {ctx.rank}: another process did not respond within train.dist_timeout={timeout_s} s (it hung "
+            f"or died; see its output); raise train.dist_timeout if a step or an evaluation really takes longer"
+        ) from None

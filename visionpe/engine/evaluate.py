@@ -4,13 +4,15 @@
     # [{"resolution": 24, "top1": 71.2, "top5": 97.0, "loss": 0.83, "images": 1000}, ...]
 
 Under torchrun each rank evaluates a contiguous shard and the sums are all-reduced, so the numbers are exact (no
-padded duplicates).
+padded duplicates). Unreadable image files are left out and counted (`images` is what was evaluated, `skipped` what was
+left out); a NaN or infinite metric is written to JSON as null, with the key and its value listed under `nonfinite`.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import warnings
 from pathlib import Path
@@ -26,7 +28,16 @@ from ..data.loader import build_eval_loader, dataset_num_classes
 from .checkpoint import CheckpointError, find_checkpoint, load_into_model, load_weights
 from .config import Config, apply_overrides, config_from_dict
 from .distributed import DistContext, all_reduce_sum, init_distributed
-from .setup import autocast, build_eval_sets, build_model, check_resolutions, resolve_amp, run_model, to_device
+from .setup import (
+    autocast,
+    build_eval_sets,
+    build_model,
+    check_labels,
+    check_resolutions,
+    resolve_amp,
+    run_model,
+    to_device,
+)
 
 __all__ = [
     "evaluate_loader",
@@ -36,6 +47,7 @@ __all__ = [
     "format_table",
     "write_json",
     "write_csv",
+    "json_safe",
     "RESULT_KEYS",
 ]
 
@@ -43,18 +55,25 @@ RESULT_KEYS = ("resolution", "top1", "top5", "loss", "images")
 
 
 @torch.no_grad()
-def evaluate_loader(model: nn.Module, loader, ctx: DistContext | None = None, amp: torch.dtype | None = None) -> dict:
-    """{'top1', 'top5', 'loss', 'images'} over a loader of Batch (top-5 is top-k with k = min(5, classes))."""
+def evaluate_loader(
+    model: nn.Module, loader, ctx: DistContext | None = None, amp: torch.dtype | None = None, where: str = ""
+) -> dict:
+    """{'top1', 'top5', 'loss', 'images', 'skipped'} over a loader of Batch (top-5 is top-k with k = min(5,
+    classes)). Unreadable files are left out of every number and counted in 'skipped' (with a warning naming
+    `where`, the split); a split with no readable file is an error."""
     ctx = ctx or DistContext()
     was_training = model.training
     model.eval()
     sums = torch.zeros(5, dtype=torch.float64)  # loss, top1, top5, images, skipped files
     for batch in loader:
         sums[4] += len(batch.skipped)
+        if batch.inputs is None:  # every file of this batch was unreadable
+            continue
         targets = batch.targets.to(ctx.device)
         with autocast(ctx.device, amp):
             logits = run_model(model, to_device(batch.inputs, ctx.device))
         logits = logits.float()
+        check_labels(batch.targets, logits.shape[1], where or "the evaluation split")
         k = min(5, logits.shape[1])
         top = logits.topk(k, dim=1).indices  # (B, k)
         hit = top == targets[:, None]
@@ -69,18 +88,23 @@ def evaluate_loader(model: nn.Module, loader, ctx: DistContext | None = None, am
         )
     model.train(was_training)
     sums = all_reduce_sum(sums.to(ctx.device), ctx).cpu()
-    if sums[4] and ctx.is_main:
+    skipped, images = int(sums[4].item()), int(sums[3].item())
+    if skipped and not images:
+        raise ValueError(f"every image file of {where or 'the evaluation split'} is unreadable ({skipped} files)")
+    if skipped and ctx.is_main:
         warnings.warn(
-            f"evaluation skipped {int(sums[4])} unreadable image file(s), each replaced by the next readable one",
+            f"evaluation of {where or 'the evaluation split'}: left out {skipped} unreadable image file(s); "
+            f"{images} of {images + skipped} evaluated",
             SkippedImagesWarning,
             stacklevel=2,
         )
-    n = max(sums[3].item(), 1.0)
+    n = max(images, 1)
     return dict(
         top1=100 * sums[1].item() / n,
         top5=100 * sums[2].item() / n,
         loss=sums[0].item() / n,
-        images=int(sums[3].item()),
+        images=images,
+        skipped=skipped,
     )
 
 
@@ -99,7 +123,8 @@ def evaluate_resolutions(
         loader = build_eval_loader(
             ds, res, batch_size, workers, ctx.rank, ctx.world_size, pin_memory=ctx.device.type == "cuda"
         )
-        rows.append({"resolution": res, **evaluate_loader(model, loader, ctx, amp)})
+        where = f"{getattr(ds, 'split_dir', type(ds).__name__)} at {res} px"
+        rows.append({"resolution": res, **evaluate_loader(model, loader, ctx, amp, where)})
     return rows
 
 
@@ -188,12 +213,22 @@ def format_table(rows: list[dict], title: str | None = None) -> str:
     lines = [title] if title else []
     lines.append(f"{'resolution':>10} {'top1':>7} {'top5':>7} {'loss':>8} {'images':>7}")
     for r in rows:
-        lines.append(f"{r['resolution']:>10} {r['top1']:>7.2f} {r['top5']:>7.2f} {r['loss']:>8.4f} {r['images']:>7}")
+        line = f"{r['resolution']:>10} {r['top1']:>7.2f} {r['top5']:>7.2f} {r['loss']:>8.4f} {r['images']:>7}"
+        lines.append(line + (f"  ({r['skipped']} unreadable left out)" if r.get("skipped") else ""))
     return "\n".join(lines)
 
 
+def json_safe(row: dict) -> dict:
+    """`row` with NaN / inf floats as None, and {key: "nan" | "inf" | "-inf"} under "nonfinite" (valid JSON)."""
+    bad = {k: str(v) for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)}
+    if not bad:
+        return row
+    return {**{k: None if k in bad else v for k, v in row.items()}, "nonfinite": bad}
+
+
 def write_json(rows: list[dict], path: str | os.PathLike) -> None:
-    Path(path).write_text(json.dumps([{k: r[k] for k in RESULT_KEYS} for r in rows], indent=1) + "\n")
+    out = [json_safe({k: r[k] for k in RESULT_KEYS}) for r in rows]
+    Path(path).write_text(json.dumps(out, indent=1, allow_nan=False) + "\n")
 
 
 def write_csv(rows: list[dict], path: str | os.PathLike) -> None:

@@ -12,6 +12,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from .. import data as vdata
+from ..data.folders import MAX_CONSECUTIVE_FAILURES
 from ..data.loader import KeyedDataset, renders_any_resolution
 from ..data.multires import collate_to_resolution
 from ..zoo import create_model
@@ -27,6 +28,7 @@ __all__ = [
     "to_device",
     "run_model",
     "check_resolutions",
+    "check_labels",
 ]
 
 
@@ -127,6 +129,19 @@ def run_model(model: nn.Module, inputs) -> torch.Tensor:
     return model(**inputs) if isinstance(inputs, dict) else model(inputs)
 
 
+def _first_readable(ds: Dataset, res: int) -> tuple:
+    """The first item whose input is not None (None: an unreadable file left out of an evaluation split)."""
+    keyed, tried = KeyedDataset(ds), []
+    for i in range(min(len(ds), MAX_CONSECUTIVE_FAILURES)):
+        item = keyed[(i, res, 0)]  # seeded: the global RNG is left alone
+        if item[0] is not None:
+            return item
+        tried += item[3]
+    where = getattr(ds, "split_dir", type(ds).__name__)
+    what = "every file" if len(ds) <= MAX_CONSECUTIVE_FAILURES else f"the first {MAX_CONSECUTIVE_FAILURES} files"
+    raise ValueError(f"{what} of {where} is unreadable (e.g. {tried[0] if tried else '?'}); check the files")
+
+
 @torch.no_grad()
 def check_resolutions(
     model: nn.Module, model_name: str, datasets: dict[int, Dataset], device: torch.device, amp: torch.dtype | None
@@ -136,7 +151,7 @@ def check_resolutions(
     model.eval()
     try:
         for res, ds in sorted(datasets.items()):
-            batch = collate_to_resolution([KeyedDataset(ds)[(0, res, 0)]])  # seeded: the global RNG is left alone
+            batch = collate_to_resolution([_first_readable(ds, res)])
             try:
                 with autocast(device, amp):
                     out = run_model(model, to_device(batch.inputs, device))
@@ -152,3 +167,14 @@ def check_resolutions(
                 )
     finally:
         model.train(was_training)
+
+
+def check_labels(targets: torch.Tensor, num_classes: int, dataset: str) -> None:
+    """Class ids must lie in 0..num_classes-1 (soft targets, already one-hot, are not checked)."""
+    if targets.numel() and not targets.is_floating_point():
+        lo, hi = int(targets.min()), int(targets.max())
+        if lo < 0 or hi >= num_classes:
+            raise ValueError(
+                f"dataset {dataset!r} gave label {lo if lo < 0 else hi}, outside its {num_classes} classes "
+                f"0..{num_classes - 1}; check the dataset's labels (or its declared number of classes)"
+            )

@@ -34,34 +34,41 @@ from .. import __version__
 from ..data import get_dataset_info
 from ..data.folders import SkippedImagesWarning
 from ..data.loader import build_train_loader, dataset_num_classes, renders_any_resolution
+from .changes import check_resume_changes
 from .checkpoint import (
     CheckpointError,
     atomic_write_text,
-    find_checkpoint,
     load_into_model,
     load_training_state,
     load_weights,
+    remove_stale_tmp,
+    resume_candidates,
     rng_state,
     set_rng_state,
     write_checkpoint,
 )
 from .config import Config, ConfigError, config_to_dict, load_config, save_config
-from .distributed import DistContext, all_reduce_sum, barrier, init_distributed, shutdown
-from .evaluate import evaluate_resolutions, format_table, write_json
+from .distributed import DistContext, all_reduce_sum, barrier, init_distributed, shutdown, timeouts_explained
+from .evaluate import evaluate_resolutions, format_table, json_safe, write_json
 from .setup import (
     autocast,
     build_eval_sets,
     build_model,
     build_split,
+    check_labels,
     check_resolutions,
     resolve_amp,
     run_model,
     to_device,
 )
 
-__all__ = ["train", "Trainer", "SkippedImagesWarning", "resolve_run_dir", "METRICS"]
+__all__ = ["train", "Trainer", "SkippedImagesWarning", "CorruptCheckpointWarning", "resolve_run_dir", "METRICS"]
 
 METRICS = "metrics.jsonl"
+
+
+class CorruptCheckpointWarning(UserWarning):
+    """The newest checkpoint could not be read; the run resumed from an older, valid one."""
 
 
 def resolve_run_dir(cfg: Config) -> Path:
@@ -89,14 +96,17 @@ def _validate(cfg: Config) -> None:
 class Trainer:
     """Builds everything from a config (checking it first), then `run()` trains and returns the run directory."""
 
-    def __init__(self, cfg: Config, ctx: DistContext, resume: bool = False):
+    def __init__(self, cfg: Config, ctx: DistContext, resume: bool = False, accept_changes: bool = False):
         self.cfg, self.ctx = cfg, ctx
         _validate(cfg)
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         self.run_dir = resolve_run_dir(cfg)
         cfg.train.run_name = self.run_dir.name  # the saved config names its own directory
-        self.resume_ref = self._check_run_dir(resume)
+        self.resume_ref, self.resume_files = self._check_run_dir(resume)
+        if self.resume_ref is not None:  # before any work: a refused change costs nothing
+            ts = self.resume_files[2]
+            check_resume_changes(cfg, self.run_dir, ts["global_step"], ts["epoch"], accept_changes, ctx.is_main)
         torch.manual_seed(cfg.train.seed)  # model init: the same on every rank
         random.seed(cfg.train.seed)
         np.random.seed(cfg.train.seed)
@@ -108,7 +118,8 @@ class Trainer:
         np.random.seed(cfg.train.seed + ctx.rank)
         self.epoch, self.batch, self.global_step = 0, 0, 0
         if self.resume_ref is not None:
-            self._load(self.resume_ref)
+            self._load(self.resume_ref, *self.resume_files)
+            self.resume_files = None
 
     def _build_data(self) -> None:
         """Data first: image folders tell the number of classes; a missing directory fails here, before any work."""
@@ -206,21 +217,43 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------------ run dir
 
-    def _check_run_dir(self, resume: bool) -> object:
-        ref = find_checkpoint(self.run_dir) if self.run_dir.is_dir() else None
-        if resume and ref is None:
+    def _check_run_dir(self, resume: bool) -> tuple:
+        """(checkpoint to resume, its files read: weights, EMA weights, training state), or (None, None)."""
+        candidates = resume_candidates(self.run_dir) if self.run_dir.is_dir() else []
+        if resume and not candidates:
             raise CheckpointError(f"nothing to resume in {self.run_dir} (no checkpoint.json); start without --resume")
-        if not resume and ref is not None:
+        if not resume and (candidates or (self.run_dir / "checkpoint.json").is_file()):
             raise CheckpointError(
                 f"{self.run_dir} already holds a run; continue it with --resume, or start a new "
                 f"one with train.run_name=<new name> (or train.output_dir=...)"
             )
-        return ref
+        if not resume:
+            return None, None
+        if self.ctx.is_main:
+            remove_stale_tmp(self.run_dir)
+        broken = []
+        for ref in candidates:  # newest first: a corrupt newest checkpoint falls back to the newest valid one
+            try:
+                weights = load_weights(ref.weights)
+                ema = load_weights(ref.ema) if ref.ema is not None else None
+                state = load_training_state(ref.state)
+            except CheckpointError as e:
+                broken.append(str(e))
+                continue
+            if broken and self.ctx.is_main:
+                warnings.warn(
+                    f"the newest checkpoint of {self.run_dir} is unreadable ({broken[0]}); resuming from the "
+                    f"newest valid one, {ref.weights.name} (step {state['global_step']})",
+                    CorruptCheckpointWarning,
+                    stacklevel=2,
+                )
+            return ref, (weights, ema, state)
+        raise CheckpointError(f"no readable checkpoint in {self.run_dir}: {'; '.join(broken)}; start a new run")
 
     def _metrics(self, **row) -> None:
         if self.ctx.is_main:
             with open(self.run_dir / METRICS, "a") as f:
-                f.write(json.dumps(row) + "\n")
+                f.write(json.dumps(json_safe(row), allow_nan=False) + "\n")
 
     def log(self, msg: str) -> None:
         if self.ctx.is_main:
@@ -279,18 +312,15 @@ class Trainer:
     def _sched_key(self) -> str:
         return json.dumps([dataclasses.asdict(self.cfg.optim), self.cfg.train.epochs, self.steps_per_epoch])
 
-    def _load(self, ref) -> None:
-        state, meta = load_weights(ref.weights)
-        load_into_model(self.model, state, meta, self.cfg.model.name, ref.weights)
+    def _load(self, ref, weights: tuple, ema: tuple | None, ts: dict) -> None:
+        load_into_model(self.model, *weights, self.cfg.model.name, ref.weights)
         if self.ema is not None:
-            if ref.ema is None:
+            if ema is None:
                 raise CheckpointError(
                     f"{ref.weights} has no EMA weights but train.ema=true; resume with "
                     f"train.ema=false or start a new run"
                 )
-            ema_state, ema_meta = load_weights(ref.ema)
-            load_into_model(self.ema.module, ema_state, ema_meta, self.cfg.model.name, ref.ema)
-        ts = load_training_state(ref.state)
+            load_into_model(self.ema.module, *ema, self.cfg.model.name, ref.ema)
         self.optimizer.load_state_dict(ts["optimizer"])
         if self.scheduler is not None and ts.get("scheduler") and ts.get("sched_key") == self._sched_key():
             self.scheduler.load_state_dict(ts["scheduler"])  # else: the schedule changed; rebuilt from the config
@@ -314,7 +344,8 @@ class Trainer:
         cfg, ctx = self.cfg, self.ctx
         if ctx.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            save_config(cfg, self.run_dir / "config.yaml")
+            if self.resume_ref is None or not (self.run_dir / "config.yaml").is_file():
+                save_config(cfg, self.run_dir / "config.yaml")  # the original; accepted changes: config_changes.jsonl
             if self.resume_ref is None:  # a fresh run: no metrics from an earlier attempt that never checkpointed
                 (self.run_dir / METRICS).unlink(missing_ok=True)
         barrier(ctx)
@@ -405,11 +436,12 @@ class Trainer:
                     )
                 self.save()
         bar.close()
+        skipped = sorted(set(skipped))  # a file is tried again by each neighbour that stands in for it
         n_skipped = int(all_reduce_sum(torch.tensor(float(len(skipped)), device=self.device), ctx).item())
         if n_skipped and ctx.is_main:
             warnings.warn(
-                f"epoch {self.epoch + 1}: skipped {n_skipped} unreadable image file(s), each replaced by "
-                f"the next readable one (e.g. {skipped[0] if skipped else 'on another rank'})",
+                f"epoch {self.epoch + 1}: skipped {n_skipped} unreadable image file(s) of {cfg.data.train_split}, "
+                f"each replaced by the next readable one (e.g. {skipped[0] if skipped else 'on another rank'})",
                 SkippedImagesWarning,
                 stacklevel=2,
             )
@@ -421,6 +453,7 @@ class Trainer:
 
     def step(self, net: nn.Module, batch) -> torch.Tensor:
         inputs = to_device(batch.inputs, self.device, non_blocking=True)
+        check_labels(batch.targets, self.num_classes, self.cfg.data.name)
         targets = batch.targets.to(self.device, non_blocking=True)
         if self.mixup is not None:
             inputs, targets = self.mixup(inputs, targets)
@@ -457,6 +490,14 @@ class Trainer:
             f"{r['weights'] + ' ' if r['weights'] != 'model' else ''}@{r['resolution']} {r['top1']:.2f}" for r in rows
         )
         self.log(f"epoch {self.epoch + 1}/{self.epochs}: {cfg.data.val_split} top-1 {summary}")
+        bad = [f"{r['loss']} at {r['resolution']} px" for r in rows if not math.isfinite(r["loss"])]
+        if bad and ctx.is_main:
+            warnings.warn(
+                f"epoch {self.epoch + 1}: {cfg.data.val_split} loss is {', '.join(bad)} (non-finite logits); "
+                f"recorded as null with a 'nonfinite' flag in {METRICS} and results.json",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         return rows
 
 
@@ -464,9 +505,11 @@ def train(
     config: Config | str | os.PathLike | None = None,
     overrides: list[str] | tuple[str, ...] = (),
     resume: bool | str | os.PathLike = False,
+    accept_changes: bool = False,
 ) -> Path:
     """Train and return the run directory. `config` is a Config or a YAML path (+ `overrides`); `resume=True`
-    continues the run directory the config names, `resume=<run dir>` continues that one with its saved config."""
+    continues the run directory the config names, `resume=<run dir>` continues that one with its saved config.
+    A resume whose config changes what was trained (changes.FREE_KEYS aside) is refused unless `accept_changes`."""
     if isinstance(resume, (str, os.PathLike)):
         run_dir = Path(resume)
         if not (run_dir / "config.yaml").is_file():
@@ -478,9 +521,10 @@ def train(
         cfg = _as_config(config, overrides)
     owns_group = not torch.distributed.is_initialized()
     threads = torch.get_num_threads()
-    ctx = init_distributed(cfg.train.device)
+    ctx = init_distributed(cfg.train.device, cfg.train.dist_timeout)
     try:
-        return Trainer(cfg, ctx, resume=bool(resume)).run()
+        with timeouts_explained(ctx, cfg.train.dist_timeout):
+            return Trainer(cfg, ctx, resume=bool(resume), accept_changes=accept_changes).run()
     finally:
         torch.set_num_threads(threads)  # train.threads applies to this run only
         if owns_group:
