@@ -36,7 +36,9 @@ def _row_terms(ctx: PosContext) -> bool:
     """Whether every logits / value term of ctx can be produced a block of query rows at a time."""
     if ctx.bias is None and ctx.value is None:
         return False
-    return (ctx.bias is None or isinstance(ctx.bias, RowBias)) and (ctx.value is None or isinstance(ctx.value, RowValue))
+    return (ctx.bias is None or isinstance(ctx.bias, RowBias)) and (
+        ctx.value is None or isinstance(ctx.value, RowValue)
+    )
 
 
 class Attention(nn.Module):
