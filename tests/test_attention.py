@@ -96,3 +96,16 @@ def test_attn_backend_context_restores_previous():
     with attn_backend("math"):
         assert A.get_attn_backend() == "math"
     assert A.get_attn_backend() == before
+
+
+def test_math_casts_an_fp32_bias_to_the_query_dtype_as_sdpa_does():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 7, 8, generator=g).to(torch.bfloat16) for _ in range(3))
+    bias = torch.randn(1, 2, 7, 7, generator=g)  # fp32, e.g. a PE table not cast with the model
+    with attn_backend("math"):
+        a = attend(q, k, v, bias)
+    with attn_backend("sdpa"):
+        b = attend(q, k, v, bias)
+    assert a.dtype == torch.bfloat16
+    # bf16 eps 7.8e-3; outputs are convex combinations of O(1) values: a few eps apart at most
+    assert (a.float() - b.float()).abs().max() < 0.05

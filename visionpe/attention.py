@@ -3,6 +3,10 @@
 Backends: xformers' memory-efficient kernel (CUDA), PyTorch SDPA, and an explicit `math` reference. `auto` picks the
 fastest that supports the call and falls back silently; naming a backend that cannot run the call raises.
 Select with the environment variable VISIONPE_ATTN=auto|xformers|sdpa|math or `set_attn_backend(...)`.
+
+`attend_rows` runs attention a block of query rows at a time with position terms that can be produced per block
+(`RowBias`, `RowValue`, e.g. iRPE's bucketed terms): peak memory O(rows x M) instead of O(N x M), and the bias-only case
+still runs on the fused backends. The `math` backend keeps the whole-matrix reference path.
 """
 
 from __future__ import annotations
@@ -16,7 +20,18 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
-__all__ = ["attend", "attend_with_probs", "set_attn_backend", "get_attn_backend", "attn_backend", "BACKENDS"]
+__all__ = [
+    "attend",
+    "attend_with_probs",
+    "attend_rows",
+    "RowBias",
+    "RowValue",
+    "set_attn_backend",
+    "get_attn_backend",
+    "attn_backend",
+    "BACKENDS",
+    "ROW_BLOCK_ELEMENTS",
+]
 
 BACKENDS = ("auto", "xformers", "sdpa", "math")
 _backend: str | None = None  # None: read VISIONPE_ATTN
@@ -77,7 +92,7 @@ def xformers_supports(q: torch.Tensor, bias: torch.Tensor | None) -> tuple[bool,
 def _math(q, k, v, bias, scale):
     attn = (q * scale) @ k.transpose(-2, -1)
     if bias is not None:
-        attn = attn + bias
+        attn = attn + bias.to(attn.dtype)  # as SDPA does: an fp32 bias on a bf16 model
     probs = attn.softmax(dim=-1)
     return probs @ v, probs
 
@@ -145,3 +160,70 @@ def attend_with_probs(
     if scale is None:
         scale = q.shape[-1] ** -0.5
     return _math(q, k, v, bias, scale)
+
+
+# ------------------------------------------------------------------------------------------------ row-block terms
+
+ROW_BLOCK_ELEMENTS = 1 << 22  # logits elements per query block ([B, H, rows, M]): 16 MiB in fp32
+
+
+class RowBias:
+    """An additive logits bias that can be produced for a block of query rows. `prepare(q, k)` does the work shared
+    by every block (once per call); `rows(state, start, stop)` returns the bias of query rows [start, stop),
+    broadcastable to [B, H, stop - start, M]. Calling it gives the whole bias (the reference path)."""
+
+    def prepare(self, q: torch.Tensor, k: torch.Tensor) -> object:
+        return q, k
+
+    def rows(self, state: object, start: int, stop: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        return self.rows(self.prepare(q, k), 0, q.shape[-2])
+
+
+class RowValue:
+    """A value term that reads the attention probabilities of a block of query rows: `rows(probs, start, stop)`
+    with probs [B, H, stop - start, M] returns what to add to those rows' output. Calling it adds the whole term."""
+
+    def rows(self, probs: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def __call__(self, v: torch.Tensor, out: torch.Tensor, probs: torch.Tensor | None) -> torch.Tensor:
+        if probs is None:
+            raise RuntimeError("this value term needs the attention probabilities (PosContext.needs_probs)")
+        return out + self.rows(probs, 0, probs.shape[-2])
+
+
+def attend_rows(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: RowBias | None = None,
+    value: RowValue | None = None,
+    scale: float | None = None,
+    block_elements: int | None = None,
+) -> torch.Tensor:
+    """softmax(q k^T * scale + bias) v (+ value term), computed a block of query rows at a time.
+
+    The bias of each block is built just before it is used (so at most [B, H, rows, M] exists at a time) and passed
+    to `attend` (fused backends); with a value term the block runs on the math path, whose probabilities feed it.
+    rows = block_elements // (B * H * M), at least 1 (default ROW_BLOCK_ELEMENTS)."""
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    b, h, n, _ = q.shape
+    m = k.shape[-2]
+    budget = ROW_BLOCK_ELEMENTS if block_elements is None else block_elements
+    step = max(1, min(n, budget // max(1, b * h * m)))
+    state = bias.prepare(q, k) if bias is not None else None
+    outs = []
+    for start in range(0, n, step):
+        stop = min(n, start + step)
+        qb = q[:, :, start:stop] if step < n else q
+        bb = bias.rows(state, start, stop) if bias is not None else None
+        if value is None:
+            outs.append(attend(qb, k, v, bb, scale))
+        else:
+            out, probs = _math(qb, k, v, bb, scale)
+            outs.append(out + value.rows(probs, start, stop))
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)

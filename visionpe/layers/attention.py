@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..attention import attend, attend_with_probs
+from ..attention import RowBias, RowValue, attend, attend_rows, attend_with_probs, get_attn_backend
 from ..pos.base import PosContext
 
 __all__ = ["Attention", "attention_core"]
@@ -19,6 +19,8 @@ def attention_core(
         return attend(q, k, v, scale=scale)
     if ctx.rotate is not None:
         q, k = ctx.rotate(q, k)
+    if _row_terms(ctx) and get_attn_backend() != "math":  # math keeps the whole-matrix reference path
+        return attend_rows(q, k, v, ctx.bias, ctx.value, scale)
     bias = ctx.bias(q, k) if ctx.bias is not None else None
     probs = None
     if ctx.needs_probs:
@@ -28,6 +30,15 @@ def attention_core(
     if ctx.value is not None:
         out = ctx.value(v, out, probs)
     return out
+
+
+def _row_terms(ctx: PosContext) -> bool:
+    """Whether every logits / value term of ctx can be produced a block of query rows at a time."""
+    if ctx.bias is None and ctx.value is None:
+        return False
+    return (ctx.bias is None or isinstance(ctx.bias, RowBias)) and (
+        ctx.value is None or isinstance(ctx.value, RowValue)
+    )
 
 
 class Attention(nn.Module):

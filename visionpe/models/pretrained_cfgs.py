@@ -69,9 +69,28 @@ def _vit() -> dict[str, dict[str, dict]]:
                 "naver_in1k": _timm(f"vit_{name}_patch16_{timm_pe}_224", "naver_in1k", url=naver, **rope)
                 | dict(model_args=args)
             }
+    # iRPE (DeiT + contextual product iRPE, 50 buckets shared by the heads, APE kept): the authors' release
+    irpe = dict(
+        paper_ids="arXiv:2107.14222",
+        paper_name="Rethinking and Improving Relative Position Encoding for Vision Transformer",
+        crop_pct=0.875,
+        license="apache-2.0",
+        origin_url="https://github.com/microsoft/Cream/tree/main/iRPE",
+    )
+    for size, name, on in (
+        ("t", "tiny", "k"),
+        ("s", "small", "k"),
+        ("b", "base", "k"),
+        ("s", "small", "qkv"),
+        ("b", "base", "qkv"),
+    ):
+        pe = "irpe" if on == "k" else "irpe_qkv"
+        url = f"{_IRPE_RELEASE}/deit_{name}_patch16_224_ctx_product_50_shared_{on}.pth"
+        w[f"vit_{size}_{pe}"] = {"ms_in1k": dict(url=url, **irpe)}
     return w
 
 
+_IRPE_RELEASE = "https://github.com/wkcn/iRPE-model-zoo/releases/download/1.0"
 _DEIT_HASH = {"tiny": "a1311bcf", "small": "cd65a155", "base": "b5f2ef4d"}
 _AUGREG_TAGS = {
     "t": ("augreg_in21k_ft_in1k", "augreg_in21k"),

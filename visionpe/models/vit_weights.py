@@ -1,6 +1,12 @@
 """Loading published ViT weights: timm's ViT/DeiT, the RoPE-ViT ports (timm's eva.py names) and naver's own RoPE-ViT
 checkpoints (naver-ai/rope-vit: mixed frequencies `freqs` [2, depth, heads * d/2], position buffers `freqs_t_x/y`)
+and the iRPE authors' DeiT checkpoints (microsoft/Cream iRPE: `blocks.{i}.attn.rpe_{q|k|v}.lookup_table_{weight|bias}`)
 -> visionpe names.
+
+iRPE's official tables, per block i: on q / k `lookup_table_weight` [heads | 1, d, buckets] (ours `tables.{q|k}.{i}`
+[buckets, d] shared or [heads, buckets, d]), on v [heads | 1, buckets, d] (ours `tables.v.{i}`), bias mode
+`lookup_table_bias` [heads | 1, buckets] (ours `bias_tables.{i}` / `q_bias_tables.{i}` [buckets, heads | 1]). Both
+number the buckets the same way (product: row bucket * (2B + 1) + column bucket; the prefix bucket last).
 
 A checkpoint whose architecture does not match the model's options gets an error naming the option to pass
 (`init_values` for LayerScale, `no_embed_class` for APE tables without a CLS entry, the PE preset).
@@ -93,6 +99,8 @@ def checkpoint_filter_fn(state_dict: dict, model) -> dict:
         elif k.endswith("attn.v_bias"):
             v_bias[k[: -len("v_bias")]] = v
             continue
+        elif ".attn.rpe_" in k:
+            k, v = _map_irpe(k, v, model)
         elif k.startswith("rope.") or k.endswith("k_bias"):
             continue  # non-persistent rope buffers / eva's zero k bias
         out[k] = v
@@ -122,3 +130,32 @@ def _mixed_freqs(v: torch.Tensor, model, original: dict) -> torch.Tensor:
         f"the checkpoint's RoPE-Mixed frequencies have shape {tuple(v.shape)}, the model's {tuple(target)} "
         f"[2, depth, heads, head_dim/2]; it is {describe_checkpoint(original)}"
     )
+
+
+def _map_irpe(key: str, v: torch.Tensor, model) -> tuple[str, torch.Tensor]:
+    """blocks.{i}.attn.rpe_{t}.lookup_table_{weight|bias} (official iRPE) -> our table name and layout."""
+    block, rest = key[len("blocks.") :].split(".attn.rpe_")
+    target, kind = rest.split(".lookup_table_")
+    irpe = dict(model.pe.encodings.items()).get("irpe")
+    if irpe is None or target not in irpe.targets:
+        raise CheckpointMismatch(
+            f"the checkpoint has iRPE on {target} ({key}) but the model's PE {model.pe_name!r} has none there; "
+            "use the matching preset (irpe for rpe_k, irpe_qkv for rpe_q/k/v)"
+        )
+    mode = "bias" if kind == "bias" else "contextual"
+    if irpe.mode != mode:
+        raise CheckpointMismatch(
+            f"the checkpoint's iRPE is {mode} ({key}), the model's {irpe.mode}; pass mode={mode!r}"
+        )
+    if mode == "bias":
+        name = f"{'q_' if target == 'q' else ''}bias_tables.{block}"
+        v = v.t()  # [heads | 1, R] -> [R, heads | 1]
+    else:
+        name = f"tables.{target}.{block}"
+        if target != "v":
+            v = v.transpose(-1, -2)  # [heads | 1, d, R] -> [heads | 1, R, d]
+        if irpe.shared_heads:
+            if v.shape[0] != 1:
+                raise CheckpointMismatch(f"{key} has a table per head; build the model with shared_heads=False")
+            v = v[0]
+    return f"pe.encodings.irpe.{name}", v.contiguous()

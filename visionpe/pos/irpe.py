@@ -8,13 +8,16 @@ Relative offsets (dr, dc) = (y_i - y_j, x_i - x_j) between query i and key j are
   one extra bucket (the last row) shared by every pair with a prefix token when the backbone has prefix tokens.
 - mode `bias`: a learned scalar per bucket (and head) added to the scaled logits;
   mode `contextual`: on k, logit_ij += (q_i / sqrt(d)) . rK[b(i, j)]; on q, logit_ij += (k_j / sqrt(d)) . rQ[b(j, i)];
-  on v, out_i += sum_j a_ij rV[b(i, j)] (needs the attention probabilities: math backend).
-Contextual terms are computed as q @ table^T ([.., N, buckets]) and then gathered; nothing N x N x d is built.
+  on v, out_i += sum_j a_ij rV[b(i, j)] (needs the attention probabilities).
+Contextual terms are computed as q @ table^T ([.., N, buckets]) and then gathered; nothing N x N x d is built. The
+terms are handed to attention as row blocks (`RowBias`, `RowValue`), so that attention runs a block of queries at a
+time and never holds an N x N bias or probability matrix (see `visionpe.attention.attend_rows`).
 Swin's relative position bias = mode "bias", mapping "product", index "identity", shared_heads=False, B = ws - 1.
 
 State-dict names (relative to this module, e.g. `pe.encodings.irpe.` in a ViT; all tables zero-initialised):
-- mode "bias": `bias_tables.{i}` of shape [buckets, heads] (shared_heads=False; Swin's relative_position_bias_table
-  layout) or [buckets, 1] (shared_heads=True), for layer i.
+- mode "bias": `bias_tables.{i}` (target k) and `q_bias_tables.{i}` (target q, read at the mirrored bucket b(j, i)),
+  each of shape [buckets, heads] (shared_heads=False; Swin's relative_position_bias_table layout) or [buckets, 1]
+  (shared_heads=True), for layer i. The official code keeps the two tables apart too (`rpe_k`, `rpe_q`).
 - mode "contextual": `tables.{q|k|v}.{i}` of shape [buckets, d] (shared_heads=True) or [heads, buckets, d].
 For the cross mapping a table holds the row table then the column table: buckets = 2 * (2B + 1 [+ 1]).
 """
@@ -28,6 +31,7 @@ import torch
 from timm.layers import resize_rel_pos_bias_table, trunc_normal_
 from torch import nn
 
+from ..attention import RowBias, RowValue
 from ..layout import TokenLayout
 from .base import PEHost, PosContext, PosEncoding
 
@@ -151,10 +155,18 @@ class IRPE(PosEncoding):
         self.offsets = [self._layer_offsets(spec.grid) for spec in host.layers]  # (B_rows, B_cols) per layer
         self.rows = [self._table_rows(b) for b in self.offsets]
         if mode == "bias":
-            # bias on q and on k are the same function family (a scalar per bucket pair): one table per layer
-            self.bias_tables = nn.ParameterList(
-                nn.Parameter(torch.zeros(r, 1 if shared_heads else s.num_heads)) for r, s in zip(self.rows, host.layers)
-            )
+            # one table per target, as the official code keeps: on k, logit_ij += rK[b(i, j)] (`bias_tables`); on q,
+            # logit_ij += rQ[b(j, i)], the mirrored bucket (`q_bias_tables`). One merged table is not weight-compatible.
+            def bias_list() -> nn.ParameterList:
+                return nn.ParameterList(
+                    nn.Parameter(torch.zeros(r, 1 if shared_heads else s.num_heads))
+                    for r, s in zip(self.rows, host.layers)
+                )
+
+            if "k" in self.targets:
+                self.bias_tables = bias_list()
+            if "q" in self.targets:
+                self.q_bias_tables = bias_list()
         else:
             shapes = [
                 (r, s.head_dim) if shared_heads else (s.num_heads, r, s.head_dim)
@@ -167,8 +179,7 @@ class IRPE(PosEncoding):
 
     def init_weights(self):
         if self.init_std > 0:
-            tables = self.bias_tables if self.mode == "bias" else [p for t in self.tables.values() for p in t]
-            for p in tables:
+            for p in self.parameters():
                 trunc_normal_(p, std=self.init_std)
 
     def set_host(self, host):
@@ -184,12 +195,13 @@ class IRPE(PosEncoding):
                 "prefix tokens; set max_offset or use index='piecewise' (its buckets do not depend on the window)"
             )
         with torch.no_grad():
-            for i, (a, b) in enumerate(zip(old, offsets)):
-                if a != b:
-                    t = self.bias_tables[i]
-                    shape = (self._table_rows(b), t.shape[1])
-                    new = resize_rel_pos_bias_table(t.data, (b[0] + 1, b[1] + 1), shape, (a[0] + 1, a[1] + 1))
-                    self.bias_tables[i] = nn.Parameter(new.contiguous())
+            for tables in self._bias_lists():
+                for i, (a, b) in enumerate(zip(old, offsets)):
+                    if a != b:
+                        t = tables[i]
+                        shape = (self._table_rows(b), t.shape[1])
+                        new = resize_rel_pos_bias_table(t.data, (b[0] + 1, b[1] + 1), shape, (a[0] + 1, a[1] + 1))
+                        tables[i] = nn.Parameter(new.contiguous())
         self.offsets, self.rows = offsets, [self._table_rows(b) for b in offsets]
         self._cache.clear()
 
@@ -240,6 +252,9 @@ class IRPE(PosEncoding):
 
     def _cached_ids(self, q: TokenLayout, k: TokenLayout, b: tuple[int, int]) -> list[torch.Tensor]:
         """`_ids`, cached per (positions, prefixes, B, device); equal positions in a new tensor also hit."""
+        if torch.compiler.is_compiling():  # traced into the graph: no value check (a graph break), no Python state
+            with torch.no_grad():
+                return self._ids(q, k, b)
         key = (b, q.num_prefix, k.num_prefix, tuple(q.pos.shape), tuple(k.pos.shape), str(q.pos.device))
         hit = self._cache.get(key)
         if hit is not None:
@@ -256,11 +271,17 @@ class IRPE(PosEncoding):
 
     # ------------------------------------------------------------------------------------------------ tables
 
-    def bias_table(self, i: int) -> nn.Parameter:
-        """Layer i's bias table [buckets, heads | 1] (mode 'bias'; Swin's relative_position_bias_table)."""
-        if self.mode != "bias":
-            raise ValueError(f"bias_table() exists in mode 'bias'; this iRPE is {self.mode!r} (use table(target, i))")
-        return self.bias_tables[i]
+    def _bias_lists(self) -> list[nn.ParameterList]:
+        return [getattr(self, n) for n in ("bias_tables", "q_bias_tables") if hasattr(self, n)]
+
+    def bias_table(self, i: int, target: str = "k") -> nn.Parameter:
+        """Layer i's bias table [buckets, heads | 1] for target k (Swin's relative_position_bias_table) or q."""
+        if self.mode != "bias" or target not in self.targets:
+            raise ValueError(
+                f"this iRPE ({self.mode}, targets {self.targets}) has no bias table for {target!r}; "
+                "contextual tables are read with table(target, i)"
+            )
+        return self.bias_tables[i] if target == "k" else self.q_bias_tables[i]
 
     def table(self, target: str, i: int) -> nn.Parameter:
         """Layer i's contextual table for target q, k or v: [buckets, d] or [heads, buckets, d]."""
@@ -270,63 +291,88 @@ class IRPE(PosEncoding):
 
     # ------------------------------------------------------------------------------------------------ sites
 
-    def _bias(self, i: int, q: TokenLayout, k: TokenLayout):
-        ids = self._cached_ids(q, k, self.offsets[i])
-        n, m = q.num_tokens, k.num_tokens
-        table = self.bias_tables[i]
-
-        def bias(q_, k_):  # -> [1, H | 1, N, M]
-            b = sum(table[t.view(-1)] for t in ids)  # [N*M, H | 1]
-            return b.to(q_.dtype).t().reshape(1, -1, n, m)
-
-        return bias
-
-    @staticmethod
-    def _contextual(x: torch.Tensor, table: torch.Tensor, ids: list[torch.Tensor]) -> torch.Tensor:
-        """out[.., l, j] = (x_l / sqrt(d)) . table[ids[l, j]] for x [B, H, L, d], ids [L, J] -> [B, H, L, J].
-
-        x @ table^T is [B, H, L, buckets], then gathered: nothing of size L x J x d is built."""
-        t = (table * x.shape[-1] ** -0.5).to(x.dtype).transpose(-1, -2)  # [d, R] or [H, d, R]
-        lut = x @ t  # [B, H, L, R]
-        shape = (*lut.shape[:-1], ids[0].shape[-1])
-        out = lut.gather(-1, ids[0].expand(shape))
-        for extra in ids[1:]:  # cross: the column table
-            out = out + lut.gather(-1, extra.expand(shape))
-        return out
-
     def context(self, i, layout, kv_layout=None):
         if layout.streams != 2:
             raise ValueError(f"iRPE needs (x, y) positions, got a layout with {layout.streams} streams")
         kv = layout if kv_layout is None else kv_layout
         b = self.offsets[i]
+        on_k = "k" in self.targets
+        on_q = "q" in self.targets
+        ids_k = self._cached_ids(layout, kv, b) if on_k or "v" in self.targets else None
+        ids_q = self._cached_ids(kv, layout, b) if on_q else None  # [M, N]: keys play the queries' part
         if self.mode == "bias":
-            return PosContext(bias=self._bias(i, layout, kv))
-        terms = []
-        if "k" in self.targets:  # logit_ij += (q_i / sqrt(d)) . rK[b(i, j)]
-            ids_k, table_k = self._cached_ids(layout, kv, b), self.tables["k"][i]
-            terms.append(lambda q_, k_: self._contextual(q_, table_k, ids_k))
-        if "q" in self.targets:  # logit_ij += (k_j / sqrt(d)) . rQ[b(j, i)]: keys play the queries' part
-            ids_q, table_q = self._cached_ids(kv, layout, b), self.tables["q"][i]
-            terms.append(lambda q_, k_: self._contextual(k_, table_q, ids_q).transpose(-1, -2))
-        bias = None
-        if len(terms) == 1:
-            bias = terms[0]
-        elif terms:
-            bias = lambda q_, k_: terms[0](q_, k_) + terms[1](q_, k_)  # noqa: E731
-        value = None
-        if "v" in self.targets:
-            ids_v, table_v, rows = self._cached_ids(layout, kv, b), self.tables["v"][i], self.rows[i]
-
-            def value(v, out, probs):  # out_i += sum_j a_ij rV[b(i, j)]
-                if probs is None:
-                    raise RuntimeError("iRPE on v needs the attention probabilities (PosContext.needs_probs)")
-                per_bucket = probs.new_zeros(*probs.shape[:-1], rows)  # [B, H, N, R]
-                for ids in ids_v:
-                    per_bucket.scatter_add_(-1, ids.expand_as(probs), probs)
-                return out + per_bucket @ table_v.to(probs.dtype)
-
+            tables = (self.bias_tables[i] if on_k else None, self.q_bias_tables[i] if on_q else None)
+            bias = _BucketLogits("bias", ids_k if on_k else None, ids_q, *tables)
+            return PosContext(bias=bias)
+        tables = (self.tables["k"][i] if on_k else None, self.tables["q"][i] if on_q else None)
+        bias = _BucketLogits("contextual", ids_k if on_k else None, ids_q, *tables) if on_k or on_q else None
+        value = _BucketValues(ids_k, self.tables["v"][i], self.rows[i]) if "v" in self.targets else None
         return PosContext(bias=bias, value=value, needs_probs=value is not None)
 
     def no_weight_decay(self):
         # position tables are excluded from weight decay, as Swin does for its relative position bias table
-        return {"bias_tables.*"} if self.mode == "bias" else {"tables.*"}
+        return {"bias_tables.*", "q_bias_tables.*"} if self.mode == "bias" else {"tables.*"}
+
+
+def _gather_rows(lut: torch.Tensor, ids: list[torch.Tensor]) -> torch.Tensor:
+    """out[.., l, j] = sum over table parts of lut[.., l, ids[l, j]] for lut [B, H, L, R], ids [L, J]."""
+    shape = (*lut.shape[:-1], ids[0].shape[-1])
+    out = lut.gather(-1, ids[0].expand(shape))
+    for extra in ids[1:]:  # cross: the column table
+        out = out + lut.gather(-1, extra.expand(shape))
+    return out
+
+
+class _BucketLogits(RowBias):
+    """iRPE's logits terms, a block of query rows at a time (nothing N x N is built beyond the rows asked for).
+
+    contextual: on k, logit_ij += (q_i / sqrt(d)) . rK[b(i, j)], as q_i @ rK^T ([.., rows, buckets]) then gathered;
+    on q, logit_ij += (k_j / sqrt(d)) . rQ[b(j, i)], from k @ rQ^T computed once for all keys.
+    bias: logit_ij += rK[b(i, j)] (+ rQ[b(j, i)]), a scalar per bucket and head (or shared).
+    ids_k [N, M] and ids_q [M, N] are lists of table rows (two parts for the cross mapping)."""
+
+    def __init__(self, mode, ids_k, ids_q, table_k, table_q):
+        self.mode, self.ids_k, self.ids_q, self.table_k, self.table_q = mode, ids_k, ids_q, table_k, table_q
+
+    @staticmethod
+    def _keys_first(table: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """table [R, d] | [H, R, d] -> (table / sqrt(d))^T in x's dtype: [d, R] | [H, d, R]."""
+        return (table * x.shape[-1] ** -0.5).to(x.dtype).transpose(-1, -2)
+
+    def prepare(self, q, k):
+        lut_q = None
+        if self.mode == "contextual" and self.table_q is not None:
+            lut_q = k @ self._keys_first(self.table_q, k)  # [B, H, M, R]
+        return q, lut_q
+
+    def rows(self, state, start, stop):
+        q, lut_q = state
+        out = None
+        if self.mode == "bias":
+            if self.table_k is not None:  # [rows, M, H | 1] -> [1, H | 1, rows, M]
+                out = sum(self.table_k[t[start:stop]] for t in self.ids_k).permute(2, 0, 1)[None]
+            if self.table_q is not None:  # [M, rows, H | 1] -> [1, H | 1, rows, M]
+                t_q = sum(self.table_q[t[:, start:stop]] for t in self.ids_q).permute(2, 1, 0)[None]
+                out = t_q if out is None else out + t_q
+            return out.to(q.dtype)
+        if self.table_k is not None:
+            lut = q[:, :, start:stop] @ self._keys_first(self.table_k, q)  # [B, H, rows, R]
+            out = _gather_rows(lut, [t[start:stop] for t in self.ids_k])
+        if lut_q is not None:
+            t_q = _gather_rows(lut_q, [t[:, start:stop] for t in self.ids_q]).transpose(-1, -2)
+            out = t_q if out is None else out + t_q
+        return out
+
+
+class _BucketValues(RowValue):
+    """iRPE on v: out_i += sum_j a_ij rV[b(i, j)] = sum_b (sum_{j: b(i, j) = b} a_ij) rV[b], the probabilities
+    summed per bucket ([.., rows, buckets]) and multiplied by the table."""
+
+    def __init__(self, ids, table, buckets):
+        self.ids, self.table, self.buckets = ids, table, buckets
+
+    def rows(self, probs, start, stop):
+        per_bucket = probs.new_zeros(*probs.shape[:-1], self.buckets)  # [B, H, rows, R]
+        for t in self.ids:
+            per_bucket.scatter_add_(-1, t[start:stop].expand_as(probs), probs)
+        return per_bucket @ self.table.to(probs.dtype)
