@@ -134,3 +134,19 @@ def test_card_metadata_without_huggingface_hub_has_the_same_keys(monkeypatch):
     monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # import now raises ImportError: the plain-YAML path
     without = _front_matter(card_metadata(fam, []))
     assert without == with_hub and without["pipeline_tag"] == "image-classification"
+
+
+def test_cards_show_per_pe_cost_ratios_with_their_spread_from_any_speed_file(tmp_path):
+    from visionpe.bench.speed import main as speed_main
+    from visionpe.bench.timing import Spread
+
+    out = tmp_path / "results" / "speed" / "irpe"
+    args = ["--models", "vit_n_ape", "vit_n_irpe", "--resolutions", "32", "--infer", "--mode", "time"]
+    assert speed_main([*args, "--rounds", "2", "--steps", "1", "--batch", "2", "--no-timm", "--out", str(out)]) == 0
+    row = next(r for r in yaml.safe_load(out.with_suffix(".json").read_text())["rows"] if r["model"] == "vit_n_irpe")
+    (card,) = write_cards(tmp_path / "results", tmp_path / "cards", ["vit"])
+    section = card.read_text().split("### Cost against a baseline: irpe")[1].split("\n## ")[0]
+    ratio = Spread(
+        **row["infer_vs_base"]
+    ).text()  # median [min-max] of the per-round ratios, as the speed file has them
+    assert f"| vit_n_irpe | 32 | - | vit_n_ape | {ratio} |" in section and "| vit_n_ape | 32 |" not in section

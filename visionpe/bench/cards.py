@@ -149,7 +149,11 @@ def _cost_spread_section(fam: Family, files: list[tuple[Path, dict]], out_dir: P
     for path, data in files:
         rows = _speed_rows(data)
         by = {(r.model, r.resolution, r.frames): r for r in rows}
-        mine = [r for r in rows if r.model.startswith(fam.name + "_") and (r.infer_vs_base or r.train_vs_base)]
+        mine = [
+            r
+            for r in rows
+            if r.model.startswith(fam.name + "_") and r.model != r.baseline and (r.infer_vs_base or r.train_vs_base)
+        ]
         if not mine:
             continue
         s = data.get("settings", {})
