@@ -3,9 +3,10 @@
     python -m visionpe.bench cards [--results results] [--out model_cards] [--families vit swin]
 
 A card reads the zoo's tables (sizes, PE variants, papers, weight loaders) and the results files: parameters, GFLOPs
-and speed from `results/speed/*.json` (`python -m visionpe.bench speed --zoo` writes `zoo.json`), accuracy across
-resolutions from every `results/<benchmark>/summary.json` that has models of the family
-(`python -m visionpe.bench extrapolate`). Nothing in a card is typed by hand: rerun after new measurements.
+and speed from `results/speed/*.json` (`python -m visionpe.bench speed --zoo` writes `zoo.json`; every speed file's
+per-PE ratios against a baseline are shown with their spread), accuracy at every evaluation point of every protocol
+from each `results/<benchmark>/summary.json` that has models of the family (`python -m visionpe.bench extrapolate`;
+see card_accuracy.py). Nothing in a card is typed by hand: rerun after new measurements.
 """
 
 from __future__ import annotations
