@@ -121,7 +121,10 @@ def test_multi_seed_video_benchmark_feeds_the_card(tmp_path):
         assert abs(row["std"] - abs(top1[0] - top1[1]) / 2**0.5) < 1e-9  # sample std of two values
     (card,) = write_cards(tmp_path / "results", tmp_path / "cards", ["vivit"])
     text = card.read_text()
-    assert "### tiny: trained at 32 px, 2 seeds" in text and "visionpe-bench extrapolate -c ../results/tiny" in text
+    assert (
+        "### tiny: trained at 32 px, 2 seeds" in text
+        and "visionpe-bench extrapolate -c results/tiny/bench.yaml" in text
+    )
 
 
 def test_card_metadata_without_huggingface_hub_has_the_same_keys(monkeypatch):

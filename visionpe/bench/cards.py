@@ -214,12 +214,19 @@ def _training_section(fam: Family, summaries: list[tuple[Path, dict]], out_dir: 
         ]
     for path, s, models in found:
         rel = relative_link(path.parent, out_dir)
+        folder = f"{path.parent.parent.name}/{path.parent.name}"  # results/<name>
         data = DATASETS.get(s["dataset"], (None, s["dataset"]))[1]
+        how = (
+            f"Pretrained weights evaluated without training at {size_label(tuple(s['base']))} px"
+            if s.get("pretrained")
+            else f"Trained from random initialisation at {size_label(tuple(s['base']))} px"
+            + (f" on {s['base_frames']}-frame clips" if s.get("base_frames") else "")
+            + f" with {_recipe_text(s, path.parent)}; seeds {s['seeds']}"
+        )
         lines += [
-            f"- **{s['name']}** ({', '.join(f'`{m}`' for m in models)}): {data}. Trained from random initialisation "
-            f"at {size_label(tuple(s['base']))} px with {_recipe_text(s, path.parent)}; seeds {s['seeds']}. Recipe: "
+            f"- **{s['name']}** ({', '.join(f'`{m}`' for m in models)}): {data}. {how}. Recipe: "
             f"[{rel}/bench.yaml]({rel}/bench.yaml), rerun with "
-            f"`{s.get('command') or f'visionpe-bench extrapolate -c {rel}/bench.yaml'}`.",
+            f"`{s.get('command') or f'visionpe-bench extrapolate -c {folder}/bench.yaml'}` (from the repository root).",
         ]
     return lines + [""]
 
