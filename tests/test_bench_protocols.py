@@ -18,6 +18,7 @@ from PIL import Image
 
 import visionpe  # noqa: F401
 import visionpe.engine
+from visionpe.bench.cards import write_cards
 from visionpe.bench.claims import judge_claims, verdict
 from visionpe.bench.evalsizes import Point, SizedView, evaluate_view
 from visionpe.bench.extrapolate import main as extrapolate_main
@@ -194,6 +195,10 @@ train: {{epochs: 1, amp: none, progress: false}}
     rope = next(c for c in summary["claims"] if c["claim"].startswith("RoPE-Mixed"))
     assert {(c["better"], c["worse"]) for c in rope["comparisons"]} == {("vit_n_rope2d", "vit_n_ape")}
     assert {c["protocol"] for c in rope["comparisons"]} == {"upsample", "fov"}
+    (card,) = write_cards(out.parent, tmp_path / "cards", ["vit"])  # the card shows both protocols and the claim
+    assert (
+        "| model | base (32) | up 48 | fov 48 |" in card.read_text() and "RoPE-Mixed >= RoPE-Axial" in card.read_text()
+    )
 
 
 def test_tiny_video_benchmark_evaluates_longer_clips_and_larger_frames(tmp_path):

@@ -93,31 +93,38 @@ def test_the_usage_code_of_every_card_runs(cards):
         assert scope["logits"].shape == (2, 10), name
 
 
-def test_seeds_benchmark_summary_feeds_the_card(tmp_path):
-    from visionpe.bench.seeds import run_seeds
+def test_multi_seed_video_benchmark_feeds_the_card(tmp_path):
+    """The extrapolation benchmark covers video models over seeds (what a separate seeds command once did)."""
+    from visionpe.bench.extrapolate import run_benchmark
+    from visionpe.bench.plan import load_bench
+    from visionpe.recipes import resolve_recipe
 
-    small = ["data.options={num_samples: 8, frames: 2}", "data.batch_size=4", "train.epochs=1", "model.kwargs.depth=1"]
-    summary = run_seeds(
-        "video_shapes_vivit_n",
-        ["vivit_n_ape"],
-        [0, 1],
-        [24],
-        "tiny",
-        small,
-        tmp_path / "results" / "tiny",
-        tmp_path / "runs",
-    )
-    data = yaml.safe_load(summary.read_text())
+    recipe = yaml.safe_load(resolve_recipe("video_shapes_vivit_n").read_text())
+    recipe["data"].update(batch_size=4, options=dict(num_samples=8, frames=2))
+    recipe["train"].update(epochs=1)
+    recipe["model"]["kwargs"] = dict(depth=1)
+    bench = dict(name="tiny", models=["vivit_n_ape"], seeds=[0, 1], resolutions=[24], protocols=["upsample"],
+                 position_modes=["extrapolate"], output_dir=str(tmp_path / "results" / "{name}"),
+                 runs_dir=str(tmp_path / "runs"))  # fmt: skip
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(dict(bench=bench, **recipe)))
+    out = run_benchmark(*load_bench(path), log=lambda *_: None)
+    data = yaml.safe_load((out / "summary.json").read_text())  # JSON is YAML
     assert data["seeds"] == [0, 1] and [tuple(s) for s in data["sizes"]] == [(24, 24), (32, 32)]
-    evals = [yaml.safe_load(p.read_text()) for p in sorted(summary.parent.glob("evals/*.json"))]
+    evals = [yaml.safe_load(p.read_text()) for p in sorted(out.glob("evals/*.json"))]
     assert [e["seed"] for e in evals] == [0, 1]
-    for row in data["table"]:  # the summary's mean and spread are those of the two runs
-        top1 = [r["top1"] for e in evals for r in e["rows"] if r["height"] == row["height"]]
-        assert row["n"] == 2 and abs(row["mean"] - sum(top1) / 2) < 1e-9  # an average of two floats: exact to 1 ulp
+    keys = ("protocol", "mode", "frames", "height", "width")
+    assert len({(r["model"], *(r[k] for k in keys)) for r in data["table"]}) == len(data["table"]) == 2
+    for row in data["table"]:  # the summary's mean and spread are those of the two runs at that point
+        top1 = [r["top1"] for e in evals for r in e["rows"] if all(r[k] == row[k] for k in keys)]
+        assert row["n"] == 2 and len(top1) == 2 and abs(row["mean"] - sum(top1) / 2) < 1e-9  # mean of two: 1 ulp
         assert abs(row["std"] - abs(top1[0] - top1[1]) / 2**0.5) < 1e-9  # sample std of two values
-    (path,) = write_cards(tmp_path / "results", tmp_path / "cards", ["vivit"])
-    text = path.read_text()
-    assert "### tiny: trained at 32 px, 2 seed(s)" in text and "visionpe-bench seeds -c video_shapes_vivit_n" in text
+    (card,) = write_cards(tmp_path / "results", tmp_path / "cards", ["vivit"])
+    text = card.read_text()
+    assert (
+        "### tiny: trained at 32 px, 2 seeds" in text
+        and "visionpe-bench extrapolate -c results/tiny/bench.yaml" in text
+    )
 
 
 def test_card_metadata_without_huggingface_hub_has_the_same_keys(monkeypatch):
@@ -130,3 +137,19 @@ def test_card_metadata_without_huggingface_hub_has_the_same_keys(monkeypatch):
     monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # import now raises ImportError: the plain-YAML path
     without = _front_matter(card_metadata(fam, []))
     assert without == with_hub and without["pipeline_tag"] == "image-classification"
+
+
+def test_cards_show_per_pe_cost_ratios_with_their_spread_from_any_speed_file(tmp_path):
+    from visionpe.bench.speed import main as speed_main
+    from visionpe.bench.timing import Spread
+
+    out = tmp_path / "results" / "speed" / "irpe"
+    args = ["--models", "vit_n_ape", "vit_n_irpe", "--resolutions", "32", "--infer", "--mode", "time"]
+    assert speed_main([*args, "--rounds", "2", "--steps", "1", "--batch", "2", "--no-timm", "--out", str(out)]) == 0
+    row = next(r for r in yaml.safe_load(out.with_suffix(".json").read_text())["rows"] if r["model"] == "vit_n_irpe")
+    (card,) = write_cards(tmp_path / "results", tmp_path / "cards", ["vit"])
+    section = card.read_text().split("### Cost against a baseline: irpe")[1].split("\n## ")[0]
+    ratio = Spread(
+        **row["infer_vs_base"]
+    ).text()  # median [min-max] of the per-round ratios, as the speed file has them
+    assert f"| vit_n_irpe | 32 | - | vit_n_ape | {ratio} |" in section and "| vit_n_ape | 32 |" not in section

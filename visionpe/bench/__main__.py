@@ -1,9 +1,8 @@
-"""`python -m visionpe.bench` (or `visionpe-bench`): extrapolate | speed | gpu-check | seeds | cards.
+"""`python -m visionpe.bench` (or `visionpe-bench`): extrapolate | speed | gpu-check | cards.
 
-visionpe-bench extrapolate -c configs/bench/quick.yaml [key=value ...]   # accuracy at other resolutions
+visionpe-bench extrapolate -c configs/bench/quick.yaml [key=value ...]   # accuracy over seeds at other sizes/lengths
 visionpe-bench speed [--models ...] [--resolutions ...] [--frames ...] [--data NAME] [--zoo]  # ratios vs baseline
 visionpe-bench gpu-check                                               # backends agree; ViT-B/16 speed per backend
-visionpe-bench seeds -c RECIPE --models ... --resolutions ...              # video / image-text models
 visionpe-bench cards [--results results] [--out model_cards]           # model cards from measured results
 """
 
@@ -12,10 +11,12 @@ from __future__ import annotations
 import sys
 
 COMMANDS = {
-    "extrapolate": ("visionpe.bench.extrapolate", "train at one resolution, evaluate at many (tables and a plot)"),
+    "extrapolate": (
+        "visionpe.bench.extrapolate",
+        "train over seeds (image, video, image-text), evaluate at other sizes and clip lengths",
+    ),
     "speed": ("visionpe.bench.speed", "images/s, peak memory, parameters, GFLOPs: ratios vs a baseline and timm"),
     "gpu-check": ("visionpe.bench.gpu_check", "attention backends agree per PE; ViT-B/16 images/s, memory per backend"),
-    "seeds": ("visionpe.bench.seeds", "train video / image-text models over seeds, evaluate at several resolutions"),
     "cards": ("visionpe.bench.cards", "write model_cards/<family>.md from the results under results/"),
 }
 

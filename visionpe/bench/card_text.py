@@ -111,8 +111,9 @@ def limitations_section(fam: Family, summaries: list) -> list[str]:
         "- The accuracy figures above come from short CPU schedules of nano models on small datasets: they compare "
         "PEs with each other under one recipe and show how accuracy changes with input size; they are not the "
         "accuracy these architectures reach with full training, and say nothing about larger sizes.",
-        "- Seeds: a handful per model; the ± is the standard deviation over them, and differences smaller than it "
-        "are not evidence of anything.",
+        "- Seeds: one to a handful per model; the ± is the standard deviation over them (tables from one seed give "
+        "none, so their differences cannot be told from seed noise), and differences smaller than it are not "
+        "evidence of anything.",
         "- Speed figures are from a shared CPU machine: read ratios measured in the same run, not absolute numbers.",
     ]
     if not summaries:

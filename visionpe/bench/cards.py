@@ -3,14 +3,16 @@
     python -m visionpe.bench cards [--results results] [--out model_cards] [--families vit swin]
 
 A card reads the zoo's tables (sizes, PE variants, papers, weight loaders) and the results files: parameters, GFLOPs
-and speed from `results/speed/*.json` (`python -m visionpe.bench speed --zoo` writes `zoo.json`), accuracy across
-resolutions from every `results/<benchmark>/summary.json` that has models of the family
-(`python -m visionpe.bench extrapolate`). Nothing in a card is typed by hand: rerun after new measurements.
+and speed from `results/speed/*.json` (`python -m visionpe.bench speed --zoo` writes `zoo.json`; every speed file's
+per-PE ratios against a baseline are shown with their spread), accuracy at every evaluation point of every protocol
+from each `results/<benchmark>/summary.json` that has models of the family (`python -m visionpe.bench extrapolate`;
+see card_accuracy.py). Nothing in a card is typed by hand: rerun after new measurements.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -22,12 +24,13 @@ import visionpe  # noqa: F401  (registers the families)
 
 from ..pos.presets import PE_PRESETS
 from ..zoo import FAMILIES, Family, model_name
+from .card_accuracy import accuracy_section, family_summaries, relative_link
 from .card_text import DATASETS, TASKS, card_metadata, limitations_section, usage_section
 from .citations import bibtex
 from .evalsizes import size_label
 from .speed import machine_description
 
-__all__ = ["load_speed", "load_extrapolation", "family_card", "write_cards", "main"]
+__all__ = ["load_speed", "load_speed_files", "load_extrapolation", "family_card", "write_cards", "main"]
 
 
 def load_speed(results: Path) -> tuple[dict[tuple[str, int], dict], dict[str, dict]]:
@@ -126,90 +129,62 @@ def _speed_section(fam: Family, speed: dict, machines: dict) -> list[str]:
     return lines + [""]
 
 
-def _extrapolation_section(fam: Family, summaries: list[tuple[Path, dict]], out_dir: Path) -> list[str]:
-    lines = ["## Evaluation results", ""]
-    found = False
-    for path, s in summaries:
-        models = [m for m in s["models"] if m.startswith(fam.name + "_") or m == fam.name]
-        if not models:
+def load_speed_files(results: Path) -> list[tuple[Path, dict]]:
+    """Every speed command output under results/speed (path, parsed JSON)."""
+    return [(p, json.loads(p.read_text())) for p in sorted((results / "speed").glob("*.json"))]
+
+
+def _speed_rows(data: dict) -> list:
+    from .speed import SpeedRow
+
+    known = {f.name for f in dataclasses.fields(SpeedRow)}
+    return [SpeedRow(**{k: v for k, v in r.items() if k in known}) for r in data.get("rows", []) if "model" in r]
+
+
+def _cost_spread_section(fam: Family, files: list[tuple[Path, dict]], out_dir: Path) -> list[str]:
+    """Per-PE cost against a baseline measured in the same rounds, median [spread], from every speed file that has
+    such ratios for models of the family."""
+    from .speed import _mem_ratio, _spread_text, machine_description
+
+    lines: list[str] = []
+    for path, data in files:
+        rows = _speed_rows(data)
+        by = {(r.model, r.resolution, r.frames): r for r in rows}
+        mine = [
+            r
+            for r in rows
+            if r.model.startswith(fam.name + "_") and r.model != r.baseline and (r.infer_vs_base or r.train_vs_base)
+        ]
+        if not mine:
             continue
-        found = True
-        rel = _relative(path.parent, out_dir)
-        sizes = [tuple(x) for x in s["sizes"]]
-        base = tuple(s["base"])
-        stats = {(r["model"], r["mode"], (r["height"], r["width"])): r for r in s["table"]}
+        s = data.get("settings", {})
+        rounds = s.get("rounds", 0)
+        word = "interquartile range" if rounds >= 4 else "min-max"
+        md = path.with_suffix(".md")
+        link = f" ([{md.name}]({relative_link(md, out_dir)}))" if md.is_file() else ""
         lines += [
-            f"### {s['name']}: trained at {size_label(base)} px, {len(s['seeds'])} seed(s)",
+            f"### Cost against a baseline: {path.stem}",
             "",
-            f"Top-1 (%) on {s['dataset']} validation examples, mean ± standard deviation over the seeds "
-            f"{s['seeds']}, change of the mean against {size_label(base)} px in brackets; the same weights at every "
-            f"size, no fine-tuning. Full tables: [{rel}/results.md]({rel}/results.md)"
-            + (f", ![top-1 against resolution]({rel}/results.png)" if (path.parent / "results.png").exists() else ""),
+            f"From `{path.parent.name}/{path.name}`{link}: {machine_description(data['machine'])}, "
+            f"{data['machine'].get('date', '?')}; batch {s.get('batch', '?')}, {rounds} interleaved rounds, "
+            f"{'CPU seconds of one thread' if s.get('clock') == 'cpu' else 'wall-clock'}. Each ratio is taken per "
+            f"round against the baseline (and timm's equivalent) measured in the same rounds and given as median "
+            f"[{word} over the rounds]; above 1 is faster. Memory: peak of one item, infer / train, against the "
+            f"baseline's.",
             "",
+            "| model | px | frames | baseline | infer vs baseline | train vs baseline | memory vs baseline | "
+            "infer vs timm | train vs timm |",
+            "|---|---:|---:|---|---:|---:|---:|---:|---:|",
         ]
-        for mode in s["modes"]:
-            lines += [
-                f"*{mode}* positions:",
-                "",
-                "| model | " + " | ".join(size_label(x) for x in sizes) + " |",
-                "|---|" + "---:|" * len(sizes),
-            ]
-            for m in models:
-                cells = []
-                for x in sizes:
-                    r = stats.get((m, mode, x))
-                    if r is None:
-                        cells.append("-")
-                    elif x == base or r.get("delta") is None:
-                        cells.append(f"**{_spread(r)}**")
-                    else:
-                        cells.append(f"{_spread(r)} ({r['delta']:+.1f})")
-                same = " (=)" if m in s.get("modes_agree", []) and mode != s["modes"][0] else ""
-                lines.append(f"| {m}{same} | " + " | ".join(cells) + " |")
-            lines.append("")
-        lines += [
-            f"Measured on {machine_description(s['machine'])}, {s['date']}."
-            + (" (=): both position modes give identical logits for this model." if len(s["modes"]) > 1 else "")
-            + _chance_text(s),
-            "",
-        ]
-    if not found:
-        lines += [
-            "No accuracy benchmark of this family yet: `visionpe-bench extrapolate -c <benchmark>` with models of this "
-            "family, then rerun `visionpe-bench cards`.",
-            "",
-        ]
+        for r in mine:
+            base = by.get((r.baseline, r.resolution, r.frames))
+            lines.append(
+                f"| {r.model} | {r.resolution} | {r.frames or '-'} | {r.baseline} | {_spread_text(r.infer_vs_base)} | "
+                f"{_spread_text(r.train_vs_base)} | {_mem_ratio(r, base)} | {_spread_text(r.infer_vs_timm)} | "
+                f"{_spread_text(r.train_vs_timm)} |"
+            )
+        lines.append("")
     return lines
-
-
-def _chance_text(s: dict) -> str:
-    """The accuracy of guessing, and whether the results stay within two standard deviations of it."""
-    from ..data import get_dataset_info
-
-    try:
-        chance = 100.0 / get_dataset_info(s["dataset"]).num_classes
-    except (KeyError, ValueError, TypeError, ZeroDivisionError):  # unknown set, or classes known only from a folder
-        return ""
-    text = f" Chance level: {chance:.1f}%."
-    base = tuple(s["base"])
-    at_base = [r for r in s["table"] if (r["height"], r["width"]) == base]
-    if at_base and all(r["mean"] - 2 * r.get("std", 0.0) <= chance for r in at_base):
-        text += " At the training size no model is clearly above chance: this schedule is too short for the task."
-    return text
-
-
-def _spread(row: dict) -> str:
-    std = row.get("std")
-    return f"{row['mean']:.1f}" if std is None or row.get("n", 1) < 2 else f"{row['mean']:.1f} ± {std:.1f}"
-
-
-def _family_summaries(fam: Family, summaries: list[tuple[Path, dict]]) -> list[tuple[Path, dict, list[str]]]:
-    out = []
-    for path, s in summaries:
-        models = [m for m in s["models"] if m.startswith(fam.name + "_") or m == fam.name]
-        if models:
-            out.append((path, s, models))
-    return out
 
 
 def _recipe_text(s: dict, folder: Path) -> str:
@@ -230,7 +205,7 @@ def _recipe_text(s: dict, folder: Path) -> str:
 
 def _training_section(fam: Family, summaries: list[tuple[Path, dict]], out_dir: Path) -> list[str]:
     lines = ["## Training data and recipe", ""]
-    found = _family_summaries(fam, summaries)
+    found = family_summaries(fam, summaries)
     if not found:
         return lines + [
             "visionpe publishes no trained weights for this family and has no accuracy benchmark of it yet; train "
@@ -238,21 +213,22 @@ def _training_section(fam: Family, summaries: list[tuple[Path, dict]], out_dir: 
             "",
         ]
     for path, s, models in found:
-        rel = _relative(path.parent, out_dir)
+        rel = relative_link(path.parent, out_dir)
+        folder = f"{path.parent.parent.name}/{path.parent.name}"  # results/<name>
         data = DATASETS.get(s["dataset"], (None, s["dataset"]))[1]
+        how = (
+            f"Pretrained weights evaluated without training at {size_label(tuple(s['base']))} px"
+            if s.get("pretrained")
+            else f"Trained from random initialisation at {size_label(tuple(s['base']))} px"
+            + (f" on {s['base_frames']}-frame clips" if s.get("base_frames") else "")
+            + f" with {_recipe_text(s, path.parent)}; seeds {s['seeds']}"
+        )
         lines += [
-            f"- **{s['name']}** ({', '.join(f'`{m}`' for m in models)}): {data}. Trained from random initialisation "
-            f"at {size_label(tuple(s['base']))} px with {_recipe_text(s, path.parent)}; seeds {s['seeds']}. Recipe: "
+            f"- **{s['name']}** ({', '.join(f'`{m}`' for m in models)}): {data}. {how}. Recipe: "
             f"[{rel}/bench.yaml]({rel}/bench.yaml), rerun with "
-            f"`{s.get('command') or f'visionpe-bench extrapolate -c {rel}/bench.yaml'}`.",
+            f"`{s.get('command') or f'visionpe-bench extrapolate -c {folder}/bench.yaml'}` (from the repository root).",
         ]
     return lines + [""]
-
-
-def _relative(target: Path, start: Path) -> str:
-    import os
-
-    return Path(os.path.relpath(target.resolve(), start.resolve())).as_posix()
 
 
 def _pe_paper(fam: Family, pe: str, preset: str) -> tuple[str, str] | None:
@@ -288,7 +264,14 @@ def _papers(fam: Family) -> list[str]:
     return [f"- {name} ({ids})" for ids, name in _paper_names(fam).items()]
 
 
-def family_card(fam: Family, speed: dict, machines: dict, summaries: list[tuple[Path, dict]], out_dir: Path) -> str:
+def family_card(
+    fam: Family,
+    speed: dict,
+    machines: dict,
+    summaries: list[tuple[Path, dict]],
+    out_dir: Path,
+    speed_files: list[tuple[Path, dict]] = (),
+) -> str:
     """The Markdown card of one family."""
     module = sys.modules[fam.module]
     names = [model_name(fam.name, s, p) for s in fam.sizes for p in fam.pes]
@@ -345,9 +328,10 @@ def family_card(fam: Family, speed: dict, machines: dict, summaries: list[tuple[
     lines += [""]
     lines += usage_section(fam, names)
     lines += _training_section(fam, summaries, out_dir)
-    lines += _extrapolation_section(fam, summaries, out_dir)
+    lines += accuracy_section(fam, summaries, out_dir)
     lines += _speed_section(fam, speed, machines)
-    lines += limitations_section(fam, _family_summaries(fam, summaries))
+    lines += _cost_spread_section(fam, list(speed_files), out_dir)
+    lines += limitations_section(fam, family_summaries(fam, summaries))
     lines += ["## Weight compatibility", ""]
     if fam.filter_fn is not None:
         doc = sys.modules[fam.filter_fn.__module__].__doc__
@@ -394,13 +378,14 @@ def write_cards(
         )
     speed, machines = load_speed(results)
     summaries = load_extrapolation(results)
+    speed_files = load_speed_files(results)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for name, fam in FAMILIES.items():
         if families and name not in families:
             continue
         path = out / f"{name}.md"
-        path.write_text(family_card(fam, speed, machines, summaries, out))
+        path.write_text(family_card(fam, speed, machines, summaries, out, speed_files))
         paths.append(path)
     return paths
 

@@ -14,7 +14,27 @@ from pathlib import Path
 from .claims import judge_claims, tally_text
 from .evalsizes import Point, point_label, size_label
 
-__all__ = ["long_rows", "aggregate", "ordered_sizes", "format_markdown", "write_report", "CSV_KEYS"]
+__all__ = [
+    "long_rows",
+    "aggregate",
+    "ordered_sizes",
+    "format_markdown",
+    "write_report",
+    "base_heading",
+    "point_heading",
+    "stat_text",
+    "cell_text",
+    "CSV_KEYS",
+    "PROTOCOL_TEXT",
+]
+
+# what each evaluation protocol shows, in words (the tables' legend)
+PROTOCOL_TEXT = {
+    "upsample": "*upsample* (`up N`): the image at N px, its content scaled with it",
+    "fov": "*fov* (`fov N`): an N px canvas with the content at its training scale, placed at random (the same "
+    "canvases for every model), so only the field of view and the positions change",
+    "frames": "*frames* (`N f`): clips of N frames at the training frame size",
+}
 
 CSV_KEYS = (
     "model",
@@ -70,13 +90,14 @@ def aggregate(rows: list[dict]) -> dict[tuple[str, str, Point], dict]:
     }
 
 
-def _cell(stat: dict | None, base: dict | None, is_base: bool) -> str:
+def cell_text(stat: dict | None, base: dict | None, is_base: bool) -> str:
+    """A table cell: mean ± std over seeds (the mean alone for one seed), bold at the training point, else with the
+    change against it in brackets."""
     if stat is None:
         return "-"
-    text = f"{stat['mean']:.1f} ± {stat['std']:.1f}" if stat["n"] > 1 else f"{stat['mean']:.1f}"
     if is_base or base is None:
-        return f"**{text}**"
-    return f"{text} ({stat['mean'] - base['mean']:+.1f})"
+        return f"**{stat_text(stat)}**"
+    return f"{stat_text(stat)} ({stat['mean'] - base['mean']:+.1f})"
 
 
 def columns(plan) -> list[Point]:
@@ -87,22 +108,30 @@ def columns(plan) -> list[Point]:
     return [base] + [p for p in plan.points if p not in bases]
 
 
+def base_heading(base: tuple[int, int], base_frames: int, protocols: list[str]) -> str:
+    """'base (32)', or 'base (8 f, 32)' when clip lengths are among the protocols."""
+    frames = f"{base_frames} f, " if "frames" in protocols else ""
+    return f"base ({frames}{size_label(base)})"
+
+
+def point_heading(point: Point, is_base: bool, base: tuple[int, int], base_frames: int, protocols: list[str]) -> str:
+    """A table column's heading: the training point, else the point ('up 48' when protocols sit side by side)."""
+    if is_base:
+        return base_heading(base, base_frames, protocols)
+    side_by_side = point.protocol == "upsample" and len(protocols) > 1
+    return ("up " if side_by_side else "") + point_label(point)
+
+
 def _base_label(plan) -> str:
-    frames = f"{plan.base_frames} f, " if "frames" in plan.bench.protocols else ""
-    return f"base ({frames}{size_label(plan.base)})"
+    return base_heading(plan.base, plan.base_frames, plan.bench.protocols)
 
 
 def _column_label(point: Point, plan) -> str:
-    if point == plan.base_point(point.protocol):
-        return _base_label(plan)
-    return (
-        "up " + point_label(point)
-        if point.protocol == "upsample" and len(plan.bench.protocols) > 1
-        else point_label(point)
-    )
+    is_base = point == plan.base_point(point.protocol)
+    return point_heading(point, is_base, plan.base, plan.base_frames, plan.bench.protocols)
 
 
-def _stat_text(st: dict) -> str:
+def stat_text(st: dict) -> str:
     return f"{st['mean']:.1f} ± {st['std']:.1f}" if st["n"] > 1 else f"{st['mean']:.1f}"
 
 
@@ -147,7 +176,7 @@ def _claim_lines(judged: list[dict]) -> list[str]:
             point = Point(c["protocol"], c["height"], c["width"], c["frames"])
             lines.append(
                 f"| {c['better']} | {c['worse']} | {c['protocol']} | {point_label(point)} | {c['mode']} | "
-                f"{_stat_text(c['a'])} | {_stat_text(c['b'])} | {c['diff']:+.1f} | {2 * c['se']:.1f} | "
+                f"{stat_text(c['a'])} | {stat_text(c['b'])} | {c['diff']:+.1f} | {2 * c['se']:.1f} | "
                 f"{c['verdict']} |"
             )
         lines.append("")
@@ -178,12 +207,6 @@ def format_markdown(records: list[dict], plan, seconds: float, machine: str) -> 
             f"{cfg.data.batch_size}, {cfg.optim.opt} lr {cfg.optim.lr:g}, data options: {opts}; augmentation: "
             f"{augmentation_text(cfg)}), then "
         )
-    protocol_text = {
-        "upsample": "*upsample* (`up N`): the image at N px, its content scaled with it",
-        "fov": "*fov* (`fov N`): an N px canvas with the content at its training scale, placed at random (the same "
-        "canvases for every model), so only the field of view and the positions change",
-        "frames": "*frames* (`N f`): clips of N frames at the training frame size",
-    }
     lines = [
         f"# Extrapolation: {b.name}",
         "",
@@ -191,7 +214,7 @@ def format_markdown(records: list[dict], plan, seconds: float, machine: str) -> 
         f"each point. Top-1 accuracy (%), mean ± standard deviation over {len(seeds)} seed(s) {seeds}; in brackets, "
         f"the change against the training point (bold). Non-square sizes are H x W.",
         "",
-        "Protocols: " + "; ".join(protocol_text[p] for p in b.protocols) + ".",
+        "Protocols: " + "; ".join(PROTOCOL_TEXT[p] for p in b.protocols) + ".",
         "",
         "Position modes: *extrapolate* keeps raw patch indices at the new size; *interpolate* rescales positions to "
         "the training grid (the counterpart of resampling an APE table). A learned APE is resampled to the new grid "
@@ -208,14 +231,8 @@ def format_markdown(records: list[dict], plan, seconds: float, machine: str) -> 
         for m in models:
             cells = []
             for c in cols:
-                st = stats.get((m, mode, c))
                 base = stats.get((m, mode, plan.base_point(c.protocol)))
-                if st is None:
-                    cells.append("-")
-                elif c == plan.base_point(c.protocol) or base is None:
-                    cells.append(f"**{_stat_text(st)}**")
-                else:
-                    cells.append(f"{_stat_text(st)} ({st['mean'] - base['mean']:+.1f})")
+                cells.append(cell_text(stats.get((m, mode, c)), base, c == plan.base_point(c.protocol)))
             mark = " (=)" if m in agree and mode != b.position_modes[0] else ""
             lines.append(f"| {m}{mark} | {pe_of.get(m, '')} | " + " | ".join(cells) + " |")
         lines.append("")
