@@ -79,6 +79,7 @@ PE_PRESETS: dict[str, list[tuple[str, dict]]] = {
     "rope1d": [("rope_nd", {"scheme": "rope1d"})],
     "rope3d": [("rope_nd", {"scheme": "rope3d"})],
     "mrope": [("rope_nd", {"scheme": "mrope"})],
+    "mrope_time": [("rope_nd", {"scheme": "mrope_time"})],
     "videorope": [("rope_nd", {"scheme": "videorope"})],
     "vrope": [("rope_nd", {"scheme": "vrope"})],
     "v2pe": [("rope_nd", {"scheme": "v2pe"})],
@@ -139,6 +140,7 @@ PRESET_PAPERS: dict[str, Paper] = {
     "fuzzy_atm": _VITAR,
     "rpb": _SWIN,
     "mrope": Paper("2409.12191", "Qwen2-VL (M-RoPE)", "https://github.com/QwenLM/Qwen2-VL"),
+    "mrope_time": Paper("2502.13923", "Qwen2.5-VL (time-aligned M-RoPE)", "https://github.com/QwenLM/Qwen2.5-VL"),
     "videorope": Paper(
         "2502.05173", "VideoRoPE: What Makes for Good Video Rotary Position", "https://github.com/Wiselnn570/VideoRoPE"
     ),

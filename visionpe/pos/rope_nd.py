@@ -44,7 +44,9 @@ class RoPEND(PosEncoding):
         self.theta = float(theta)
         self.num_streams = scheme_streams(scheme)
         for d in sorted({spec.head_dim for spec in host.layers}):
-            freqs = frequency_matrix(scheme, d, self.theta, mrope_section if scheme == "mrope" else None)
+            freqs = frequency_matrix(
+                scheme, d, self.theta, mrope_section if scheme in ("mrope", "mrope_time") else None
+            )
             self.register_buffer(f"freqs_{d}", freqs, persistent=False)  # [S, d/2]
         self._cache: list = []  # [(pos tensor, key, (cos, sin))]
 
