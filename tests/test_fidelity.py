@@ -132,3 +132,57 @@ def test_mrope_time_reads_mrope_sections():
 def test_mrope_time_rejects_bad_options(options, match):
     with pytest.raises(ValueError, match=match):
         position_ids("text:1 video:2x2x2", "mrope_time", **options)
+
+
+# ------------------------------------------------------------------------------------- RoPE-ViT +APE resampling
+
+
+def _naver_resample(table: torch.Tensor, old: int, new: tuple[int, int]) -> torch.Tensor:
+    """naver RoPE-ViT's APE at another grid: the [1, old*old, C] table as an image, plain bicubic."""
+    img = table.reshape(1, old, old, -1).permute(0, 3, 1, 2)
+    img = torch.nn.functional.interpolate(img, size=new, mode="bicubic", align_corners=False)
+    return img.permute(0, 2, 3, 1).flatten(1, 2)
+
+
+@pytest.mark.parametrize("name", ["vit_n_rope2d_ape", "vit_n_rope2d_mixed_ape"])
+@pytest.mark.parametrize("grid", [(24, 24), (7, 7), (10, 18)])
+def test_rope_ape_presets_resample_as_naver(name, grid):
+    import timm
+
+    ape = timm.create_model(name, no_embed_class=True).pe.encodings["ape"]  # naver's layout: no class entry
+    assert ape.resample == "bicubic" and ape.num_prefix_entries == 0
+    ref = _naver_resample(ape.pos_embed.detach(), ape.grid[0], grid)
+    # the same bicubic kernel on the same fp32 inputs: a few ulps at most (16-tap sums of values ~0.02)
+    torch.testing.assert_close(ape.table(grid).detach(), ref, rtol=0, atol=1e-7)
+    with_cls = timm.create_model(name).pe.encodings["ape"]  # a class entry is carried over unchanged
+    out = with_cls.table(grid)
+    assert torch.equal(out[:, :1], with_cls.pos_embed[:, :1])
+    torch.testing.assert_close(
+        out[:, 1:], _naver_resample(with_cls.pos_embed[:, 1:].detach(), with_cls.grid[0], grid), rtol=0, atol=1e-7
+    )
+
+
+def test_plain_ape_keeps_timm_resampling():
+    import timm
+    from timm.layers import resample_abs_pos_embed
+
+    ape = timm.create_model("vit_n_ape").pe.encodings["ape"]
+    assert ape.resample == "timm"
+    old, e = list(ape.grid), ape.num_prefix_entries
+    for grid in ((24, 24), (7, 7)):
+        want = resample_abs_pos_embed(ape.pos_embed, new_size=list(grid), old_size=old, num_prefix_tokens=e)
+        assert torch.equal(ape.table(grid), want)
+        # and the two methods differ by far more than rounding, so the choice matters
+        naver = _naver_resample(ape.pos_embed[:, e:].detach(), old[0], grid)
+        assert (want[:, e:] - naver).norm() > 0.05 * naver.norm()
+
+
+def test_ape_resample_option_follows_set_grid_and_rejects_unknown():
+    import timm
+
+    ape = timm.create_model("vit_n_rope2d_ape", no_embed_class=True).pe.encodings["ape"]
+    ref = _naver_resample(ape.pos_embed.detach(), ape.grid[0], (8, 8))
+    ape.set_grid((8, 8))
+    torch.testing.assert_close(ape.pos_embed.detach(), ref, rtol=0, atol=1e-7)  # as above: same kernel, fp32
+    with pytest.raises(ValueError, match="resample"):
+        timm.create_model("vit_n_ape", pe_kwargs={"ape": {"resample": "bilinear"}})

@@ -60,8 +60,9 @@ PE_PRESETS: dict[str, list[tuple[str, dict]]] = {
     "sincos": [("sincos", {})],
     "rope2d": [("rope2d", {"mode": "axial"})],
     "rope2d_mixed": [("rope2d", {"mode": "mixed"})],
-    "rope2d_ape": [("rope2d", {"mode": "axial"}), ("ape", {})],
-    "rope2d_mixed_ape": [("rope2d", {"mode": "mixed"}), ("ape", {})],
+    # RoPE-ViT +APE: the APE resampled by plain bicubic, as naver's code does (timm's default antialiases)
+    "rope2d_ape": [("rope2d", {"mode": "axial"}), ("ape", {"resample": "bicubic"})],
+    "rope2d_mixed_ape": [("rope2d", {"mode": "mixed"}), ("ape", {"resample": "bicubic"})],
     # iRPE (DeiT default: contextual, product, on k, ratio 1.9, APE kept; irpe_k: the same iRPE alone)
     "irpe": [("irpe", {"mode": "contextual", "mapping": "product", "targets": ("k",)}), ("ape", {})],
     "irpe_bias": [("irpe", {"mode": "bias", "mapping": "product", "targets": ("k",)}), ("ape", {})],
