@@ -186,3 +186,15 @@ def test_ape_resample_option_follows_set_grid_and_rejects_unknown():
     torch.testing.assert_close(ape.pos_embed.detach(), ref, rtol=0, atol=1e-7)  # as above: same kernel, fp32
     with pytest.raises(ValueError, match="resample"):
         timm.create_model("vit_n_ape", pe_kwargs={"ape": {"resample": "bilinear"}})
+
+
+def test_models_take_the_scheme_options_through_pe_kwargs():
+    import timm
+
+    spec = "text:1 video:4x2x3 text:1"
+    hw = timm.create_model("mm_n_mrope", pe_kwargs={"rope_nd": {"scheme_options": {"after_visual": "hw"}}})
+    assert torch.equal(hw.scheme_layout(spec).pos, position_ids(spec, "mrope", after_visual="hw"))
+    assert hw.scheme_layout(spec).pos[-1, 0] == 4  # transformers' rule; the default model gives 5
+    assert timm.create_model("mm_n_mrope").scheme_layout(spec).pos[-1, 0] == 5
+    with pytest.raises(ValueError, match="after_visual"):
+        timm.create_model("mm_n_mrope", pe_kwargs={"rope_nd": {"scheme_options": {"after_visual": "x"}}})
