@@ -174,7 +174,7 @@ def test_videorope_spacing_centring_and_frequencies():
             for w in range(W):
                 ti = 3 + 2 * t
                 assert vis[t, h, w].tolist() == [ti, ti + h - (H - 1) // 2, ti + w - (W - 1) // 2]
-    assert pos[-1].tolist() == [vis.max().item() + 1] * 3
+    assert pos[-1].tolist() == [vis[..., 0].max().item() + 1] * 3  # the last temporal index + 1 (official code)
     reads = stream_of_pairs("videorope", 64)
     assert reads[48:].tolist() == [0] * 16  # the lowest-frequency quarter reads t
     assert reads[:48].tolist() == [1, 2] * 24  # the rest alternate h, w

@@ -31,6 +31,7 @@ from ..layout import TokenLayout, cell_centre_layout, image_layout
 from ..pos.base import AttnSpec, PEHost
 from ..pos.presets import build_pos_encoding
 from .cvt_layers import CvtBlock, CvtStage
+from .param_groups import exact_no_weight_decay, pe_block_rules, pe_stem
 
 __all__ = ["ConvolutionalVisionTransformer"]
 
@@ -321,18 +322,19 @@ class ConvolutionalVisionTransformer(nn.Module):
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
         names = {f"stages.{s}.cls_token" for s, st in enumerate(self.stages) if st.cls_token is not None}
-        return names | {f"pe.{n}" for n in self.pe.no_weight_decay()}
+        return exact_no_weight_decay(self, names | {f"pe.{n}" for n in self.pe.no_weight_decay()})
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict:
         return dict(
-            stem=r"^pe|^stages\.0\.patch_embed",
+            stem=pe_stem(r"^stages\.0\.patch_embed"),  # per-layer PE parameters go with their block
             blocks=r"^stages\.(\d+)"
             if coarse
             else [
                 (r"^stages\.(\d+)\.patch_embed", (0,)),
                 (r"^stages\.(\d+)\.cls_token", (0,)),
                 (r"^stages\.(\d+)\.blocks\.(\d+)", None),
+                *pe_block_rules(self.stage_starts, [len(stage.blocks) for stage in self.stages]),
                 (r"^norm", (99999,)),
             ],
         )

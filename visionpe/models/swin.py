@@ -31,6 +31,7 @@ from ..layers.checks import check_images
 from ..layout import TokenLayout, image_layout, window_layout
 from ..pos.base import AttnSpec, PEHost, PosContext, merge_contexts
 from ..pos.presets import build_pos_encoding
+from .param_groups import exact_no_weight_decay, pe_block_rules, pe_stem
 from .swin_windows import WindowPlan, plan_windows, window_mask
 
 __all__ = ["SwinTransformer", "SwinBlock", "SwinStage"]
@@ -295,17 +296,18 @@ class SwinTransformer(nn.Module):
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
-        return {f"pe.{n}" for n in self.pe.no_weight_decay()}
+        return exact_no_weight_decay(self, {f"pe.{n}" for n in self.pe.no_weight_decay()})
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict:
         return dict(
-            stem=r"^patch_embed|^pe",
+            stem=pe_stem(r"^patch_embed"),  # per-layer PE parameters (RPB tables) go with their block
             blocks=r"^layers\.(\d+)"
             if coarse
             else [
                 (r"^layers\.(\d+).downsample", (0,)),
                 (r"^layers\.(\d+)\.\w+\.(\d+)", None),
+                *pe_block_rules(self.stage_starts, [len(stage.blocks) for stage in self.layers]),
                 (r"^norm", (99999,)),
             ],
         )

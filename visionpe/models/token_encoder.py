@@ -22,6 +22,7 @@ from ..layout import TokenLayout
 from ..pos.base import AttnSpec, PEHost
 from ..pos.mm_positions import segment_layout
 from ..pos.presets import build_pos_encoding
+from .param_groups import exact_no_weight_decay, pe_layer_regex, pe_stem
 
 __all__ = ["TokenEncoder"]
 
@@ -227,13 +228,14 @@ class TokenEncoder(nn.Module):
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
-        return {"cls_token", "reg_token"} | {f"pe.{n}" for n in self.pe.no_weight_decay()}
+        return exact_no_weight_decay(self, {"cls_token", "reg_token"} | {f"pe.{n}" for n in self.pe.no_weight_decay()})
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict:
         return dict(
-            stem=r"^cls_token|^reg_token|^pe|^patch_embed|^token_merger|^text_embed|^markers",
-            blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))],
+            # per-layer PE parameters go with their block (visionpe.models.param_groups), shared ones to the stem
+            stem=pe_stem(r"^cls_token|^reg_token|^patch_embed|^token_merger|^text_embed|^markers"),
+            blocks=[(r"^blocks\.(\d+)", None), (pe_layer_regex(), None), (r"^norm", (99999,))],
         )
 
     @torch.jit.ignore

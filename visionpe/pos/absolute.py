@@ -3,24 +3,44 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from timm.layers import resample_abs_pos_embed, trunc_normal_
 from torch import nn
 
 from ..layout import TokenLayout
 from .base import PEHost, PosEncoding
 
-__all__ = ["LearnedAPE", "SinCos2D", "sincos_2d"]
+__all__ = ["APE_RESAMPLE", "LearnedAPE", "SinCos2D", "resample_bicubic", "sincos_2d"]
+
+# how a learned table reaches another grid: "timm" = timm's resample_abs_pos_embed (bicubic, antialiased when
+# shrinking; what timm's DeiT / ViT weights are evaluated with); "bicubic" = plain bicubic, align_corners=False, no
+# antialias (naver's RoPE-ViT +APE models, whose paper numbers at other resolutions come from it)
+APE_RESAMPLE = ("timm", "bicubic")
+
+
+def resample_bicubic(table: torch.Tensor, old: tuple[int, int], new: tuple[int, int], prefix: int = 0) -> torch.Tensor:
+    """Plain bicubic resampling of a [1, prefix + H0*W0, C] table to [1, prefix + H*W, C] (prefix rows kept)."""
+    head, grid = table[:, :prefix], table[:, prefix:]
+    c = grid.shape[-1]
+    img = grid.reshape(1, old[0], old[1], c).permute(0, 3, 1, 2).float()
+    img = F.interpolate(img, size=tuple(new), mode="bicubic", align_corners=False)
+    grid = img.permute(0, 2, 3, 1).reshape(1, new[0] * new[1], c).to(table.dtype)
+    return torch.cat([head, grid], dim=1) if prefix else grid
 
 
 class LearnedAPE(PosEncoding):
     """A learned table for the reference grid, resampled bicubically to other (also rectangular) grids.
 
     `pos_embed` [1, E + H0*W0, C], E = num_prefix when prefix tokens have entries (timm DeiT) else 0
-    (`no_embed_class`, as in the RoPE-ViT +APE models).
+    (`no_embed_class`, as in the RoPE-ViT +APE models). resample: "timm" (antialiased, timm's) or "bicubic"
+    (plain, naver RoPE-ViT's); see APE_RESAMPLE.
     """
 
-    def __init__(self, host: PEHost, std: float = 0.02):
+    def __init__(self, host: PEHost, std: float = 0.02, resample: str = "timm"):
         super().__init__(host)
+        if resample not in APE_RESAMPLE:
+            raise ValueError(f"APE resample must be one of {APE_RESAMPLE}, got {resample!r}")
+        self.resample = resample
         self.grid = tuple(host.grid)
         self.num_prefix_entries = host.num_prefix if host.embed_prefix else 0
         num = self.num_prefix_entries + self.grid[0] * self.grid[1]
@@ -31,6 +51,8 @@ class LearnedAPE(PosEncoding):
         """The table at `grid` (H, W): [1, E + H*W, C]."""
         if tuple(grid) == self.grid:
             return self.pos_embed
+        if self.resample == "bicubic":
+            return resample_bicubic(self.pos_embed, self.grid, tuple(grid), self.num_prefix_entries)
         return resample_abs_pos_embed(
             self.pos_embed, new_size=list(grid), old_size=list(self.grid), num_prefix_tokens=self.num_prefix_entries
         )

@@ -8,12 +8,18 @@ streams (`position_ids` -> float32 [N, S]) and each rotary pair c reads one of t
 (`frequency_matrix` -> F [S, d/2]); the shared kernel computes angle[n, c] = sum_s pos[n, s] * F[s, c]
 (visionpe.pos.rotary). Every scheme uses the 1D ladder f_c = theta^(-2c/d), so pure text is exactly 1D RoPE.
 
+M-RoPE's next-text rule: the released Qwen2-VL / Qwen2.5-VL code starts the text after a visual block at the max over
+the block's three streams + 1 (`after_visual="max"`, the default). transformers 5.x's `get_rope_index` instead
+advances the running index by max(H, W) (`after_visual="hw"`), ignoring T and the temporal interval; the two agree
+whenever the block's temporal extent (T - 1) * interval is below max(H, W) (always for images).
+
 | scheme    | S | positions                                                         | pair c reads                |
 |-----------|---|-------------------------------------------------------------------|-----------------------------|
 | rope1d    | 1 | raster order, +1 per token (the baseline)                         | the one stream              |
 | rope3d    | 3 | (t, y, x) from the block start; text t = y = x; next text max + 1 | axis c mod 3 (t, y, x)      |
 | mrope     | 3 | as rope3d (Qwen2-VL M-RoPE)                                       | sections [16, 24, 24] of 64 |
-| videorope | 3 | t = s + 2 t, y/x centred on it (diagonal); next text max + 1      | lowest quarter t, rest y, x |
+| mrope_time| 3 | as mrope, t = s + floor(k * interval) (Qwen2.5-VL, time-aligned)  | as mrope                    |
+| videorope | 3 | t = s + 2 t, y/x centred on it (diagonal); next text last t + 1   | lowest quarter t, rest y, x |
 | vrope     | 4 | a0..a3 = the four diagonals + t (H + W - 1) + s; text +1 after    | variant c mod 4             |
 | v2pe      | 1 | text +1, visual +delta; closing text ceil(last) + 1               | the one stream              |
 """
@@ -50,12 +56,13 @@ __all__ = [
 
 Segment = tuple  # ("text", n) or ("video", (T, H, W)) after parsing
 
-SCHEME_STREAMS = {"rope1d": 1, "rope3d": 3, "mrope": 3, "videorope": 3, "vrope": 4, "v2pe": 1}
+SCHEME_STREAMS = {"rope1d": 1, "rope3d": 3, "mrope": 3, "mrope_time": 3, "videorope": 3, "vrope": 4, "v2pe": 1}
 SCHEMES = tuple(SCHEME_STREAMS)
 SCHEME_OPTIONS = {  # options each scheme takes (besides device)
     "rope1d": (),
     "rope3d": (),
-    "mrope": (),
+    "mrope": ("after_visual",),
+    "mrope_time": ("temporal_interval", "after_visual"),
     "videorope": ("temporal_stride",),
     "vrope": (),
     "v2pe": ("delta", "training", "deltas", "generator"),
@@ -63,6 +70,9 @@ SCHEME_OPTIONS = {  # options each scheme takes (besides device)
 V2PE_DELTAS = tuple(1.0 / 2**i for i in range(9))  # {1, 1/2, ..., 1/256}: V2PE's training draws
 V2PE_EVAL_DELTA = 0.25
 MROPE_SECTIONS = (16, 24, 24)  # of 64 pairs (Qwen2-VL, head dim 128)
+# Qwen2.5-VL: tokens_per_second (2) x seconds per temporal token (temporal_patch_size 2 / fps 2 = 1)
+MROPE_TIME_INTERVAL = 2.0
+AFTER_VISUAL = ("max", "hw")
 SPEC_FORMAT = "[('text', 3), ('video', (2, 2, 3)), ('image', (4, 4)), ...] or 'text:3 video:2x2x3 image:4x4'"
 
 
@@ -169,9 +179,18 @@ def _rope1d(segments) -> torch.Tensor:
     return torch.arange(segments_length(segments), dtype=torch.float64)[:, None]
 
 
-def _three_stream(segments, scheme: str, temporal_stride: float = 2.0) -> torch.Tensor:
-    """rope3d / mrope / videorope: streams (t, y, x); text has t = y = x = running index; after a visual block the
-    next text starts at the max over all streams + 1 (Qwen2-VL's rule)."""
+def _time_aligned(t: torch.Tensor, interval: float) -> torch.Tensor:
+    """Qwen2.5-VL's temporal ids floor(k * interval), the product taken in float32 as its reference code does."""
+    return (t.to(torch.float32) * torch.tensor(interval, dtype=torch.float32)).floor().to(torch.float64)
+
+
+def _three_stream(
+    segments, scheme: str, temporal_stride: float = 2.0, interval: float = 1.0, after_visual: str = "max"
+) -> torch.Tensor:
+    """rope3d / mrope / videorope: streams (t, y, x); text has t = y = x = running index. After a visual block the
+    next token starts at the max over all streams + 1 (Qwen2-VL's rule), except VideoRoPE, whose official
+    `get_t_scale_rope_index` continues from the block's last temporal index + 1 (its y / x streams, centred on t,
+    may run past it)."""
     rows, nxt = [], 0.0
     for kind, size in segments:
         if kind == "text":
@@ -185,10 +204,15 @@ def _three_stream(segments, scheme: str, temporal_stride: float = 2.0) -> torch.
             t = nxt + temporal_stride * t
             h, w = t + h - (H - 1) // 2, t + w - (W - 1) // 2
         else:
+            if scheme == "mrope_time":
+                t = _time_aligned(t, interval)
             t, h, w = nxt + t, nxt + h, nxt + w
         block = torch.stack([t, h, w], dim=1)
         rows.append(block)
-        nxt = float(block.max()) + 1
+        if after_visual == "hw":
+            nxt += max(H, W)
+        else:
+            nxt = float((t if scheme == "videorope" else block).max()) + 1
     return torch.cat(rows)
 
 
@@ -253,7 +277,17 @@ def _compute(segments, scheme: str, options: dict) -> torch.Tensor:
         stride = float(options.get("temporal_stride", 2.0))
         if stride <= 0:
             raise ValueError(f"VideoRoPE temporal_stride must be positive, got {stride}")
-        pos = _three_stream(segments, scheme, stride)
+        interval = float(options.get("temporal_interval", MROPE_TIME_INTERVAL))
+        if not interval > 0:
+            raise ValueError(
+                f"M-RoPE temporal_interval (tokens_per_second x seconds per grid) must be > 0, got {interval}"
+            )
+        after = options.get("after_visual", "max")
+        if after not in AFTER_VISUAL:
+            raise ValueError(
+                f"after_visual must be 'max' (released Qwen code) or 'hw' (transformers 5.x), got {after!r}"
+            )
+        pos = _three_stream(segments, scheme, stride, interval, after)
     return pos.to(torch.float32)
 
 
@@ -287,8 +321,10 @@ def _positions(segments, scheme: str, device, options: dict) -> torch.Tensor:
 def position_ids(segments, scheme: str, device=None, **options) -> torch.Tensor:
     """Position streams float32 [N, S] of an interleaved text / visual sequence under `scheme`.
 
-    Options: videorope `temporal_stride` (2); v2pe `delta` (fixed, default 1/4), `training` (draw delta per visual
-    segment from `deltas`, default {1, 1/2, ..., 1/256}), `generator` (for the draws).
+    Options: videorope `temporal_stride` (2); mrope_time `temporal_interval` (tokens_per_second x seconds per
+    temporal token, 2); mrope / mrope_time `after_visual` ("max": released Qwen code, "hw": transformers 5.x);
+    v2pe `delta` (fixed, default 1/4), `training` (draw delta per visual segment from `deltas`, default
+    {1, 1/2, ..., 1/256}), `generator` (for the draws).
     Example: position_ids([("text", 3), ("video", (2, 2, 3)), ("text", 2)], "vrope")[:, 0]
     -> 0 1 2 | 3 4 5 4 5 6 | 7 8 9 8 9 10 | 11 12.
     """
@@ -355,7 +391,7 @@ def stream_of_pairs(scheme: str, pairs: int, mrope_section: Sequence[int] | None
         return c % 3
     if scheme == "vrope":
         return c % 4
-    if scheme == "mrope":
+    if scheme in ("mrope", "mrope_time"):
         t, h, w = _mrope_sections(pairs, mrope_section)
         return torch.cat([torch.full((t,), 0), torch.full((h,), 1), torch.full((w,), 2)]).long()
     # videorope: the lowest-frequency quarter (the last pairs) reads t; the rest alternate h, w

@@ -60,8 +60,9 @@ PE_PRESETS: dict[str, list[tuple[str, dict]]] = {
     "sincos": [("sincos", {})],
     "rope2d": [("rope2d", {"mode": "axial"})],
     "rope2d_mixed": [("rope2d", {"mode": "mixed"})],
-    "rope2d_ape": [("rope2d", {"mode": "axial"}), ("ape", {})],
-    "rope2d_mixed_ape": [("rope2d", {"mode": "mixed"}), ("ape", {})],
+    # RoPE-ViT +APE: the APE resampled by plain bicubic, as naver's code does (timm's default antialiases)
+    "rope2d_ape": [("rope2d", {"mode": "axial"}), ("ape", {"resample": "bicubic"})],
+    "rope2d_mixed_ape": [("rope2d", {"mode": "mixed"}), ("ape", {"resample": "bicubic"})],
     # iRPE (DeiT default: contextual, product, on k, ratio 1.9, APE kept; irpe_k: the same iRPE alone)
     "irpe": [("irpe", {"mode": "contextual", "mapping": "product", "targets": ("k",)}), ("ape", {})],
     "irpe_bias": [("irpe", {"mode": "bias", "mapping": "product", "targets": ("k",)}), ("ape", {})],
@@ -79,6 +80,7 @@ PE_PRESETS: dict[str, list[tuple[str, dict]]] = {
     "rope1d": [("rope_nd", {"scheme": "rope1d"})],
     "rope3d": [("rope_nd", {"scheme": "rope3d"})],
     "mrope": [("rope_nd", {"scheme": "mrope"})],
+    "mrope_time": [("rope_nd", {"scheme": "mrope_time"})],
     "videorope": [("rope_nd", {"scheme": "videorope"})],
     "vrope": [("rope_nd", {"scheme": "vrope"})],
     "v2pe": [("rope_nd", {"scheme": "v2pe"})],
@@ -139,6 +141,7 @@ PRESET_PAPERS: dict[str, Paper] = {
     "fuzzy_atm": _VITAR,
     "rpb": _SWIN,
     "mrope": Paper("2409.12191", "Qwen2-VL (M-RoPE)", "https://github.com/QwenLM/Qwen2-VL"),
+    "mrope_time": Paper("2502.13923", "Qwen2.5-VL (time-aligned M-RoPE)", "https://github.com/QwenLM/Qwen2.5-VL"),
     "videorope": Paper(
         "2502.05173", "VideoRoPE: What Makes for Good Video Rotary Position", "https://github.com/Wiselnn570/VideoRoPE"
     ),

@@ -15,7 +15,7 @@ import torch
 
 from ..layout import TokenLayout
 from .base import PEHost, PosContext, PosEncoding
-from .mm_positions import SCHEMES, V2PE_EVAL_DELTA, frequency_matrix, runtime_options, scheme_streams
+from .mm_positions import SCHEMES, V2PE_EVAL_DELTA, frequency_matrix, position_ids, runtime_options, scheme_streams
 from .rotary import apply_rotary, rotary_angles, rotary_cos_sin
 
 __all__ = ["RoPEND", "layout_scheme"]
@@ -24,7 +24,9 @@ __all__ = ["RoPEND", "layout_scheme"]
 class RoPEND(PosEncoding):
     """Rotates q/k by the layout's position streams under one scheme of visionpe.pos.mm_positions; prefix tokens are
     not rotated. theta: base of the 1D ladder f_c = theta^(-2c/d) every scheme uses (100 suits vision grids, 10000 is
-    the language-model default); delta: V2PE's visual step at inference (drawn per visual segment in training)."""
+    the language-model default); delta: V2PE's visual step at inference (drawn per visual segment in training);
+    scheme_options: fixed position options of the scheme (mrope / mrope_time `after_visual`, mrope_time
+    `temporal_interval`, videorope `temporal_stride`; see visionpe.pos.mm_positions.position_ids)."""
 
     def __init__(
         self,
@@ -33,6 +35,7 @@ class RoPEND(PosEncoding):
         theta: float = 100.0,
         mrope_section: Sequence[int] | None = None,
         delta: float = V2PE_EVAL_DELTA,
+        scheme_options: dict | None = None,
     ):
         super().__init__(host)
         if scheme not in SCHEMES:
@@ -41,10 +44,15 @@ class RoPEND(PosEncoding):
             raise ValueError(f"V2PE delta must be in (0, 1], got {delta}")
         self.scheme = self.layout_scheme = scheme
         self.delta = float(delta)
+        self.scheme_options = dict(scheme_options or {})
+        if self.scheme_options:
+            position_ids("text:1 video:2x1x1 text:1", scheme, **self.scheme_options)  # rejects bad options early
         self.theta = float(theta)
         self.num_streams = scheme_streams(scheme)
         for d in sorted({spec.head_dim for spec in host.layers}):
-            freqs = frequency_matrix(scheme, d, self.theta, mrope_section if scheme == "mrope" else None)
+            freqs = frequency_matrix(
+                scheme, d, self.theta, mrope_section if scheme in ("mrope", "mrope_time") else None
+            )
             self.register_buffer(f"freqs_{d}", freqs, persistent=False)  # [S, d/2]
         self._cache: list = []  # [(pos tensor, key, (cos, sin))]
 
@@ -68,7 +76,7 @@ class RoPEND(PosEncoding):
         return cos_sin
 
     def layout_options(self, training):
-        return runtime_options(self.scheme, training, self.delta)
+        return {**self.scheme_options, **runtime_options(self.scheme, training, self.delta)}
 
     def context(self, i, layout, kv_layout=None):
         cos_q, sin_q = self._cos_sin(i, layout)
