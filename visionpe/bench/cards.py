@@ -22,8 +22,9 @@ import yaml
 
 import visionpe  # noqa: F401  (registers the families)
 
+from ..models.pretrained_cfgs import WEIGHTS
 from ..pos.presets import PE_PRESETS
-from ..zoo import FAMILIES, Family, model_name
+from ..zoo import FAMILIES, Family, model_name, preset_model_options
 from .card_accuracy import accuracy_section, family_summaries, relative_link
 from .card_text import DATASETS, TASKS, card_metadata, limitations_section, usage_section
 from .citations import bibtex
@@ -260,6 +261,19 @@ def _paper_ids(fam: Family) -> list[str]:
     return list(_paper_names(fam))
 
 
+def _weights_table(fam: Family) -> list[str]:
+    """The published weights of this family: `name.tag` (the first tag is the default) and where they come from."""
+    rows = [
+        f"| `{name}.{tag}` | {cfg.get('hf_hub_id') or cfg.get('url', '-')} |"
+        for name, tags in WEIGHTS.items()
+        if name.startswith(fam.name + "_")
+        for tag, cfg in tags.items()
+    ]
+    if not rows:
+        return []
+    return ["| model.tag (first tag of a model: its default) | source |", "|---|---|", *rows, ""]
+
+
 def _papers(fam: Family) -> list[str]:
     return [f"- {name} ({ids})" for ids, name in _paper_names(fam).items()]
 
@@ -319,7 +333,7 @@ def family_card(
     ]
     for pe, kwargs in fam.pes.items():
         preset = kwargs.get("pe", "")
-        extra = {k: v for k, v in kwargs.items() if k != "pe"}
+        extra = {**preset_model_options(kwargs), **{k: v for k, v in kwargs.items() if k != "pe"}}
         paper = _pe_paper(fam, pe, preset)
         lines.append(
             f"| `{pe or '(none)'}` | {preset}: {_preset_text(preset)} | {_size_text(extra) or '-'} | "
@@ -338,9 +352,11 @@ def family_card(
         lines += [
             " ".join((doc or "").split()),
             "",
-            f"`timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=...))` applies this "
-            f"conversion ({fam.filter_fn.__module__}.{fam.filter_fn.__name__}); no weights are downloaded.",
+            f"`timm.create_model(name, pretrained=True)` downloads the default tag's weights and applies this "
+            f"conversion ({fam.filter_fn.__module__}.{fam.filter_fn.__name__}), setting the options the weights were "
+            f"trained with; `pretrained_cfg_overlay=dict(file=...)` loads a local copy instead.",
             "",
+            *_weights_table(fam),
         ]
     else:
         lines += [
