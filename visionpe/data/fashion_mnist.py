@@ -1,7 +1,9 @@
 """`fashion-mnist`: Zalando's 28 x 28 grey clothing images (10 classes) read from the standard IDX files.
 
 By default the files come from Debian's `dataset-fashion-mnist` package (/usr/share/datasets/fashion-mnist); any folder
-holding `{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]` works through `data.root`. The whole split is read once into
+holding `{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]` works through `data.root`. Files are parsed by torchvision's
+MNIST reader (a .gz is decompressed to a temporary file first), after checks that name a truncated or malformed file;
+labels outside the 10 classes are an error. The whole split is read once into
 a uint8 tensor (47 MB for train); items are resized to the requested resolution on the fly, so one dataset serves
 every resolution (`render(i, resolution)`).
 """
@@ -9,7 +11,10 @@ every resolution (`render(i, resolution)`).
 from __future__ import annotations
 
 import gzip
+import math
 import os
+import shutil
+import tempfile
 import zlib
 from functools import lru_cache
 from pathlib import Path
@@ -17,6 +22,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
+from torchvision.datasets.mnist import read_sn3_pascalvincent_tensor
 
 from .registry import register_dataset
 from .splits import split_kind
@@ -33,27 +39,39 @@ MEAN, STD = 0.2860, 0.3530  # over the training images
 
 
 def read_idx(path: str | os.PathLike) -> torch.Tensor:
-    """An IDX file (optionally gzipped) of unsigned bytes -> uint8 tensor of its shape."""
+    """An IDX file (optionally gzipped) of unsigned bytes -> uint8 tensor of its shape, parsed by torchvision's
+    MNIST reader after our checks (which name the file and what is wrong with it)."""
     path = Path(path)
-    opener = gzip.open if path.suffix == ".gz" else open
-    try:
-        with opener(path, "rb") as f:
-            data = f.read()
-    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
-        raise ValueError(f"{path} is truncated or not gzip data ({e}); download or copy it again") from None
-    if len(data) < 4 or data[0] != 0 or data[1] != 0:
-        raise ValueError(f"{path} is not an IDX file (bad magic number)")
-    if data[2] != 0x08:
-        raise ValueError(f"{path}: only unsigned-byte IDX files are supported, got type code {data[2]:#x}")
-    ndim = data[3]
-    dims = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
-    offset = 4 + 4 * ndim
-    expected = 1
-    for d in dims:
-        expected *= d
-    if len(data) - offset != expected:
-        raise ValueError(f"{path}: header says {dims} ({expected} bytes) but the file holds {len(data) - offset}")
-    return torch.frombuffer(bytearray(data[offset:]), dtype=torch.uint8).reshape(dims)
+    if path.suffix != ".gz":
+        return _read_plain(path, path)
+    with tempfile.TemporaryDirectory(prefix="visionpe-idx-") as tmp:  # torchvision reads plain files by path
+        plain = Path(tmp) / path.stem
+        try:
+            with gzip.open(path, "rb") as src, open(plain, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 22)
+        except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+            raise ValueError(f"{path} is truncated or not gzip data ({e}); download or copy it again") from None
+        return _read_plain(plain, path)
+
+
+def _read_plain(plain: Path, shown: Path) -> torch.Tensor:
+    """Check the header of the uncompressed IDX file `plain` (errors name `shown`), then parse it with torchvision."""
+    size = plain.stat().st_size
+    with open(plain, "rb") as f:
+        head = f.read(4)
+        if len(head) < 4 or head[0] != 0 or head[1] != 0:
+            raise ValueError(f"{shown} is not an IDX file (bad magic number)")
+        if head[2] != 0x08:
+            raise ValueError(f"{shown}: only unsigned-byte IDX files are supported, got type code {head[2]:#x}")
+        raw = f.read(4 * head[3])
+    dims = [int.from_bytes(raw[4 * i : 4 * i + 4], "big") for i in range(len(raw) // 4)]
+    expected = math.prod(dims) if len(dims) == head[3] else -1
+    if not 1 <= head[3] <= 3 or size - 4 - 4 * head[3] != expected:
+        raise ValueError(
+            f"{shown}: header says {dims} ({expected} bytes) in {head[3]} dimension(s) but the file holds "
+            f"{size - 4 - len(raw)} bytes of data (1 to 3 dimensions are read)"
+        )
+    return read_sn3_pascalvincent_tensor(str(plain), strict=True)
 
 
 def _find(root: Path, stem: str) -> Path:

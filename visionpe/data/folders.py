@@ -34,6 +34,7 @@ __all__ = [
     "image_folder",
     "find_split_dir",
     "MAX_CONSECUTIVE_FAILURES",
+    "transform_kwargs",
 ]
 
 
@@ -201,6 +202,19 @@ def image_folder(
     folder that training lacks is an error unless drop_unknown_classes (then its images are left out, counted)."""
     if not root:
         raise ValueError("image folders need data.root, a folder with train/<class>/* and val/<class>/*")
+    return ImageFolderDataset(
+        root,
+        split,
+        resolution,
+        training=training,
+        class_map=class_map,
+        transform_kwargs=transform_kwargs(training, aug, mean, std, interpolation, crop_pct),
+        drop_unknown_classes=drop_unknown_classes,
+    )
+
+
+def transform_kwargs(training: bool, aug: dict | None, mean, std, interpolation: str | None, crop_pct) -> dict:
+    """timm create_transform arguments from the aug section and the dataset's normalisation options."""
     aug = dict(aug or {})
     kwargs = dict(
         mean=tuple(mean or IMAGENET_DEFAULT_MEAN),
@@ -215,15 +229,7 @@ def image_folder(
         for key in ("scale", "ratio"):
             if aug.get(key) is not None:
                 kwargs[key] = tuple(aug[key])
-    return ImageFolderDataset(
-        root,
-        split,
-        resolution,
-        training=training,
-        class_map=class_map,
-        transform_kwargs=kwargs,
-        drop_unknown_classes=drop_unknown_classes,
-    )
+    return kwargs
 
 
 @register_dataset("imagenet", num_classes=1000, in_chans=3, kind="image")

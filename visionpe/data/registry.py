@@ -44,6 +44,11 @@ def register_dataset(name: str, *, num_classes: int | None, in_chans: int, kind:
 
 
 def get_dataset_info(name: str) -> DatasetInfo:
+    """The registered entry; names timm reads (`hfds/...`, `wds/...`, `tfds/...`) go to timm's create_dataset."""
+    from .timm_readers import is_timm_reader_name, timm_reader_info
+
+    if name not in DATASETS and is_timm_reader_name(name):
+        return timm_reader_info(name)
     if name not in DATASETS:
         close = difflib.get_close_matches(name, list(DATASETS), n=3, cutoff=0.4)
         hint = f"nearest: {', '.join(close)}" if close else f"available: {', '.join(sorted(DATASETS))}"

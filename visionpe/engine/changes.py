@@ -24,6 +24,7 @@ FREE_KEYS = frozenset(
         "train.threads",  # results are reproducible per thread count; see the tests' tolerances
         "train.log_every",
         "train.progress",
+        "train.log_tensorboard",
         "train.dist_timeout",
         "train.output_dir",
         "train.run_name",

@@ -4,6 +4,7 @@
 
 Per step: (optional) mixup/cutmix, forward under autocast, backward, gradient clipping, optimizer step, per-step
 schedule update, EMA update. Per epoch: evaluation at eval.resolutions, a metrics line per resolution, a checkpoint.
+One progress bar (ETA for the whole run) and one per evaluation; optional TensorBoard scalars (tensorboard.py).
 Data order, augmentation and resolutions are functions of (seed, epoch, position); the checkpoint stores the global
 RNGs, optimizer, scheduler, scaler and EMA, so `--resume` continues the run as if it had never stopped.
 """
@@ -61,6 +62,7 @@ from .setup import (
     run_model,
     to_device,
 )
+from .tensorboard import open_tensorboard
 
 __all__ = ["train", "Trainer", "SkippedImagesWarning", "CorruptCheckpointWarning", "resolve_run_dir", "METRICS"]
 
@@ -117,6 +119,8 @@ class Trainer:
         random.seed(cfg.train.seed + ctx.rank)
         np.random.seed(cfg.train.seed + ctx.rank)
         self.epoch, self.batch, self.global_step = 0, 0, 0
+        self.bar, self.tb = None, None
+        open_tensorboard(self.run_dir, cfg.train.log_tensorboard, is_main=False)  # a missing package fails here
         if self.resume_ref is not None:
             self._load(self.resume_ref, *self.resume_files)
             self.resume_files = None
@@ -254,6 +258,18 @@ class Trainer:
         if self.ctx.is_main:
             with open(self.run_dir / METRICS, "a") as f:
                 f.write(json.dumps(json_safe(row), allow_nan=False) + "\n")
+        if self.tb is not None:
+            self._tensorboard(row)
+
+    def _tensorboard(self, row: dict) -> None:
+        step = row["global_step"]
+        if row["kind"] == "train":
+            for key in ("loss", "lr", "img_per_s"):
+                self.tb.add_scalar(f"train/{key}", row[key], step)
+        else:  # eval: one curve per weights and resolution, e.g. val/top1@32 or val_ema/top1@32
+            group = "val" if row.get("weights", "model") == "model" else f"val_{row['weights']}"
+            for key in ("top1", "top5", "loss"):
+                self.tb.add_scalar(f"{group}/{key}@{row['resolution']}", row[key], step)
 
     def log(self, msg: str) -> None:
         if self.ctx.is_main:
@@ -349,11 +365,31 @@ class Trainer:
             if self.resume_ref is None:  # a fresh run: no metrics from an earlier attempt that never checkpointed
                 (self.run_dir / METRICS).unlink(missing_ok=True)
         barrier(ctx)
+        self.tb = open_tensorboard(self.run_dir, cfg.train.log_tensorboard, ctx.is_main)
+        try:
+            return self._run()
+        finally:
+            if self.bar is not None:
+                self.bar.close()
+            if self.tb is not None:
+                self.tb.close()
+
+    def _run(self) -> Path:
+        cfg, ctx = self.cfg, self.ctx
         self.log(
             f"training {cfg.model.name} on {cfg.data.name} ({len(self.train_set)} items, "
             f"{self.num_classes} classes) at {cfg.train_resolutions()} px for {self.epochs} epochs, "
             f"{self.steps_per_epoch} steps each, {ctx.world_size} process(es) on {self.device}, "
             f"amp={self.amp or 'none'}; run dir {self.run_dir}"
+        )
+        self.bar = tqdm(  # the whole run: ETA to the last step (evaluation time is not in it)
+            total=self.epochs * self.steps_per_epoch,
+            initial=self.epoch * self.steps_per_epoch + self.batch,
+            desc="training",
+            unit="step",
+            disable=(not cfg.train.progress or not ctx.is_main) or None,  # None: off when stderr is not a terminal
+            dynamic_ncols=True,
+            leave=False,
         )
         rows = None
         while self.epoch < self.epochs:
@@ -383,14 +419,8 @@ class Trainer:
         net.train()
         self.batches.set_epoch(self.epoch)
         self.batches.start_at(self.batch)
-        bar = tqdm(
-            total=self.steps_per_epoch,
-            initial=self.batch,
-            desc=f"epoch {self.epoch + 1}/{self.epochs}",
-            disable=(not cfg.train.progress or not ctx.is_main) or None,
-            dynamic_ncols=True,
-            leave=False,
-        )
+        bar = self.bar
+        bar.set_description(f"epoch {self.epoch + 1}/{self.epochs}")
         window_loss, window_n, window_images, t0 = torch.zeros((), device=self.device), 0, 0, time.perf_counter()
         epoch_loss, epoch_n, skipped, t_epoch = 0.0, 0, [], time.perf_counter()
         for batch in self.loader:
@@ -435,7 +465,6 @@ class Trainer:
                         f"in {self.run_dir}"
                     )
                 self.save()
-        bar.close()
         skipped = sorted(set(skipped))  # a file is tried again by each neighbour that stands in for it
         n_skipped = int(all_reduce_sum(torch.tensor(float(len(skipped)), device=self.device), ctx).item())
         if n_skipped and ctx.is_main:
@@ -477,12 +506,16 @@ class Trainer:
         bs = cfg.data.eval_batch_size or 2 * cfg.data.batch_size
         rows = [
             dict(r, weights="model")
-            for r in evaluate_resolutions(self.model, self.eval_sets, bs, cfg.data.workers, ctx, self.amp)
+            for r in evaluate_resolutions(
+                self.model, self.eval_sets, bs, cfg.data.workers, ctx, self.amp, cfg.train.progress
+            )
         ]
         if self.ema is not None and cfg.eval.ema:
             rows += [
                 dict(r, weights="ema")
-                for r in evaluate_resolutions(self.ema.module, self.eval_sets, bs, cfg.data.workers, ctx, self.amp)
+                for r in evaluate_resolutions(
+                    self.ema.module, self.eval_sets, bs, cfg.data.workers, ctx, self.amp, cfg.train.progress
+                )
             ]
         for r in rows if log_metrics else ():
             self._metrics(kind="eval", epoch=self.epoch + 1, global_step=self.global_step, **r)
