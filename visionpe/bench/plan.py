@@ -181,6 +181,8 @@ _NOT_RECIPE = {
         "device",
         "threads",
         "progress",
+        "log_tensorboard",
+        "dist_timeout",
         "output_dir",
         "run_name",
         "log_every",
