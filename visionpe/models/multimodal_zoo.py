@@ -33,6 +33,7 @@ MM = zoo.Family(
         notes=("forward(pixels [B, C, H, W] or [B, C, T, H, W], text_ids=[B, L])",),
     ),
     size_cfg={"n": dict(input_size=(3, 32, 32))},
+    feature_cfg=dict(out_indices=3, feature_cls="getter", output_fmt="NLC"),  # timm's Format has no 'NCTHW'
     tiny=dict(embed_dim=32, depth=2, num_heads=2, patch_size=8, img_size=32, vocab_size=32),
 )
 

@@ -39,6 +39,7 @@ VIDEO = zoo.Family(
         notes=("clips [B, C, T, H, W]; reference clip 16 frames (8 for size n)",),
     ),
     size_cfg={"n": dict(input_size=(3, 32, 32))},
+    feature_cfg=dict(out_indices=3, feature_cls="getter", output_fmt="NLC"),  # timm's Format has no 'NCTHW'
     tiny=dict(embed_dim=32, depth=2, num_heads=2, patch_size=8, img_size=32, num_frames=4),
 )
 
