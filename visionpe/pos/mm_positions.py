@@ -188,7 +188,7 @@ def _three_stream(segments, scheme: str, temporal_stride: float = 2.0) -> torch.
             t, h, w = nxt + t, nxt + h, nxt + w
         block = torch.stack([t, h, w], dim=1)
         rows.append(block)
-        nxt = float(block.max()) + 1
+        nxt = block.max() + 1  # a 0-d tensor: no host sync (torch.compile traces it without a graph break)
     return torch.cat(rows)
 
 
