@@ -38,9 +38,11 @@ MM = zoo.Family(
 )
 
 
-def example_input(size: int, batch: int = 2) -> dict:
-    """Random model kwargs for smoke tests: an image (up to 32 px) or a 4-frame clip, and 5 text ids."""
-    shape = (batch, 3, size, size) if size <= 32 else (batch, 3, 4, size, size)
+def example_input(size: int | tuple[int, int], batch: int = 2) -> dict:
+    """Random model kwargs for smoke tests (size: H = W or (H, W)): an image (up to 32 px) or a 4-frame clip, and
+    5 text ids."""
+    h, w = (size, size) if isinstance(size, int) else size
+    shape = (batch, 3, h, w) if max(h, w) <= 32 else (batch, 3, 4, h, w)
     return {"pixels": torch.randn(shape), "text_ids": torch.randint(0, 32, (batch, 5))}
 
 

@@ -44,10 +44,11 @@ VIDEO = zoo.Family(
 )
 
 
-def example_input(size: int, batch: int = 2) -> torch.Tensor:
-    """A random clip batch [B, 3, T, size, size] for smoke tests; the length grows with the size (32 px: 4 frames,
-    48 px: 5 frames, which pads to whole tubelets)."""
-    return torch.randn(batch, 3, 2 + size // 16, size, size)
+def example_input(size: int | tuple[int, int], batch: int = 2) -> torch.Tensor:
+    """A random clip batch [B, 3, T, H, W] for smoke tests (size: H = W or (H, W)); the length grows with the size
+    (32 px: 4 frames, 48 px: 5 frames, which pads to whole tubelets)."""
+    h, w = (size, size) if isinstance(size, int) else size
+    return torch.randn(batch, 3, 2 + max(h, w) // 16, h, w)
 
 
 VIDEO.example_input = example_input  # read by the generic zoo tests and benchmarks
