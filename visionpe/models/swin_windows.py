@@ -14,6 +14,7 @@ relative PEs see true relative positions. Padding tokens form a region of their 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
