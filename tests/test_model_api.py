@@ -45,7 +45,14 @@ def _spatial(fam, inp) -> tuple[int, int]:
 @pytest.mark.parametrize("name", ALL_MODELS)
 def test_timm_model_api(name):
     fam = family_of(name)
+    torch.manual_seed(0)
     model = timm.create_model(name, **fam.tiny, dynamic_img_size=True, dynamic_img_pad=True)
+
+    x = _input(fam, (fam.test_sizes[0],) * 2)
+    pixels = x["pixels"] if isinstance(x, dict) else x
+    with torch.no_grad():  # reference features of these weights, for features_only below
+        feat_fmt = "NLC" if fam.name in ("vivit", "mm") else "NCHW"  # what features_only returns (feature_cfg)
+        want = model.eval().forward_intermediates(pixels, indices=(0, 1), output_fmt=feat_fmt, intermediates_only=True)
 
     # forward/backward at an odd size; grad checkpointing gives the same loss and gradients
     model.train()
@@ -66,7 +73,6 @@ def test_timm_model_api(name):
 
     # the forward pieces at the default size
     model.eval()
-    x = _input(fam, (fam.test_sizes[0],) * 2)
     with torch.no_grad():
         feats = _call(model.forward_features, x)
         logits = _call(model, x)
@@ -85,13 +91,14 @@ def test_timm_model_api(name):
         for y, info in zip(inter, model.feature_info):
             assert y.shape[1] == info["num_chs"]
             assert y.shape[-2:] == (-(-h // info["reduction"]), -(-w // info["reduction"])), (y.shape, info)
-        tokens = _call(model.forward_intermediates, x, indices=[n - 1], output_fmt="NLC", intermediates_only=True)
+        tok_fmt = "NHWC" if fam.name == "swin" else "NLC"
+        tokens = _call(model.forward_intermediates, x, indices=[n - 1], output_fmt=tok_fmt, intermediates_only=True)
+        tokens = [t.flatten(1, 2) if t.ndim == 4 else t for t in tokens]  # NHWC -> NLC
         maps = inter[-1].flatten(2).transpose(1, 2)
         if fam.name == "mm":  # NLC is the whole sequence; the maps are its visual tokens
             start = model.text_split + 1  # text_split text tokens, then <img>
             tokens = [t[:, start : start + maps.shape[1]] for t in tokens]
-        if fam.name != "swin":  # swin's token format is NHWC
-            torch.testing.assert_close(tokens[0], maps, atol=ATOL, rtol=0)
+        torch.testing.assert_close(tokens[0], maps, atol=ATOL, rtol=0)
         if fam.name in ("vit", "cvt"):  # these return final-normed token sequences from forward_features
             normed = _call(model.forward_intermediates, x, indices=[n - 1], norm=True, intermediates_only=True)[0]
             p = model.num_prefix_tokens if fam.name == "vit" else model.stages[-1].num_prefix
@@ -107,23 +114,19 @@ def test_timm_model_api(name):
         model.reset_classifier(0)
         torch.testing.assert_close(_call(model, x), pre, atol=ATOL, rtol=0)
 
-    # features_only with out_indices: the same maps as forward_intermediates of the same weights
-    torch.manual_seed(0)
-    ref = timm.create_model(name, **fam.tiny).eval()
+    # features_only with out_indices (dynamic_img_* flags left out): the features of the same weights
     torch.manual_seed(0)
     fnet = timm.create_model(name, **fam.tiny, features_only=True, out_indices=(0, 1)).eval()
-    pixels = x["pixels"] if isinstance(x, dict) else x
     with torch.no_grad():
         fo = fnet(pixels)
-        fmt = fnet.output_fmt.value
-        want = ref.forward_intermediates(pixels, indices=(0, 1), output_fmt=fmt, intermediates_only=True)
-    assert len(fo) == 2 and fnet.feature_info.channels() == [y.shape[1 if fmt == "NCHW" else -1] for y in fo]
+    assert fnet.output_fmt.value == feat_fmt
+    assert len(fo) == 2 and fnet.feature_info.channels() == [y.shape[1 if feat_fmt == "NCHW" else -1] for y in fo]
     for a, b in zip(fo, want):
         torch.testing.assert_close(a, b, atol=ATOL, rtol=0)
 
     # set_input_size: a new reference size, recorded in the cfg; the model runs there
-    ref.set_input_size(img_size=(48, 40))
-    assert tuple(ref.pretrained_cfg["input_size"][-2:]) == (48, 40)
+    model.set_input_size(img_size=(48, 40))
+    assert tuple(model.pretrained_cfg["input_size"][-2:]) == (48, 40)
     with torch.no_grad():
-        out = _call(ref, _input(fam, (48, 40)))
+        out = _call(model, _input(fam, (48, 40)))
     assert out.ndim == 2 and torch.isfinite(out).all()
