@@ -62,6 +62,7 @@ def test_compile_has_no_graph_breaks(name, break_sites):
     assert explain.graph_break_count == 0, sorted(set(break_sites.sites))
 
 
+@pytest.mark.slow  # unverified: its first case ran > 6 min on a loaded machine; see the api branch report
 @pytest.mark.parametrize("name", ["vit_n_rope2d_mixed", "swin_n_rope2d_mixed", "cvt_n", "vivit_n_rope3d", "mm_n_mrope"])
 def test_compile_once_per_input_shape(name):
     """Same shape again: no recompilation; a new shape: one more compilation, which then serves further shapes."""
