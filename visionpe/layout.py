@@ -6,12 +6,43 @@ the grid from the token count. Builders here are plain functions, cached by shap
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import lru_cache, wraps
 
 import torch
 
-__all__ = ["TokenLayout", "image_layout", "video_layout", "window_layout", "cell_centre_layout"]
+__all__ = ["TokenLayout", "image_layout", "video_layout", "window_layout", "cell_centre_layout", "shape_cache"]
+
+
+def _symbolic(value) -> bool:
+    """A symbolic size (torch.export / torch.compile with dynamic shapes), possibly inside tuples or dataclasses."""
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return True
+    if isinstance(value, (tuple, list)):
+        return any(_symbolic(v) for v in value)
+    fields = getattr(value, "__dataclass_fields__", None)
+    return fields is not None and any(_symbolic(getattr(value, f)) for f in fields)
+
+
+def shape_cache(maxsize: int) -> Callable:
+    """`functools.lru_cache` for builders keyed by sizes, bypassed while tracing: under torch.compile / torch.export
+    the sizes may be symbolic (unhashable), and a traced graph must compute the tensor rather than capture one."""
+
+    def wrap(fn: Callable) -> Callable:
+        cached = lru_cache(maxsize=maxsize)(fn)
+
+        @wraps(fn)
+        def call(*args):
+            if torch.compiler.is_compiling() or any(_symbolic(a) for a in args):
+                return fn(*args)
+            return cached(*args)
+
+        call.cache_clear = cached.cache_clear
+        call.cache_info = cached.cache_info
+        return call
+
+    return wrap
 
 
 @dataclass(frozen=True, eq=False)
@@ -66,7 +97,7 @@ def _device_key(device) -> str:
     return str(torch.device(device) if device is not None else torch.device("cpu"))
 
 
-@lru_cache(maxsize=64)
+@shape_cache(maxsize=64)
 @torch.inference_mode(False)  # cached tensors must also serve autograd after an inference-mode first call
 def _image_pos(h: int, w: int, device: str) -> torch.Tensor:
     y, x = torch.meshgrid(torch.arange(h, dtype=torch.float32), torch.arange(w, dtype=torch.float32), indexing="ij")
@@ -80,7 +111,7 @@ def image_layout(h: int, w: int, num_prefix: int = 0, device=None) -> TokenLayou
     return TokenLayout(num_prefix, (1, h, w), _image_pos(h, w, _device_key(device)))
 
 
-@lru_cache(maxsize=64)
+@shape_cache(maxsize=64)
 @torch.inference_mode(False)
 def _video_pos(t: int, h: int, w: int, device: str) -> torch.Tensor:
     tt, yy, xx = torch.meshgrid(
@@ -104,7 +135,7 @@ def window_layout(ws_h: int, ws_w: int, device=None) -> TokenLayout:
     return image_layout(ws_h, ws_w, 0, device)
 
 
-@lru_cache(maxsize=64)
+@shape_cache(maxsize=64)
 @torch.inference_mode(False)
 def _cell_centre_pos(h: int, w: int, stride: int, device: str) -> torch.Tensor:
     # a stride-s token covers query cells [s*i, s*i + s - 1]; its centre is s*i + (s - 1) / 2

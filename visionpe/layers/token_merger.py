@@ -98,7 +98,7 @@ class AdaptiveTokenMerger(nn.Module):
         cells = x[:, idx_h.to(x.device)][:, :, :, idx_w.to(x.device)]  # [B, Th, kh, Tw, kw, C]
         cells = cells.permute(0, 1, 3, 2, 4, 5).reshape(B * th * tw, kh * kw, C)  # [B*T, K, C]
         valid = (ok_h[:, None, :, None] & ok_w[None, :, None, :]).reshape(th * tw, kh * kw)  # [T, K]
-        padded = not bool(valid.all())
+        padded = th * kh != H or tw * kw != W  # cells partition each axis: slots beyond the tokens are padding
         valid = valid.to(x.device)
         weight = valid.to(x.dtype) / valid.sum(-1, keepdim=True)  # mean over the real tokens of a cell
         query = (cells.unflatten(0, (B, th * tw)) * weight[..., None]).sum(2).reshape(B * th * tw, 1, C)

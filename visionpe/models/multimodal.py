@@ -15,7 +15,7 @@ from torch import nn
 
 from ..layout import TokenLayout
 from .token_encoder import TokenEncoder
-from .video_vit import TubeletEmbed
+from .video_vit import VISUAL_FORMATS, TubeletEmbed
 
 __all__ = ["MultimodalEncoder", "check_text"]
 
@@ -33,7 +33,7 @@ def check_text(text_ids: torch.Tensor | None, vocab_size: int, batch: int, devic
         raise ValueError(f"text_ids must be [B, L], got shape {tuple(text_ids.shape)}{hint}")
     if text_ids.shape[0] != batch:
         raise ValueError(f"text_ids has batch {text_ids.shape[0]} but the visual input has batch {batch}")
-    if text_ids.numel():
+    if text_ids.numel() and not torch.compiler.is_compiling():  # a value check: eager only (no host sync)
         lo, hi = int(text_ids.min()), int(text_ids.max())
         if lo < 0 or hi >= vocab_size:
             bad = lo if lo < 0 else hi
@@ -111,6 +111,13 @@ class MultimodalEncoder(TokenEncoder):
         self, pixels: torch.Tensor, text_ids: torch.Tensor | None = None, text_split: int | None = None
     ) -> tuple[torch.Tensor, TokenLayout]:
         """-> tokens [B, P + N, D] (before the token-site PEs) and their interleaved layout (grid None)."""
+        x, layout, _ = self.embed_sequence(pixels, text_ids, text_split)
+        return x, layout
+
+    def embed_sequence(
+        self, pixels: torch.Tensor, text_ids: torch.Tensor | None = None, text_split: int | None = None
+    ) -> tuple[torch.Tensor, TokenLayout, tuple[int, tuple[int, int, int]]]:
+        """`embed`, plus where the visual tokens sit: (offset among the non-prefix tokens, (T', H', W'))."""
         vis, grid = self.visual_tokens(pixels)
         B, _, D = vis.shape
         ids = check_text(text_ids, self.vocab_size, B, vis.device)
@@ -122,7 +129,7 @@ class MultimodalEncoder(TokenEncoder):
         opening, closing = (m.view(1, 1, D).expand(B, 1, D) for m in self.markers)
         x = torch.cat([text[:, :k], opening, vis, closing, text[:, k:]], dim=1)
         layout = self.scheme_layout(self.segments(ids.shape[1], grid, k), x.device)
-        return self.add_prefix(x), layout
+        return self.add_prefix(x), layout, (k + 1, tuple(grid))
 
     # ----------------------------------------------------------------------------------------------------- forward
 
@@ -145,6 +152,34 @@ class MultimodalEncoder(TokenEncoder):
     ) -> torch.Tensor:
         """Class logits [B, num_classes] for visual input + text ids [B, L] (ids in [0, vocab_size))."""
         return self.forward_head(self.forward_features(pixels, text_ids, text_split))
+
+    def forward_intermediates(
+        self,
+        pixels: torch.Tensor,
+        text_ids: torch.Tensor | None = None,
+        text_split: int | None = None,
+        indices: int | list[int] | None = None,
+        return_prefix_tokens: bool = False,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCTHW",
+        intermediates_only: bool = False,
+    ):
+        """Features of the chosen blocks (timm's API): the visual tokens as NCTHW maps (NCHW for an image or a
+        one-tubelet clip), or every non-prefix token of the sequence (text included) as NLC."""
+        if output_fmt not in VISUAL_FORMATS:
+            raise ValueError(f"output_fmt must be one of {VISUAL_FORMATS}, got {output_fmt!r}")
+        x, layout, visual = self.embed_sequence(pixels, text_ids, text_split)
+        return self.intermediates(
+            x, layout, indices, return_prefix_tokens, norm, stop_early, output_fmt, intermediates_only, visual
+        )
+
+    def set_input_size(self, img_size=None, num_frames: int | None = None) -> None:
+        """Change the reference visual size (the grid the PEs are built for)."""
+        self.patch_embed.set_input_size(img_size, num_frames)
+        self.set_reference(self.patch_embed.grid_size[1:], self.patch_embed.grid_size[0])
+        if hasattr(self, "pretrained_cfg"):
+            self.pretrained_cfg = {**self.pretrained_cfg, "input_size": (self.in_chans, *self.patch_embed.img_size)}
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:

@@ -33,13 +33,16 @@ MM = zoo.Family(
         notes=("forward(pixels [B, C, H, W] or [B, C, T, H, W], text_ids=[B, L])",),
     ),
     size_cfg={"n": dict(input_size=(3, 32, 32))},
+    feature_cfg=dict(out_indices=3, feature_cls="getter", output_fmt="NLC"),  # timm's Format has no 'NCTHW'
     tiny=dict(embed_dim=32, depth=2, num_heads=2, patch_size=8, img_size=32, vocab_size=32),
 )
 
 
-def example_input(size: int, batch: int = 2) -> dict:
-    """Random model kwargs for smoke tests: an image (up to 32 px) or a 4-frame clip, and 5 text ids."""
-    shape = (batch, 3, size, size) if size <= 32 else (batch, 3, 4, size, size)
+def example_input(size: int | tuple[int, int], batch: int = 2) -> dict:
+    """Random model kwargs for smoke tests (size: H = W or (H, W)): an image (up to 32 px) or a 4-frame clip, and
+    5 text ids."""
+    h, w = (size, size) if isinstance(size, int) else size
+    shape = (batch, 3, h, w) if max(h, w) <= 32 else (batch, 3, 4, h, w)
     return {"pixels": torch.randn(shape), "text_ids": torch.randint(0, 32, (batch, 5))}
 
 

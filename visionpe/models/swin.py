@@ -122,10 +122,14 @@ class SwinTransformer(nn.Module):
         pe_kwargs: dict | None = None,
         norm_layer: type[nn.Module] | None = None,
         act_layer: type[nn.Module] | None = None,
+        dynamic_img_size: bool = True,
+        dynamic_img_pad: bool = True,
     ):
         """embed_dim: width of stage 1 (doubling per stage). window_size: one for all stages or one per stage.
         pe: a PE preset (visionpe.pos.PE_PRESETS), 'rpb' being Swin's relative position bias; pe_kwargs override
-        its options."""
+        its options.
+        dynamic_img_size / dynamic_img_pad: timm's flags, accepted for compatibility; the model takes any input
+        size whatever their value."""
         super().__init__()
         if global_pool not in ("", "avg", "max", "avgmax"):
             raise ValueError(f"global_pool must be '', 'avg', 'max' or 'avgmax', got {global_pool!r}")

@@ -14,10 +14,11 @@ relative PEs see true relative positions. Padding tokens form a region of their 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
+
+from ..layout import shape_cache
 
 __all__ = ["WindowPlan", "plan_windows", "window_partition", "window_reverse", "window_mask", "MASK_VALUE"]
 
@@ -113,7 +114,7 @@ def region_ids(plan: WindowPlan) -> torch.Tensor:
     return torch.where(valid, ids, torch.full_like(ids, -1))
 
 
-@lru_cache(maxsize=32)
+@shape_cache(maxsize=32)
 def _window_mask(plan: WindowPlan, device: str) -> torch.Tensor:
     ids = window_partition(region_ids(plan)[None, :, :, None], plan.window)[..., 0]  # [nW, N]
     mask = (ids[:, :, None] != ids[:, None, :]).float() * MASK_VALUE

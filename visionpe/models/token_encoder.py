@@ -55,11 +55,14 @@ class TokenEncoder(nn.Module):
         frames: int = 1,
         norm_layer: type[nn.Module] | None = None,
         act_layer: type[nn.Module] | None = None,
+        dynamic_img_size: bool = True,
+        dynamic_img_pad: bool = True,
     ):
         """grid: the reference (H, W) patch grid the PEs are built for (frames: its token frames T);
         default_scheme: the position scheme of the layout when no PE declares one (e.g. for a learned APE);
         embed_prefix: a learned APE has entries for the prefix tokens too; fc_norm: norm after pooling instead of
-        before (default: with average pooling)."""
+        before (default: with average pooling). dynamic_img_size / dynamic_img_pad: timm's flags, accepted for
+        compatibility; every model here takes any input size and pads partial patches, whatever their value."""
         super().__init__()
         if global_pool not in POOLS:
             raise ValueError(f"global_pool must be '', 'avg' or 'token', got {global_pool!r}")
@@ -192,9 +195,14 @@ class TokenEncoder(nn.Module):
         stop_early: bool,
         output_fmt: str,
         intermediates_only: bool,
+        visual: tuple[int, tuple[int, int, int]] | None = None,
     ):
-        """timm's forward_intermediates over embedded tokens: 'NLC' tokens or maps over the layout's grid
-        ('NCHW' for images, 'NCTHW' for clips), optionally with the prefix tokens."""
+        """timm's forward_intermediates over embedded tokens, optionally with the prefix tokens. output_fmt 'NLC':
+        all non-prefix tokens; 'NCTHW' / 'NCHW': the visual tokens as maps [B, C, T, H, W] / [B, C, H, W] (T = 1).
+        visual: (offset among the non-prefix tokens, (T, H, W)) of the visual tokens; default the layout's grid."""
+        start, grid = visual if visual is not None else (0, layout.grid)
+        if output_fmt == "NCHW" and grid[0] != 1:
+            raise ValueError(f"output_fmt='NCHW' needs a single-frame grid, got (T, H, W) = {grid}; use 'NCTHW'")
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
         x = self.pe.tokens(x, layout)
         out = []
@@ -206,8 +214,9 @@ class TokenEncoder(nn.Module):
         prefix = [y[:, :p] for y in out]
         out = [y[:, p:] for y in out]
         if output_fmt != "NLC":
-            shape = layout.hw if output_fmt == "NCHW" else layout.grid
-            out = [y.transpose(1, 2).unflatten(2, shape).contiguous() for y in out]
+            shape = grid[1:] if output_fmt == "NCHW" else grid
+            n = grid[0] * grid[1] * grid[2]
+            out = [y[:, start : start + n].transpose(1, 2).unflatten(2, shape).contiguous() for y in out]
         if return_prefix_tokens and p:
             out = list(zip(out, prefix))
         if intermediates_only:

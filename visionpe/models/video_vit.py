@@ -16,6 +16,8 @@ from .token_encoder import TokenEncoder
 
 __all__ = ["TubeletEmbed", "VideoViT", "check_clip"]
 
+VISUAL_FORMATS = ("NCTHW", "NCHW", "NLC")  # maps over (T, H, W), maps over (H, W) when T = 1, tokens
+
 
 def _pair(v) -> tuple[int, int]:
     return (v, v) if isinstance(v, int) else tuple(v)
@@ -60,6 +62,13 @@ class TubeletEmbed(nn.Module):
     def token_grid(self, t: int, h: int, w: int) -> tuple[int, int, int]:
         p, k = self.patch_size[0], self.tubelet_size
         return -(-t // k), -(-h // p), -(-w // p)
+
+    def set_input_size(self, img_size=None, num_frames: int | None = None) -> None:
+        """A new reference clip size (the grid the PEs are built for)."""
+        if img_size is not None:
+            self.img_size = _pair(img_size)
+        if num_frames is not None:
+            self.num_frames = int(num_frames)
 
     @property
     def grid_size(self) -> tuple[int, int, int]:
@@ -145,9 +154,10 @@ class VideoViT(TokenEncoder):
         output_fmt: str = "NCTHW",
         intermediates_only: bool = False,
     ):
-        """Features of the chosen blocks (timm's API): NCTHW maps or NLC tokens, optionally with prefix tokens."""
-        if output_fmt not in ("NCTHW", "NLC"):
-            raise ValueError(f"output_fmt must be 'NCTHW' or 'NLC', got {output_fmt!r}")
+        """Features of the chosen blocks (timm's API): NCTHW maps, NCHW maps (clips of one tubelet) or NLC tokens,
+        optionally with prefix tokens."""
+        if output_fmt not in VISUAL_FORMATS:
+            raise ValueError(f"output_fmt must be one of {VISUAL_FORMATS}, got {output_fmt!r}")
         x, layout = self.embed(x)
         return self.intermediates(
             x, layout, indices, return_prefix_tokens, norm, stop_early, output_fmt, intermediates_only
@@ -156,8 +166,8 @@ class VideoViT(TokenEncoder):
     def set_input_size(self, img_size=None, num_frames: int | None = None) -> None:
         """Change the reference clip size: the APE's spatial table is resampled (its temporal table is resampled
         at call time)."""
-        if img_size is not None:
-            self.patch_embed.img_size = _pair(img_size)
-        if num_frames is not None:
-            self.patch_embed.num_frames = self.num_frames = num_frames
-        self.set_reference(self.patch_embed.grid_size[1:])
+        self.patch_embed.set_input_size(img_size, num_frames)
+        self.num_frames = self.patch_embed.num_frames
+        self.set_reference(self.patch_embed.grid_size[1:], self.patch_embed.grid_size[0])
+        if hasattr(self, "pretrained_cfg"):
+            self.pretrained_cfg = {**self.pretrained_cfg, "input_size": (self.in_chans, *self.patch_embed.img_size)}

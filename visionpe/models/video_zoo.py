@@ -39,14 +39,16 @@ VIDEO = zoo.Family(
         notes=("clips [B, C, T, H, W]; reference clip 16 frames (8 for size n)",),
     ),
     size_cfg={"n": dict(input_size=(3, 32, 32))},
+    feature_cfg=dict(out_indices=3, feature_cls="getter", output_fmt="NLC"),  # timm's Format has no 'NCTHW'
     tiny=dict(embed_dim=32, depth=2, num_heads=2, patch_size=8, img_size=32, num_frames=4),
 )
 
 
-def example_input(size: int, batch: int = 2) -> torch.Tensor:
-    """A random clip batch [B, 3, T, size, size] for smoke tests; the length grows with the size (32 px: 4 frames,
-    48 px: 5 frames, which pads to whole tubelets)."""
-    return torch.randn(batch, 3, 2 + size // 16, size, size)
+def example_input(size: int | tuple[int, int], batch: int = 2) -> torch.Tensor:
+    """A random clip batch [B, 3, T, H, W] for smoke tests (size: H = W or (H, W)); the length grows with the size
+    (32 px: 4 frames, 48 px: 5 frames, which pads to whole tubelets)."""
+    h, w = (size, size) if isinstance(size, int) else size
+    return torch.randn(batch, 3, 2 + max(h, w) // 16, h, w)
 
 
 VIDEO.example_input = example_input  # read by the generic zoo tests and benchmarks

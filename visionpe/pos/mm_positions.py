@@ -210,9 +210,9 @@ def _three_stream(
         block = torch.stack([t, h, w], dim=1)
         rows.append(block)
         if after_visual == "hw":
-            nxt += max(H, W)
-        else:
-            nxt = float((t if scheme == "videorope" else block).max()) + 1
+            nxt = nxt + max(H, W)
+        else:  # a 0-d tensor: no host sync (torch.compile traces it without a graph break)
+            nxt = (t if scheme == "videorope" else block).max() + 1
     return torch.cat(rows)
 
 

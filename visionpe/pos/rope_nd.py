@@ -67,11 +67,12 @@ class RoPEND(PosEncoding):
                 f"{layout.streams}; build it with visionpe.pos.mm_positions.segment_layout(..., {self.scheme!r})"
             )
         freqs = self.layer_frequencies(i)
-        key = (layout.num_prefix, freqs.shape[-1], freqs.device, torch.is_inference_mode_enabled())
+        key = (layout.num_prefix, freqs.shape[-1], freqs.device)
         for pos, k, cos_sin in self._cache:  # the entry holds `pos`, so its identity cannot be reused
             if pos is layout.pos and k == key:
                 return cos_sin
-        cos_sin = rotary_cos_sin(rotary_angles(layout.pos, freqs, layout.num_prefix))  # [P + N, d]
+        with torch.inference_mode(False), torch.no_grad():  # constants, reusable in training and inference
+            cos_sin = rotary_cos_sin(rotary_angles(layout.pos, freqs, layout.num_prefix))  # [P + N, d]
         self._cache = [*self._cache[-3:], (layout.pos, key, cos_sin)]
         return cos_sin
 
