@@ -47,6 +47,7 @@ def _cvt13(**kw):
 def test_paper_parameter_counts():
     with torch.device("meta"):  # shapes only
         counts = {n: sum(p.numel() for p in timm.create_model(n).parameters()) / 1e6 for n in ("cvt_13", "cvt_21")}
+    # integer counts against the paper's figures, printed to 0.1 M: half a unit of the last digit
     assert counts["cvt_13"] == pytest.approx(20.0, abs=0.05)
     assert counts["cvt_21"] == pytest.approx(31.6, abs=0.05)
 
@@ -56,6 +57,9 @@ def test_transformers_port_loads_and_gives_the_same_logits_with_gelu(hf_cvt):
     x = torch.randn(2, 3, 112, 96)
     with torch.no_grad():
         expect, got = hf_cvt(x).logits, model(x)
+        # two implementations (other kernels and summation orders) of 6 fp32 blocks of width <= 384: ~sqrt(384) eps
+        # ~ 1e-6 relative per op, grown through depth and BatchNorm/LayerNorm to ~1e-5 on logits |.| ~ 1-10;
+        # a wrong op (QuickGELU for GELU, below) moves them by > 1e-3
         assert (expect - got).abs().max() < 1e-4
         quick = _cvt13()  # the default is the official QuickGELU: same weights, different function
         quick.load_state_dict(model.state_dict())
@@ -81,7 +85,7 @@ def test_official_checkpoint_names_load(hf_cvt):
     fresh.load_state_dict(checkpoint_filter_fn(official, fresh))
     x = torch.randn(1, 3, 96, 96)
     with torch.no_grad():
-        assert (fresh(x) - hf_cvt(x).logits).abs().max() < 1e-4
+        assert (fresh(x) - hf_cvt(x).logits).abs().max() < 1e-4  # same network as above: same bound
 
 
 def test_a_checkpoint_of_another_depth_is_a_clear_error(hf_cvt):
@@ -109,6 +113,7 @@ def test_keys_sit_at_their_cell_centres_in_query_grid_units():
     q, kv = m.layouts(2, (5, 6))
     assert q.grid == (1, 5, 6) and kv.grid == (1, 3, 3)
     assert q.num_prefix == kv.num_prefix == 1  # the CLS token in the last stage
+    # exact: half-integer centres are exact in fp32
     assert torch.equal(kv.pos[:3, 0], torch.tensor([0.5, 2.5, 4.5])) and torch.equal(kv.pos[::3, 1], kv.pos[:3, 0])
     q0, kv0 = m.layouts(0, (4, 4))
     assert q0.num_prefix == kv0.num_prefix == 0
@@ -131,6 +136,8 @@ def test_rope_logits_depend_only_on_the_query_to_cell_centre_offset(pe):
             key = tuple((q_lay.pos[a] - kv_lay.pos[b]).tolist())
             by_offset.setdefault(key, []).append(logits[:, a, b])
     spread = max((torch.stack(v) - v[0]).abs().max().item() for v in by_offset.values())
+    # fp32 cos/sin of angles |pos * f| <= ~10 carry ~10 eps ~ 1e-6 each, times logits' scale |q||k| ~ 16: ~2e-5;
+    # a logit that depended on the absolute position would differ by O(1), as the offsets below do (> 1e-3)
     assert spread < 1e-4 and len(by_offset) > 1
     assert (logits[:, 0, 0] - logits[:, 0, 1]).abs().max() > 1e-3
 
@@ -161,7 +168,9 @@ def test_forward_intermediates_and_features_only():
     x = torch.randn(2, 3, 32, 48)
     final, inter = m.forward_intermediates(x)
     assert [t.shape for t in inter] == [(2, 16, 16, 24), (2, 32, 8, 12), (2, 64, 4, 6)]
-    assert torch.allclose(final, m.forward_features(x), atol=1e-6)
+    # another code path (reshapes between stages may pick other kernels) through 6 blocks of width <= 64 on O(1)
+    # normalised features: ~1e-6; a skipped block or norm changes them by O(1)
+    assert torch.allclose(final, m.forward_features(x), atol=1e-5)
     nlc = m.forward_intermediates(x, indices=[2], output_fmt="NLC", intermediates_only=True)
     assert nlc[0].shape == (2, 24, 64)  # CLS excluded
     fm = timm.create_model("cvt_n_rope2d", features_only=True, **TINY)
@@ -176,6 +185,7 @@ def test_avg_pool_without_cls_head_and_reset_classifier():
     x = torch.randn(2, 3, 32, 32)
     feats = m.forward_features(x)
     assert feats.shape == (2, 16, 64)
+    # exact in practice: pool() is the same .mean(dim=1) over the same 16 tokens (no prefix); allclose for safety
     assert torch.allclose(m.forward_head(feats, pre_logits=True), feats.mean(1))
     with pytest.raises(ValueError, match="cls_token"):
         m.reset_classifier(5, "token")
@@ -197,6 +207,8 @@ def test_grad_checkpointing_matches_and_cls_skips_weight_decay():
     m.set_grad_checkpointing(True)
     out2 = m(x)
     out2.sum().backward()
+    # recomputation repeats the forward ops; gradients from the 3 stages may accumulate in another order:
+    # a few fp32 roundings of O(1-10) values, ~1e-6, inside atol 1e-5 + rtol 1e-5
     assert torch.allclose(out, out2, atol=1e-5) and torch.allclose(
         grad, m.pe.encodings["rope2d"].freqs[2].grad, atol=1e-5
     )

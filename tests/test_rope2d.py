@@ -25,6 +25,7 @@ def test_axial_frequencies_follow_the_paper():
     d, theta = 16, 100.0
     f = axial_frequencies(d, theta)
     expect = torch.tensor([theta ** (-4 * j / d) for j in range(d // 4)])
+    # fp32 powers vs float64: a few eps relative, inside allclose's rtol 1e-5; a wrong exponent is off by > 10 %
     assert torch.allclose(f[0, : d // 4], expect) and torch.allclose(f[1, d // 4 :], expect)
     assert f[0, d // 4 :].abs().sum() == 0 and f[1, : d // 4].abs().sum() == 0
 
@@ -45,6 +46,8 @@ def test_logit_depends_only_on_relative_offset(mode):
             key = tuple((pos[i] - pos[j]).tolist())
             by_offset.setdefault(key, []).append(logits[:, i, j])
     spread = max((torch.stack(v) - v[0]).abs().max().item() for v in by_offset.values())
+    # fp32 cos/sin of angles |pos * f| <= ~6 carry ~6 eps ~ 4e-7 each, times logits' scale |q||k| ~ 16: ~1e-5;
+    # an absolute-position dependence is O(1), like the offset dependence checked below (> 1e-3)
     assert spread < 1e-4
     assert len(by_offset) == (2 * 5 - 1) * (2 * 6 - 1)
     # ...and it does depend on the offset
@@ -57,7 +60,9 @@ def test_rotation_preserves_norms_and_leaves_prefix_untouched(mode):
     lay = image_layout(3, 4, num_prefix=1)
     q, k = torch.randn(2, 2, 13, 16), torch.randn(2, 2, 13, 16)
     qr, kr = _rotated(rope, lay, q, k, i=1)
+    # 16-element norms |q| ~ 4 of fp32 rotations (cos^2 + sin^2 = 1 to ~2 eps): error ~ 10 eps * 4 ~ 2e-6
     assert torch.allclose(qr.norm(dim=-1), q.norm(dim=-1), atol=1e-5)
+    # exact: prefix tokens are copied through, not rotated
     assert torch.equal(qr[:, :, :1], q[:, :, :1]) and torch.equal(kr[:, :, :1], k[:, :, :1])
     assert (qr[:, :, 2:] - q[:, :, 2:]).abs().max() > 1e-3
 
@@ -71,6 +76,7 @@ def test_axial_equals_mixed_with_zero_angles():
     q, k = torch.randn(1, 2, 21, 16), torch.randn(1, 2, 21, 16)
     a = _rotated(axial, lay, q, k)
     m = _rotated(mixed, lay, q, k)
+    # x * fx + y * fy with fy = 0 vs x * fx alone: angles <= ~5 agree to ~eps * 5 ~ 3e-7, times |q| entries <= ~4
     assert max((x - y).abs().max().item() for x, y in zip(a, m)) < 1e-5
 
 
@@ -80,10 +86,13 @@ def test_mixed_initialisation_follows_the_paper():
     mag = torch.tensor([10.0 ** (-4 * j / 16) for j in range(4)])
     # |(fx, fy)| of every pair is m_j, and the two halves are a quarter turn apart
     norm = torch.sqrt(f[0] ** 2 + f[1] ** 2)
+    # sqrt((m cos a)^2 + (m sin a)^2) in fp32 with m <= 1: a few eps ~ 3e-7
     assert torch.allclose(norm[..., :4], mag.expand(3, 4, 4), atol=1e-6)
     assert torch.allclose(norm[..., 4:], mag.expand(3, 4, 4), atol=1e-6)
     dot = f[0, ..., :4] * f[0, ..., 4:] + f[1, ..., :4] * f[1, ..., 4:]
-    assert dot.abs().max() < 1e-6
+    # m^2 sin(rounding of a + pi/2): fp32 a + pi/2 <= 8 rounds by <= 4.8e-7, plus ~1 ulp from cos/sin
+    # (kernels differ per CPU) and the products: |dot| <= ~1e-6; a wrong quarter turn gives O(0.1)
+    assert dot.abs().max() < 2e-6
 
 
 def test_matches_timm_axial_rope_xy_grid():
@@ -93,6 +102,7 @@ def test_matches_timm_axial_rope_xy_grid():
     ours, _ = _rotated(rope, lay, x, x)
     ref_embed = RotaryEmbeddingCat(32, temperature=100, in_pixels=False, grid_indexing="xy").get_embed((3, 5))
     ref = apply_rot_embed_cat(x, ref_embed)
+    # timm builds frequencies and angles by other fp32 ops: angles <= ~4 agree to ~10 eps ~ 6e-7, times |x| <= ~4
     assert (ours - ref).abs().max() < 1e-5
 
 
@@ -104,6 +114,7 @@ def test_matches_timm_mixed_rope():
     t_x, t_y = lay.pos[:, 0], lay.pos[:, 1]
     ref_embed = get_mixed_freqs(rope.freqs.detach(), t_x, t_y)[1]  # layer 1: [heads, N, 2 d]
     ref = apply_rot_embed_cat(x, ref_embed)
+    # as above: angles x * fx + y * fy <= ~8 by other fp32 ops agree to ~1e-6, times |x| <= ~4
     assert (ours - ref).abs().max() < 1e-5
 
 
@@ -113,6 +124,7 @@ def test_angles_stay_fp32_under_autocast():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         a = rotary_angles(pos, f)
     assert a.dtype == torch.float32
+    # 1000 * 1.0 is exact in fp32 (the dtype check above is what catches a bf16 angle)
     assert math.isclose(a[0, 0].item(), 1000.0, rel_tol=1e-6)
 
 

@@ -57,6 +57,7 @@ def test_vrope_diagonals_are_symmetric_per_frame():
     pos = position_ids([("text", 2), ("video", (3, 4, 5)), ("text", 1)], "vrope")
     vis = pos[2:-1].view(3, 20, 4)  # [T, H*W, 4]
     a0, a1, a2, a3 = vis.unbind(-1)
+    # exact: integer (or half-integer) positions far below 2^24 make every fp32 sum here exact
     assert torch.equal(a0 + a3, a1 + a2)
     sums = a0 + a3  # one value per frame: each frame is centred on one index
     assert (sums == sums[:, :1]).all()
@@ -85,7 +86,7 @@ def test_vrope_first_text_after_video_continues_the_running_index():
 def test_v2pe_with_delta_one_is_arange(spec):
     pos = position_ids(spec, "v2pe", delta=1.0)
     assert pos.shape[1] == 1
-    assert torch.equal(pos[:, 0], torch.arange(pos.shape[0], dtype=torch.float32))
+    assert torch.equal(pos[:, 0], torch.arange(pos.shape[0], dtype=torch.float32))  # exact: small integers in fp32
 
 
 def _kinds(spec) -> list[str]:
@@ -101,6 +102,7 @@ def test_v2pe_steps_and_marker_rule(delta):
     assert (steps > 0).all()  # strictly increasing
     for i in range(1, len(kinds)):
         if kinds[i] == "video":  # visual steps (from the opening marker too) equal delta
+            # deltas are powers of 2 and positions < 2^7: fp32 holds every position exactly, so steps are exact
             assert steps[i - 1].item() == pytest.approx(delta, abs=1e-6)
         elif kinds[i - 1] == "text":  # text steps equal 1
             assert steps[i - 1].item() == 1.0
@@ -141,7 +143,10 @@ def test_rope_score_is_unchanged_by_a_common_shift_of_fractional_positions():
 
         base = scores(pos)
         for shift in (0.375, 7.125):
+            # the shifted angles (<= ~40 rad) round differently, by ~40 eps ~ 2.4e-6 each; summed over 32 dims
+            # with |q||k| ~ 32 the scores differ by ~32 * 2.4e-6 ~ 8e-5
             torch.testing.assert_close(scores(pos + shift), base, atol=2e-4, rtol=1e-4)
+        # scaling positions changes scores by O(1), far above 1e-2
         assert not torch.allclose(scores(pos * 1.5), base, atol=1e-2)  # but positions do matter
 
 
@@ -192,6 +197,8 @@ def test_pure_text_reduces_to_1d_rope(scheme):
     assert (pos == torch.arange(n, dtype=torch.float32)[:, None]).all()
     angles = rotary_angles(pos, frequency_matrix(scheme, d, theta=10000.0))
     expected = torch.arange(n, dtype=torch.float32)[:, None] * rope_frequencies(d // 2, 10000.0)[None]
+    # one fp32 product per entry either way (the other streams' terms are exact zeros): within 1 ulp, inside
+    # assert_close's fp32 defaults (rtol 1.3e-6)
     torch.testing.assert_close(angles, expected)
 
 
@@ -200,6 +207,7 @@ def test_each_rotary_pair_reads_one_stream_with_the_1d_ladder(scheme):
     f = frequency_matrix(scheme, 64, theta=100.0)
     assert f.shape == (position_ids("text:1", scheme).shape[1], 32)
     assert ((f != 0).sum(0) == 1).all()
+    # a sum of one non-zero and zeros is exact; both sides use the fp32 1D ladder: within 1 ulp (fp32 defaults)
     torch.testing.assert_close(f.sum(0), rope_frequencies(32, 100.0))
     assert ((f != 0).sum(1) > 0).all()  # every stream is read by some pair
 

@@ -40,12 +40,14 @@ def test_timm_swin_tiny_state_dict_gives_the_same_logits(timm_swin_t):
     x = torch.randn(1, 3, 224, 224)
     with torch.no_grad():
         expect, got = ref(x), model(x)
+        # two implementations (other kernels and summation orders) of 12 fp32 blocks of width <= 768: ~sqrt(768) eps
+        # ~ 2e-6 relative per op, grown through depth to ~1e-5 on the logits; a misplaced bias or mask is >> 1e-4
         assert (expect - got).abs().max() < 1e-4
         # the bias is Swin's: layer i's bias equals timm's relative_position_bias for that block
         ctx = model.pe.context(3, window_layout(7, 7))
         timm_bias = ref.layers[1].blocks[1].attn._get_rel_pos_bias()
         q = torch.zeros(1, 6, 49, 16)
-        assert torch.allclose(ctx.bias(q, q), timm_bias)
+        assert torch.allclose(ctx.bias(q, q), timm_bias)  # exact: both gather the same table entries (q = 0)
         out = model(torch.randn(1, 3, 320, 320))  # any other size runs (windows padded and masked)
     assert out.shape == (1, 1000) and torch.isfinite(out).all()
 
@@ -61,7 +63,7 @@ def test_official_checkpoint_layout_loads_too(timm_swin_t):
     model.load_state_dict(checkpoint_filter_fn(official, model))
     x = torch.randn(1, 3, 224, 224)
     with torch.no_grad():
-        assert (ref(x) - model(x)).abs().max() < 1e-4
+        assert (ref(x) - model(x)).abs().max() < 1e-4  # same networks as the test above: same bound
 
 
 def test_bias_tables_into_a_model_without_them_is_a_clear_error():
@@ -120,7 +122,9 @@ def test_any_resolution_and_sizes_not_divisible_by_the_patch_are_zero_padded():
         assert m(torch.randn(1, 3, h, w)).shape == (1, 10)
     x = torch.randn(1, 3, 33, 31)
     with torch.no_grad():
-        assert torch.allclose(m(x), m(F.pad(x, (0, 1, 0, 1))), atol=1e-6)
+        # same padded pixels, but the patch conv sees another input size (may pick other blocking): a few blocks
+        # of width <= 64 on O(1) values, ~1e-6; padding with anything but zeros moves border tokens by O(0.1)
+        assert torch.allclose(m(x), m(F.pad(x, (0, 1, 0, 1))), atol=1e-5)
     assert m.token_grid((33, 31)) == (9, 8)
 
 
@@ -156,6 +160,7 @@ def test_set_input_size_changes_the_window_and_resizes_the_bias_tables():
     m.set_input_size(img_size=48, window_size=6)
     assert m.window_sizes == ((6, 6), (6, 6))
     table = m.pe.encodings["irpe"].bias_table(1)
+    # resampling a constant: fp32 weights summing to 1 within a few eps, times 0.25: ~1e-7
     assert table.shape == (11 * 11, 1) and torch.allclose(table, torch.full_like(table, 0.25), atol=1e-5)
     assert m.pretrained_cfg["input_size"] == (3, 48, 48)
     assert m(torch.randn(1, 3, 48, 48)).shape == (1, 10)
@@ -166,7 +171,9 @@ def test_forward_intermediates_and_features_only():
     x = torch.randn(2, 3, 32, 48)
     final, inter = m.forward_intermediates(x)
     assert [t.shape for t in inter] == [(2, 16, 16, 24), (2, 32, 8, 12)]
-    assert torch.allclose(final, m.forward_features(x), atol=1e-6)
+    # another code path (reshapes between stages may pick other kernels) through blocks of width <= 64 on O(1)
+    # normalised features: ~1e-6; a skipped block or norm changes them by O(1)
+    assert torch.allclose(final, m.forward_features(x), atol=1e-5)
     fm = timm.create_model("swin_n_rpb", features_only=True, out_indices=(0, 1), **TINY)
     feats = fm(torch.randn(1, 3, 32, 32))
     assert [f.shape for f in feats] == [(1, 16, 16, 16), (1, 32, 8, 8)]
@@ -197,4 +204,6 @@ def test_bias_tables_skip_weight_decay_and_grad_checkpointing_matches():
     m.set_grad_checkpointing(True)
     out2 = m(x)
     out2.sum().backward()
-    assert torch.allclose(out, out2, atol=1e-6) and torch.allclose(grad, table.grad, atol=1e-6)
+    # recomputation repeats the forward ops; the shared table's gradient sums the blocks' and windows'
+    # contributions, maybe in another order: ~eps * sum |contributions| ~ 1e-6 on O(1) entries
+    assert torch.allclose(out, out2, atol=1e-5) and torch.allclose(grad, table.grad, atol=1e-5)

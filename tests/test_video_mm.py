@@ -71,7 +71,9 @@ def test_multimodal_returns_token_features_and_pooled_output():
     assert layout.grid is None and layout.streams == 4 and layout.num_pos == tokens.shape[1]
     # text(k + 1) incl. <img> | video | text: the first visual token sits right after the opening marker
     assert layout.pos[1].tolist() == [1.0] * 4 and layout.pos[2, 0] == 2
-    torch.testing.assert_close(pooled, model.fc_norm(tokens.mean(1)))  # average pooling over the whole sequence
+    # average pooling over the whole sequence; a mean over ~55 tokens in another order differs by ~sqrt(55) eps
+    # ~ 5e-7 relative before the norm: inside assert_close's fp32 defaults (atol 1e-5) on O(1) outputs
+    torch.testing.assert_close(pooled, model.fc_norm(tokens.mean(1)))
 
 
 def test_multimodal_text_changes_the_answer_and_order_matters():
@@ -81,6 +83,7 @@ def test_multimodal_text_changes_the_answer_and_order_matters():
     a = model(pixels, text_ids=torch.tensor([[1, 2, 4, 7]]))
     b = model(pixels, text_ids=torch.tensor([[1, 2, 5, 7]]))
     c = model(pixels, text_ids=torch.tensor([[1, 2, 7, 4]]))  # same bag of words, other order
+    # other words or order change the pooled text tokens by O(0.1), far above allclose's rtol 1e-5
     assert not torch.allclose(a, b) and not torch.allclose(a, c)
 
 
@@ -107,11 +110,15 @@ def test_video_rope_logits_depend_only_on_relative_position(name):
             key = tuple((pos[i] - pos[j]).tolist())
             rel.setdefault(key, []).append(logits[p + i, p + j].item())
     spread = max(max(v) - min(v) for v in rel.values())
+    # fp32 cos/sin of angles <= ~20 carry ~20 eps ~ 1.2e-6 each, times logits' scale |q||k| ~ 24: ~3e-5;
+    # an absolute-position dependence would be O(1)
     assert spread < 1e-4 and len(rel) > 20
     q = torch.randn(1, 2, layout.num_tokens, 24)
     qr, _ = timm.create_model(name).pe.context(0, layout).rotate(q, q)
     assert torch.equal(qr[:, :, 0], q[:, :, 0])  # the CLS token is not rotated
-    torch.testing.assert_close(qr.norm(dim=-1), q.norm(dim=-1))  # rotation preserves norms
+    # rotation preserves norms: 24-element norms |q| ~ 5 of fp32 rotations agree to ~10 eps * 5 ~ 3e-6, inside
+    # assert_close's fp32 defaults (atol 1e-5 + rtol 1.3e-6)
+    torch.testing.assert_close(qr.norm(dim=-1), q.norm(dim=-1))
 
 
 def test_scheme_changes_attention_but_not_parameters():
@@ -120,6 +127,7 @@ def test_scheme_changes_attention_but_not_parameters():
     b = timm.create_model("vivit_n_videorope").eval()
     b.load_state_dict(a.state_dict())  # the schemes hold no parameters: the same weights load
     x = torch.randn(1, 3, 4, 16, 16)
+    # other positions change attention logits by O(1), so some output moves by far more than 1e-5
     assert not torch.allclose(a(x), b(x), atol=1e-5)
 
 
@@ -132,6 +140,7 @@ def test_rope_nd_runs_inside_attention_with_every_backend():
     with visionpe.attn_backend("math"):
         ref = attention_core(q, k, v, ctx)
     with visionpe.attn_backend("sdpa"):
+        # math vs SDPA kernels: softmax-weighted sums of ~60 values |v| <= ~4.5, ~sqrt(60) eps * 4.5 ~ 2e-6
         torch.testing.assert_close(attention_core(q, k, v, ctx), ref, atol=1e-5, rtol=1e-4)
 
 
@@ -144,12 +153,13 @@ def test_v2pe_draws_delta_in_training_and_is_fixed_at_inference():
     for _ in range(30):  # one delta per clip, from {1, 1/2, ..., 1/256}
         pos = model.layout((2, 4, 4)).pos[:, 0]
         steps.add((pos[1] - pos[0]).item())
+        # exact: deltas are powers of 2 and positions < 2^6, so fp32 holds every position and step exactly
         assert torch.allclose(pos[1:] - pos[:-1], pos[1] - pos[0])
     assert len(steps) >= 4 and steps <= {1 / 2**i for i in range(9)}
     model.eval()
     pos = model.layout((2, 4, 4)).pos[:, 0]
-    torch.testing.assert_close(pos, torch.arange(32.0) * 0.25)
-    torch.testing.assert_close(model(x), model(x))
+    torch.testing.assert_close(pos, torch.arange(32.0) * 0.25)  # exact: dyadic positions (see above)
+    torch.testing.assert_close(model(x), model(x))  # exact in eval: same ops in the same order, no sampling
     assert isinstance(model.pe.encodings["rope_nd"], RoPEND) and model.pos_scheme == "v2pe"
 
 
@@ -158,6 +168,7 @@ def test_space_time_ape_is_separable_and_resampled():
     ape = model.pe.encodings["ape_st"]
     assert (ape.frames, ape.grid) == (4, (8, 8))  # 8 frames / tubelet 2; 32 px / patch 4
     table = ape.table((4, 8, 8)).view(4, 64, -1)
+    # at the stored size the table is one fp32 add of the two factors: within 1 ulp (assert_close fp32 defaults)
     torch.testing.assert_close(table, ape.time[0][:, None] + ape.space[0][None])
     assert ape.table((2, 5, 7)).shape == (1, 2 * 5 * 7, 96)  # other lengths and sizes: resampled
     x = torch.zeros(1, 1 + 2 * 5 * 7, 96)
@@ -174,6 +185,8 @@ def test_tubelet_embedding_equals_the_conv3d_it_holds():
     tokens, grid = model.patch_embed(x)
     ref = model.patch_embed.proj(torch.nn.functional.pad(x, (0, 0, 0, 0, 0, 1)))  # [B, D, 3, 6, 10]
     assert grid == (3, 6, 10)
+    # the same conv3d, maybe with other blocking for another memory layout: 96-product sums of O(1) size differ
+    # by ~sqrt(96) eps ~ 1e-6; a wrong tubelet order or padding is O(0.1)
     torch.testing.assert_close(tokens, ref.flatten(2).transpose(1, 2), atol=1e-5, rtol=1e-5)
 
 
@@ -231,6 +244,8 @@ def test_video_shapes_items_and_temporal_order():
         s = ds.scene(i)
         r = reverse_scene(s)
         assert r["target"] != s["target"]
+        # hard-edged pixels from fp32 +, *, <= (IEEE-exact on every CPU): colours match exactly unless an edge
+        # lies within ~1e-7 of a pixel centre, which no scene here does
         torch.testing.assert_close(render_scene(r, 6, 32), render_scene(s, 6, 32).flip(1))
     frames = render_scene(ds.scene(0), 6, 32)
     assert not torch.equal(frames[:, 0], frames[:, -1])  # things move
@@ -249,7 +264,7 @@ def test_image_text_answer_depends_on_the_named_position():
         img = render_board(s["colours"], s["shapes"], ds.grid, 48)
         cy, cx = int((s["row"] + 0.5) * 16), int((s["col"] + 0.5) * 16)
         if s["kind"] == "colour":
-            assert torch.allclose(img[:, cy, cx], torch.tensor(colours[ds[i][1]]))
+            assert torch.allclose(img[:, cy, cx], torch.tensor(colours[ds[i][1]]))  # exact: flat colour, no noise
         else:
             assert ds[i][1] == 4 + s["shapes"][s["row"] * 3 + s["col"]]
     answers = {(ds.scene(i)["colours"][c]) for i in range(4) for c in range(9)}

@@ -24,7 +24,9 @@ def test_sizes_not_divisible_by_the_patch_are_zero_padded():
     m = _vit()
     x = torch.randn(1, 3, 36, 30)
     padded = F.pad(x, (0, 32 - 30, 0, 40 - 36))  # bottom/right zeros to whole patches
-    assert torch.allclose(m(x), m(padded), atol=1e-6)
+    # same padded pixels, but the patch conv sees another input size (may pick other blocking): a few blocks
+    # of width 32 on O(1) values, ~1e-6; padding with anything but zeros moves border tokens by O(0.1)
+    assert torch.allclose(m(x), m(padded), atol=1e-5)
     assert m.token_grid((36, 30)) == (5, 4)
 
 
@@ -34,7 +36,7 @@ def test_forward_features_head_and_pre_logits():
     feats = m.forward_features(x)
     assert feats.shape == (2, 1 + 16, 32)
     assert m.forward_head(feats, pre_logits=True).shape == (2, 32)
-    assert torch.allclose(m.forward_head(feats), m(x))
+    assert torch.allclose(m.forward_head(feats), m(x))  # exact in eval: m(x) repeats the same ops in the same order
 
 
 def test_reset_classifier_and_get_classifier():
@@ -74,8 +76,10 @@ def test_grad_checkpointing_gives_same_output_and_grads():
     m.set_grad_checkpointing(True)
     out2 = m(x)
     out2.sum().backward()
-    assert torch.allclose(out, out2, atol=1e-6)
-    assert torch.allclose(g, m.pe.encodings["rope2d"].freqs.grad, atol=1e-6)
+    # recomputation repeats the forward ops; the frequencies' gradient sums every layer's, head's and token's
+    # contribution, maybe in another order: ~eps * sum |contributions| ~ 1e-6 on O(1) entries
+    assert torch.allclose(out, out2, atol=1e-5)
+    assert torch.allclose(g, m.pe.encodings["rope2d"].freqs.grad, atol=1e-5)
 
 
 def test_forward_intermediates_and_features_only():
@@ -83,7 +87,9 @@ def test_forward_intermediates_and_features_only():
     x = torch.randn(2, 3, 32, 48)
     final, inter = m.forward_intermediates(x, indices=2)
     assert len(inter) == 2 and inter[0].shape == (2, 32, 4, 6)
-    assert torch.allclose(final, m.forward_features(x), atol=1e-6)
+    # another code path (the intermediates are reshaped and copied) through blocks of width 32 on O(1)
+    # normalised features: ~1e-6; a skipped block or norm changes them by O(1)
+    assert torch.allclose(final, m.forward_features(x), atol=1e-5)
     nlc = m.forward_intermediates(x, indices=[0], output_fmt="NLC", intermediates_only=True)
     assert nlc[0].shape == (2, 24, 32)
     fm = timm.create_model("vit_n_rope2d", features_only=True, out_indices=(0, 1), **TINY)
@@ -112,9 +118,10 @@ def test_interpolate_mode_rescales_positions_to_the_reference_grid():
     x = torch.randn(1, 3, 32, 32)
     ref = m(x)
     m.set_position_mode("interpolate")
-    assert torch.allclose(m(x), ref)  # identical at the reference size
+    assert torch.allclose(m(x), ref)  # identical at the reference size: positions scale by exactly 1
     lay = m.layout((8, 8))
-    assert lay.pos.max() == pytest.approx(3.5)  # an 8 x 8 grid squeezed into the 4 x 4 reference
+    # an 8 x 8 grid squeezed into the 4 x 4 reference; dyadic values, exact in fp32
+    assert lay.pos.max() == pytest.approx(3.5)
     with pytest.raises(ValueError, match="position_mode"):
         m.set_position_mode("stretch")
 
