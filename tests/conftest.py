@@ -3,7 +3,11 @@ import os
 import pytest
 import torch
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
+# VISIONPE_TEST_THREADS pins the torch threads (e.g. 1 to check the suite single-threaded); else the 2 cores are shared
+# between the xdist workers
+_workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1))
+_threads = os.environ.get("VISIONPE_TEST_THREADS")
+torch.set_num_threads(int(_threads) if _threads else max(1, min(2, os.cpu_count() or 1) // _workers))
 
 
 @pytest.fixture(autouse=True)
