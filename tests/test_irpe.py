@@ -202,8 +202,8 @@ def test_zero_tables_give_exactly_the_attention_without_irpe(pe):
     assert not unexpected and missing and all(k.startswith("pe.encodings.irpe.") for k in missing)
     x = torch.randn(2, 3, 40, 32)
     with torch.no_grad():
-        # the iRPE model attends through its row-block route, the APE one through SDPA: two fp32 kernels whose sums over
-        # <= 21 keys and 32 channels round differently (~sqrt(32) eps x |logit| ~ 1e-6); a non-zero term moves them > 1e-2
+        # the iRPE model attends through its row-block route, the APE one through SDPA: two fp32 kernels whose sums
+        # over <= 21 keys and 32 channels round differently (~sqrt(32) eps |logit| ~ 1e-6); real terms move them > 1e-2
         assert torch.allclose(model(x), ape(x), atol=1e-5, rtol=0)
         for p in model.pe.encodings["irpe"].parameters():
             torch.nn.init.normal_(p, std=30.0)  # q, k, v of a fresh model are small
