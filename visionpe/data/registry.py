@@ -17,7 +17,7 @@ import difflib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["DatasetInfo", "DATASETS", "register_dataset", "get_dataset_info"]
+__all__ = ["DatasetInfo", "DATASETS", "register_dataset", "register_name_resolver", "get_dataset_info"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,13 @@ class DatasetInfo:
 
 
 DATASETS: dict[str, DatasetInfo] = {}
+# (claims(name), info(name)) for families of names that are not registered one by one (timm's hfds/, wds/, tfds/)
+_RESOLVERS: list[tuple[Callable[[str], bool], Callable[[str], DatasetInfo]]] = []
+
+
+def register_name_resolver(claims: Callable[[str], bool], info: Callable[[str], DatasetInfo]) -> None:
+    """Let a module answer for every name `claims` accepts (e.g. the timm readers, see timm_readers.py)."""
+    _RESOLVERS.append((claims, info))
 
 
 def register_dataset(name: str, *, num_classes: int | None, in_chans: int, kind: str = "image", description: str = ""):
@@ -45,10 +52,10 @@ def register_dataset(name: str, *, num_classes: int | None, in_chans: int, kind:
 
 def get_dataset_info(name: str) -> DatasetInfo:
     """The registered entry; names timm reads (`hfds/...`, `wds/...`, `tfds/...`) go to timm's create_dataset."""
-    from .timm_readers import is_timm_reader_name, timm_reader_info
-
-    if name not in DATASETS and is_timm_reader_name(name):
-        return timm_reader_info(name)
+    if name not in DATASETS:
+        for claims, info in _RESOLVERS:
+            if claims(name):
+                return info(name)
     if name not in DATASETS:
         close = difflib.get_close_matches(name, list(DATASETS), n=3, cutoff=0.4)
         hint = f"nearest: {', '.join(close)}" if close else f"available: {', '.join(sorted(DATASETS))}"

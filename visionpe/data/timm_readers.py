@@ -14,7 +14,8 @@ from functools import partial
 from timm.data import create_dataset, create_transform
 from torch.utils.data import Dataset, IterableDataset
 
-from .registry import DatasetInfo
+from .folders import transform_kwargs
+from .registry import DatasetInfo, register_name_resolver
 
 __all__ = ["TIMM_PREFIXES", "TimmReaderDataset", "timm_reader_info", "is_timm_reader_name"]
 
@@ -108,8 +109,6 @@ def _timm_reader_dataset(
     num_classes: int | None = None,
     **reader_kwargs,
 ) -> TimmReaderDataset:
-    from .folders import transform_kwargs
-
     kwargs = transform_kwargs(training, aug, mean, std, interpolation, crop_pct)
     return TimmReaderDataset(
         name, root, split, resolution, training, class_map, kwargs, num_classes=num_classes, **reader_kwargs
@@ -126,3 +125,6 @@ def timm_reader_info(name: str) -> DatasetInfo:
         kind="image",
         description=f"read by timm.data.create_dataset({name!r}); options go to its reader",
     )
+
+
+register_name_resolver(is_timm_reader_name, timm_reader_info)
