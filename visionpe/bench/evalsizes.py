@@ -130,12 +130,18 @@ class SizedView(Dataset):
         return self.render(index, max(h, w)) if self.render else self.dataset[index]
 
     def __getitem__(self, index: int):
+        """(input at the view's size, class, unreadable files): an unreadable evaluation file gives input None and
+        is left out and counted by the collate, as in the engine's evaluation."""
         h, w = self.size
         x, y = self._load(index)
+        pop_skipped = getattr(self.dataset, "pop_skipped", None)
+        skipped = tuple(pop_skipped()) if pop_skipped else ()
+        if x is None:
+            return None, int(y), skipped
         if isinstance(x, dict) and "pixels" in x:  # image-text items: draw the image at the size asked for
             if tuple(x["pixels"].shape[-2:]) != (h, w):
                 x, y = self.render(index, (h, w))
-            return x, int(y)
+            return x, int(y), skipped
         if not isinstance(x, torch.Tensor) or x.ndim not in (3, 4):
             raise TypeError(
                 f"the extrapolation benchmark evaluates images [C, H, W], clips [C, T, H, W] or image-text dicts; "
@@ -146,16 +152,20 @@ class SizedView(Dataset):
             flat = x.reshape(-1, 1, *x.shape[-2:]) if x.ndim == 4 else x[None]
             flat = F.interpolate(flat.float(), size=(h, w), mode="bilinear", align_corners=False, antialias=shrink)
             x = flat.reshape(*x.shape[:-2], h, w)
-        return x, int(y)
+        return x, int(y), skipped
 
 
 def _collate(items, size: tuple[int, int], collate_inputs=None) -> Batch:
-    xs, ys = zip(*items)
+    skipped = tuple(p for _, _, files in items for p in files)
+    items = [item for item in items if item[0] is not None]
+    if not items:  # every file of this batch was unreadable
+        return Batch(None, torch.zeros(0, dtype=torch.long), size[0], skipped)
+    xs, ys, _ = zip(*items)
     if isinstance(xs[0], dict):
         inputs = collate_inputs(list(xs)) if collate_inputs else default_collate(list(xs))
     else:
         inputs = torch.stack(xs)
-    return Batch(inputs, torch.as_tensor(ys), size[0], ())
+    return Batch(inputs, torch.as_tensor(ys), size[0], skipped)
 
 
 def loader(view: SizedView, batch_size: int, workers: int = 0) -> DataLoader:
