@@ -145,7 +145,7 @@ def _speed_rows(data: dict) -> list:
 def _cost_spread_section(fam: Family, files: list[tuple[Path, dict]], out_dir: Path) -> list[str]:
     """Per-PE cost against a baseline measured in the same rounds, median [spread], from every speed file that has
     such ratios for models of the family."""
-    from .speed import _mem_ratio, _spread_text, machine_description
+    from .speed import machine_description, memory_ratio_text, spread_text
 
     lines: list[str] = []
     for path, data in files:
@@ -180,9 +180,9 @@ def _cost_spread_section(fam: Family, files: list[tuple[Path, dict]], out_dir: P
         for r in mine:
             base = by.get((r.baseline, r.resolution, r.frames))
             lines.append(
-                f"| {r.model} | {r.resolution} | {r.frames or '-'} | {r.baseline} | {_spread_text(r.infer_vs_base)} | "
-                f"{_spread_text(r.train_vs_base)} | {_mem_ratio(r, base)} | {_spread_text(r.infer_vs_timm)} | "
-                f"{_spread_text(r.train_vs_timm)} |"
+                f"| {r.model} | {r.resolution} | {r.frames or '-'} | {r.baseline} | {spread_text(r.infer_vs_base)} | "
+                f"{spread_text(r.train_vs_base)} | {memory_ratio_text(r, base)} | {spread_text(r.infer_vs_timm)} | "
+                f"{spread_text(r.train_vs_timm)} |"
             )
         lines.append("")
     return lines

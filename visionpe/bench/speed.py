@@ -322,11 +322,11 @@ def _fmt(v: float | None, spec: str = ".1f") -> str:
     return "-" if v is None else format(v, spec)
 
 
-def _spread_text(d: dict | None) -> str:
+def spread_text(d: dict | None) -> str:
     return "-" if not d else Spread(**d).text()
 
 
-def _mem_ratio(r: SpeedRow, base: SpeedRow | None) -> str:
+def memory_ratio_text(r: SpeedRow, base: SpeedRow | None) -> str:
     parts = []
     for key in ("infer_mem_mb", "train_mem_mb"):
         a, b = getattr(r, key), base and getattr(base, key)
@@ -390,9 +390,9 @@ def format_markdown(rows: list[SpeedRow], machine: dict, settings: dict) -> str:
         lines.append(
             f"| {r.model} | {r.resolution} | {r.frames or '-'} | {r.tokens} | {r.params_m:.2f} | "
             f"{_fmt(r.gflops, '.3f')} | {_fmt(r.infer_ips)} | {_fmt(r.train_ips)} | {_fmt(r.infer_mem_mb, '.0f')} | "
-            f"{_fmt(r.train_mem_mb, '.0f')} | {r.baseline or '-'} | {_spread_text(r.infer_vs_base)} | "
-            f"{_spread_text(r.train_vs_base)} | {_mem_ratio(r, base)} | {_spread_text(r.infer_vs_timm)} | "
-            f"{_spread_text(r.train_vs_timm)} |"
+            f"{_fmt(r.train_mem_mb, '.0f')} | {r.baseline or '-'} | {spread_text(r.infer_vs_base)} | "
+            f"{spread_text(r.train_vs_base)} | {memory_ratio_text(r, base)} | {spread_text(r.infer_vs_timm)} | "
+            f"{spread_text(r.train_vs_timm)} |"
         )
     if any(r.saved_act_mb for r in rows):
         lines += ["", "Activations autograd saves for backward (one clip, MiB):", ""]
