@@ -75,6 +75,10 @@ def test_tiny_extrapolation_writes_tables_and_reruns_only_what_is_missing(tmp_pa
     assert all(r["delta"] == pytest.approx(r["mean"] - base[r["model"]]) for r in summary["table"])
     record = json.loads((out / "evals" / "vit_n_ape-s0.json").read_text())
     assert record["modes_agree"] is True and record["pe"] == "ape"
+    # the whole benchmark's cost is the sum of the runs' recorded CPU seconds (rounded to whole minutes)
+    records = [json.loads(p.read_text()) for p in (out / "evals").glob("*.json")]
+    total = sum(r["train_cpu_seconds"] + r["eval_cpu_seconds"] for r in records)
+    assert f"All {len(records)} timed runs together: {total / 60:.0f} CPU-minutes" in md
 
     # a rerun trains nothing; a new size is evaluated from the kept checkpoint, the old rows are kept
     _no_training(monkeypatch)

@@ -251,11 +251,25 @@ def format_markdown(records: list[dict], plan, seconds: float, machine: str) -> 
         f"{len(records)} runs; this invocation took {seconds / 60:.1f} min on {machine}, "
         f"{b.processes} process(es) x {b.threads} thread(s); CPU time per run: training {statistics.fmean(cpu):.0f} s, "
         f"evaluation {statistics.fmean(ev):.0f} s on average over the runs this benchmark trained/evaluated "
-        f"({len(cpu)}/{len(ev)} of {len(records)}). Regenerate: `python -m visionpe.bench extrapolate -c "
-        f"<the benchmark file>` (finished runs are reused).",
+        f"({len(cpu)}/{len(ev)} of {len(records)}). {_total_time_text(records, b.processes)} Regenerate: "
+        f"`python -m visionpe.bench extrapolate -c <the benchmark file>` (finished runs are reused).",
         "",
     ]
     return "\n".join(lines)
+
+
+def _total_time_text(records: list[dict], processes: int) -> str:
+    """The whole benchmark's cost from every run's recorded CPU time, whichever invocation trained it: the figure that
+    stays meaningful when runs were resumed or the machine was shared."""
+    timed = [r for r in records if r.get("train_cpu_seconds") is not None and r.get("eval_cpu_seconds") is not None]
+    if not timed:
+        return ""
+    total = sum(r["train_cpu_seconds"] + r["eval_cpu_seconds"] for r in timed)
+    lanes = max(1, processes)
+    return (
+        f"All {len(timed)} timed runs together: {total / 60:.0f} CPU-minutes (training and evaluation), about "
+        f"{total / 60 / lanes:.0f} minutes on {lanes} free core(s) at one thread per process."
+    )
 
 
 def augmentation_text(cfg) -> str:
