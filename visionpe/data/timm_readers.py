@@ -42,7 +42,7 @@ def _is_local(path: str) -> bool:
     return "://" not in path and not path.startswith("pipe:")
 
 
-def _check_wds_root(name: str, root: str | None, training: bool) -> None:
+def _check_wds_root(name: str, root: str | None) -> None:
     if importlib.util.find_spec("webdataset") is None:  # timm's wds reader raises a RuntimeError, not ImportError
         raise ImportError(f"data.name={name!r} is read by timm's wds/ reader; pip install webdataset")
     if not root:
@@ -66,7 +66,7 @@ def _open(name: str, root: str | None, split: str, training: bool, class_map: di
     """timm's dataset for (name, split), with timm's errors turned into one line that says what to set."""
     prefix = name.partition("/")[0].lower()
     if prefix == "wds":
-        _check_wds_root(name, root, training)
+        _check_wds_root(name, root)
     try:
         return create_dataset(
             name,
