@@ -257,16 +257,16 @@ def test_resume_mid_epoch_warns_and_keeps_the_step_count(shards, tmp_path, monke
 @needs_wds
 def test_bad_wds_input_is_one_clear_line(shards, tmp_path):
     cases = [
-        (dict(root=str(tmp_path / "nowhere"), split="train"), r"data.root=.*nowhere.* is not a directory"),
-        (dict(root=str(shards), split="train-{0..3}.tar|40"), r"2 of 4 shard file\(s\) not found, e.g. .*train-2.tar"),
-        (dict(root=str(shards), split="test"), r"cannot open 'wds/toy' split 'test'.*data.train_split"),
-        (dict(root=None, split="train"), r"needs data.root="),
+        (tmp_path / "nowhere", "train", {}, r"data.root=.*nowhere.* is not a directory"),
+        (shards, "train-{0..3}.tar|40", {}, r"2 of 4 shard file\(s\) not found, e.g. .*train-2.tar"),
+        (shards, "test", {}, r"cannot open 'wds/toy' split 'test'.*data.train_split"),
+        (None, "train", {}, r"needs data.root="),
+        (shards, "train", {"train_num_sample": 5}, r"data.options for 'wds/toy'.*'train_num_sample'"),
     ]
-    for kwargs, pattern in cases:
+    for root, split, options, pattern in cases:
         with pytest.raises(ValueError, match=pattern) as e:
-            build_dataset(
-                "wds/toy", kwargs["split"], 16, root=kwargs["root"], options={"num_classes": 3}, training=True
-            )
+            root = str(root) if root else None
+            build_dataset("wds/toy", split, 16, root=root, options={"num_classes": 3, **options}, training=True)
         assert "\n" not in str(e.value)
 
 

@@ -82,6 +82,11 @@ def _open(name: str, root: str | None, split: str, training: bool, class_map: di
             f"data.name={name!r} is read by timm's {prefix}/ reader, which needs a package that is not installed "
             f"({e}); pip install {TIMM_PREFIXES[prefix]}"
         ) from None
+    except TypeError as e:  # an option the reader does not take (data.options go to it as they are)
+        raise ValueError(
+            f"data.options for {name!r}: {e}; timm's {prefix}/ reader takes its own arguments, plus num_classes, "
+            f"train_num_samples and val_num_samples"
+        ) from None
     except (RuntimeError, AssertionError, KeyError, FileNotFoundError, ValueError) as e:
         if prefix == "hfds":  # random access: timm's message is the one to read
             raise
