@@ -6,9 +6,9 @@ transforms at each resolution, like folders.
 `hfds/` gives random access (TimmReaderDataset: the index loader, exact resume). `hfids/`, `wds/` and `tfds/` stream
 (TimmStreamDataset, batched by streams.py): timm's reader splits the stream over processes and loader workers for
 training and needs the split's size for that; it knows it from the data (tfds, hfids, a wds `_info.json`, a wds
-split written `train-{0000..0099}.tar|<count>`), else set `data.options.train_num_samples` (and optionally
-`val_num_samples`, for the progress bar only). Evaluation reads the whole split in every process and keeps every
-world_size-th image, so each image is evaluated exactly once (timm's own distributed evaluation pads with repeats).
+split written `train-{0000..0099}.tar|<count>`), else set `data.options.train_num_samples`. Evaluation needs no
+size: it reads the whole split in every process and keeps every world_size-th image, so each image is evaluated
+exactly once (timm's own distributed evaluation pads with repeats).
 A reader whose backend is not installed names the package to install.
 """
 
@@ -84,8 +84,8 @@ def _open(name: str, root: str | None, split: str, training: bool, class_map: di
         ) from None
     except TypeError as e:  # an option the reader does not take (data.options go to it as they are)
         raise ValueError(
-            f"data.options for {name!r}: {e}; timm's {prefix}/ reader takes its own arguments, plus num_classes, "
-            f"train_num_samples and val_num_samples"
+            f"data.options for {name!r}: {e}; timm's {prefix}/ reader takes its own arguments, plus num_classes "
+            f"and train_num_samples"
         ) from None
     except (RuntimeError, AssertionError, KeyError, FileNotFoundError, ValueError) as e:
         if prefix == "hfds":  # random access: timm's message is the one to read
@@ -93,8 +93,8 @@ def _open(name: str, root: str | None, split: str, training: bool, class_map: di
         if "num_samples" in str(e):
             raise ValueError(
                 f"{name!r} streams split {split!r} and does not say how many images it holds (no _info.json "
-                f"listing it, no '|<count>' after its shard pattern); set data.options."
-                f"{'train' if training else 'val'}_num_samples=<images in the split>"
+                f"listing it, no '|<count>' after its shard pattern); set data.options.train_num_samples=<images "
+                f"in the split>"
             ) from None
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(
@@ -253,7 +253,6 @@ def _timm_reader_dataset(
     crop_pct: float | None = None,
     num_classes: int | None = None,
     train_num_samples: int | None = None,
-    val_num_samples: int | None = None,
     stream_seed: int | None = None,
     stream_batch_size: int | None = None,
     **reader_kwargs,
@@ -264,7 +263,7 @@ def _timm_reader_dataset(
             name, root, split, resolution, training, class_map, kwargs, num_classes=num_classes, **reader_kwargs
         )
     stream = dict(
-        num_samples=train_num_samples if training else val_num_samples,
+        num_samples=train_num_samples if training else None,  # evaluation reads the split to its end
         seed=stream_seed,  # timm's shard shuffle: common to every process and worker
         batch_size=stream_batch_size,  # timm's reader gives each worker whole batches
     )
