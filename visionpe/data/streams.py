@@ -68,6 +68,9 @@ class StreamBatches(IterableDataset):
         self.collate_inputs = getattr(stream, "collate_inputs", None)
         self.epoch, self.start = 0, 0
 
+    def __getstate__(self) -> dict:  # what a loader worker gets: the generator stays with the loader
+        return {**self.__dict__, "generator": None}
+
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
         if hasattr(self.stream, "set_epoch"):
