@@ -6,7 +6,8 @@ Per step: (optional) mixup/cutmix, forward under autocast, backward, gradient cl
 schedule update, EMA update. Per epoch: evaluation at eval.resolutions, a metrics line per resolution, a checkpoint.
 One progress bar (ETA for the whole run) and one per evaluation; optional TensorBoard scalars (tensorboard.py).
 Data order, augmentation and resolutions are functions of (seed, epoch, position); the checkpoint stores the global
-RNGs, optimizer, scheduler, scaler and EMA, so `--resume` continues the run as if it had never stopped.
+RNGs, optimizer, scheduler, scaler and EMA, so `--resume` continues the run as if it had never stopped (a streaming
+dataset cannot seek: resumed mid-epoch, that epoch's stream restarts for its remaining steps, with a warning).
 """
 
 from __future__ import annotations
