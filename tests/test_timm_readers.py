@@ -58,16 +58,22 @@ def test_hfds_names_are_routed_to_timm_with_split_root_and_options(monkeypatch):
     assert calls[1][1]["is_training"] is True and calls[1][1]["class_map"] == _Reader.class_to_idx
 
 
-@pytest.mark.parametrize("name", ["wds/shards", "TFDS/cifar10"])
-def test_streaming_readers_are_refused_with_a_reason(monkeypatch, name):
+@pytest.mark.parametrize("name", ["wds/shards", "TFDS/cifar10", "hfids/someone/pets"])
+def test_streaming_readers_become_streams(monkeypatch, name):
     class Stream(IterableDataset):
+        reader = _Reader()
+
         def __iter__(self):
             return iter(())
 
     calls = _record(monkeypatch, Stream())
-    with pytest.raises(ValueError, match="draws items by index"):
-        build_dataset(name, "train", 24)
+    if name.startswith("wds"):
+        monkeypatch.setattr(timm_readers, "_check_wds_root", lambda *a: None)
+        monkeypatch.setattr(timm_readers, "_check_wds_shards", lambda *a: None)
+    ds = build_dataset(name, "train", 24, options={"train_num_samples": 10}, training=True, stream_batch_size=4)
+    assert isinstance(ds, timm_readers.TimmStreamDataset) and ds.num_classes == 3
     assert calls[0][0] == name  # the prefix's case is timm's business: passed as given
+    assert calls[0][1]["num_samples"] == 10 and calls[0][1]["batch_size"] == 4
 
 
 def test_other_names_stay_unknown():

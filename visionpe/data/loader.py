@@ -3,6 +3,7 @@
 Every loader iterates keys `(index, resolution, item_seed)` (multires.py) through `KeyedDataset`, so training at one
 resolution, at a random resolution per batch and evaluation at a list of resolutions share one path. Training order
 comes from a DistributedSampler (also in a single process: one code path), so `torchrun` needs nothing else.
+Streaming datasets (an IterableDataset: timm's `wds/`, `tfds/` readers) have no index; streams.py batches them.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from .multires import ResolutionBatchSampler, collate_to_resolution, eval_batches
 from .registry import DatasetInfo, get_dataset_info
 from .seeding import seeded_rngs
+from .streams import build_stream_eval_loader, build_stream_train_loader, is_stream
 
 __all__ = [
     "build_dataset",
@@ -24,6 +26,7 @@ __all__ = [
     "build_train_loader",
     "build_eval_loader",
     "renders_any_resolution",
+    "epoch_batches",
 ]
 
 
@@ -66,7 +69,16 @@ def dataset_num_classes(info: DatasetInfo, dataset: Dataset) -> int:
 
 
 def renders_any_resolution(dataset: Dataset) -> bool:
-    return callable(getattr(dataset, "render", None))
+    """Draws its items at any resolution: `render(index, resolution)`, or `prepare(item, resolution)` (streams)."""
+    return callable(getattr(dataset, "render", None)) or (
+        is_stream(dataset) and callable(getattr(dataset, "prepare", None))
+    )
+
+
+def epoch_batches(loader: DataLoader):
+    """What a training loader's epochs are steered by (set_epoch, start_at, num_batches): the batch sampler of an
+    index loader, the StreamBatches of a stream loader."""
+    return loader.batch_sampler if loader.batch_sampler is not None else loader.dataset
 
 
 class KeyedDataset(Dataset):
@@ -119,7 +131,9 @@ def build_train_loader(
     pin_memory: bool = False,
 ) -> DataLoader:
     """Shuffled batches (per-epoch order from (seed, epoch)) at one resolution per batch; the loader's
-    `batch_sampler` has set_epoch / start_at for resuming."""
+    `batch_sampler` has set_epoch / start_at for resuming (see epoch_batches). Streams go to streams.py."""
+    if is_stream(dataset):
+        return build_stream_train_loader(dataset, batch_size, resolutions, seed, workers, rank, world_size, pin_memory)
     keyed = KeyedDataset(dataset)
     sampler = DistributedSampler(keyed, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
     batches = ResolutionBatchSampler(sampler, batch_size, resolutions, drop_last=True, seed=seed)
@@ -141,6 +155,8 @@ def build_eval_loader(
     pin_memory: bool = False,
 ) -> DataLoader:
     """Ordered batches over this rank's contiguous shard (no padding: metrics summed over ranks are exact)."""
+    if is_stream(dataset):
+        return build_stream_eval_loader(dataset, resolution, batch_size, workers, rank, world_size, pin_memory)
     n = len(dataset)
     per = -(-n // world_size)
     indices = range(rank * per, min(n, (rank + 1) * per))

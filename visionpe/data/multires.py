@@ -20,7 +20,14 @@ from torch.utils.data._utils.collate import default_collate
 
 from .seeding import mix_seed
 
-__all__ = ["ResolutionBatchSampler", "Batch", "collate_to_resolution", "resize_to", "eval_batches"]
+__all__ = [
+    "ResolutionBatchSampler",
+    "Batch",
+    "collate_to_resolution",
+    "resize_to",
+    "eval_batches",
+    "resolution_schedule",
+]
 
 
 class Batch(NamedTuple):
@@ -77,11 +84,7 @@ class ResolutionBatchSampler(Sampler):
 
     def schedule(self) -> list[int]:
         """The resolution of every batch of the current epoch."""
-        if len(self.resolutions) == 1:
-            return self.resolutions * self.num_batches()
-        g = torch.Generator().manual_seed(mix_seed(self.seed, self.epoch, 0x5E5))
-        picks = torch.randint(len(self.resolutions), (self.num_batches(),), generator=g)
-        return [self.resolutions[i] for i in picks.tolist()]
+        return resolution_schedule(self.resolutions, self.seed, self.epoch, self.num_batches())
 
     def __iter__(self) -> Iterator[list[tuple[int, int, int | None]]]:
         indices = list(self.sampler)
@@ -90,6 +93,17 @@ class ResolutionBatchSampler(Sampler):
             res = schedule[b]
             chunk = indices[b * self.batch_size : (b + 1) * self.batch_size]
             yield [(i, res, mix_seed(self.seed, self.epoch, i) if self.seed_items else None) for i in chunk]
+
+
+def resolution_schedule(resolutions: Sequence[int], seed: int, epoch: int, num_batches: int) -> list[int]:
+    """The resolution of each of an epoch's batches, drawn uniformly from `resolutions` as a function of (seed,
+    epoch): every process and loader (index-based or streaming) gets the same resolution at the same position."""
+    resolutions = [int(r) for r in resolutions]
+    if len(resolutions) == 1:
+        return resolutions * num_batches
+    g = torch.Generator().manual_seed(mix_seed(seed, epoch, 0x5E5))
+    picks = torch.randint(len(resolutions), (num_batches,), generator=g)
+    return [resolutions[i] for i in picks.tolist()]
 
 
 def eval_batches(indices: Sequence[int], batch_size: int, resolution: int) -> list[list[tuple[int, int, None]]]:

@@ -15,6 +15,8 @@ from .. import data as vdata
 from ..data.folders import MAX_CONSECUTIVE_FAILURES
 from ..data.loader import KeyedDataset, renders_any_resolution
 from ..data.multires import collate_to_resolution
+from ..data.seeding import seeded_rngs
+from ..data.streams import first_stream_item, is_stream
 from ..zoo import create_model
 from .config import Config
 
@@ -85,6 +87,8 @@ def build_split(cfg: Config, split: str, resolution: int, training: bool, class_
         training=training,
         aug=aug,
         class_map=class_map,
+        stream_seed=cfg.train.seed,  # streams (timm's wds/, tfds/ readers): shard shuffle and whole batches
+        stream_batch_size=cfg.data.batch_size if training else cfg.data.eval_batch_size or 2 * cfg.data.batch_size,
         **model_data_defaults(cfg),
     )
 
@@ -131,6 +135,13 @@ def run_model(model: nn.Module, inputs) -> torch.Tensor:
 
 def _first_readable(ds: Dataset, res: int) -> tuple:
     """The first item whose input is not None (None: an unreadable file left out of an evaluation split)."""
+    if is_stream(ds):  # read by a reader of its own: the stream the loaders read is left unstarted
+        item = first_stream_item(ds)
+        prepare = getattr(ds, "prepare", None)
+        if prepare is not None:
+            with seeded_rngs(0):  # the global RNG is left alone
+                item = prepare(item, res)
+        return item[0], item[1], res, ()
     keyed, tried = KeyedDataset(ds), []
     for i in range(min(len(ds), MAX_CONSECUTIVE_FAILURES)):
         item = keyed[(i, res, 0)]  # seeded: the global RNG is left alone

@@ -6,7 +6,8 @@ Per step: (optional) mixup/cutmix, forward under autocast, backward, gradient cl
 schedule update, EMA update. Per epoch: evaluation at eval.resolutions, a metrics line per resolution, a checkpoint.
 One progress bar (ETA for the whole run) and one per evaluation; optional TensorBoard scalars (tensorboard.py).
 Data order, augmentation and resolutions are functions of (seed, epoch, position); the checkpoint stores the global
-RNGs, optimizer, scheduler, scaler and EMA, so `--resume` continues the run as if it had never stopped.
+RNGs, optimizer, scheduler, scaler and EMA, so `--resume` continues the run as if it had never stopped (a streaming
+dataset cannot seek: resumed mid-epoch, that epoch's stream restarts for its remaining steps, with a warning).
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from tqdm import tqdm
 from .. import __version__
 from ..data import get_dataset_info
 from ..data.folders import SkippedImagesWarning
-from ..data.loader import build_train_loader, dataset_num_classes, renders_any_resolution
+from ..data.loader import build_train_loader, dataset_num_classes, epoch_batches, renders_any_resolution
+from ..data.streams import first_stream_item, is_stream
 from .changes import check_resume_changes
 from .checkpoint import (
     CheckpointError,
@@ -64,13 +66,25 @@ from .setup import (
 )
 from .tensorboard import open_tensorboard
 
-__all__ = ["train", "Trainer", "SkippedImagesWarning", "CorruptCheckpointWarning", "resolve_run_dir", "METRICS"]
+__all__ = [
+    "train",
+    "Trainer",
+    "SkippedImagesWarning",
+    "CorruptCheckpointWarning",
+    "StreamResumeWarning",
+    "resolve_run_dir",
+    "METRICS",
+]
 
 METRICS = "metrics.jsonl"
 
 
 class CorruptCheckpointWarning(UserWarning):
     """The newest checkpoint could not be read; the run resumed from an older, valid one."""
+
+
+class StreamResumeWarning(UserWarning):
+    """A run on a streaming dataset resumed mid-epoch: the epoch's stream restarts (see data/streams.py)."""
 
 
 def resolve_run_dir(cfg: Config) -> Path:
@@ -136,7 +150,7 @@ class Trainer:
         self.class_map = getattr(self.train_set, "class_to_idx", None)
         self.eval_sets = build_eval_sets(cfg, cfg.eval_resolutions(), self.class_map)
         if len(train_res) > 1 and not renders_any_resolution(self.train_set):
-            sample = self.train_set[0][0]
+            sample = (first_stream_item(self.train_set) if is_stream(self.train_set) else self.train_set[0])[0]
             if not isinstance(sample, torch.Tensor):
                 raise ConfigError(
                     f"multi-resolution training resizes tensors, but {cfg.data.name!r} yields "
@@ -172,7 +186,7 @@ class Trainer:
             ctx.world_size,
             pin_memory=self.device.type == "cuda",
         )
-        self.batches = self.loader.batch_sampler
+        self.batches = epoch_batches(self.loader)
         full = self.batches.num_batches()
         self.steps_per_epoch = min(full, cfg.train.max_steps_per_epoch) if cfg.train.max_steps_per_epoch else full
         o = cfg.optim
@@ -353,6 +367,14 @@ class Trainer:
                 ]
                 atomic_write_text(path, "".join(ln + "\n" for ln in keep))
         self.log(f"resumed {self.run_dir} at epoch {self.epoch + 1}, batch {self.batch} (step {self.global_step})")
+        if self.batch and is_stream(self.train_set) and self.ctx.is_main:
+            warnings.warn(
+                f"{self.cfg.data.name!r} is a stream, which cannot seek: epoch {self.epoch + 1} reads its stream "
+                f"again from the start for its remaining {self.steps_per_epoch - self.batch} of "
+                f"{self.steps_per_epoch} steps (some of its images are seen twice, others not at all)",
+                StreamResumeWarning,
+                stacklevel=2,
+            )
 
     # ---------------------------------------------------------------------------------------------------- loop
 
