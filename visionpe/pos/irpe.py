@@ -361,7 +361,7 @@ def _gather_rows(lut: torch.Tensor, ids: list[torch.Tensor]) -> torch.Tensor:
     shape = (*lut.shape[:-1], ids[0].shape[-1])
     out = lut.gather(-1, ids[0].expand(shape))
     for extra in ids[1:]:  # cross: the column table
-        out = out + lut.gather(-1, extra.expand(shape))
+        out = out.add_(lut.gather(-1, extra.expand(shape)))
     return out
 
 
@@ -422,14 +422,14 @@ class _BucketLogits(RowBias):
                     out = sum(self.table_k[t] for t in ids_k()).permute(2, 0, 1)[None]
             if self.table_q is not None:  # [M, rows, H | 1] -> [1, H | 1, rows, M]
                 t_q = sum(self.table_q[t] for t in ids_q()).permute(2, 1, 0)[None]
-                out = t_q if out is None else out + t_q
+                out = t_q if out is None else out.add_(t_q)
             return out.to(q.dtype)
         if self.table_k is not None:
             lut = q[:, :, start:stop] @ self._keys_first(self.table_k, q)  # [B, H, rows, R]
             out = self.ids_k.lookup(lut, start, stop) if fast_k else _gather_rows(lut, ids_k())
         if lut_q is not None:
             t_q = _gather_rows(lut_q, ids_q()).transpose(-1, -2)
-            out = t_q if out is None else out + t_q
+            out = t_q if out is None else out.add_(t_q)
         return out
 
 
