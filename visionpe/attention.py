@@ -164,7 +164,7 @@ def attend_with_probs(
 
 # ------------------------------------------------------------------------------------------------ row-block terms
 
-ROW_BLOCK_ELEMENTS = 1 << 22  # logits elements per query block ([B, H, rows, M]): 16 MiB in fp32
+ROW_BLOCK_ELEMENTS = 1 << 21  # logits elements per query block ([B, H, rows, M]): 8 MiB in fp32
 ROW_ALIGN = 32  # blocks of more rows are cut to a multiple of this (the CPU flash kernel's query tile)
 
 
