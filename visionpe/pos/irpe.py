@@ -9,9 +9,12 @@ Relative offsets (dr, dc) = (y_i - y_j, x_i - x_j) between query i and key j are
 - mode `bias`: a learned scalar per bucket (and head) added to the scaled logits;
   mode `contextual`: on k, logit_ij += (q_i / sqrt(d)) . rK[b(i, j)]; on q, logit_ij += (k_j / sqrt(d)) . rQ[b(j, i)];
   on v, out_i += sum_j a_ij rV[b(i, j)] (needs the attention probabilities).
-Contextual terms are computed as q @ table^T ([.., N, buckets]) and then gathered; nothing N x N x d is built. The
+Contextual terms are computed as q @ table^T ([.., N, buckets]) and then looked up; nothing N x N x d is built. The
 terms are handed to attention as row blocks (`RowBias`, `RowValue`), so that attention runs a block of queries at a
-time and never holds an N x N bias or probability matrix (see `visionpe.attention.attend_rows`).
+time and never holds an N x N bias or probability matrix (see `visionpe.attention.attend_rows`). Bucket ids are not
+kept for the whole N x N grid either where it is large: the product and cross mappings on raster grids keep two small
+per-axis tables and the product lookup runs as one-hot matmuls (`visionpe.pos.irpe_lookup`); other cases keep the
+whole grid in uint8 / int16. The math backend keeps the whole-grid gather as the reference every route is tested on.
 Swin's relative position bias = mode "bias", mapping "product", index "identity", shared_heads=False, B = ws - 1.
 
 State-dict names (relative to this module, e.g. `pe.encodings.irpe.` in a ViT; all tables zero-initialised):
