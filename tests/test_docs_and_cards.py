@@ -153,3 +153,23 @@ def test_cards_show_per_pe_cost_ratios_with_their_spread_from_any_speed_file(tmp
         **row["infer_vs_base"]
     ).text()  # median [min-max] of the per-round ratios, as the speed file has them
     assert f"| vit_n_irpe | 32 | - | vit_n_ape | {ratio} |" in section and "| vit_n_ape | 32 |" not in section
+
+
+def test_cards_show_memory_only_speed_files_against_their_baseline(tmp_path):
+    import json
+
+    def row(model, mb):
+        return dict(model=model, resolution=1024, tokens=4096, params_m=1.0, infer_mem_mb=mb, baseline="vit_b_ape")
+
+    speed = tmp_path / "results" / "speed"
+    speed.mkdir(parents=True)
+    machine = dict(cpu="test cpu", cores=2, threads=1, torch="x", timm="y", device="cpu", date="2026-01-01")
+    data = dict(
+        machine=machine,
+        settings=dict(batch=1, rounds=3, mode="memory"),
+        rows=[row("vit_b_ape", 200.0), row("vit_b_irpe", 230.0)],
+    )
+    (speed / "vit_b_memory.json").write_text(json.dumps(data))
+    (card,) = write_cards(tmp_path / "results", tmp_path / "cards", ["vit"])
+    section = card.read_text().split("### Cost against a baseline: vit_b_memory")[1].split("\n## ")[0]
+    assert "| vit_b_irpe | 1024 | - | vit_b_ape | - | - | 1.15 / - |" in section  # 230 / 200 MiB

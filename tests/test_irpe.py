@@ -108,9 +108,9 @@ def test_bucket_ids_are_cached_per_grid():
     first = pe._cached_ids(a, a, pe.offsets[0])
     assert pe._cached_ids(a, a, pe.offsets[0]) is first
     other = pe._cached_ids(b, b, pe.offsets[0])
-    assert other is not first and other[0].shape == (1 + 240, 1 + 240)
+    assert other is not first and other.full()[0].shape == (1 + 240, 1 + 240)
     assert pe._cached_ids(a.with_pos(a.pos.clone()), a, pe.offsets[0]) is first, "equal positions hit the cache"
-    assert int(other[0].max()) == pe.num_buckets(0) - 1, "ids saturate: the same table serves any grid"
+    assert int(other.full()[0].max()) == pe.num_buckets(0) - 1, "ids saturate: the same table serves any grid"
 
 
 # ------------------------------------------------------------------------------------------------- attention terms

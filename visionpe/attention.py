@@ -164,7 +164,8 @@ def attend_with_probs(
 
 # ------------------------------------------------------------------------------------------------ row-block terms
 
-ROW_BLOCK_ELEMENTS = 1 << 22  # logits elements per query block ([B, H, rows, M]): 16 MiB in fp32
+ROW_BLOCK_ELEMENTS = 1 << 21  # logits elements per query block ([B, H, rows, M]): 8 MiB in fp32
+ROW_ALIGN = 32  # blocks of more rows are cut to a multiple of this (the CPU flash kernel's query tile)
 
 
 class RowBias:
@@ -195,6 +196,15 @@ class RowValue:
         return out + self.rows(probs, 0, probs.shape[-2])
 
 
+def _block_probs(q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """softmax(q k^T * scale + bias) of one row block, the bias added in place (matmul's backward does not read its
+    output, so this is autograd-safe): two [B, H, rows, M] tensors at a time besides the bias."""
+    attn = (q * scale) @ k.transpose(-2, -1)
+    if bias is not None:
+        attn = attn.add_(bias.to(attn.dtype))
+    return attn.softmax(dim=-1)
+
+
 def attend_rows(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -215,6 +225,8 @@ def attend_rows(
     m = k.shape[-2]
     budget = ROW_BLOCK_ELEMENTS if block_elements is None else block_elements
     step = max(1, min(n, budget // max(1, b * h * m)))
+    if ROW_ALIGN < step < n:
+        step -= step % ROW_ALIGN  # whole tiles of the fused kernels
     state = bias.prepare(q, k) if bias is not None else None
     outs = []
     for start in range(0, n, step):
@@ -224,6 +236,6 @@ def attend_rows(
         if value is None:
             outs.append(attend(qb, k, v, bb, scale))
         else:
-            out, probs = _math(qb, k, v, bb, scale)
-            outs.append(out + value.rows(probs, start, stop))
+            probs = _block_probs(qb, k, bb, scale)
+            outs.append((probs @ v).add_(value.rows(probs, start, stop)))
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)

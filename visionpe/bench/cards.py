@@ -154,7 +154,9 @@ def _cost_spread_section(fam: Family, files: list[tuple[Path, dict]], out_dir: P
         mine = [
             r
             for r in rows
-            if r.model.startswith(fam.name + "_") and r.model != r.baseline and (r.infer_vs_base or r.train_vs_base)
+            if r.model.startswith(fam.name + "_")
+            and r.model != r.baseline
+            and (r.infer_vs_base or r.train_vs_base or (r.baseline and (r.infer_mem_mb or r.train_mem_mb)))
         ]
         if not mine:
             continue

@@ -298,6 +298,7 @@ def measure(
             for name, (model, kwargs, _) in built.items():
                 log(f"  {where}: peak memory of {name}")
                 row = by_name[name]
+                row.baseline = row.baseline or (baseline if baseline in built else next(iter(built)))
                 row.infer_mem_mb = _peak(name, res, False, kwargs, device, model, n_frames) if infer else None
                 row.train_mem_mb = _peak(name, res, True, kwargs, device, model, n_frames) if train else None
                 if train and n_frames is not None:

@@ -9,9 +9,12 @@ Relative offsets (dr, dc) = (y_i - y_j, x_i - x_j) between query i and key j are
 - mode `bias`: a learned scalar per bucket (and head) added to the scaled logits;
   mode `contextual`: on k, logit_ij += (q_i / sqrt(d)) . rK[b(i, j)]; on q, logit_ij += (k_j / sqrt(d)) . rQ[b(j, i)];
   on v, out_i += sum_j a_ij rV[b(i, j)] (needs the attention probabilities).
-Contextual terms are computed as q @ table^T ([.., N, buckets]) and then gathered; nothing N x N x d is built. The
+Contextual terms are computed as q @ table^T ([.., N, buckets]) and then looked up; nothing N x N x d is built. The
 terms are handed to attention as row blocks (`RowBias`, `RowValue`), so that attention runs a block of queries at a
-time and never holds an N x N bias or probability matrix (see `visionpe.attention.attend_rows`).
+time and never holds an N x N bias or probability matrix (see `visionpe.attention.attend_rows`). Bucket ids are not
+kept for the whole N x N grid either where it is large: the product and cross mappings on raster grids keep two small
+per-axis tables and the product lookup runs as one-hot matmuls (`visionpe.pos.irpe_lookup`); other cases keep the
+whole grid in uint8 / int16. The math backend keeps the whole-grid gather as the reference every route is tested on.
 Swin's relative position bias = mode "bias", mapping "product", index "identity", shared_heads=False, B = ws - 1.
 
 State-dict names (relative to this module, e.g. `pe.encodings.irpe.` in a ViT; all tables zero-initialised):
@@ -34,8 +37,13 @@ from torch import nn
 from ..attention import RowBias, RowValue
 from ..layout import TokenLayout
 from .base import PEHost, PosContext, PosEncoding
+from .irpe_lookup import FullBuckets, GridBuckets
 
 __all__ = ["IRPE", "piecewise_index", "relative_bucket_ids", "MAPPINGS", "MODES", "TARGETS", "INDEXES"]
+
+# id grids up to this many (query, key) pairs are kept whole (2 MiB as int64: 224 px ViTs, Swin windows); larger
+# product / cross grids use the separable per-axis form (`GridBuckets`)
+SMALL_GRID_PAIRS = 1 << 18
 
 MAPPINGS = ("euclidean", "quantization", "cross", "product")
 MODES = ("bias", "contextual")
@@ -51,6 +59,13 @@ def piecewise_index(rel: torch.Tensor, alpha: float, beta: float, gamma: float) 
     far = alpha + torch.log(mag.clamp(min=alpha) / alpha) / math.log(gamma / alpha) * (beta - alpha)
     far = far.round().clamp(max=beta).trunc()
     return torch.where(mag <= alpha, rel.round(), torch.sign(rel) * far).long()
+
+
+def _axis_index(x: torch.Tensor, index: str, ratio: float, b: int) -> torch.Tensor:
+    """g(x) of one axis offset (or distance): identity round(x) clamped to +-b, or the piecewise index."""
+    if index == "identity":
+        return x.round().clamp(-b, b).long()
+    return piecewise_index(x, ratio, 2 * ratio, 8 * ratio)
 
 
 def _pair(x: int | tuple[int, int]) -> tuple[int, int]:
@@ -92,9 +107,7 @@ def relative_bucket_ids(
     dc = q_pos[:, None, 0] - k_pos[None, :, 0]  # [N, M] column offsets x_i - x_j
 
     def g(x: torch.Tensor, b: int) -> torch.Tensor:
-        if index == "identity":
-            return x.round().clamp(-b, b).long()
-        return piecewise_index(x, ratio, 2 * ratio, 8 * ratio)
+        return _axis_index(x, index, ratio, b)
 
     if mapping == "product":
         return (g(dr, br) + br) * (2 * bc + 1) + (g(dc, bc) + bc), (2 * br + 1) * (2 * bc + 1)
@@ -250,11 +263,43 @@ class IRPE(PosEncoding):
             start += n + self.extra_bucket
         return out
 
-    def _cached_ids(self, q: TokenLayout, k: TokenLayout, b: tuple[int, int]) -> list[torch.Tensor]:
-        """`_ids`, cached per (positions, prefixes, B, device); equal positions in a new tensor also hit."""
+    def _grid_buckets(self, q: TokenLayout, k: TokenLayout, b: tuple[int, int]) -> GridBuckets | None:
+        """The separable form of the product / cross ids between two raster grids whose positions are the product
+        of a row coordinate and a column coordinate (checked in eager mode; a traced graph trusts `grid`)."""
+        if self.mapping not in ("product", "cross") or q.grid is None or k.grid is None:
+            return None
+        if q.grid[0] != 1 or k.grid[0] != 1 or (q.num_tokens * k.num_tokens) <= SMALL_GRID_PAIRS:
+            return None
+        (hq, wq), (hk, wk) = q.hw, k.hw
+        qp, kp = q.pos.view(hq, wq, 2), k.pos.view(hk, wk, 2)
+        qy, qx, ky, kx = qp[:, 0, 1], qp[0, :, 0], kp[:, 0, 1], kp[0, :, 0]
+        if not torch.compiler.is_compiling():
+            for p, y, x in ((qp, qy, qx), (kp, ky, kx)):
+                if not (
+                    torch.equal(p[..., 0], x.expand_as(p[..., 0]))
+                    and torch.equal(p[..., 1], y[:, None].expand_as(p[..., 1]))
+                ):
+                    return None  # not a product grid: the whole id grid
+        br, bc = b
+        axis_y = _axis_index(qy[:, None] - ky[None, :], self.index, self.ratio, br) + br  # [H_q, H_k]
+        axis_x = _axis_index(qx[:, None] - kx[None, :], self.index, self.ratio, bc) + bc  # [W_q, W_k]
+        prefix = (q.num_prefix, k.num_prefix)
+        return GridBuckets(
+            axis_y, axis_x, (2 * br + 1, 2 * bc + 1), self.mapping == "product", prefix, self.extra_bucket
+        )
+
+    def _buckets(self, q: TokenLayout, k: TokenLayout, b: tuple[int, int]) -> GridBuckets | FullBuckets:
+        """The bucket ids of every pair, in the separable per-axis form where it applies, else whole (compact)."""
+        if (q.num_prefix or k.num_prefix) and not self.extra_bucket:
+            self._ids(q, k, b)  # raises the prefix error
+        grid = self._grid_buckets(q, k, b)
+        return grid if grid is not None else FullBuckets(self._ids(q, k, b), self._table_rows(b))
+
+    def _cached_ids(self, q: TokenLayout, k: TokenLayout, b: tuple[int, int]) -> GridBuckets | FullBuckets:
+        """`_buckets`, cached per (positions, prefixes, B, device); equal positions in a new tensor also hit."""
         if torch.compiler.is_compiling():  # traced into the graph: no value check (a graph break), no Python state
             with torch.no_grad():
-                return self._ids(q, k, b)
+                return self._buckets(q, k, b)
         key = (b, q.num_prefix, k.num_prefix, tuple(q.pos.shape), tuple(k.pos.shape), str(q.pos.device))
         hit = self._cache.get(key)
         if hit is not None:
@@ -263,7 +308,7 @@ class IRPE(PosEncoding):
                 self._cache.move_to_end(key)
                 return ids
         with torch.inference_mode(False), torch.no_grad():  # constants, reusable in training and inference
-            ids = self._ids(q, k, b)
+            ids = self._buckets(q, k, b)
         self._cache[key] = (q.pos, k.pos, ids)
         if len(self._cache) > 16:
             self._cache.popitem(last=False)
@@ -319,19 +364,28 @@ def _gather_rows(lut: torch.Tensor, ids: list[torch.Tensor]) -> torch.Tensor:
     shape = (*lut.shape[:-1], ids[0].shape[-1])
     out = lut.gather(-1, ids[0].expand(shape))
     for extra in ids[1:]:  # cross: the column table
-        out = out + lut.gather(-1, extra.expand(shape))
+        out = out.add_(lut.gather(-1, extra.expand(shape)))
     return out
+
+
+Buckets = GridBuckets | FullBuckets
+
+
+def _product_grid(ids: Buckets | None) -> bool:
+    """Whether the contextual lookup can run as the separable one-hot matmuls (product mapping on grids)."""
+    return isinstance(ids, GridBuckets) and ids.product
 
 
 class _BucketLogits(RowBias):
     """iRPE's logits terms, a block of query rows at a time (nothing N x N is built beyond the rows asked for).
 
-    contextual: on k, logit_ij += (q_i / sqrt(d)) . rK[b(i, j)], as q_i @ rK^T ([.., rows, buckets]) then gathered;
+    contextual: on k, logit_ij += (q_i / sqrt(d)) . rK[b(i, j)], as q_i @ rK^T ([.., rows, buckets]) then looked up;
     on q, logit_ij += (k_j / sqrt(d)) . rQ[b(j, i)], from k @ rQ^T computed once for all keys.
     bias: logit_ij += rK[b(i, j)] (+ rQ[b(j, i)]), a scalar per bucket and head (or shared).
-    ids_k [N, M] and ids_q [M, N] are lists of table rows (two parts for the cross mapping)."""
+    ids_k (pairs (i, j)) and ids_q (pairs (j, i)) are bucket-id sources (`visionpe.pos.irpe_lookup`). Calling the
+    object (the whole matrix, used by the math backend) is the reference: a plain gather over the whole id grid."""
 
-    def __init__(self, mode, ids_k, ids_q, table_k, table_q):
+    def __init__(self, mode, ids_k: Buckets | None, ids_q: Buckets | None, table_k, table_q):
         self.mode, self.ids_k, self.ids_q, self.table_k, self.table_q = mode, ids_k, ids_q, table_k, table_q
 
     @staticmethod
@@ -345,22 +399,40 @@ class _BucketLogits(RowBias):
             lut_q = k @ self._keys_first(self.table_q, k)  # [B, H, M, R]
         return q, lut_q
 
+    def __call__(self, q, k):
+        return self._terms(self.prepare(q, k), 0, q.shape[-2], reference=True)
+
     def rows(self, state, start, stop):
+        return self._terms(state, start, stop, reference=False)
+
+    def _terms(self, state, start: int, stop: int, reference: bool) -> torch.Tensor:
         q, lut_q = state
+
+        def ids_k():  # [rows, M] per table part
+            return [t[start:stop] for t in self.ids_k.full()] if reference else self.ids_k.block(start, stop)
+
+        def ids_q():  # [M, rows] per table part
+            return [t[:, start:stop] for t in self.ids_q.full()] if reference else self.ids_q.block_t(start, stop)
+
+        fast_k = not reference and _product_grid(self.ids_k)
         out = None
         if self.mode == "bias":
-            if self.table_k is not None:  # [rows, M, H | 1] -> [1, H | 1, rows, M]
-                out = sum(self.table_k[t[start:stop]] for t in self.ids_k).permute(2, 0, 1)[None]
+            if self.table_k is not None:
+                if fast_k:  # the table as a per-head lut shared by every row: [1, H | 1, rows, R]
+                    lut = self.table_k.to(q.dtype).t()[None, :, None, :].expand(1, -1, stop - start, -1)
+                    out = self.ids_k.lookup(lut, start, stop)
+                else:  # [rows, M, H | 1] -> [1, H | 1, rows, M]
+                    out = sum(self.table_k[t] for t in ids_k()).permute(2, 0, 1)[None]
             if self.table_q is not None:  # [M, rows, H | 1] -> [1, H | 1, rows, M]
-                t_q = sum(self.table_q[t[:, start:stop]] for t in self.ids_q).permute(2, 1, 0)[None]
-                out = t_q if out is None else out + t_q
+                t_q = sum(self.table_q[t] for t in ids_q()).permute(2, 1, 0)[None]
+                out = t_q if out is None else out.add_(t_q)
             return out.to(q.dtype)
         if self.table_k is not None:
             lut = q[:, :, start:stop] @ self._keys_first(self.table_k, q)  # [B, H, rows, R]
-            out = _gather_rows(lut, [t[start:stop] for t in self.ids_k])
+            out = self.ids_k.lookup(lut, start, stop) if fast_k else _gather_rows(lut, ids_k())
         if lut_q is not None:
-            t_q = _gather_rows(lut_q, [t[:, start:stop] for t in self.ids_q]).transpose(-1, -2)
-            out = t_q if out is None else out + t_q
+            t_q = _gather_rows(lut_q, ids_q()).transpose(-1, -2)
+            out = t_q if out is None else out.add_(t_q)
         return out
 
 
@@ -368,11 +440,19 @@ class _BucketValues(RowValue):
     """iRPE on v: out_i += sum_j a_ij rV[b(i, j)] = sum_b (sum_{j: b(i, j) = b} a_ij) rV[b], the probabilities
     summed per bucket ([.., rows, buckets]) and multiplied by the table."""
 
-    def __init__(self, ids, table, buckets):
+    def __init__(self, ids: Buckets, table, buckets):
         self.ids, self.table, self.buckets = ids, table, buckets
 
+    def __call__(self, v, out, probs):
+        if probs is None:
+            raise RuntimeError("this value term needs the attention probabilities (PosContext.needs_probs)")
+        return out + self._term(probs, self.ids.full())
+
     def rows(self, probs, start, stop):
+        return self._term(probs, self.ids.block(start, stop))
+
+    def _term(self, probs: torch.Tensor, ids: list[torch.Tensor]) -> torch.Tensor:
         per_bucket = probs.new_zeros(*probs.shape[:-1], self.buckets)  # [B, H, rows, R]
-        for t in self.ids:
-            per_bucket.scatter_add_(-1, t[start:stop].expand_as(probs), probs)
+        for t in ids:
+            per_bucket.scatter_add_(-1, t.expand_as(probs), probs)
         return per_bucket @ self.table.to(probs.dtype)

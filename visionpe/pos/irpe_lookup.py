@@ -1,0 +1,150 @@
+"""iRPE bucket ids of every (query, key) pair, handed out a block of query rows at a time.
+
+Two forms, both giving the table rows of `IRPE._ids` (one id tensor per table part; two for the cross mapping):
+- `GridBuckets`: the product and cross mappings on raster grids are separable, b(i, j) = row part (y_i, y_j) and
+  column part (x_i, x_j), so only two small per-axis tables are kept ([H_q, H_k] and [W_q, W_k]) and the ids of a
+  block are assembled on the fly. For the product mapping the contextual lookup lut[i, b(i, j)] and its adjoint
+  (probabilities summed per bucket) are two small batched matmuls with one-hot axis matrices, exact in fp32
+  (one product by 1, the rest by 0) and several times faster than a gather over [rows, M].
+- `FullBuckets`: every other case (euclidean / quantization, non-grid layouts, small grids): the whole [N, M] id grid,
+  stored in the smallest integer type that holds the bucket count (uint8 for iRPE's 50 buckets).
+Both keep memory O(N + M) or O(N x M) bytes rather than O(N x M) int64 words, and give `full()` for the reference.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["GridBuckets", "FullBuckets", "compact_int_dtype"]
+
+
+def compact_int_dtype(upper: int) -> torch.dtype:
+    """The smallest integer dtype that holds 0..upper."""
+    if upper < 256:
+        return torch.uint8
+    if upper < 2**15:
+        return torch.int16
+    return torch.int32 if upper < 2**31 else torch.int64
+
+
+class FullBuckets:
+    """The whole id grid [Pq + N, Pk + M] per table part, in a compact integer dtype."""
+
+    def __init__(self, parts: list[torch.Tensor], rows: int):
+        dtype = compact_int_dtype(rows - 1)
+        self.parts = [p.to(dtype) for p in parts]
+        self.shape = tuple(parts[0].shape)
+
+    def full(self) -> list[torch.Tensor]:
+        return [p.long() for p in self.parts]
+
+    def block(self, start: int, stop: int) -> list[torch.Tensor]:
+        """Ids of query rows [start, stop): int64 [rows, Pk + M] per part."""
+        return [p[start:stop].long() for p in self.parts]
+
+    def block_t(self, start: int, stop: int) -> list[torch.Tensor]:
+        """Ids of key columns [start, stop): int64 [Pq + N, cols] per part."""
+        return [p[:, start:stop].long() for p in self.parts]
+
+
+class GridBuckets:
+    """Separable ids of the product / cross mapping between two raster grids (with optional prefix tokens).
+
+    axis_y [H_q, H_k] and axis_x [W_q, W_k] (int64) hold each axis's bucket (offset by B); `product` says whether the
+    full id is axis_y * width_x + axis_x (one part) or the two are separate parts (cross, the column part shifted by
+    col_start). extra: the prefix bucket of each part (None without prefix tokens)."""
+
+    def __init__(
+        self,
+        axis_y: torch.Tensor,
+        axis_x: torch.Tensor,
+        buckets: tuple[int, int],
+        product: bool,
+        prefix: tuple[int, int],
+        extra: bool,
+    ):
+        self.axis_y, self.axis_x = axis_y, axis_x
+        self.ny, self.nx = buckets  # buckets per axis: 2B + 1
+        self.product = product
+        self.pq, self.pk = prefix
+        (self.hq, self.hk), (self.wq, self.wk) = axis_y.shape, axis_x.shape
+        self.shape = (self.pq + self.hq * self.wq, self.pk + self.hk * self.wk)
+        if product:
+            self.extra_ids = [self.ny * self.nx] if extra else None
+        else:
+            self.col_start = self.ny + int(extra)
+            self.extra_ids = [self.ny, self.col_start + self.nx] if extra else None
+
+    # ------------------------------------------------------------------------------------------------ ids
+
+    def _grid_ids(self, qs: slice, ks: slice) -> list[torch.Tensor]:
+        """Ids of grid queries qs and grid keys ks (indices into the raster grids): [len(qs), len(ks)] per part."""
+        dev = self.axis_y.device
+        qi = torch.arange(qs.start, qs.stop, device=dev)
+        ki = torch.arange(ks.start, ks.stop, device=dev)
+        ys = self.axis_y[qi // self.wq][:, ki // self.wk]  # [rows, cols]
+        xs = self.axis_x[qi % self.wq][:, ki % self.wk]
+        if self.product:
+            return [ys * self.nx + xs]
+        return [ys, xs + self.col_start]
+
+    def _pairs(self, qs: slice, ks: slice) -> list[torch.Tensor]:
+        """Ids of token rows qs and token columns ks (prefix tokens included, first)."""
+        q0, q1, k0, k1 = qs.start, qs.stop, ks.start, ks.stop
+        gq = slice(max(q0, self.pq) - self.pq, max(q1, self.pq) - self.pq)
+        gk = slice(max(k0, self.pk) - self.pk, max(k1, self.pk) - self.pk)
+        grid = self._grid_ids(gq, gk)
+        if self.extra_ids is None or (q0 >= self.pq and k0 >= self.pk):
+            return grid
+        out = []
+        for part, extra in zip(grid, self.extra_ids):
+            full = part.new_full((q1 - q0, k1 - k0), extra)
+            full[q1 - q0 - part.shape[0] :, k1 - k0 - part.shape[1] :] = part
+            out.append(full)
+        return out
+
+    def full(self) -> list[torch.Tensor]:
+        return self._pairs(slice(0, self.shape[0]), slice(0, self.shape[1]))
+
+    def block(self, start: int, stop: int) -> list[torch.Tensor]:
+        return self._pairs(slice(start, stop), slice(0, self.shape[1]))
+
+    def block_t(self, start: int, stop: int) -> list[torch.Tensor]:
+        return self._pairs(slice(0, self.shape[0]), slice(start, stop))
+
+    # ------------------------------------------------------------------------------------------------ product lookup
+
+    def _one_hots(self, start: int, stop: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """For grid query rows [start, stop): row one-hots [rows, H_k, ny] and column one-hots [rows, nx, W_k]."""
+        dev = self.axis_y.device
+        qi = torch.arange(start - self.pq, stop - self.pq, device=dev)
+        oy = torch.nn.functional.one_hot(self.axis_y[qi // self.wq], self.ny).to(dtype)  # [rows, H_k, ny]
+        ox = torch.nn.functional.one_hot(self.axis_x[qi % self.wq], self.nx).to(dtype).transpose(-1, -2)
+        return oy, ox  # ox: [rows, nx, W_k]
+
+    def lookup(self, lut: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        """out[.., i, j] = lut[.., i, b(i, j)] for query rows [start, stop) and every key (product mapping only).
+
+        lut [.., rows, R] with R = ny * nx (+ 1 prefix bucket, last). The grid part is
+        onehot_y[i] @ lut[i].view(ny, nx) @ onehot_x[i]^T, written straight into the output (no N x M ids)."""
+        rows, lead = stop - start, lut.shape[:-2]
+        g0 = max(start, self.pq) - start  # first grid query of the block
+        oy, ox = self._one_hots(start + g0, stop, lut.dtype)
+        grid_lut = lut[..., g0:, : self.ny * self.nx].unflatten(-1, (self.ny, self.nx))  # [.., g, ny, nx]
+        if torch.is_grad_enabled() and lut.requires_grad or torch.compiler.is_compiling():
+            grid = ((oy @ grid_lut) @ ox).flatten(-2)  # [.., g, H_k * W_k]
+            if self.pk:
+                grid = torch.cat([lut[..., g0:, -1:].expand(*lead, rows - g0, self.pk), grid], dim=-1)
+            if g0:
+                grid = torch.cat([lut[..., :g0, -1:].expand(*lead, g0, self.shape[1]), grid], dim=-2)
+            return grid
+        # inference: write each part straight into the output (matmul's out= does not record autograd)
+        out = lut.new_empty(*lead, rows, self.shape[1])
+        if self.pk:
+            out[..., : self.pk] = lut[..., -1:]
+        if g0:
+            out[..., :g0, :] = lut[..., :g0, -1:]
+        if g0 < rows:
+            target = out[..., g0:, self.pk :].unflatten(-1, (self.hk, self.wk))  # [.., g, H_k, W_k], a view
+            torch.matmul(oy @ grid_lut, ox, out=target)
+        return out
