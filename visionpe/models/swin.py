@@ -79,7 +79,7 @@ class SwinBlock(nn.Module):
     def forward(self, x: torch.Tensor, plan: WindowPlan, ctx: PosContext | None = None) -> torch.Tensor:
         """x [B, H, W, C]; attention runs on the windows of `plan` with the (PE + mask) context."""
         windows = self.attn(plan.partition(self.norm1(x)), ctx)  # (B * nW, wh * ww, C)
-        x = x + self.drop_path1(plan.reverse(windows))
+        x = x + self.drop_path1(plan.reverse(windows, x.shape[0]))
         return x + self.drop_path2(self.mlp(self.norm2(x)))
 
 
