@@ -12,17 +12,27 @@ from functools import lru_cache, wraps
 
 import torch
 
-__all__ = ["TokenLayout", "image_layout", "video_layout", "window_layout", "cell_centre_layout", "shape_cache"]
+__all__ = [
+    "TokenLayout",
+    "image_layout",
+    "video_layout",
+    "window_layout",
+    "cell_centre_layout",
+    "shape_cache",
+    "is_symbolic",
+]
 
 
-def _symbolic(value) -> bool:
+def is_symbolic(value) -> bool:
     """A symbolic size (torch.export / torch.compile with dynamic shapes), possibly inside tuples or dataclasses."""
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         return True
     if isinstance(value, (tuple, list)):
-        return any(_symbolic(v) for v in value)
+        return any(is_symbolic(v) for v in value)
+    if value is None or isinstance(value, (int, float, bool, str, torch.Tensor)):  # (dynamo sees its sizes as ints)
+        return False
     fields = getattr(value, "__dataclass_fields__", None)
-    return fields is not None and any(_symbolic(getattr(value, f)) for f in fields)
+    return fields is not None and any(is_symbolic(getattr(value, f)) for f in fields)
 
 
 def shape_cache(maxsize: int) -> Callable:
@@ -34,7 +44,7 @@ def shape_cache(maxsize: int) -> Callable:
 
         @wraps(fn)
         def call(*args):
-            if torch.compiler.is_compiling() or any(_symbolic(a) for a in args):
+            if torch.compiler.is_compiling() or any(is_symbolic(a) for a in args):
                 return fn(*args)
             return cached(*args)
 

@@ -8,6 +8,7 @@ resolutions (and clip lengths for video), against a baseline and timm's equivale
     python -m visionpe.bench speed --models 'vivit_s_*' --baseline vivit_s_ape --frames 4 8 16 32 --resolutions 112
     python -m visionpe.bench speed --data fashion-mnist --models 'vit_n_*' --batch 128 --workers 0 1  # loader vs step
     python -m visionpe.bench speed --zoo          # what the model cards report (results/speed/zoo.json)
+    python -m visionpe.bench speed --compile      # torch.compile vs eager, ours vs timm (results/speed/compile.json)
 
 Models may be glob patterns over the registered models. Per model and size: parameters, GFLOPs (fvcore MACs with
 attention counted, see flops.py), inference and training images/s (clips/s for video), peak memory of one step of one
@@ -514,6 +515,12 @@ def _parser() -> argparse.ArgumentParser:
         help="every PE of one size per family at its default resolution, "
         "plus parameters/FLOPs of every size (what the model cards report)",
     )
+    ap.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile'd vs eager inference and compiled ours vs compiled timm (same weights), at the first "
+        "resolution (default models: vit_s_rope2d_mixed swin_t_rpb; batch 1); see compiled.py",
+    )
     ap.add_argument("--data", default=None, help="dataset: training loader vs training step in images/s")
     ap.add_argument("--workers", type=int, nargs="+", default=[0, 1], help="loader worker counts (with --data)")
     ap.add_argument("--root", default=None, help="dataset folder (with --data)")
@@ -544,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     args.train, args.infer = args.phase in (None, "train"), args.phase in (None, "infer")
     args.clock = args.clock or ("wall" if args.data else Clock.default(args.device))
-    args.batch = args.batch or (128 if args.data else 4)
+    args.batch = args.batch or (128 if args.data else 1 if args.compile else 4)
     if args.clock == "cpu" and not args.device.startswith("cpu"):
         ap.error(f"--clock cpu counts CPU work; use --clock wall on {args.device}")
     if not args.resolutions or any(r <= 0 for r in args.resolutions):
@@ -554,7 +561,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.batch <= 0 or args.rounds <= 0 or args.steps <= 0:
         ap.error("--batch, --rounds and --steps must be positive")
     try:
-        models = expand_models(args.models or (["vit_n_*"] if args.data else _DEFAULT_MODELS))
+        default = ["vit_n_*"] if args.data else _COMPILE_MODELS if args.compile else _DEFAULT_MODELS
+        models = expand_models(args.models or default)
         if args.baseline:
             expand_models([args.baseline])
     except ValueError as e:
@@ -565,7 +573,16 @@ def main(argv: list[str] | None = None) -> int:
         settings = dict(
             batch=args.batch, rounds=args.rounds, steps=args.steps, clock=args.clock, zoo=args.zoo, mode=args.mode
         )
-        if args.data:
+        if args.compile:
+            from .compiled import measure_compiled, write_compile_results
+
+            res = args.resolutions[0]
+            rows = measure_compiled(models, res, args.batch, args.rounds, args.steps, args.clock, args.timm)
+            load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
+            settings.update(seconds=round(time.perf_counter() - t0, 1), resolution=res, load=load)
+            out = Path(args.out or "results/speed/compile")
+            json_path, md_path = write_compile_results(rows, out, machine, settings)
+        elif args.data:
             from .data_throughput import measure_data, write_data_results
 
             result = measure_data(args.data, models, args.batch, args.rounds, args.steps, args.workers, args.root)
@@ -586,3 +603,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 _DEFAULT_MODELS = ["vit_s_ape", "vit_s_rope2d_mixed", "swin_t_rpb", "cvt_13"]
+_COMPILE_MODELS = ["vit_s_rope2d_mixed", "swin_t_rpb"]

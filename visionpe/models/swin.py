@@ -17,6 +17,7 @@ every map to whole windows (padding never attended); a map no larger than the wi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -24,6 +25,7 @@ from timm.layers import ClassifierHead, DropPath, Mlp, PatchEmbed, to_2tuple, tr
 from timm.models._features import feature_take_indices
 from timm.models.swin_transformer import PatchMerging
 from torch import nn
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.utils.checkpoint import checkpoint
 
 from ..layers import Attention
@@ -79,7 +81,7 @@ class SwinBlock(nn.Module):
     def forward(self, x: torch.Tensor, plan: WindowPlan, ctx: PosContext | None = None) -> torch.Tensor:
         """x [B, H, W, C]; attention runs on the windows of `plan` with the (PE + mask) context."""
         windows = self.attn(plan.partition(self.norm1(x)), ctx)  # (B * nW, wh * ww, C)
-        x = x + self.drop_path1(plan.reverse(windows))
+        x = x + self.drop_path1(plan.reverse(windows, x.shape[0]))
         return x + self.drop_path2(self.mlp(self.norm2(x)))
 
 
@@ -214,9 +216,26 @@ class SwinTransformer(nn.Module):
 
     # ---------------------------------------------------------------------------------------------------- forward
 
+    def export_multiple(self) -> int:
+        """Input sizes that torch.export with dynamic H, W can serve are multiples of this: whole patches, even maps
+        before every merging and whole windows in every stage, so no padding depends on the size."""
+        p = self.patch_embed.patch_size[0]
+        return math.lcm(*(p * 2**s * w for s, win in enumerate(self.window_sizes) for w in win))
+
+    def _check_export_size(self, h, w) -> None:
+        m = self.export_multiple()
+        if torch.compiler.is_exporting() and not all(statically_known_true(v % m == 0) for v in (h, w)):
+            raise ValueError(
+                f"Swin exports with dynamic height and width only for multiples of {m} (padding to whole patches, "
+                f"merges and windows would branch on the size): declare them as {m} * Dim, e.g. "
+                f"dynamic_shapes=({{2: {m} * Dim('kh', min=2), 3: {m} * Dim('kw', min=2)}},)"
+            )
+
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Images [B, C, H, W] -> patch tokens [B, H', W', C] with token-site PEs applied."""
         check_images(x, self.in_chans, self.patch_embed.patch_size[0])
+        if isinstance(x.shape[-1], torch.SymInt) or isinstance(x.shape[-2], torch.SymInt):
+            self._check_export_size(*x.shape[-2:])
         x = self.patch_embed(x)  # (B, Hp, Wp, C)
         B, H, W, C = x.shape
         return self.pe.tokens(x.reshape(B, H * W, C), image_layout(H, W, 0, x.device)).reshape(B, H, W, C)

@@ -9,6 +9,12 @@ Inside a window every token gets window-local coordinates 0..ws-1 (`visionpe.lay
 window the tokens come from up to four regions of the map that are not neighbours; the mask (-100 on the logits, as
 in Swin) keeps each region to itself, and within a region the window-local offsets equal the offsets on the map, so
 relative PEs see true relative positions. Padding tokens form a region of their own: real tokens never attend them.
+
+Symbolic sizes (torch.export with dynamic H and W, torch.compile with dynamic shapes): the windows per axis are
+computed once per map (ceil(H / wh)) and every view is written with them, so the padded size is the product
+windows x window and no view needs to divide symbolic expressions (which made sympy take minutes per view). A branch
+that cannot be decided without a guard on the sizes (pad or not, mask or not) takes its general form (pad by a
+possibly zero amount, an all-zero mask), so the traced graph serves every size.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..layout import shape_cache
 
@@ -34,38 +41,49 @@ class WindowPlan:
     shift: tuple[int, int]
 
     @property
+    def counts(self) -> tuple[int, int]:
+        """Windows per axis: ceil(H / wh), ceil(W / ww)."""
+        return tuple((s + w - 1) // w for s, w in zip(self.hw, self.window))
+
+    @property
     def padded(self) -> tuple[int, int]:
-        return tuple(-(-s // w) * w for s, w in zip(self.hw, self.window))
+        return tuple(n * w for n, w in zip(self.counts, self.window))
 
     @property
     def num_windows(self) -> int:
-        (hp, wp), (wh, ww) = self.padded, self.window
-        return (hp // wh) * (wp // ww)
+        nh, nw = self.counts
+        return nh * nw
 
     @property
     def window_area(self) -> int:
         return self.window[0] * self.window[1]
 
     @property
+    def needs_padding(self) -> bool:
+        """The map is not whole windows; True also when symbolic sizes leave it open (pad by a possibly zero
+        amount rather than guard the traced graph on divisibility)."""
+        return not all(statically_known_true(p == s) for p, s in zip(self.padded, self.hw))
+
+    @property
     def needs_mask(self) -> bool:
-        return any(self.shift) or self.padded != self.hw
+        return any(self.shift) or self.needs_padding
 
     def partition(self, x: torch.Tensor) -> torch.Tensor:
         """[B, H, W, C] -> pad, roll by -shift -> windows [B * nW, wh * ww, C]."""
         (h, w), (hp, wp) = self.hw, self.padded
-        if (hp, wp) != (h, w):
+        if self.needs_padding:
             x = F.pad(x, (0, 0, 0, wp - w, 0, hp - h))
         if any(self.shift):
             x = torch.roll(x, shifts=(-self.shift[0], -self.shift[1]), dims=(1, 2))
-        return window_partition(x, self.window)
+        return window_partition(x, self.window, self.counts)
 
-    def reverse(self, windows: torch.Tensor) -> torch.Tensor:
-        """windows [B * nW, wh * ww, C] -> roll back, crop -> [B, H, W, C]."""
-        x = window_reverse(windows, self.window, self.padded)
+    def reverse(self, windows: torch.Tensor, batch: int | None = None) -> torch.Tensor:
+        """windows [B * nW, wh * ww, C] -> roll back, crop -> [B, H, W, C] (`batch` B spares a division)."""
+        x = window_reverse(windows, self.window, self.padded, self.counts, batch)
         if any(self.shift):
             x = torch.roll(x, shifts=self.shift, dims=(1, 2))
-        (h, w), (hp, wp) = self.hw, self.padded
-        if (hp, wp) != (h, w):
+        h, w = self.hw
+        if self.needs_padding:
             x = x[:, :h, :w].contiguous()
         return x
 
@@ -77,20 +95,30 @@ def plan_windows(hw: tuple[int, int], window: tuple[int, int], shifted: bool) ->
     return WindowPlan(tuple(hw), win, shift)
 
 
-def window_partition(x: torch.Tensor, window: tuple[int, int]) -> torch.Tensor:
-    """[B, Hp, Wp, C] -> [B * nW, wh * ww, C], windows in raster order, tokens raster order inside."""
+def window_partition(x: torch.Tensor, window: tuple[int, int], counts: tuple[int, int] | None = None) -> torch.Tensor:
+    """[B, Hp, Wp, C] -> [B * nW, wh * ww, C], windows in raster order, tokens raster order inside.
+    counts: windows per axis (Hp / wh, Wp / ww), when known (no division of symbolic sizes)."""
     B, H, W, C = x.shape
     wh, ww = window
-    x = x.view(B, H // wh, wh, W // ww, ww, C).permute(0, 1, 3, 2, 4, 5)
-    return x.reshape(-1, wh * ww, C)
+    nh, nw = counts if counts is not None else (H // wh, W // ww)
+    x = x.view(B, nh, wh, nw, ww, C).permute(0, 1, 3, 2, 4, 5)
+    return x.reshape(B * nh * nw, wh * ww, C)
 
 
-def window_reverse(windows: torch.Tensor, window: tuple[int, int], padded: tuple[int, int]) -> torch.Tensor:
-    """[B * nW, wh * ww, C] -> [B, Hp, Wp, C]."""
+def window_reverse(
+    windows: torch.Tensor,
+    window: tuple[int, int],
+    padded: tuple[int, int],
+    counts: tuple[int, int] | None = None,
+    batch: int | None = None,
+) -> torch.Tensor:
+    """[B * nW, wh * ww, C] -> [B, Hp, Wp, C]; counts as in window_partition, batch B when known."""
     (wh, ww), (H, W) = window, padded
+    nh, nw = counts if counts is not None else (H // wh, W // ww)
     C = windows.shape[-1]
-    x = windows.view(-1, H // wh, W // ww, wh, ww, C).permute(0, 1, 3, 2, 4, 5)
-    return x.reshape(-1, H, W, C)
+    B = batch if batch is not None else -1
+    x = windows.view(B, nh, nw, wh, ww, C).permute(0, 1, 3, 2, 4, 5)
+    return x.reshape(B, nh * wh, nw * ww, C)
 
 
 def region_ids(plan: WindowPlan) -> torch.Tensor:
@@ -100,23 +128,19 @@ def region_ids(plan: WindowPlan) -> torch.Tensor:
     (wrapped tokens are apart from the rest); padding is region -1."""
     (h, w), (hp, wp), (sh, sw) = plan.hw, plan.padded, plan.shift
 
-    def axis(n: int, win: int, s: int) -> torch.Tensor:
-        ids = torch.zeros(n, dtype=torch.long)
-        if s:
-            ids[n - win : n - s] = 1
-            ids[n - s :] = 2
-        return ids
+    def axis(n: int, win: int, s: int) -> torch.Tensor:  # 0 on [0, n - win), 1 on [n - win, n - s), 2 on [n - s, n)
+        r = torch.arange(n)
+        return (r >= n - win).long() + (r >= n - s).long() if s else torch.zeros_like(r)
 
     ids = axis(hp, plan.window[0], sh)[:, None] * 3 + axis(wp, plan.window[1], sw)[None, :]
-    valid = torch.zeros(hp, wp, dtype=torch.bool)
-    valid[:h, :w] = True
+    valid = (torch.arange(hp) < h)[:, None] & (torch.arange(wp) < w)[None, :]
     valid = torch.roll(valid, shifts=(-sh, -sw), dims=(0, 1))  # where the padding went after the roll
     return torch.where(valid, ids, torch.full_like(ids, -1))
 
 
 @shape_cache(maxsize=32)
 def _window_mask(plan: WindowPlan, device: str) -> torch.Tensor:
-    ids = window_partition(region_ids(plan)[None, :, :, None], plan.window)[..., 0]  # [nW, N]
+    ids = window_partition(region_ids(plan)[None, :, :, None], plan.window, plan.counts)[..., 0]  # [nW, N]
     mask = (ids[:, :, None] != ids[:, None, :]).float() * MASK_VALUE
     return mask.to(device)  # [nW, N, N]
 

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from timm.layers import resample_abs_pos_embed, trunc_normal_
 from torch import nn
 
-from ..layout import TokenLayout
+from ..layout import TokenLayout, is_symbolic
 from .base import PEHost, PosEncoding
 
 __all__ = ["APE_RESAMPLE", "LearnedAPE", "SinCos2D", "resample_bicubic", "sincos_2d"]
@@ -18,12 +18,15 @@ __all__ = ["APE_RESAMPLE", "LearnedAPE", "SinCos2D", "resample_bicubic", "sincos
 APE_RESAMPLE = ("timm", "bicubic")
 
 
-def resample_bicubic(table: torch.Tensor, old: tuple[int, int], new: tuple[int, int], prefix: int = 0) -> torch.Tensor:
-    """Plain bicubic resampling of a [1, prefix + H0*W0, C] table to [1, prefix + H*W, C] (prefix rows kept)."""
+def resample_bicubic(
+    table: torch.Tensor, old: tuple[int, int], new: tuple[int, int], prefix: int = 0, antialias: bool = False
+) -> torch.Tensor:
+    """Bicubic resampling (align_corners=False; antialiased when shrinking if `antialias`, as timm's
+    resample_abs_pos_embed does) of a [1, prefix + H0*W0, C] table to [1, prefix + H*W, C] (prefix rows kept)."""
     head, grid = table[:, :prefix], table[:, prefix:]
     c = grid.shape[-1]
     img = grid.reshape(1, old[0], old[1], c).permute(0, 3, 1, 2).float()
-    img = F.interpolate(img, size=tuple(new), mode="bicubic", align_corners=False)
+    img = F.interpolate(img, size=tuple(new), mode="bicubic", align_corners=False, antialias=antialias)
     grid = img.permute(0, 2, 3, 1).reshape(1, new[0] * new[1], c).to(table.dtype)
     return torch.cat([head, grid], dim=1) if prefix else grid
 
@@ -48,7 +51,14 @@ class LearnedAPE(PosEncoding):
         trunc_normal_(self.pos_embed, std=std)
 
     def table(self, grid: tuple[int, int]) -> torch.Tensor:
-        """The table at `grid` (H, W): [1, E + H*W, C]."""
+        """The table at `grid` (H, W): [1, E + H*W, C].
+
+        With symbolic sizes (torch.export / torch.compile with dynamic shapes) the table is always resampled: a
+        "same grid, no resampling" branch would specialize the traced graph to the example's size. Resampling to the
+        stored grid reproduces the table (bicubic weights at zero offset are exactly 0, 1, 0, 0)."""
+        if is_symbolic(grid):
+            antialias = self.resample == "timm"
+            return resample_bicubic(self.pos_embed, self.grid, tuple(grid), self.num_prefix_entries, antialias)
         if tuple(grid) == self.grid:
             return self.pos_embed
         if self.resample == "bicubic":
