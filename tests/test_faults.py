@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from tiny_runs import tiny_run
 
 from visionpe.attention import attn_backend
 from visionpe.engine import CheckpointError, ConfigError, train
@@ -31,23 +32,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 def tiny(out: Path, *extra: str) -> list[str]:
     """A one-block 32-wide ViT on 64 synthetic 16 px images: 4 steps an epoch, a few seconds a run."""
-    return [
-        "model.name=vit_n_ape",
-        "model.kwargs.depth=1",
-        "model.kwargs.embed_dim=32",
-        "model.kwargs.num_heads=2",
-        "data.options.num_train=64",
-        "data.options.num_val=16",
-        "data.resolution=16",
-        "data.batch_size=16",
-        "train.epochs=2",
-        "train.threads=1",
-        "train.progress=false",
-        "train.amp=none",
-        f"train.output_dir={out}",
-        "eval.resolutions=16",
-        *extra,
-    ]
+    data = ["data.options.num_train=64", "data.options.num_val=16", "data.batch_size=16"]
+    return tiny_run(out, data, "eval.resolutions=16", *extra)
 
 
 def run(overrides: list[str], **kwargs) -> Path:

@@ -17,6 +17,7 @@ import pytest
 import torch
 from PIL import Image
 from timm.data import IterableImageDataset
+from tiny_runs import tiny_run
 from torch.utils.data import IterableDataset
 
 import visionpe.data.timm_readers as timm_readers
@@ -72,25 +73,14 @@ def _ident(img: Image.Image) -> int:
 
 
 def _overrides(root: Path, out: Path, *extra: str) -> list[str]:
-    return [
-        "model.name=vit_n_ape",
-        "model.kwargs.depth=1",
-        "model.kwargs.embed_dim=32",
-        "model.kwargs.num_heads=2",
+    data = [
         "data.name=wds/toy",
         f"data.root={root}",
         "data.val_split=val-0.tar",
         f"data.options.num_classes={CLASSES}",
-        "data.resolution=16",
         "data.batch_size=4",
-        "train.epochs=2",
-        "train.threads=1",
-        "train.progress=false",
-        "train.amp=none",
-        f"train.output_dir={out}",
-        "train.run_name=run",
-        *extra,
     ]
+    return tiny_run(out, data, "train.run_name=run", *extra)
 
 
 def _metrics(run: Path) -> list[dict]:

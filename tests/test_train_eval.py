@@ -16,6 +16,7 @@ import pytest
 import torch
 import yaml
 from PIL import Image
+from tiny_runs import tiny_run
 
 from visionpe.attention import attn_backend
 from visionpe.engine import (
@@ -33,27 +34,12 @@ from visionpe.engine.config import config_keys, format_config_help
 from visionpe.engine.trainer import SkippedImagesWarning
 
 REPO = Path(__file__).resolve().parents[1]
-TINY_MODEL = ["model.name=vit_n_ape", "model.kwargs.depth=1", "model.kwargs.embed_dim=32", "model.kwargs.num_heads=2"]
 
 
 def tiny(out: Path, *extra: str) -> list[str]:
     """Overrides for a run of a few seconds: a one-block 32-wide ViT on 16 px synthetic shapes."""
-    return [
-        *TINY_MODEL,
-        "data.name=synthetic-shapes",
-        "data.options.num_train=64",
-        "data.options.num_val=32",
-        "data.resolution=16",
-        "data.batch_size=16",
-        "train.epochs=2",
-        "train.threads=1",
-        "train.progress=false",
-        "train.amp=none",
-        f"train.output_dir={out}",
-        "train.run_name=run",
-        "eval.resolutions=16,24",
-        *extra,
-    ]
+    data = ["data.name=synthetic-shapes", "data.options.num_train=64", "data.options.num_val=32", "data.batch_size=16"]
+    return tiny_run(out, data, "train.run_name=run", "eval.resolutions=16,24", *extra)
 
 
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:

@@ -484,6 +484,7 @@ def _measure_kwargs(args) -> dict:
         memory=args.mode in ("memory", "both"),
         timing=args.mode in ("time", "both"),
         with_timm=args.timm,
+        flops=args.flops,
         device=args.device,
         clock=args.clock,
     )
@@ -536,6 +537,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: 1 with --clock cpu)")
     ap.add_argument("--no-timm", dest="timm", action="store_false", help="do not measure timm's equivalents")
+    ap.add_argument(
+        "--no-flops", dest="flops", action="store_false", help="skip FLOP counting (its trace is slow at large sizes)"
+    )
     ap.add_argument("--device", default="cpu")
     ap.add_argument(
         "--out",
