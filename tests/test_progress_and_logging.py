@@ -109,3 +109,10 @@ def test_top_k_counts_through_timm_match_a_direct_count(classes):
     assert out["top5"] == 100 * sum(int(h.any(1).sum()) for h in hits) / n
     if classes <= 5:
         assert out["top5"] == 100.0  # every class is within the top k
+
+
+def test_evaluating_no_images_is_an_error_not_zero_scores():
+    # an empty loader (an empty split, or a stream of empty shards) must not give top-1 0.0 over 0 images as a result
+    with pytest.raises(ValueError, match="val at 16 px gave no images to evaluate") as e:
+        evaluate_loader(_Identity(), [], where="val at 16 px")
+    assert "\n" not in str(e.value)

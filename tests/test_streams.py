@@ -7,6 +7,7 @@ import importlib.util
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -258,6 +259,31 @@ def test_bad_wds_input_is_one_clear_line(shards, tmp_path):
             root = str(root) if root else None
             build_dataset("wds/toy", split, 16, root=root, options={"num_classes": 3, **options}, training=True)
         assert "\n" not in str(e.value)
+
+
+@needs_wds
+def test_empty_or_unreadable_shards_are_one_clear_line(shards, tmp_path):
+    # timm's wds reader skips an unreadable shard with a logged message and reads nothing from an empty one; a split
+    # of only such shards must stop the run with one line, not train on nothing or report 0 images as results
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    _shard(bad / "empty-0.tar", range(0))
+    (bad / "corrupt-0.tar").write_bytes(np.random.default_rng(0).bytes(5000))
+    for split in ("empty-0.tar|8", "{empty,corrupt}-0.tar|8"):
+        stream = build_dataset("wds/toy", split, 16, root=str(bad), options={"num_classes": 3}, training=True)
+        with pytest.raises(ValueError, match="gave no images in epoch 1: its shards are empty or unreadable") as e:
+            next(iter(build_train_loader(stream, 4, [16])))
+        assert "\n" not in str(e.value)
+    mixed = tmp_path / "mixed"  # good training shards, a validation split of bad ones
+    shutil.copytree(shards, mixed)
+    for f in bad.iterdir():
+        shutil.copy(f, mixed / f.name)
+    with (
+        pytest.raises(ValueError, match=r"\({empty,corrupt}-0.tar\) holds no readable image") as e,
+        attn_backend("sdpa"),
+    ):
+        train(None, _overrides(mixed, tmp_path, "train.epochs=1", "data.val_split={empty,corrupt}-0.tar"))
+    assert "\n" not in str(e.value)
 
 
 @needs_wds

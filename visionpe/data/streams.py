@@ -129,6 +129,11 @@ class StreamBatches(IterableDataset):
                 items, made = [], made + 1
                 if made == len(positions):
                     return
+        if made == 0:  # timm's wds reader skips unreadable shards (logging each) and reads nothing from empty ones
+            raise ValueError(
+                f"the training stream gave no images in epoch {self.epoch + 1}: its shards are empty or unreadable "
+                f"(see the messages above); check data.train_split and data.root"
+            )
         raise RuntimeError(
             f"the training stream ended after {made} of this worker's {len(positions)} batches of epoch "
             f"{self.epoch + 1}; its __len__ ({len(self.stream)} items) promises more than it reads"
