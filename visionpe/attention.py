@@ -227,6 +227,8 @@ def attend_rows(
     step = max(1, min(n, budget // max(1, b * h * m)))
     if ROW_ALIGN < step < n:
         step -= step % ROW_ALIGN  # whole tiles of the fused kernels
+    if step < n:  # the fused kernels take contiguous keys and values: copy them once, not once per block
+        k, v = k.contiguous(), v.contiguous()
     state = bias.prepare(q, k) if bias is not None else None
     outs = []
     for start in range(0, n, step):

@@ -143,7 +143,10 @@ def _child(spec: dict) -> float:
     model = timm.create_model(name, **spec.get("kwargs", {})).train(train)
     x = example_input(name, spec["size"], spec["batch"], frames)
     if "img_size" not in spec.get("kwargs", {}):  # timm's models are built for one size and cannot take 32 px
-        _run(model, example_input(name, 32, 1, frames and 2), train)  # warm-up: kernels and thread pools
+        try:  # warm-up: kernels and thread pools
+            _run(model, example_input(name, 32, 1, frames and 2), train)
+        except ValueError:  # a model with a minimum size (e.g. ViTAR's token merger): its default size
+            _run(model, example_input(name, model.pretrained_cfg["input_size"][-1], 1, frames and 2), train)
     before = _status_mb("VmRSS")
     resettable = _reset_peak()
     _run(model, x, train)

@@ -8,7 +8,7 @@ resolutions (and clip lengths for video), against a baseline and timm's equivale
     python -m visionpe.bench speed --models 'vivit_s_*' --baseline vivit_s_ape --frames 4 8 16 32 --resolutions 112
     python -m visionpe.bench speed --data fashion-mnist --models 'vit_n_*' --batch 128 --workers 0 1  # loader vs step
     python -m visionpe.bench speed --zoo          # what the model cards report (results/speed/zoo.json)
-    python -m visionpe.bench speed --compile      # torch.compile vs eager, ours vs timm (results/speed/compile.json)
+    python -m visionpe.bench speed --compile      # torch.compile vs eager, ours vs timm (results/compile/compile.json)
 
 Models may be glob patterns over the registered models. Per model and size: parameters, GFLOPs (fvcore MACs with
 attention counted, see flops.py), inference and training images/s (clips/s for video), peak memory of one step of one
@@ -300,8 +300,8 @@ def measure(
                 log(f"  {where}: peak memory of {name}")
                 row = by_name[name]
                 row.baseline = row.baseline or (baseline if baseline in built else next(iter(built)))
-                row.infer_mem_mb = _peak(name, res, False, kwargs, device, model, n_frames) if infer else None
-                row.train_mem_mb = _peak(name, res, True, kwargs, device, model, n_frames) if train else None
+                row.infer_mem_mb = _peak(row, False, kwargs, device, model) if infer else None
+                row.train_mem_mb = _peak(row, True, kwargs, device, model) if train else None
                 if train and n_frames is not None:
                     row.saved_act_mb = saved_activation_mb(model.cpu(), example_input(name, res, 1, n_frames))
         for model, _, _ in built.values():
@@ -310,10 +310,13 @@ def measure(
     return rows
 
 
-def _peak(name: str, res: int, train: bool, kwargs: dict, device: str, model: nn.Module, frames) -> float | None:
+def _peak(row: SpeedRow, train: bool, kwargs: dict, device: str, model: nn.Module) -> float | None:
+    """The row's peak memory, or None with a note saying why the probe failed."""
     try:
-        return peak_memory_mb(name, res, 1, train, kwargs, frames, device, model)
-    except RuntimeError:
+        return peak_memory_mb(row.model, row.resolution, 1, train, kwargs, row.frames, device, model)
+    except RuntimeError as e:
+        last = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        row.notes.append(f"{'training' if train else 'inference'} memory not measured: {last[:160]}")
         return None
 
 
@@ -584,7 +587,7 @@ def main(argv: list[str] | None = None) -> int:
             rows = measure_compiled(models, res, args.batch, args.rounds, args.steps, args.clock, args.timm)
             load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
             settings.update(seconds=round(time.perf_counter() - t0, 1), resolution=res, load=load)
-            out = Path(args.out or "results/speed/compile")
+            out = Path(args.out or "results/compile/compile")  # not under speed/: the cards read speed rows there
             json_path, md_path = write_compile_results(rows, out, machine, settings)
         elif args.data:
             from .data_throughput import measure_data, write_data_results
