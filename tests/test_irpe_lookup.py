@@ -62,6 +62,24 @@ def test_product_lookup_is_the_gather_it_replaces(always_separable):
             assert torch.equal(ids.lookup(leaf, start, stop), gathered)
 
 
+@pytest.mark.parametrize("prefix", [0, 1, 2])
+def test_bucket_sums_are_the_scatter_add_they_replace(always_separable, prefix):
+    pe = _pe((5, 6), prefix, targets="qkv")
+    layout = image_layout(5, 6, prefix)
+    ids = pe._buckets(layout, layout, pe.offsets[0])
+    (full,) = ids.full()
+    n, buckets = layout.num_tokens, pe.num_buckets(0)
+    probs = torch.rand(2, 3, n, n, generator=torch.Generator().manual_seed(0))
+    for start, stop in [(0, n), (0, 1), (0, prefix + 3), (prefix + 2, n)]:  # prefix rows, mixed, grid only
+        p = probs[:, :, start:stop]
+        ref = p.new_zeros(*p.shape[:-1], buckets).scatter_add_(-1, full[start:stop].expand_as(p), p)
+        got = ids.bucket_sums(p, start, stop, buckets)
+        # the same <= n terms in [0, 1) summed in another order: fp32 error at most n * eps * |sum|
+        tol = n * torch.finfo(torch.float32).eps * ref.abs().max().item()
+        assert torch.allclose(got, ref, atol=tol, rtol=0)
+        assert torch.equal(got == 0, ref == 0)  # the same empty buckets: nothing lands in a wrong one
+
+
 def test_positions_that_are_not_a_product_grid_keep_the_whole_id_grid(always_separable):
     pe = _pe((4, 4), 0)
     layout = image_layout(4, 4)

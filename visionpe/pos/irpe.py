@@ -449,6 +449,8 @@ class _BucketValues(RowValue):
         return out + self._term(probs, self.ids.full())
 
     def rows(self, probs, start, stop):
+        if _product_grid(self.ids):  # sums per bucket by two one-hot products: no [rows, M] ids, no scatter
+            return self.ids.bucket_sums(probs, start, stop, self.buckets) @ self.table.to(probs.dtype)
         return self._term(probs, self.ids.block(start, stop))
 
     def _term(self, probs: torch.Tensor, ids: list[torch.Tensor]) -> torch.Tensor:

@@ -133,8 +133,28 @@ class GridBuckets:
         grid_lut = lut[..., g0:, : self.ny * self.nx].unflatten(-1, (self.ny, self.nx))  # [.., g, ny, nx]
         grid = ((oy @ grid_lut) @ ox).flatten(-2)  # [.., g, H_k * W_k], contiguous (matmul into a strided view
         # of the output falls back to one small product per matrix: 2x slower at 640 px)
-        if self.pk:
-            grid = torch.cat([lut[..., g0:, -1:].expand(*lead, rows - g0, self.pk), grid], dim=-1)
+        if not self.pk and not g0:
+            return grid
+        out = lut.new_empty(*lead, rows, self.shape[1])  # one copy into place (torch.cat of an expanded column: 2x)
+        out[..., :g0, :] = lut[..., :g0, -1:]
+        out[..., g0:, : self.pk] = lut[..., g0:, -1:]
+        out[..., g0:, self.pk :] = grid
+        return out
+
+    def bucket_sums(self, probs: torch.Tensor, start: int, stop: int, buckets: int) -> torch.Tensor:
+        """out[.., i, b] = sum of probs[.., i, j] over the keys j with b(i, j) = b, for query rows [start, stop)
+        (product mapping only): the adjoint of `lookup`, onehot_y[i]^T @ probs[i].view(H_k, W_k) @ onehot_x[i]^T on
+        the grid keys, and the prefix bucket (last) summed directly. probs [.., rows, Pk + M] -> [.., rows, buckets]."""
+        rows, lead = stop - start, probs.shape[:-2]
+        g0 = max(start, self.pq) - start
+        out = probs.new_zeros(*lead, rows, buckets)
+        if g0 < rows:
+            oy, ox = self._one_hots(start + g0, stop, probs.dtype)
+            grid = probs[..., g0:, self.pk :].unflatten(-1, (self.hk, self.wk))  # [.., g, H_k, W_k]
+            sums = (oy.transpose(-1, -2) @ grid) @ ox.transpose(-1, -2)  # [.., g, ny, nx]
+            out[..., g0:, : self.ny * self.nx] = sums.flatten(-2)
+            if self.pk:
+                out[..., g0:, -1] = probs[..., g0:, : self.pk].sum(-1)
         if g0:
-            grid = torch.cat([lut[..., :g0, -1:].expand(*lead, g0, self.shape[1]), grid], dim=-2)
-        return grid
+            out[..., :g0, -1] = probs[..., :g0, :].sum(-1)
+        return out
