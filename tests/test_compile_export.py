@@ -169,3 +169,21 @@ def test_swin_export_with_dynamic_multiples_of_the_window_grid():
         for hw in [(32, 48), (64, 32), (32, 32)]:
             x = torch.randn(2, 3, *hw)
             torch.testing.assert_close(exported(x), model(x), atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["vivit_n_rope3d", "mm_n_mrope"])
+def test_video_and_multimodal_compile_once_for_a_repeated_shape(name):
+    """A second call with the same input compiles nothing: the rotary caches (a Python list) are bypassed while
+    tracing, since dynamo guards on their state and recompiled the whole model on the second call."""
+    fam = family_of(name)
+    model = timm.create_model(name, **fam.tiny).eval()
+    counter = CompileCounter()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=counter)
+    x = _input(fam, 32)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(2):
+            out = compiled(**x) if isinstance(x, dict) else compiled(x)
+            torch.testing.assert_close(out, model(**x) if isinstance(x, dict) else model(x), atol=ATOL, rtol=0)
+    assert counter.frame_count == 1

@@ -68,7 +68,8 @@ class RoPE2D(PosEncoding):
         return self.freqs[:, i]
 
     def _cos_sin(self, i: int, layout: TokenLayout):
-        if self.mode == "axial":  # fixed: compute once per layout and head dim, shared by every layer
+        if self.mode == "axial" and not torch.compiler.is_compiling():  # fixed: once per layout and head dim
+            # (traced into a graph, a Python cache would be guarded on and recompile)
             freqs = self.layer_frequencies(i)
             key = (layout.num_prefix, freqs.shape[-1], freqs.device)
             for pos, k, cos_sin in self._cache:  # the cache holds `pos`, so its identity cannot be reused

@@ -67,6 +67,8 @@ class RoPEND(PosEncoding):
                 f"{layout.streams}; build it with visionpe.pos.mm_positions.segment_layout(..., {self.scheme!r})"
             )
         freqs = self.layer_frequencies(i)
+        if torch.compiler.is_compiling():  # traced into the graph: a Python cache would be guarded on, and recompile
+            return rotary_cos_sin(rotary_angles(layout.pos, freqs, layout.num_prefix))
         key = (layout.num_prefix, freqs.shape[-1], freqs.device)
         for pos, k, cos_sin in self._cache:  # the entry holds `pos`, so its identity cannot be reused
             if pos is layout.pos and k == key:
