@@ -10,6 +10,7 @@ wall-clock seconds. Outputs are checked too: compiled against eager, ours agains
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,7 +23,7 @@ from ..zoo import create_model, family_of
 from .memprobe import example_input
 from .timing import Clock, Spread, interleave, model_step, spread
 
-__all__ = ["CompileRow", "measure_compiled", "format_compile_markdown", "write_compile_results"]
+__all__ = ["CompileRow", "measure_compiled", "format_compile_markdown", "write_compile_results", "run_compile"]
 
 
 @dataclass
@@ -157,3 +158,13 @@ def write_compile_results(rows: list[CompileRow], out: Path, machine: dict, sett
     json_path.write_text(json.dumps(data, indent=1) + "\n")
     md_path.write_text(format_compile_markdown(rows, machine, settings))
     return json_path, md_path
+
+
+def run_compile(args, models: list[str], machine: dict, settings: dict, t0: float) -> tuple[Path, Path]:
+    """`speed --compile`: measure at the first resolution and write results/compile/compile.{json,md} (not under
+    results/speed, whose files the model cards read as speed rows)."""
+    res = args.resolutions[0]
+    rows = measure_compiled(models, res, args.batch, args.rounds, args.steps, args.clock, args.timm)
+    load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
+    settings.update(seconds=round(time.perf_counter() - t0, 1), resolution=res, load=load)
+    return write_compile_results(rows, Path(args.out or "results/compile/compile"), machine, settings)

@@ -581,14 +581,9 @@ def main(argv: list[str] | None = None) -> int:
             batch=args.batch, rounds=args.rounds, steps=args.steps, clock=args.clock, zoo=args.zoo, mode=args.mode
         )
         if args.compile:
-            from .compiled import measure_compiled, write_compile_results
+            from .compiled import run_compile
 
-            res = args.resolutions[0]
-            rows = measure_compiled(models, res, args.batch, args.rounds, args.steps, args.clock, args.timm)
-            load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
-            settings.update(seconds=round(time.perf_counter() - t0, 1), resolution=res, load=load)
-            out = Path(args.out or "results/compile/compile")  # not under speed/: the cards read speed rows there
-            json_path, md_path = write_compile_results(rows, out, machine, settings)
+            json_path, md_path = run_compile(args, models, machine, settings, t0)
         elif args.data:
             from .data_throughput import measure_data, write_data_results
 

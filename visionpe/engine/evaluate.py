@@ -99,10 +99,11 @@ def evaluate_loader(
     model.train(was_training)
     sums = all_reduce_sum(sums.to(ctx.device), ctx).cpu()
     skipped, images = int(sums[4].item()), int(sums[3].item())
-    if skipped and not images:
-        raise ValueError(f"every image file of {where or 'the evaluation split'} is unreadable ({skipped} files)")
-    if not images:  # over every process: an empty split, or a stream whose shards are empty or unreadable
-        raise ValueError(f"{where or 'the evaluation split'} gave no images to evaluate; check the split's files")
+    if not images:  # over every process: unreadable files, an empty split, or a stream of empty/unreadable shards
+        split = where or "the evaluation split"
+        if skipped:
+            raise ValueError(f"every image file of {split} is unreadable ({skipped} files)")
+        raise ValueError(f"{split} gave no images to evaluate; check the split's files")
     if skipped and ctx.is_main:
         warnings.warn(
             f"evaluation of {where or 'the evaluation split'}: left out {skipped} unreadable image file(s); "
