@@ -70,8 +70,7 @@ ONCE_PER_SHAPE = [
     ("vit_n_rope2d_mixed", True),
     ("vit_n_ape", True),
     ("vit_n_irpe_bias", False),
-    # slow: its dynamic-shape trace took 105 s before the window views used window counts; rerun unfinished in time
-    pytest.param("swin_n_rpb", True, marks=pytest.mark.slow),
+    ("swin_n_rpb", True),  # padding, merging and window views written without size branches: 15 s
     ("cvt_n", True),
 ]
 
@@ -141,34 +140,30 @@ def test_export_with_dynamic_height_and_width(name):
             torch.testing.assert_close(exported(x), model(x), atol=ATOL, rtol=0)
 
 
-def _swin_tiny():
-    return timm.create_model("swin_n_rpb", **family_of("swin_n_rpb").tiny).eval()
-
-
-def test_swin_export_with_free_height_and_width_says_which_sizes_it_serves():
-    """Padding to whole patches, merges and windows branches on the size; with free Dims the export stops at once
-    with the multiple to declare, rather than after minutes of tracing with a wall of unprovable guards."""
-    model = _swin_tiny()  # patch 2, two stages, window 4: lcm(2 * 4, 4 * 4) = 16
-    assert model.export_multiple() == 16
-    free = {2: Dim("h", min=32, max=256), 3: Dim("w", min=32, max=256)}
-    with pytest.raises(ValueError, match=r"multiples of 16"):
-        export(model, (torch.randn(2, 3, 32, 32),), dynamic_shapes=(free,))
-
-
-@pytest.mark.slow  # ~16 min wall on 2 cores shared with a load average of 11 (CPU time not measured); no faster test
-def test_swin_export_with_dynamic_multiples_of_the_window_grid():
-    """Sizes 16 k: no padding anywhere and maps larger than the window (shifted) in every stage; the exported
-    program matches eager at sizes other than the traced one."""
-    model = _swin_tiny()
-    kh, kw = Dim("kh", min=2, max=8), Dim("kw", min=2, max=8)
+@pytest.mark.parametrize("name", ["swin_n_rpb", "swin_n_irpe", "swin_n_lepe", "swin_n_rope2d_mixed"])
+def test_swin_export_with_dynamic_height_and_width(name):
+    """From export_min_size() up (every stage's map larger than its window) one program serves every size, including
+    sizes that need padding to whole patches, odd maps before merging and maps that are not whole windows."""
+    model = timm.create_model(name, **family_of(name).tiny).eval()  # patch 2, two stages of window 4
+    assert model.export_min_size() == (17, 17)  # stage 1: 4 px per token x window 4 = 16, so 17 px and up
+    h, w = Dim("h", min=17, max=256), Dim("w", min=17, max=256)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        program = export(model, (torch.randn(2, 3, 32, 32),), dynamic_shapes=({2: 16 * kh, 3: 16 * kw},))
+        program = export(model, (torch.randn(2, 3, 48, 48),), dynamic_shapes=({2: h, 3: w},))
     exported = program.module()
     with torch.no_grad():
-        for hw in [(32, 48), (64, 32), (32, 32)]:
+        for hw in [(48, 48), (37, 61), (17, 100), (32, 48), (45, 17)]:
             x = torch.randn(2, 3, *hw)
             torch.testing.assert_close(exported(x), model(x), atol=ATOL, rtol=0)
+
+
+def test_swin_export_below_its_least_size_says_which_sizes_it_serves():
+    """A map no larger than its window is one unshifted window (a different graph): with a range reaching below
+    export_min_size() the export stops at once with the Dim to declare."""
+    model = timm.create_model("swin_n_rpb", **family_of("swin_n_rpb").tiny).eval()
+    free = {2: Dim("h", min=8, max=256), 3: Dim("w", min=17, max=256)}
+    with pytest.raises(ValueError, match=r"from 17 x 17 up.*Dim\('h', min=17\)"):
+        export(model, (torch.randn(2, 3, 32, 32),), dynamic_shapes=(free,))
 
 
 @pytest.mark.parametrize("name", ["vivit_n_rope3d", "mm_n_mrope"])

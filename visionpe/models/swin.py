@@ -17,10 +17,10 @@ every map to whole windows (padding never attended); a map no larger than the wi
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from timm.layers import ClassifierHead, DropPath, Mlp, PatchEmbed, to_2tuple, trunc_normal_
 from timm.models._features import feature_take_indices
 from timm.models.swin_transformer import PatchMerging
@@ -30,7 +30,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..layers import Attention
 from ..layers.checks import check_images
-from ..layout import TokenLayout, image_layout, window_layout
+from ..layout import TokenLayout, image_layout, is_symbolic, window_layout
 from ..pos.base import AttnSpec, PEHost, PosContext, merge_contexts
 from ..pos.presets import build_pos_encoding
 from .param_groups import exact_no_weight_decay, pe_block_rules, pe_stem
@@ -85,12 +85,25 @@ class SwinBlock(nn.Module):
         return x + self.drop_path2(self.mlp(self.norm2(x)))
 
 
+class EvenPatchMerging(PatchMerging):
+    """timm's PatchMerging (same parameters, same output) with an odd map padded to 2 * ceil(H / 2) rows and
+    columns: under symbolic sizes (torch.export) the 2 x 2 view then holds by construction, with no divisibility
+    guard on the size."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, H, W, C = x.shape
+        h, w = (H + 1) // 2, (W + 1) // 2
+        x = F.pad(x, (0, 0, 0, 2 * w - W, 0, 2 * h - H))
+        x = x.reshape(B, h, 2, w, 2, C).permute(0, 1, 3, 4, 2, 5).flatten(3)
+        return self.reduction(self.norm(x))
+
+
 class SwinStage(nn.Module):
     """Patch merging (stages after the first), then blocks alternating plain / shifted windows."""
 
     def __init__(self, in_dim: int, dim: int, depth: int, downsample: bool, norm_layer, drop_path, **block_kwargs):
         super().__init__()
-        self.downsample = PatchMerging(in_dim, dim, norm_layer=norm_layer) if downsample else nn.Identity()
+        self.downsample = EvenPatchMerging(in_dim, dim, norm_layer=norm_layer) if downsample else nn.Identity()
         self.blocks = nn.ModuleList(
             SwinBlock(dim, shifted=j % 2 == 1, drop_path=drop_path[j], norm_layer=norm_layer, **block_kwargs)
             for j in range(depth)
@@ -216,27 +229,36 @@ class SwinTransformer(nn.Module):
 
     # ---------------------------------------------------------------------------------------------------- forward
 
-    def export_multiple(self) -> int:
-        """Input sizes that torch.export with dynamic H, W can serve are multiples of this: whole patches, even maps
-        before every merging and whole windows in every stage, so no padding depends on the size."""
-        p = self.patch_embed.patch_size[0]
-        return math.lcm(*(p * 2**s * w for s, win in enumerate(self.window_sizes) for w in win))
+    def export_min_size(self) -> tuple[int, int]:
+        """The least height and width from which every stage's map is larger than its window. torch.export with
+        dynamic H, W serves any size from here up: windows and shifts are then the same at every size, and padding
+        to whole patches, merges and windows is written without branches on the size. (Below it Swin clamps the
+        window to the map and drops the shift, a different graph.)"""
+        p = self.patch_embed.patch_size
+        return tuple(max(p[a] * 2**s * win[a] for s, win in enumerate(self.window_sizes)) + 1 for a in (0, 1))
 
     def _check_export_size(self, h, w) -> None:
-        m = self.export_multiple()
-        if torch.compiler.is_exporting() and not all(statically_known_true(v % m == 0) for v in (h, w)):
+        mh, mw = self.export_min_size()
+        if not (statically_known_true(h >= mh) and statically_known_true(w >= mw)):
             raise ValueError(
-                f"Swin exports with dynamic height and width only for multiples of {m} (padding to whole patches, "
-                f"merges and windows would branch on the size): declare them as {m} * Dim, e.g. "
-                f"dynamic_shapes=({{2: {m} * Dim('kh', min=2), 3: {m} * Dim('kw', min=2)}},)"
+                f"Swin exports with dynamic height and width for sizes from {mh} x {mw} up (every stage's map larger "
+                f"than its window, so windows and shifts do not depend on the size): declare "
+                f"dynamic_shapes=({{2: Dim('h', min={mh}), 3: Dim('w', min={mw})}},)"
             )
+
+    def _pad_to_patches(self, x: torch.Tensor) -> torch.Tensor:
+        """Zero-pad images at the bottom / right to whole patches (as timm's PatchEmbed does), the padded size
+        written as patches x patch so that symbolic sizes need no divisibility guard."""
+        (ph, pw), (h, w) = self.patch_embed.patch_size, x.shape[-2:]
+        pad = (0, pw * ((w + pw - 1) // pw) - w, 0, ph * ((h + ph - 1) // ph) - h)
+        return F.pad(x, pad) if is_symbolic(pad) or any(pad) else x
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Images [B, C, H, W] -> patch tokens [B, H', W', C] with token-site PEs applied."""
         check_images(x, self.in_chans, self.patch_embed.patch_size[0])
-        if isinstance(x.shape[-1], torch.SymInt) or isinstance(x.shape[-2], torch.SymInt):
+        if torch.compiler.is_exporting() and is_symbolic(x.shape[-2:]):
             self._check_export_size(*x.shape[-2:])
-        x = self.patch_embed(x)  # (B, Hp, Wp, C)
+        x = self.patch_embed(self._pad_to_patches(x))  # (B, Hp, Wp, C)
         B, H, W, C = x.shape
         return self.pe.tokens(x.reshape(B, H * W, C), image_layout(H, W, 0, x.device)).reshape(B, H, W, C)
 

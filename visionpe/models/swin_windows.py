@@ -14,7 +14,9 @@ Symbolic sizes (torch.export with dynamic H and W, torch.compile with dynamic sh
 computed once per map (ceil(H / wh)) and every view is written with them, so the padded size is the product
 windows x window and no view needs to divide symbolic expressions (which made sympy take minutes per view). A branch
 that cannot be decided without a guard on the sizes (pad or not, mask or not) takes its general form (pad by a
-possibly zero amount, an all-zero mask), so the traced graph serves every size.
+possibly zero amount, an all-zero mask), so the traced graph serves every size; the crop back is a negative pad
+and the windows return to the map by a view of their contiguous layout, since a slice or a merging reshape would
+ask for facts about the symbolic sizes that torch cannot prove (h <= Hp, nh % (nh * wh) != 0).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from ..layout import shape_cache
+from ..layout import is_symbolic, shape_cache
 
 __all__ = ["WindowPlan", "plan_windows", "window_partition", "window_reverse", "window_mask", "MASK_VALUE"]
 
@@ -83,15 +85,16 @@ class WindowPlan:
         if any(self.shift):
             x = torch.roll(x, shifts=self.shift, dims=(1, 2))
         h, w = self.hw
-        if self.needs_padding:
-            x = x[:, :h, :w].contiguous()
+        if self.needs_padding:  # a negative pad crops (a slice would guard on h <= Hp, unprovable symbolically)
+            x = F.pad(x, (0, 0, 0, w - self.padded[1], 0, h - self.padded[0]))
         return x
 
 
 def plan_windows(hw: tuple[int, int], window: tuple[int, int], shifted: bool) -> WindowPlan:
     """Swin's rule per axis: a map no larger than the window is one window, unshifted; else shift = window // 2."""
-    win = tuple(min(s, w) for s, w in zip(hw, window))
-    shift = tuple(0 if (not shifted or s <= w) else w // 2 for s, w in zip(hw, window))
+    fits = [s <= w for s, w in zip(hw, window)]  # (a plain comparison: torch.export decides it from the size range)
+    win = tuple(s if f else w for s, w, f in zip(hw, window, fits))
+    shift = tuple(0 if (not shifted or f) else w // 2 for w, f in zip(window, fits))
     return WindowPlan(tuple(hw), win, shift)
 
 
@@ -118,7 +121,13 @@ def window_reverse(
     C = windows.shape[-1]
     B = batch if batch is not None else -1
     x = windows.view(B, nh, nw, wh, ww, C).permute(0, 1, 3, 2, 4, 5)
-    return x.reshape(B, nh * wh, nw * ww, C)
+    hp, wp = nh * wh, nw * ww
+    if not is_symbolic((nh, nw)):
+        return x.reshape(B, hp, wp, C)
+    # Merging (nh, wh) -> Hp by reshape would guard on nh % (nh * wh) != 0, which torch cannot decide for a symbolic
+    # nh; the contiguous [B, nh, wh, nw, ww, C] tensor already has the [B, Hp, Wp, C] layout, so view it directly.
+    x = x.contiguous()
+    return x.as_strided((x.shape[0], hp, wp, C), (hp * wp * C, wp * C, C, 1))
 
 
 def region_ids(plan: WindowPlan) -> torch.Tensor:
