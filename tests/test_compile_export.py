@@ -166,6 +166,43 @@ def test_swin_export_below_its_least_size_says_which_sizes_it_serves():
         export(model, (torch.randn(2, 3, 32, 32),), dynamic_shapes=(free,))
 
 
+def _multimodal_input(hw, frames, text):
+    return {"pixels": torch.randn(2, 3, frames, *hw), "text_ids": torch.randint(0, 32, (2, text))}
+
+
+@pytest.mark.parametrize(
+    "name, inputs",
+    [
+        # clip sizes that are not whole tubelets (T = 5) or patches (H = 42): padding must not branch on the size.
+        # Every clip has >= 2 tubelets: dynamo specialises a size of 1, so a 1-tubelet clip compiles anew (by design)
+        ("vivit_n_rope3d", [torch.randn(2, 3, *s) for s in [(4, 32, 32), (4, 32, 32), (5, 48, 40), (4, 42, 56)]]),
+        (
+            "mm_n_mrope",
+            [
+                _multimodal_input(hw, t, n)
+                for hw, t, n in [((32, 32), 4, 5), ((32, 32), 4, 5), ((48, 40), 6, 7), ((40, 56), 3, 3)]
+            ],
+        ),
+    ],
+)
+def test_video_and_multimodal_compile_once_per_new_shape(name, inputs):
+    """The graph compiled for the second shape (dynamic sizes) serves every later clip size and text length: segment
+    parsing does not format traced sizes (a graph break that specialised the resumed frame on the token count) and
+    the tubelet padding does not branch on the size."""
+    model = timm.create_model(name, **family_of(name).tiny).eval()
+    counter = CompileCounter()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=counter)
+    counts = []
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for x in inputs:
+            out = compiled(**x) if isinstance(x, dict) else compiled(x)
+            torch.testing.assert_close(out, model(**x) if isinstance(x, dict) else model(x), atol=ATOL, rtol=0)
+            counts.append(counter.frame_count)
+    assert counts == [1, 1, 2, 2], counts
+
+
 @pytest.mark.parametrize("name", ["vivit_n_rope3d", "mm_n_mrope"])
 def test_video_and_multimodal_compile_once_for_a_repeated_shape(name):
     """A second call with the same input compiles nothing: the rotary caches (a Python list) are bypassed while

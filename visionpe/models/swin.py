@@ -251,7 +251,7 @@ class SwinTransformer(nn.Module):
         written as patches x patch so that symbolic sizes need no divisibility guard."""
         (ph, pw), (h, w) = self.patch_embed.patch_size, x.shape[-2:]
         pad = (0, pw * ((w + pw - 1) // pw) - w, 0, ph * ((h + ph - 1) // ph) - h)
-        return F.pad(x, pad) if is_symbolic(pad) or any(pad) else x
+        return F.pad(x, pad) if torch.compiler.is_compiling() or any(pad) else x  # traced: no guard on the size
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Images [B, C, H, W] -> patch tokens [B, H', W', C] with token-site PEs applied."""

@@ -80,7 +80,7 @@ class TubeletEmbed(nn.Module):
         t, h, w = check_clip(x, self.in_chans, self.tubelet_size, self.patch_size[0])
         grid = self.token_grid(t, h, w)
         pt, ph, pw = grid[0] * self.tubelet_size - t, grid[1] * self.patch_size[0] - h, grid[2] * self.patch_size[0] - w
-        if pt or ph or pw:
+        if torch.compiler.is_compiling() or pt or ph or pw:  # traced: pad by a possibly zero amount, no size guard
             x = F.pad(x, (0, pw, 0, ph, 0, pt))
         # the Conv3d as one matmul over flattened tubelets (exact for stride = kernel; CPU conv3d is far slower)
         B, C = x.shape[:2]

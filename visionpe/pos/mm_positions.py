@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 
 import torch
@@ -94,36 +94,40 @@ def scheme_streams(scheme: str) -> int:
     return SCHEME_STREAMS[scheme]
 
 
-def _as_int(v, what: str) -> int:
+def _as_int(v, where: Callable[[], str]) -> int:
+    if isinstance(v, torch.SymInt):  # a traced size (torch.compile with dynamic shapes, torch.export): keep it symbolic
+        return v
     if isinstance(v, bool) or not isinstance(v, (int, str)) and not hasattr(v, "__index__"):
-        raise ValueError(f"{what}: expected an integer, got {v!r}")
+        raise ValueError(f"{where()}: expected an integer, got {v!r}")
     try:
         out = int(v)
     except ValueError:
-        raise ValueError(f"{what}: expected an integer, got {v!r}") from None
+        raise ValueError(f"{where()}: expected an integer, got {v!r}") from None
     if out < 1:
-        raise ValueError(f"{what}: sizes must be at least 1, got {out}")
+        raise ValueError(f"{where()}: sizes must be at least 1, got {out}")
     return out
 
 
-def _parse_one(kind, size, where: str) -> Segment:
+def _parse_one(kind, size, where: Callable[[], str]) -> Segment:
+    """where: builds the segment's name for an error, only when there is one (formatting a traced size while
+    tracing would break the graph)."""
     if kind == "text":
         if isinstance(size, (tuple, list)):
-            raise ValueError(f"{where}: a text segment takes a token count, got {size!r}")
+            raise ValueError(f"{where()}: a text segment takes a token count, got {size!r}")
         return ("text", _as_int(size, where))
     if kind in ("video", "image"):
         if isinstance(size, str):
             size = size.lower().split("x")
         if not isinstance(size, (tuple, list)):
-            raise ValueError(f"{where}: a {kind} segment takes a shape tuple, got {size!r}")
+            raise ValueError(f"{where()}: a {kind} segment takes a shape tuple, got {size!r}")
         dims = tuple(_as_int(s, where) for s in size)
         if kind == "image" and len(dims) == 2:
             dims = (1, *dims)
         if len(dims) != 3 or (kind == "image" and dims[0] != 1):
             want = "(H, W)" if kind == "image" else "(T, H, W)"
-            raise ValueError(f"{where}: a {kind} segment takes {want} in tokens, got {size!r}")
+            raise ValueError(f"{where()}: a {kind} segment takes {want} in tokens, got {size!r}")
         return ("video", dims)
-    raise ValueError(f"{where}: unknown segment kind {kind!r}; use 'text', 'image' or 'video'")
+    raise ValueError(f"{where()}: unknown segment kind {kind!r}; use 'text', 'image' or 'video'")
 
 
 @lru_cache(maxsize=256)
@@ -135,7 +139,7 @@ def _parse_string(spec: str) -> tuple[Segment, ...]:
         if m is None:
             raise ValueError(f"segment spec {spec!r}: cannot parse {part!r}; expected e.g. {SPEC_FORMAT}")
         kind, size = m.group(1).lower(), m.group(2)
-        out.append(_parse_one(kind, size, f"segment {i} ({part!r})"))
+        out.append(_parse_one(kind, size, lambda i=i, part=part: f"segment {i} ({part!r})"))
     return tuple(out)
 
 
@@ -148,7 +152,7 @@ def parse_segments(spec) -> tuple[Segment, ...]:
         for i, seg in enumerate(spec):
             if not isinstance(seg, (list, tuple)) or len(seg) != 2 or not isinstance(seg[0], str):
                 raise ValueError(f"segment {i} is {seg!r}; expected a (kind, size) pair as in {SPEC_FORMAT}")
-            out.append(_parse_one(seg[0].lower(), seg[1], f"segment {i} ({seg!r})"))
+            out.append(_parse_one(seg[0].lower(), seg[1], lambda i=i, seg=seg: f"segment {i} ({seg!r})"))
         out = tuple(out)
     else:
         raise ValueError(f"cannot parse a segment spec of type {type(spec).__name__}; expected {SPEC_FORMAT}")
