@@ -166,7 +166,7 @@ def _summary_block(fam: Family, path: Path, s: dict, models: list[str], out_dir:
 
 
 def _machine(s: dict) -> str:
-    from .speed import machine_description
+    from .speed_report import machine_description
 
     return machine_description(s["machine"])
 

@@ -29,7 +29,7 @@ from .card_accuracy import accuracy_section, family_summaries, relative_link
 from .card_text import DATASETS, TASKS, card_metadata, limitations_section, usage_section
 from .citations import bibtex
 from .evalsizes import size_label
-from .speed import machine_description
+from .speed_report import machine_description
 
 __all__ = ["load_speed", "load_speed_files", "load_extrapolation", "family_card", "write_cards", "main"]
 
@@ -145,7 +145,7 @@ def _speed_rows(data: dict) -> list:
 def _cost_spread_section(fam: Family, files: list[tuple[Path, dict]], out_dir: Path) -> list[str]:
     """Per-PE cost against a baseline measured in the same rounds, median [spread], from every speed file that has
     such ratios for models of the family."""
-    from .speed import machine_description, memory_ratio_text, spread_text
+    from .speed_report import machine_description, memory_ratio_text, spread_text
 
     lines: list[str] = []
     for path, data in files:

@@ -121,7 +121,7 @@ def _s(d: dict | None) -> str:
 
 
 def format_compile_markdown(rows: list[CompileRow], machine: dict, settings: dict) -> str:
-    from .speed import machine_description
+    from .speed_report import machine_description
 
     word = "interquartile range" if settings["rounds"] >= 4 else "min-max"
     lines = [

@@ -356,7 +356,8 @@ def _summary(records: list[dict], plan, seconds: float, machine: dict) -> dict:
 def write_report(records: list[dict], plan, out: Path, seconds: float) -> list[Path]:
     """results.csv, results.md, summary.json and results.png under `out`; returns the paths written."""
     from .plots import plot_extrapolation
-    from .speed import machine_description, machine_info
+    from .speed import machine_info
+    from .speed_report import machine_description
 
     out.mkdir(parents=True, exist_ok=True)
     records = restrict(records, plan)
