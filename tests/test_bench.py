@@ -390,3 +390,23 @@ def test_cpu_memory_probe_runs_with_a_fixed_mmap_threshold(monkeypatch):
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")  # a user's own setting is kept
     memprobe.peak_memory_mb("vit_n_ape", 32)
     assert seen["env"]["MALLOC_MMAP_THRESHOLD_"] == "65536"
+
+
+def test_growth_fit_recovers_the_exponents_of_time_and_memory():
+    """Rows whose time per item grows as N^1.5 and memory as N^2 (exact powers) give those exponents back; a model
+    measured at one token count gets no fit."""
+    from visionpe.bench.speed import SpeedRow
+    from visionpe.bench.speed_report import format_markdown, scaling
+
+    rows = [
+        SpeedRow("m", r, tokens=n, infer_ips=1e6 / n**1.5, infer_mem_mb=n**2 / 1e3)
+        for r, n in ((224, 196), (448, 784), (896, 3136))
+    ]
+    rows.append(SpeedRow("single", 224, tokens=196, infer_ips=1.0, infer_mem_mb=1.0))
+    fit = scaling(rows)
+    assert set(fit) == {"m"}
+    assert fit["m"]["tokens"] == [196, 3136]
+    assert abs(fit["m"]["time_exp"] - 1.5) < 1e-9 and abs(fit["m"]["memory_exp"] - 2.0) < 1e-9  # exact data: fp64 fit
+    machine = dict(date="d", cpu="cpu", cores=2, threads=1, torch="t", timm="t")
+    text = format_markdown(rows, machine, dict(rounds=5, batch=1, steps=2, clock="cpu"))
+    assert "| m | 196 -> 3136 | 1.50 | 2.00 | - |" in text
