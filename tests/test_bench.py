@@ -295,6 +295,9 @@ def test_speed_command_rejects_bad_models_and_sizes(capsys):
     with pytest.raises(SystemExit):
         bench_main(["speed", "--models", "vit_n_ape", "--resolutions", "0"])
     assert "positive pixel sizes" in capsys.readouterr().err
+    assert bench_main(["speed", "--data", "no-such-set", "--models", "vit_n_ape"]) == 2  # one line, no traceback
+    err = capsys.readouterr().err
+    assert "--data takes one of fashion-mnist, mnist, got 'no-such-set'" in err and "Traceback" not in err
     assert expand_models(["vit_n_rope2d*", "vit_n_rope2d"]) == [
         "vit_n_rope2d",
         "vit_n_rope2d_ape",

@@ -39,8 +39,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import importlib
 
+    from visionpe.engine.cli import USER_ERRORS, user_error
+
     module = importlib.import_module(COMMANDS[argv[0]][0])
-    return int(module.main(argv[1:]) or 0)
+    try:
+        return int(module.main(argv[1:]) or 0)
+    except USER_ERRORS as e:  # bad input: one line (VISIONPE_DEBUG=1 for the traceback)
+        return user_error(e)
 
 
 if __name__ == "__main__":

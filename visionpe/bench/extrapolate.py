@@ -311,14 +311,14 @@ def main(argv: list[str] | None = None) -> int:
         "(e.g. train.epochs=1 data.options.num_train=500)",
     )
     args = ap.parse_args(argv)
-    from ..engine.cli import USER_ERRORS, _fail
+    from ..engine.cli import USER_ERRORS, user_error
 
     try:
         overrides = [*args.overrides, *(["bench.pretrained=true"] if args.pretrained else [])]
         bench, cfg = load_bench(args.config, overrides)
         run_benchmark(bench, cfg, dry_run=args.dry_run)
     except (*USER_ERRORS, RuntimeError) as e:
-        return _fail(e)
+        return user_error(e)
     except KeyboardInterrupt:
         print("interrupted; rerun the same command to continue where it stopped", file=sys.stderr)
         return 130

@@ -11,12 +11,13 @@ from .checkpoint import CheckpointError
 from .config import ConfigError, format_config_help
 from .distributed import DistTimeoutError
 
-__all__ = ["train_main", "eval_main"]
+__all__ = ["train_main", "eval_main", "user_error", "USER_ERRORS"]
 
 USER_ERRORS = (ConfigError, CheckpointError, FileNotFoundError, ValueError, FloatingPointError, DistTimeoutError)
 
 
-def _fail(e: Exception) -> int:
+def user_error(e: Exception) -> int:
+    """Report a bad input or a known failure in one line (the traceback with VISIONPE_DEBUG=1); exit status 2."""
     if os.environ.get("VISIONPE_DEBUG"):
         raise e
     if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -73,11 +74,11 @@ def train_main(argv: list[str] | None = None) -> int:
     try:
         train(args.config, args.overrides, resume=args.resume, accept_changes=args.accept_changes)
     except USER_ERRORS as e:
-        return _fail(e)
+        return user_error(e)
     except OSError as e:
         if not _is_disk_full(e):
             raise
-        return _fail(e)
+        return user_error(e)
     return 0
 
 
@@ -107,7 +108,7 @@ def eval_main(argv: list[str] | None = None) -> int:
         ctx = init_distributed(device)
         rows = evaluate_checkpoint(args.checkpoint, args.resolutions, args.overrides, args.ema, ctx)
     except USER_ERRORS as e:
-        return _fail(e)
+        return user_error(e)
     finally:
         if ctx is not None:
             shutdown(ctx)
