@@ -135,10 +135,14 @@ class GridBuckets:
         # of the output falls back to one small product per matrix: 2x slower at 640 px)
         if not self.pk and not g0:
             return grid
-        out = lut.new_empty(*lead, rows, self.shape[1])  # one copy into place (torch.cat of an expanded column: 2x)
+        if self.pk:  # prefix keys first: one pass over rows (a copy into [:, pk:] of a wider tensor strides the rows)
+            column = lut[..., g0:, -1:].expand(*lead, rows - g0, self.pk).contiguous()
+            grid = torch.cat([column, grid], dim=-1)
+        if not g0:
+            return grid
+        out = lut.new_empty(*lead, rows, self.shape[1])
         out[..., :g0, :] = lut[..., :g0, -1:]
-        out[..., g0:, : self.pk] = lut[..., g0:, -1:]
-        out[..., g0:, self.pk :] = grid
+        out[..., g0:, :] = grid
         return out
 
     def bucket_sums(self, probs: torch.Tensor, start: int, stop: int, buckets: int) -> torch.Tensor:
