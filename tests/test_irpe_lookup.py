@@ -63,6 +63,33 @@ def test_product_lookup_is_the_gather_it_replaces(always_separable):
 
 
 @pytest.mark.parametrize("prefix", [0, 1, 2])
+@pytest.mark.parametrize("keys", ["same", "strided"])
+def test_banded_lookups_are_the_gathers_they_replace(always_separable, prefix, keys):
+    """Rows by runs of key grid rows (the k term), and the transposed read of the q term (b(i, j) for a block of
+    key columns j, every query i), on blocks that start and end inside grid rows or inside the prefix tokens."""
+    pe = _pe((5, 6), prefix, targets="qk")
+    ql = image_layout(5, 6, prefix)
+    kl = ql if keys == "same" else cell_centre_layout(3, 3, 2, prefix)  # CvT-like keys: runs of 1-2 grid rows
+    for a, b in ((ql, kl), (kl, ql)):
+        ids = pe._buckets(a, b, pe.offsets[0])
+        (full,) = ids.full()
+        n, m = full.shape
+        lut = torch.randn(2, 3, n, pe.num_buckets(0))
+        gathered = lut.gather(-1, full.expand(2, 3, -1, -1))  # [.., n, m]
+        for start, stop in [(0, n), (0, 1), (0, prefix + 3), (prefix + 2, min(n, prefix + 9)), (n - 1, n)]:
+            got = ids.lookup_banded(lut[:, :, start:stop], start, stop)
+            assert torch.equal(got, gathered[:, :, start:stop]), ("rows", start, stop)
+        table = ids.columns_table(lut)
+        for start, stop in [(0, m), (0, 1), (0, prefix + 3), (prefix + 2, min(m, prefix + 9)), (m - 1, m)]:
+            expected = gathered[..., start:stop].transpose(-1, -2)
+            got = ids.lookup_transposed(table, lut[..., -1], start, stop)
+            assert torch.equal(got, expected), ("columns", start, stop)
+            base = torch.randn_like(expected)  # added in place: one fp32 addition per element
+            added = ids.lookup_transposed(table, lut[..., -1], start, stop, into=base.clone())
+            assert torch.equal(added, base + expected)
+
+
+@pytest.mark.parametrize("prefix", [0, 1, 2])
 def test_bucket_sums_are_the_scatter_add_they_replace(always_separable, prefix):
     pe = _pe((5, 6), prefix, targets="qkv")
     layout = image_layout(5, 6, prefix)
@@ -73,11 +100,11 @@ def test_bucket_sums_are_the_scatter_add_they_replace(always_separable, prefix):
     for start, stop in [(0, n), (0, 1), (0, prefix + 3), (prefix + 2, n)]:  # prefix rows, mixed, grid only
         p = probs[:, :, start:stop]
         ref = p.new_zeros(*p.shape[:-1], buckets).scatter_add_(-1, full[start:stop].expand_as(p), p)
-        got = ids.bucket_sums(p, start, stop, buckets)
-        # the same <= n terms in [0, 1) summed in another order: fp32 error at most n * eps * |sum|
-        tol = n * torch.finfo(torch.float32).eps * ref.abs().max().item()
-        assert torch.allclose(got, ref, atol=tol, rtol=0)
-        assert torch.equal(got == 0, ref == 0)  # the same empty buckets: nothing lands in a wrong one
+        for got in (ids.bucket_sums(p, start, stop, buckets), ids.bucket_sums_banded(p, start, stop, buckets)):
+            # the same <= n terms in [0, 1) summed in another order: fp32 error at most n * eps * |sum|
+            tol = n * torch.finfo(torch.float32).eps * ref.abs().max().item()
+            assert torch.allclose(got, ref, atol=tol, rtol=0)
+            assert torch.equal(got == 0, ref == 0)  # the same empty buckets: nothing lands in a wrong one
 
 
 def test_positions_that_are_not_a_product_grid_keep_the_whole_id_grid(always_separable):

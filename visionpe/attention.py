@@ -198,11 +198,15 @@ class RowValue:
 
 def _block_probs(q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor | None, scale: float) -> torch.Tensor:
     """softmax(q k^T * scale + bias) of one row block, the bias added in place (matmul's backward does not read its
-    output, so this is autograd-safe): two [B, H, rows, M] tensors at a time besides the bias."""
+    output, so this is autograd-safe) and, without autograd, the softmax too: one [B, H, rows, M] tensor besides the
+    bias (two with autograd)."""
     attn = (q * scale) @ k.transpose(-2, -1)
     if bias is not None:
         attn = attn.add_(bias.to(attn.dtype))
-    return attn.softmax(dim=-1)
+        del bias  # the caller holds no reference: freed here
+    if torch.is_grad_enabled() and attn.requires_grad:
+        return attn.softmax(dim=-1)
+    return torch.softmax(attn, dim=-1, out=attn)
 
 
 def attend_rows(
@@ -234,10 +238,11 @@ def attend_rows(
     for start in range(0, n, step):
         stop = min(n, start + step)
         qb = q[:, :, start:stop] if step < n else q
-        bb = bias.rows(state, start, stop) if bias is not None else None
+        # the block's bias is not held here, so it is freed once used (before the softmax on the math path)
         if value is None:
-            outs.append(attend(qb, k, v, bb, scale))
+            outs.append(attend(qb, k, v, bias.rows(state, start, stop) if bias is not None else None, scale))
         else:
-            probs = _block_probs(qb, k, bb, scale)
+            probs = _block_probs(qb, k, bias.rows(state, start, stop) if bias is not None else None, scale)
             outs.append((probs @ v).add_(value.rows(probs, start, stop)))
+            del probs  # freed before the next block's logits
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)

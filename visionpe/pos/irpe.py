@@ -376,6 +376,12 @@ def _product_grid(ids: Buckets | None) -> bool:
     return isinstance(ids, GridBuckets) and ids.product
 
 
+def _banded(ids: Buckets | None) -> bool:
+    """Whether the lookup can copy runs of grid rows (eager mode: the runs are read on the host, which a traced
+    graph cannot do; compiled graphs take the one-hot products and gathers)."""
+    return _product_grid(ids) and not torch.compiler.is_compiling()
+
+
 class _BucketLogits(RowBias):
     """iRPE's logits terms, a block of query rows at a time (nothing N x N is built beyond the rows asked for).
 
@@ -394,19 +400,27 @@ class _BucketLogits(RowBias):
         return (table * x.shape[-1] ** -0.5).to(x.dtype).transpose(-1, -2)
 
     def prepare(self, q, k):
-        lut_q = None
-        if self.mode == "contextual" and self.table_q is not None:
-            lut_q = k @ self._keys_first(self.table_q, k)  # [B, H, M, R]
-        return q, lut_q
+        return self._prepare(q, k, row_blocks=True)
 
     def __call__(self, q, k):
-        return self._terms(self.prepare(q, k), 0, q.shape[-2], reference=True)
+        return self._terms(self._prepare(q, k, row_blocks=False), 0, q.shape[-2], reference=True)
+
+    def _prepare(self, q, k, row_blocks: bool):
+        """(q, lut_q, columns): the q term's k @ rQ^T for every key ([B, H, M, R]); for banded row blocks instead
+        the table its runs are copied from (`columns`) and, of lut_q, only the prefix bucket (None without one)."""
+        lut_q = columns = None
+        if self.mode == "contextual" and self.table_q is not None:
+            lut_q = k @ self._keys_first(self.table_q, k)
+            if row_blocks and _banded(self.ids_q):
+                columns = self.ids_q.columns_table(lut_q)
+                lut_q = lut_q[..., -1].contiguous() if self.ids_q.extra_ids is not None else None
+        return q, lut_q, columns
 
     def rows(self, state, start, stop):
         return self._terms(state, start, stop, reference=False)
 
     def _terms(self, state, start: int, stop: int, reference: bool) -> torch.Tensor:
-        q, lut_q = state
+        q, lut_q, columns = state
 
         def ids_k():  # [rows, M] per table part
             return [t[start:stop] for t in self.ids_k.full()] if reference else self.ids_k.block(start, stop)
@@ -415,12 +429,13 @@ class _BucketLogits(RowBias):
             return [t[:, start:stop] for t in self.ids_q.full()] if reference else self.ids_q.block_t(start, stop)
 
         fast_k = not reference and _product_grid(self.ids_k)
+        banded_k = fast_k and _banded(self.ids_k)
         out = None
         if self.mode == "bias":
             if self.table_k is not None:
                 if fast_k:  # the table as a per-head lut shared by every row: [1, H | 1, rows, R]
                     lut = self.table_k.to(q.dtype).t()[None, :, None, :].expand(1, -1, stop - start, -1)
-                    out = self.ids_k.lookup(lut, start, stop)
+                    out = (self.ids_k.lookup_banded if banded_k else self.ids_k.lookup)(lut, start, stop)
                 else:  # [rows, M, H | 1] -> [1, H | 1, rows, M]
                     out = sum(self.table_k[t] for t in ids_k()).permute(2, 0, 1)[None]
             if self.table_q is not None:  # [M, rows, H | 1] -> [1, H | 1, rows, M]
@@ -429,8 +444,13 @@ class _BucketLogits(RowBias):
             return out.to(q.dtype)
         if self.table_k is not None:
             lut = q[:, :, start:stop] @ self._keys_first(self.table_k, q)  # [B, H, rows, R]
-            out = self.ids_k.lookup(lut, start, stop) if fast_k else _gather_rows(lut, ids_k())
-        if lut_q is not None:
+            if fast_k:
+                out = (self.ids_k.lookup_banded if banded_k else self.ids_k.lookup)(lut, start, stop)
+            else:
+                out = _gather_rows(lut, ids_k())
+        if columns is not None:  # [B, H, rows, M], read by key j, added in place
+            out = self.ids_q.lookup_transposed(columns, lut_q, start, stop, into=out)
+        elif lut_q is not None:  # [B, H, M, rows] -> [B, H, rows, M]
             t_q = _gather_rows(lut_q, ids_q()).transpose(-1, -2)
             out = t_q if out is None else out.add_(t_q)
         return out
@@ -449,8 +469,9 @@ class _BucketValues(RowValue):
         return out + self._term(probs, self.ids.full())
 
     def rows(self, probs, start, stop):
-        if _product_grid(self.ids):  # sums per bucket by two one-hot products: no [rows, M] ids, no scatter
-            return self.ids.bucket_sums(probs, start, stop, self.buckets) @ self.table.to(probs.dtype)
+        if _product_grid(self.ids):  # sums per bucket by runs of grid rows / one-hot products: no ids, no scatter
+            sums = self.ids.bucket_sums_banded if _banded(self.ids) else self.ids.bucket_sums
+            return sums(probs, start, stop, self.buckets) @ self.table.to(probs.dtype)
         return self._term(probs, self.ids.block(start, stop))
 
     def _term(self, probs: torch.Tensor, ids: list[torch.Tensor]) -> torch.Tensor:

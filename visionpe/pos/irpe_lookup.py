@@ -5,7 +5,12 @@ Two forms, both giving the table rows of `IRPE._ids` (one id tensor per table pa
   column part (x_i, x_j), so only two small per-axis tables are kept ([H_q, H_k] and [W_q, W_k]) and the ids of a
   block are assembled on the fly. For the product mapping the contextual lookup lut[i, b(i, j)] and its adjoint
   (probabilities summed per bucket) are two small batched matmuls with one-hot axis matrices, exact in fp32
-  (one product by 1, the rest by 0) and several times faster than a gather over [rows, M].
+  (one product by 1, the rest by 0) and several times faster than a gather over [rows, M]. In eager mode the row
+  part is cheaper still (the `*_banded` / `*_transposed` forms): a run of consecutive key grid rows with one row
+  bucket is one contiguous range of raster keys, within which the bucket depends on the columns alone, so each run
+  is one broadcast copy (or sum) of a [rows, W_k] column lookup. iRPE's q term, whose table is read by the key, is
+  copied the same way from a per-layer table laid out key last, so its block comes out query-major, without a
+  transposed gather.
 - `FullBuckets`: every other case (euclidean / quantization, non-grid layouts, small grids): the whole [N, M] id grid,
   stored in the smallest integer type that holds the bucket count (uint8 for iRPE's 50 buckets).
 Both keep memory O(N + M) or O(N x M) bytes rather than O(N x M) int64 words, and give `full()` for the reference.
@@ -74,6 +79,7 @@ class GridBuckets:
         else:
             self.col_start = self.ny + int(extra)
             self.extra_ids = [self.ny, self.col_start + self.nx] if extra else None
+        self._runs: dict[bool, list[list[tuple[int, int, int]]]] = {}
 
     # ------------------------------------------------------------------------------------------------ ids
 
@@ -128,7 +134,7 @@ class GridBuckets:
         lut [.., rows, R] with R = ny * nx (+ 1 prefix bucket, last). The grid part is
         onehot_y[i] @ lut[i].view(ny, nx) @ onehot_x[i]^T (no N x M ids)."""
         rows, lead = stop - start, lut.shape[:-2]
-        g0 = max(start, self.pq) - start  # first grid query of the block
+        g0 = min(max(start, self.pq), stop) - start  # first grid query of the block
         oy, ox = self._one_hots(start + g0, stop, lut.dtype)
         grid_lut = lut[..., g0:, : self.ny * self.nx].unflatten(-1, (self.ny, self.nx))  # [.., g, ny, nx]
         grid = ((oy @ grid_lut) @ ox).flatten(-2)  # [.., g, H_k * W_k], contiguous (matmul into a strided view
@@ -141,12 +147,117 @@ class GridBuckets:
             grid = torch.cat([lut[..., :g0, -1:].expand(*lead, g0, self.shape[1]), grid], dim=-2)
         return grid
 
+    # ------------------------------------------------------------------------------------------------ banded lookup
+
+    def _row_runs(self, transposed: bool) -> list[list[tuple[int, int, int]]]:
+        """Per query grid row y_i, the runs (row bucket a, first, end) of equal row buckets over the key grid rows;
+        transposed: per key grid row, over the query grid rows. Raster tokens of a run of grid rows are one
+        contiguous range, and within it the bucket depends on the columns alone. Read once (a host sync)."""
+        if transposed not in self._runs:
+            runs = []
+            for row in (self.axis_y.t() if transposed else self.axis_y).tolist():
+                ends = [y for y in range(1, len(row)) if row[y] != row[y - 1]] + [len(row)]
+                starts = [0] + ends[:-1]
+                runs.append([(row[a], a, b) for a, b in zip(starts, ends)])
+            self._runs[transposed] = runs
+        return self._runs[transposed]
+
+    def _grid_rows(self, first: int, stop: int, width: int):
+        """(grid row y, block rows [r0, r1), columns [x0, x1) of grid row y) covering grid indices [first, stop)."""
+        for y in range(first // width, (stop - 1) // width + 1):
+            r0, r1 = max(y * width, first) - first, min((y + 1) * width, stop) - first
+            yield y, r0, r1, r0 + first - y * width, r1 + first - y * width
+
+    def lookup_banded(self, lut: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        """`lookup` without the row one-hot product: per query row, lut[i].view(ny, nx) @ onehot_x[i]^T ([ny, W_k])
+        is copied to each run of key grid rows sharing a row bucket (eager mode: the runs are read on the host)."""
+        lead, rows = lut.shape[:-2], stop - start
+        out = lut.new_empty(*lead, rows, self.shape[1])
+        g0 = min(max(start, self.pq), stop) - start
+        if g0:  # prefix queries: every key in the prefix bucket
+            out[..., :g0, :] = lut[..., :g0, -1:]
+        if g0 == rows:
+            return out
+        _, ox = self._one_hots(start + g0, stop, lut.dtype)
+        per_row = lut[..., g0:, : self.ny * self.nx].unflatten(-1, (self.ny, self.nx)) @ ox  # [.., g, ny, W_k]
+        if self.pk:
+            out[..., g0:, : self.pk] = lut[..., g0:, -1:]
+        keys = out[..., g0:, self.pk :].unflatten(-1, (self.hk, self.wk))  # [.., g, H_k, W_k] view
+        runs = self._row_runs(False)
+        for y, r0, r1, _, _ in self._grid_rows(start + g0 - self.pq, stop - self.pq, self.wq):
+            for a, lo, hi in runs[y]:
+                keys[..., r0:r1, lo:hi, :] = per_row[..., r0:r1, a, None, :]
+        return out
+
+    def columns_table(self, lut: torch.Tensor) -> torch.Tensor:
+        """For `lookup_transposed`: T[.., a, x, i] = lut[.., i, a * nx + axis_x[x_i, x]] for every grid query i
+        and key grid column x: lut [.., Pq + N, R] -> [.., ny, W_k, N], gathered one row bucket a at a time into
+        this layout (a gather in the natural [N, ny, W_k] layout and a transposed copy would hold two tables)."""
+        lead, n = lut.shape[:-2], self.shape[0] - self.pq
+        grid = lut[..., self.pq :, : self.ny * self.nx].unflatten(-1, (self.ny, self.nx))  # [.., N, ny, nx]
+        qi = torch.arange(n, device=lut.device)
+        index = self.axis_x[qi % self.wq].t().expand(*lead, self.wk, n)  # [.., W_k, N]: column bucket of (x, i)
+        table = lut.new_empty(*lead, self.ny, self.wk, n)
+        for a in range(self.ny):
+            table[..., a, :, :] = grid[..., a, :].transpose(-1, -2).gather(-2, index)
+        return table
+
+    def lookup_transposed(
+        self, table: torch.Tensor, prefix: torch.Tensor | None, start: int, stop: int, into: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """out[.., j, i] = lut[.., i, b(i, j)] for the key columns j in [start, stop) and every query row i, laid
+        out key first: [.., stop - start, Pq + N] (iRPE's q term, whose table is read by the key, for a block of
+        attention rows). table: `columns_table(lut)`, whose runs of query grid rows are copied (eager mode);
+        prefix: lut[.., -1] (the prefix bucket of every query; None without prefix tokens). into: a tensor of the
+        output's shape to add the result to, in place (returned)."""
+        lead, cols = table.shape[:-3], stop - start
+        out = table.new_empty(*lead, cols, self.shape[0]) if into is None else into
+
+        def put(dst: torch.Tensor, src: torch.Tensor):
+            dst.copy_(src) if into is None else dst.add_(src)
+
+        c0 = min(max(start, self.pk), stop) - start
+        if c0:  # prefix key columns: every query in the prefix bucket
+            put(out[..., :c0, :], prefix[..., None, :])
+        if c0 == cols:
+            return out
+        if self.pq:
+            put(out[..., c0:, : self.pq], prefix[..., None, : self.pq])
+        queries = out[..., c0:, self.pq :].unflatten(-1, (self.hq, self.wq))  # [.., g, H_q, W_q] view
+        runs = self._row_runs(True)
+        for y, r0, r1, x0, x1 in self._grid_rows(start + c0 - self.pk, stop - self.pk, self.wk):
+            for a, lo, hi in runs[y]:
+                part = table[..., a, x0:x1, lo * self.wq : hi * self.wq]
+                put(queries[..., r0:r1, lo:hi, :], part.unflatten(-1, (hi - lo, self.wq)))
+        return out
+
+    def bucket_sums_banded(self, probs: torch.Tensor, start: int, stop: int, buckets: int) -> torch.Tensor:
+        """`bucket_sums` with the row one-hot product replaced by sums over runs of key grid rows sharing a row
+        bucket ([.., rows, ny, W_k]), then the column one-hots (eager mode)."""
+        rows, lead = stop - start, probs.shape[:-2]
+        g0 = min(max(start, self.pq), stop) - start
+        out = probs.new_zeros(*lead, rows, buckets)
+        if g0 < rows:
+            keys = probs[..., g0:, self.pk :].unflatten(-1, (self.hk, self.wk))  # [.., g, H_k, W_k]
+            per_row = probs.new_zeros(*lead, rows - g0, self.ny, self.wk)
+            runs = self._row_runs(False)
+            for y, r0, r1, _, _ in self._grid_rows(start + g0 - self.pq, stop - self.pq, self.wq):
+                for a, lo, hi in runs[y]:
+                    per_row[..., r0:r1, a, :] += keys[..., r0:r1, lo:hi, :].sum(-2)
+            _, ox = self._one_hots(start + g0, stop, probs.dtype)
+            out[..., g0:, : self.ny * self.nx] = (per_row @ ox.transpose(-1, -2)).flatten(-2)
+            if self.pk:
+                out[..., g0:, -1] = probs[..., g0:, : self.pk].sum(-1)
+        if g0:
+            out[..., :g0, -1] = probs[..., :g0, :].sum(-1)
+        return out
+
     def bucket_sums(self, probs: torch.Tensor, start: int, stop: int, buckets: int) -> torch.Tensor:
         """out[.., i, b] = sum of probs[.., i, j] over the keys j with b(i, j) = b, for query rows [start, stop)
         (product mapping only): the adjoint of `lookup`, onehot_y[i]^T @ probs[i].view(H_k, W_k) @ onehot_x[i]^T on
         the grid keys, and the prefix bucket (last) summed directly. probs [.., rows, Pk + M] -> [.., rows, buckets]."""
         rows, lead = stop - start, probs.shape[:-2]
-        g0 = max(start, self.pq) - start
+        g0 = min(max(start, self.pq), stop) - start
         out = probs.new_zeros(*lead, rows, buckets)
         if g0 < rows:
             oy, ox = self._one_hots(start + g0, stop, probs.dtype)
