@@ -5,12 +5,12 @@ Two forms, both giving the table rows of `IRPE._ids` (one id tensor per table pa
   column part (x_i, x_j), so only two small per-axis tables are kept ([H_q, H_k] and [W_q, W_k]) and the ids of a
   block are assembled on the fly. For the product mapping the contextual lookup lut[i, b(i, j)] and its adjoint
   (probabilities summed per bucket) are two small batched matmuls with one-hot axis matrices, exact in fp32
-  (one product by 1, the rest by 0) and several times faster than a gather over [rows, M]. In eager mode the row
-  part is cheaper still (the `*_banded` / `*_transposed` forms): a run of consecutive key grid rows with one row
-  bucket is one contiguous range of raster keys, within which the bucket depends on the columns alone, so each run
-  is one broadcast copy (or sum) of a [rows, W_k] column lookup. iRPE's q term, whose table is read by the key, is
-  copied the same way from a per-layer table laid out key last, so its block comes out query-major, without a
-  transposed gather.
+  (one product by 1, the rest by 0) and several times faster than a gather over [rows, M]. In eager mode on the
+  CPU the row part is cheaper still (the `*_banded` / `*_transposed` forms): a run of consecutive key grid rows with
+  one row bucket is one contiguous range of raster keys, within which the bucket depends on the columns alone, so
+  each run is one broadcast copy (or sum) of a [rows, W_k] column lookup. iRPE's q term, whose table is read by the
+  key, is copied the same way from a per-layer table laid out key last, so its block comes out query-major, without
+  a transposed gather.
 - `FullBuckets`: every other case (euclidean / quantization, non-grid layouts, small grids): the whole [N, M] id grid,
   stored in the smallest integer type that holds the bucket count (uint8 for iRPE's 50 buckets).
 Both keep memory O(N + M) or O(N x M) bytes rather than O(N x M) int64 words, and give `full()` for the reference.
