@@ -7,7 +7,7 @@ from timm.layers.pos_embed_sincos import RotaryEmbeddingCat, apply_rot_embed_cat
 from visionpe.layout import image_layout
 from visionpe.pos import AttnSpec, PEHost, RoPE2D
 from visionpe.pos.rope2d import mixed_frequencies
-from visionpe.pos.rotary import axial_frequencies, rotary_angles
+from visionpe.pos.rotary import FixedCosSinCache, axial_frequencies, rotary_angles, rotary_cos_sin
 
 
 def _rope(mode, heads=2, head_dim=16, depth=2, **kw):
@@ -139,3 +139,18 @@ def test_bad_settings_are_clear_errors():
         _rope("spiral")
     with pytest.raises(ValueError, match="divisible by 4"):
         RoPE2D(PEHost(dim=18, grid=(2, 2), num_prefix=0, layers=(AttnSpec(18, 3, 6),)))
+
+
+def test_fixed_cos_sin_cache_hits_the_same_layout_and_keeps_the_last_few():
+    cache, freqs = FixedCosSinCache(size=2), axial_frequencies(16, 100.0)
+    layouts = [image_layout(h, 4, 1) for h in (2, 3, 4)]
+    first = cache(layouts[0], freqs)
+    expected = rotary_cos_sin(rotary_angles(layouts[0].pos, freqs, 1))
+    assert all(torch.equal(a, b) for a, b in zip(first, expected))
+    assert cache(layouts[0], freqs) is first  # the same positions tensor: a hit
+    assert cache(layouts[0], axial_frequencies(8, 100.0)) is not first  # another head dim: its own entry
+    cache(layouts[1], freqs)
+    assert cache(layouts[0], freqs) is not first  # pushed out by two newer entries (size 2)
+    with torch.inference_mode():  # built outside inference mode: usable in training afterwards
+        inner = cache(layouts[2], freqs)
+    assert not inner[0].is_inference()

@@ -15,7 +15,7 @@ from torch import nn
 
 from ..layout import TokenLayout
 from .base import PEHost, PosContext, PosEncoding
-from .rotary import apply_rotary, axial_frequencies, rotary_angles, rotary_cos_sin
+from .rotary import FixedCosSinCache, apply_rotary, axial_frequencies, rotary_angles, rotary_cos_sin
 
 __all__ = ["RoPE2D", "mixed_frequencies"]
 
@@ -57,7 +57,7 @@ class RoPE2D(PosEncoding):
         else:
             for d in head_dims:
                 self.register_buffer(f"axial_{d}", axial_frequencies(d, self.theta), persistent=False)
-        self._cache: list = []  # [(pos tensor, key, (cos, sin))], axial only
+        self._cos_sin_cache = FixedCosSinCache()  # axial only (mixed frequencies are trained)
 
     def layer_frequencies(self, i: int) -> torch.Tensor:
         """Frequency matrix of layer i: [2, d/2] (axial, shared) or [2, heads, d/2] (mixed)."""
@@ -68,17 +68,8 @@ class RoPE2D(PosEncoding):
         return self.freqs[:, i]
 
     def _cos_sin(self, i: int, layout: TokenLayout):
-        if self.mode == "axial" and not torch.compiler.is_compiling():  # fixed: once per layout and head dim
-            # (traced into a graph, a Python cache would be guarded on and recompile)
-            freqs = self.layer_frequencies(i)
-            key = (layout.num_prefix, freqs.shape[-1], freqs.device)
-            for pos, k, cos_sin in self._cache:  # the cache holds `pos`, so its identity cannot be reused
-                if pos is layout.pos and k == key:
-                    return cos_sin
-            with torch.inference_mode(False), torch.no_grad():  # constants, reusable in training and inference
-                cos_sin = rotary_cos_sin(rotary_angles(layout.pos, freqs, layout.num_prefix))
-            self._cache = [*self._cache[-3:], (layout.pos, key, cos_sin)]
-            return cos_sin
+        if self.mode == "axial":  # fixed: once per layout and head dim
+            return self._cos_sin_cache(layout, self.layer_frequencies(i))
         return rotary_cos_sin(rotary_angles(layout.pos, self.layer_frequencies(i), layout.num_prefix))
 
     def context(self, i, layout, kv_layout=None):

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
-
 from ..layout import TokenLayout
 from .base import PEHost, PosContext, PosEncoding
 from .mm_positions import SCHEMES, V2PE_EVAL_DELTA, frequency_matrix, position_ids, runtime_options, scheme_streams
-from .rotary import apply_rotary, rotary_angles, rotary_cos_sin
+from .rotary import FixedCosSinCache, apply_rotary
 
 __all__ = ["RoPEND", "layout_scheme"]
 
@@ -54,7 +52,7 @@ class RoPEND(PosEncoding):
                 scheme, d, self.theta, mrope_section if scheme in ("mrope", "mrope_time") else None
             )
             self.register_buffer(f"freqs_{d}", freqs, persistent=False)  # [S, d/2]
-        self._cache: list = []  # [(pos tensor, key, (cos, sin))]
+        self._cos_sin_cache = FixedCosSinCache()
 
     def layer_frequencies(self, i: int):
         """F [S, d/2] of layer i (fixed, shared by layers with the same head dim)."""
@@ -66,17 +64,7 @@ class RoPEND(PosEncoding):
                 f"RoPE scheme {self.scheme!r} reads {self.num_streams} position streams, the layout has "
                 f"{layout.streams}; build it with visionpe.pos.mm_positions.segment_layout(..., {self.scheme!r})"
             )
-        freqs = self.layer_frequencies(i)
-        if torch.compiler.is_compiling():  # traced into the graph: a Python cache would be guarded on, and recompile
-            return rotary_cos_sin(rotary_angles(layout.pos, freqs, layout.num_prefix))
-        key = (layout.num_prefix, freqs.shape[-1], freqs.device)
-        for pos, k, cos_sin in self._cache:  # the entry holds `pos`, so its identity cannot be reused
-            if pos is layout.pos and k == key:
-                return cos_sin
-        with torch.inference_mode(False), torch.no_grad():  # constants, reusable in training and inference
-            cos_sin = rotary_cos_sin(rotary_angles(layout.pos, freqs, layout.num_prefix))  # [P + N, d]
-        self._cache = [*self._cache[-3:], (layout.pos, key, cos_sin)]
-        return cos_sin
+        return self._cos_sin_cache(layout, self.layer_frequencies(i))  # [P + N, d] each
 
     def layout_options(self, training):
         return {**self.scheme_options, **runtime_options(self.scheme, training, self.delta)}

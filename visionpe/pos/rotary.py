@@ -10,7 +10,14 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["rotary_angles", "rotary_cos_sin", "apply_rotary", "axial_frequencies", "rope_frequencies"]
+__all__ = [
+    "rotary_angles",
+    "rotary_cos_sin",
+    "apply_rotary",
+    "axial_frequencies",
+    "rope_frequencies",
+    "FixedCosSinCache",
+]
 
 
 def rope_frequencies(num: int, theta: float, dim: int | None = None) -> torch.Tensor:
@@ -55,6 +62,28 @@ def rotary_cos_sin(angles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cos = angles.cos().repeat_interleave(2, dim=-1)
         sin = angles.sin().repeat_interleave(2, dim=-1)
     return cos, sin
+
+
+class FixedCosSinCache:
+    """cos/sin of fixed frequencies, kept for the last few layouts (the same positions tensor, prefix count, pair
+    count and device hit). Bypassed while tracing: under torch.compile a Python cache would be guarded on and
+    recompile, so the graph computes them. Entries hold their positions tensor, so its identity is never reused."""
+
+    def __init__(self, size: int = 4):
+        self.size = size
+        self._entries: list = []  # [(pos tensor, key, (cos, sin))]
+
+    def __call__(self, layout, freqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if torch.compiler.is_compiling():
+            return rotary_cos_sin(rotary_angles(layout.pos, freqs, layout.num_prefix))
+        key = (layout.num_prefix, freqs.shape[-1], freqs.device)
+        for pos, k, cos_sin in self._entries:
+            if pos is layout.pos and k == key:
+                return cos_sin
+        with torch.inference_mode(False), torch.no_grad():  # constants, reusable in training and inference
+            cos_sin = rotary_cos_sin(rotary_angles(layout.pos, freqs, layout.num_prefix))
+        self._entries = [*self._entries, (layout.pos, key, cos_sin)][-self.size :]
+        return cos_sin
 
 
 def _rotate_pairs(x: torch.Tensor) -> torch.Tensor:
