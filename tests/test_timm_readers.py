@@ -98,3 +98,10 @@ def test_a_reader_without_classes_needs_num_classes(monkeypatch):
         build_dataset("hfds/x", "train", 24)
     assert build_dataset("hfds/x", "train", 24, options={"num_classes": 7}).num_classes == 7
     assert torch.is_tensor(build_dataset("hfds/x", "train", 24, options={"num_classes": 7})[0][0])
+
+
+def test_a_reader_of_the_other_kind_is_refused(monkeypatch):
+    _record(monkeypatch, _FakeMapDataset())  # random access: not a stream
+    with pytest.raises(ValueError, match="reads 'hfds/x' by index; it is a TimmReaderDataset, not a TimmStream"):
+        timm_readers.TimmStreamDataset("hfds/x", None, "train", 24)
+    assert len(timm_readers.TimmReaderDataset("hfds/x", None, "train", 24)) == 5

@@ -114,63 +114,12 @@ def _classes(name: str, split: str, base, num_classes: int | None) -> tuple[dict
     return class_to_idx, n
 
 
-class _TimmTransforms:
-    """timm's transform at each resolution, made on first use (train- or eval-time by `training`)."""
+class _TimmDataset:
+    """What both datasets share: timm's reader for one split (by index or streamed, as `streamed` says it must
+    be), its classes, and timm's transform at each resolution, made on first use (train- or eval-time by
+    `training`)."""
 
-    training: bool
-    transform_kwargs: dict
-
-    def transform(self, resolution: int):
-        cache = self.__dict__.setdefault("_transforms", {})
-        if resolution not in cache:
-            cache[resolution] = create_transform(
-                (3, resolution, resolution), is_training=self.training, **self.transform_kwargs
-            )
-        return cache[resolution]
-
-
-class TimmReaderDataset(_TimmTransforms, Dataset):
-    """A timm reader's (PIL image, class) items with per-resolution timm transforms (`render(i, resolution)`)."""
-
-    def __init__(
-        self,
-        name: str,
-        root: str | None,
-        split: str,
-        resolution: int,
-        training: bool = False,
-        class_map: dict | None = None,
-        transform_kwargs: dict | None = None,
-        num_classes: int | None = None,
-        **reader_kwargs,
-    ):
-        self.base = _open(name, root, split, training, class_map, **reader_kwargs)
-        if isinstance(self.base, IterableDataset):
-            raise ValueError(f"timm reads {name!r} as a stream; it is a TimmStreamDataset, not a TimmReaderDataset")
-        self.class_to_idx, self.num_classes = _classes(name, split, self.base, num_classes)
-        self.name, self.split = name, split
-        self.split_dir = f"{name} ({split})"  # what evaluation warnings call the split
-        self.resolution, self.training = int(resolution), training
-        self.transform_kwargs = dict(transform_kwargs or {})
-
-    def __len__(self) -> int:
-        return len(self.base)
-
-    def render(self, index: int, resolution: int):
-        img, target = self.base[index][:2]
-        return self.transform(resolution)(img), int(target)
-
-    def __getitem__(self, index: int):
-        return self.render(index, self.resolution)
-
-
-class TimmStreamDataset(_TimmTransforms, IterableDataset):
-    """A timm streaming reader's (PIL image, class) items; `prepare(item, resolution)` applies timm's transform.
-
-    Training: timm's reader is told this process's rank and the loader's workers, and gives each of them its own
-    shards, the same number of images each (`len` is this process's images per epoch). Evaluation: the reader reads
-    the whole split in every process (no padding) and this keeps every world_size-th image, so every image of the
-    split is evaluated once; the price is that each process also decodes the images it passes over."""
+    streamed: bool
 
     def __init__(
         self,
@@ -187,16 +136,61 @@ class TimmStreamDataset(_TimmTransforms, IterableDataset):
         self.name, self.root, self.split, self.class_map = name, root, split, class_map
         self.reader_kwargs = reader_kwargs
         self.base = _open(name, root, split, training, class_map, **reader_kwargs)
-        if not isinstance(self.base, IterableDataset):
-            raise ValueError(f"timm reads {name!r} by index; it is a TimmReaderDataset, not a TimmStreamDataset")
-        if name.partition("/")[0].lower() == "wds":
-            _check_wds_shards(name, root, split, training, self.base.reader)
-        self.class_to_idx, self.num_classes = _classes(name, split, self.base, num_classes)
-        self.split_dir = f"{name} ({split})"
+        if isinstance(self.base, IterableDataset) != self.streamed:
+            how, other = ("by index", "TimmReaderDataset") if self.streamed else ("as a stream", "TimmStreamDataset")
+            raise ValueError(f"timm reads {name!r} {how}; it is a {other}, not a {type(self).__name__}")
         self.resolution, self.training = int(resolution), training
+        self._check_reader()
+        self.class_to_idx, self.num_classes = _classes(name, split, self.base, num_classes)
+        self.split_dir = f"{name} ({split})"  # what evaluation warnings call the split
         self.transform_kwargs = dict(transform_kwargs or {})
+        self._transforms: dict = {}
+
+    def _check_reader(self) -> None:
+        """Checks of the opened reader before its classes are read (none by default)."""
+
+    def transform(self, resolution: int):
+        if resolution not in self._transforms:
+            self._transforms[resolution] = create_transform(
+                (3, resolution, resolution), is_training=self.training, **self.transform_kwargs
+            )
+        return self._transforms[resolution]
+
+
+class TimmReaderDataset(_TimmDataset, Dataset):
+    """A timm reader's (PIL image, class) items with per-resolution timm transforms (`render(i, resolution)`)."""
+
+    streamed = False
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def render(self, index: int, resolution: int):
+        img, target = self.base[index][:2]
+        return self.transform(resolution)(img), int(target)
+
+    def __getitem__(self, index: int):
+        return self.render(index, self.resolution)
+
+
+class TimmStreamDataset(_TimmDataset, IterableDataset):
+    """A timm streaming reader's (PIL image, class) items; `prepare(item, resolution)` applies timm's transform.
+
+    Training: timm's reader is told this process's rank and the loader's workers, and gives each of them its own
+    shards, the same number of images each (`len` is this process's images per epoch). Evaluation: the reader reads
+    the whole split in every process (no padding) and this keeps every world_size-th image, so every image of the
+    split is evaluated once; the price is that each process also decodes the images it passes over."""
+
+    streamed = True
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         self.keep = (0, 1)  # (rank, world_size): keep the images i of the stream with i % world_size == rank
         self._first = None
+
+    def _check_reader(self) -> None:
+        if self.name.partition("/")[0].lower() == "wds":
+            _check_wds_shards(self.name, self.root, self.split, self.training, self.base.reader)
 
     def configure_stream(self, training: bool, rank: int, world_size: int, workers: int) -> None:
         if training != self.training:
