@@ -376,11 +376,17 @@ def _product_grid(ids: Buckets | None) -> bool:
     return isinstance(ids, GridBuckets) and ids.product
 
 
-def _banded(ids: Buckets | None) -> bool:
-    """Whether the lookup copies runs of grid rows: eager mode on the CPU. The runs are read on the host, which a
-    traced graph cannot do, and each is a small copy, measured faster than the one-hot products on the CPU only (on
-    a GPU the few batched products are fewer kernel launches); elsewhere the one-hot products and gathers."""
-    return _product_grid(ids) and ids.axis_y.device.type == "cpu" and not torch.compiler.is_compiling()
+def _banded(ids: Buckets | None, lead: int) -> bool:
+    """Whether the lookup copies runs of grid rows (for `lead` = batch x heads matrices): in eager mode on the CPU,
+    where it pays off (`GridBuckets.runs_pay_off`). The runs are read on the host, which a traced graph cannot do,
+    and each is a small copy, measured on the CPU only (on a GPU the few batched products are fewer kernel
+    launches); elsewhere the one-hot products and gathers."""
+    return (
+        _product_grid(ids)
+        and ids.axis_y.device.type == "cpu"
+        and not torch.compiler.is_compiling()
+        and ids.runs_pay_off(lead)
+    )
 
 
 class _BucketLogits(RowBias):
@@ -412,7 +418,7 @@ class _BucketLogits(RowBias):
         lut_q = columns = None
         if self.mode == "contextual" and self.table_q is not None:
             lut_q = k @ self._keys_first(self.table_q, k)
-            if row_blocks and _banded(self.ids_q):
+            if row_blocks and _banded(self.ids_q, k.shape[:-2].numel()):
                 columns = self.ids_q.columns_table(lut_q)
                 lut_q = lut_q[..., -1].contiguous() if self.ids_q.extra_ids is not None else None
         return q, lut_q, columns
@@ -430,7 +436,7 @@ class _BucketLogits(RowBias):
             return [t[:, start:stop] for t in self.ids_q.full()] if reference else self.ids_q.block_t(start, stop)
 
         fast_k = not reference and _product_grid(self.ids_k)
-        banded_k = fast_k and _banded(self.ids_k)
+        banded_k = fast_k and _banded(self.ids_k, q.shape[:-2].numel())
         out = None
         if self.mode == "bias":
             if self.table_k is not None:
@@ -471,7 +477,7 @@ class _BucketValues(RowValue):
 
     def rows(self, probs, start, stop):
         if _product_grid(self.ids):  # sums per bucket by runs of grid rows / one-hot products: no ids, no scatter
-            sums = self.ids.bucket_sums_banded if _banded(self.ids) else self.ids.bucket_sums
+            sums = self.ids.bucket_sums_banded if _banded(self.ids, probs.shape[:-2].numel()) else self.ids.bucket_sums
             return sums(probs, start, stop, self.buckets) @ self.table.to(probs.dtype)
         return self._term(probs, self.ids.block(start, stop))
 
