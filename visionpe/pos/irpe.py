@@ -389,6 +389,13 @@ def _banded(ids: Buckets | None, lead: int) -> bool:
     )
 
 
+def _product_lookup(ids: GridBuckets, lut: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    """lut[.., i, b(i, j)] for query rows [start, stop): by runs of grid rows where they pay off for lut's
+    batch x heads matrices, else by the one-hot products."""
+    banded = _banded(ids, lut.shape[:-2].numel())
+    return (ids.lookup_banded if banded else ids.lookup)(lut, start, stop)
+
+
 class _BucketLogits(RowBias):
     """iRPE's logits terms, a block of query rows at a time (nothing N x N is built beyond the rows asked for).
 
@@ -436,13 +443,12 @@ class _BucketLogits(RowBias):
             return [t[:, start:stop] for t in self.ids_q.full()] if reference else self.ids_q.block_t(start, stop)
 
         fast_k = not reference and _product_grid(self.ids_k)
-        banded_k = fast_k and _banded(self.ids_k, q.shape[:-2].numel())
         out = None
         if self.mode == "bias":
             if self.table_k is not None:
                 if fast_k:  # the table as a per-head lut shared by every row: [1, H | 1, rows, R]
                     lut = self.table_k.to(q.dtype).t()[None, :, None, :].expand(1, -1, stop - start, -1)
-                    out = (self.ids_k.lookup_banded if banded_k else self.ids_k.lookup)(lut, start, stop)
+                    out = _product_lookup(self.ids_k, lut, start, stop)
                 else:  # [rows, M, H | 1] -> [1, H | 1, rows, M]
                     out = sum(self.table_k[t] for t in ids_k()).permute(2, 0, 1)[None]
             if self.table_q is not None:  # [M, rows, H | 1] -> [1, H | 1, rows, M]
@@ -451,10 +457,7 @@ class _BucketLogits(RowBias):
             return out.to(q.dtype)
         if self.table_k is not None:
             lut = q[:, :, start:stop] @ self._keys_first(self.table_k, q)  # [B, H, rows, R]
-            if fast_k:
-                out = (self.ids_k.lookup_banded if banded_k else self.ids_k.lookup)(lut, start, stop)
-            else:
-                out = _gather_rows(lut, ids_k())
+            out = _product_lookup(self.ids_k, lut, start, stop) if fast_k else _gather_rows(lut, ids_k())
         if columns is not None:  # [B, H, rows, M], read by key j, added in place
             out = self.ids_q.lookup_transposed(columns, lut_q, start, stop, into=out)
         elif lut_q is not None:  # [B, H, M, rows] -> [B, H, rows, M]
