@@ -7,7 +7,7 @@ from timm.layers.pos_embed_sincos import RotaryEmbeddingCat, apply_rot_embed_cat
 from visionpe.layout import image_layout
 from visionpe.pos import AttnSpec, PEHost, RoPE2D
 from visionpe.pos.rope2d import mixed_frequencies
-from visionpe.pos.rotary import FixedCosSinCache, axial_frequencies, rotary_angles, rotary_cos_sin
+from visionpe.pos.rotary import FixedCosSinCache, apply_rotary, axial_frequencies, rotary_angles, rotary_cos_sin
 
 
 def _rope(mode, heads=2, head_dim=16, depth=2, **kw):
@@ -154,3 +154,27 @@ def test_fixed_cos_sin_cache_hits_the_same_layout_and_keeps_the_last_few():
     with torch.inference_mode():  # built outside inference mode: usable in training afterwards
         inner = cache(layouts[2], freqs)
     assert not inner[0].is_inference()
+
+
+def _elementwise_rotation(x, cos, sin):  # the textbook form: x * cos + rotate_half_pairs(x) * sin
+    pairs = x.float().unflatten(-1, (-1, 2))
+    rotated = torch.stack([-pairs[..., 1], pairs[..., 0]], dim=-1).flatten(-2)
+    return x.float() * cos + rotated * sin
+
+
+@pytest.mark.parametrize("per_head", [False, True])
+def test_eager_complex_rotation_equals_the_elementwise_form(per_head):
+    torch.manual_seed(0)
+    angles = (torch.rand(*((3,) if per_head else ()), 10, 8) * 20).requires_grad_(per_head)  # mixed RoPE trains them
+    big = torch.randn(2, 3, 10, 17, requires_grad=True)
+    x = big[..., 1:]  # odd storage offset: no complex view of x exists, the rotation copies it
+    ours = apply_rotary(x, *rotary_cos_sin(angles))
+    ref = _elementwise_rotation(x, *rotary_cos_sin(angles))
+    # both compute the same two products and one sum per channel, in fp32: a few ulps of |x| apart at most
+    assert (ours - ref).abs().max() <= 4 * torch.finfo(torch.float32).eps * x.abs().max()
+    g = torch.randn_like(ref)
+    wrt = (big, angles) if per_head else (big,)
+    for a, b in zip(torch.autograd.grad(ours, wrt, g), torch.autograd.grad(ref, wrt, g)):
+        # angle gradients sum 2 x 10 products per angle in another order: fp32 accumulation error of that sum
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * b.abs().max().item())
+    assert apply_rotary(x.bfloat16(), *rotary_cos_sin(angles)).dtype == torch.bfloat16

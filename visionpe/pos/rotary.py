@@ -92,6 +92,21 @@ def _rotate_pairs(x: torch.Tensor) -> torch.Tensor:
     return torch.stack([-x[..., 1], x[..., 0]], dim=-1).flatten(-2)
 
 
+def _as_pairs(x: torch.Tensor) -> torch.Tensor:
+    """x [..., d] in fp32 as complex numbers [..., d/2] (a view where x's strides allow one)."""
+    x = x.float()
+    if x.stride(-1) != 1 or x.storage_offset() % 2 or any(s % 2 for s in x.stride()[:-1]):
+        x = x.contiguous()
+    return torch.view_as_complex(x.unflatten(-1, (-1, 2)))
+
+
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate channel pairs of x [B, H, N, d] by the angles behind cos/sin [(H,) N, d]; fp32 math, x's dtype out."""
-    return (x * cos + _rotate_pairs(x) * sin).to(x.dtype)
+    """Rotate channel pairs of x [B, H, N, d] by the angles behind cos/sin [(H,) N, d]; fp32 math, x's dtype out.
+
+    Eagerly, one complex product per pair: forward and backward are a few kernels where the elementwise form takes
+    a dozen (about 4x faster on the CPU at nano sizes). Under torch.compile the elementwise form, which the compiler
+    fuses into one kernel (it generates no code for complex numbers)."""
+    if torch.compiler.is_compiling():
+        return (x * cos + _rotate_pairs(x) * sin).to(x.dtype)
+    turn = torch.complex(cos[..., 0::2], sin[..., 0::2])  # cos/sin repeat each pair's value: e^(i angle) per pair
+    return torch.view_as_real(_as_pairs(x) * turn).flatten(-2).to(x.dtype)
