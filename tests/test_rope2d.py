@@ -178,3 +178,7 @@ def test_eager_complex_rotation_equals_the_elementwise_form(per_head):
         # angle gradients sum 2 x 10 products per angle in another order: fp32 accumulation error of that sum
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * b.abs().max().item())
     assert apply_rotary(x.bfloat16(), *rotary_cos_sin(angles)).dtype == torch.bfloat16
+    shifted = torch.randn(1 + x.numel())[1:].view(x.shape)  # contiguous, but at an odd offset in its storage
+    assert (
+        apply_rotary(shifted, *rotary_cos_sin(angles)) - _elementwise_rotation(shifted, *rotary_cos_sin(angles))
+    ).abs().max() <= 4 * torch.finfo(torch.float32).eps * shifted.abs().max()

@@ -96,7 +96,7 @@ def _as_pairs(x: torch.Tensor) -> torch.Tensor:
     """x [..., d] in fp32 as complex numbers [..., d/2] (a view where x's strides allow one)."""
     x = x.float()
     if x.stride(-1) != 1 or x.storage_offset() % 2 or any(s % 2 for s in x.stride()[:-1]):
-        x = x.contiguous()
+        x = x.clone(memory_format=torch.contiguous_format)  # a fresh buffer (contiguous() keeps an odd offset)
     return torch.view_as_complex(x.unflatten(-1, (-1, 2)))
 
 
