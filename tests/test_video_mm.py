@@ -282,3 +282,20 @@ def test_models_train_on_the_dataset_batches():
     loss = torch.nn.functional.cross_entropy(model(**inputs), y)  # a dict input goes in as keyword arguments
     loss.backward()
     assert torch.isfinite(loss)
+
+
+@pytest.mark.parametrize("name", ["video-shapes", "image-text-shapes"])
+def test_generated_split_sizes(name):
+    factory = get_dataset_info(name).factory
+    defaults = (len(factory("train", 16)), len(factory("val", 16)))
+    assert defaults == ((4000, 800) if name == "video-shapes" else (6000, 1000))
+    # per-split counts size only their own split; the first items are the same whatever the size
+    assert len(factory("train", 16, num_train=12)) == 12 and len(factory("val", 16, num_train=12)) == defaults[1]
+    assert len(factory("val", 16, num_val=7)) == 7 and len(factory("train", 16, num_val=7)) == defaults[0]
+    a, b = factory("val", 16, num_val=7)[3][0], factory("val", 16)[3][0]
+    if name == "image-text-shapes":
+        a, b = a["pixels"], b["pixels"]
+    assert torch.equal(a, b)
+    assert len(factory("val", 16, num_samples=5)) == 5  # num_samples: both splits
+    with pytest.raises(ValueError, match="either num_samples"):
+        factory("train", 16, num_samples=5, num_train=12)

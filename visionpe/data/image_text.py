@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import Dataset
 
 from .registry import register_dataset
-from .splits import split_kind
+from .splits import split_kind, split_size
 
 __all__ = ["ImageTextShapes", "CLASS_NAMES", "COLOURS", "SHAPES", "image_text_shapes", "question_ids", "vocab_size"]
 
@@ -137,8 +137,13 @@ def image_text_shapes(
     num_samples: int | None = None,
     seed: int = 0,
     noise: float = 0.05,
+    num_train: int | None = None,
+    num_val: int | None = None,
 ) -> ImageTextShapes:
-    """7 answer classes (4 colours, 3 shapes) to [ASK, COLOUR|SHAPE, ROW, COL] questions about a G x G board."""
+    """7 answer classes (4 colours, 3 shapes) to [ASK, COLOUR|SHAPE, ROW, COL] questions about a G x G board;
+    6000 / 1000 items unless num_train / num_val (or num_samples, both splits) say otherwise."""
     if root:
         raise ValueError(f"image-text-shapes is generated, it reads no files; drop data.root (got {root!r})")
-    return ImageTextShapes(split, resolution, grid, num_samples=num_samples, seed=seed, noise=noise)
+    return ImageTextShapes(
+        split, resolution, grid, num_samples=split_size(split, num_samples, num_train, num_val), seed=seed, noise=noise
+    )

@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import Dataset
 
 from .registry import register_dataset
-from .splits import split_kind
+from .splits import split_kind, split_size
 
 __all__ = ["VideoShapes", "CLASS_NAMES", "DIRECTIONS", "render_scene", "reverse_scene", "video_shapes"]
 
@@ -146,8 +146,18 @@ def video_shapes(
     num_samples: int | None = None,
     seed: int = 0,
     noise: float = 0.05,
+    num_train: int | None = None,
+    num_val: int | None = None,
 ) -> VideoShapes:
-    """8 classes (which shape moves first x direction) of clips [3, T, H, W] at any length and size; 4000 / 800."""
+    """8 classes (which shape moves first x direction) of clips [3, T, H, W] at any length and size; 4000 / 800
+    items unless num_train / num_val (or num_samples, both splits) say otherwise."""
     if root:
         raise ValueError(f"video-shapes is generated, it reads no files; drop data.root (got {root!r})")
-    return VideoShapes(split, resolution, frames, num_samples=num_samples, seed=seed, noise=noise)
+    return VideoShapes(
+        split,
+        resolution,
+        frames,
+        num_samples=split_size(split, num_samples, num_train, num_val),
+        seed=seed,
+        noise=noise,
+    )
