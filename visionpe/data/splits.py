@@ -1,4 +1,5 @@
-"""Split names: the synonyms timm accepts ("train"/"training", "val"/"valid"/"validation"/"eval"/"evaluation")."""
+"""Split names: the synonyms timm accepts ("train"/"training", "val"/"valid"/"validation"/"eval"/"evaluation"), and
+the item count a generated dataset gives a split."""
 
 from __future__ import annotations
 
