@@ -25,7 +25,7 @@ from torch.utils.data import Dataset
 from torchvision.datasets.mnist import read_sn3_pascalvincent_tensor
 
 from .registry import register_dataset
-from .splits import split_kind
+from .splits import split_kind, split_size
 
 __all__ = ["FashionMNIST", "read_idx", "fashion_mnist", "DEFAULT_ROOT", "CLASS_NAMES"]
 
@@ -189,7 +189,7 @@ def fashion_mnist(
 ) -> FashionMNIST:
     """Fashion-MNIST (60k train / 10k test, 10 classes, 1 channel) from IDX files; no download. num_train /
     num_val keep the first items of a split (quick runs)."""
-    n = num_train if split_kind(split) == "train" else num_val
+    n = split_size(split, None, num_train, num_val)
     if crop not in ("shift", "rrc"):
         raise ValueError(f"fashion-mnist option crop must be 'shift' or 'rrc' (random resized crop), got {crop!r}")
     aug = aug or {}

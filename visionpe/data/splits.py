@@ -1,5 +1,5 @@
 """Split names: the synonyms timm accepts ("train"/"training", "val"/"valid"/"validation"/"eval"/"evaluation"), and
-the item count a generated dataset gives a split."""
+the item count a dataset keeps of a split."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ def split_kind(split: str) -> str:
 
 
 def split_size(split: str, num_samples: int | None, num_train: int | None, num_val: int | None) -> int | None:
-    """The item count a generated dataset's split asks for: num_samples (either split) or num_train / num_val (the
-    split's own); None keeps the dataset's default. Giving num_samples with a per-split count is ambiguous."""
+    """The item count asked of a split: num_samples (either split) or num_train / num_val (the split's own); None
+    keeps the dataset's default. Giving num_samples with a per-split count is ambiguous."""
     if num_samples is not None and (num_train is not None or num_val is not None):
         raise ValueError(
             "give either num_samples (both splits) or num_train / num_val (per split), not both; "

@@ -17,7 +17,7 @@ from torch.utils.data import Dataset
 
 from .registry import register_dataset
 from .seeding import mix_seed
-from .splits import split_kind
+from .splits import split_kind, split_size
 
 __all__ = ["SyntheticShapes", "SHAPES", "REGIONS", "CLASS_NAMES", "synthetic_shapes"]
 
@@ -129,5 +129,5 @@ def synthetic_shapes(
     """16 classes (4 shapes x 4 quadrants) rendered procedurally at any resolution; num_train / num_val items."""
     if root:
         raise ValueError(f"synthetic-shapes is generated, it reads no files; drop data.root (got {root!r})")
-    n = num_train if split_kind(split) == "train" else num_val
+    n = split_size(split, None, num_train, num_val)
     return SyntheticShapes(split, resolution, num_samples=n, seed=seed, noise=noise)
