@@ -107,6 +107,29 @@ def test_fashion_mnist_from_a_folder_at_any_resolution(tmp_path):
     assert torch.allclose(ds.render(3, 28)[0], (raw[None] - 0.2860) / 0.3530)
 
 
+def test_fashion_mnist_split_resized_once_equals_item_by_item(tmp_path, monkeypatch):
+    """Without per-item augmentation a split is resized in one call and kept; the items must be the ones the
+    per-item path computes (same bilinear/antialias kernel), bit for bit, at sizes below, at and above 28 px."""
+    import visionpe.data.fashion_mnist as fm
+
+    _fake_fashion(tmp_path, n=40)
+    fixed = fm.fashion_mnist("train", 20, str(tmp_path), training=True, shift=0, aug={"hflip": 0.0})
+    for res in (20, 28, 36):
+        cached = [fixed.render(i, res)[0] for i in range(40)]
+        assert fixed._cache is not None and fixed._cache[0] == res
+        monkeypatch.setattr(fm, "RESIZED_CACHE_BYTES", 0)  # the per-item path
+        fixed._cache = None
+        for i in (0, 17, 39):
+            assert torch.equal(fixed.render(i, res)[0], cached[i]), (res, i)
+        assert fixed._cache is None
+        monkeypatch.setattr(fm, "RESIZED_CACHE_BYTES", 128 * 2**20)
+    cached[5].add_(1.0)  # callers get copies: the kept split is not changed through them
+    assert not torch.equal(fixed.render(5, 36)[0], cached[5])
+    flipping = fm.fashion_mnist("train", 20, str(tmp_path), training=True, shift=0, aug={"hflip": 0.5})
+    flipping.render(0, 20)
+    assert flipping._cache is None  # random per-item augmentation: resized one by one
+
+
 def test_fashion_mnist_missing_directory_names_the_package(tmp_path):
     with pytest.raises(FileNotFoundError, match="dataset-fashion-mnist"):
         build_dataset("fashion-mnist", "train", 28, root=str(tmp_path / "nowhere"))
@@ -240,6 +263,25 @@ def test_augmentation_does_not_depend_on_workers(tmp_path):
     state = torch.get_rng_state()
     KeyedDataset(ds)[(0, 28, 123)]
     assert torch.equal(torch.get_rng_state(), state)  # loading in the main process leaves the global RNG alone
+
+
+def test_batched_fetch_gives_the_items_one_by_one_fetches_give(tmp_path):
+    """The loader fetches a batch through __getitems__ (RNG states saved once per batch); each item must still be a
+    function of its own seed alone, and the global RNGs (torch, Python, NumPy) must be left as they were."""
+    import random
+
+    _fake_fashion(tmp_path, n=16)
+    keyed = KeyedDataset(build_dataset("fashion-mnist", "train", 28, root=str(tmp_path), training=True))
+    keys = [(i, 28, 1000 + i) for i in range(8)]
+    states = torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy()
+    batch = keyed.__getitems__(keys)
+    assert torch.equal(torch.get_rng_state(), states[0]) and random.getstate() == states[1]
+    assert np.array_equal(np.random.get_state()[1], states[2])
+    one_by_one = [keyed[k] for k in reversed(keys)][::-1]  # another order: the same items
+    for a, b in zip(batch, one_by_one):
+        assert torch.equal(a[0], b[0]) and a[1:] == b[1:]
+    same_image = keyed.__getitems__([(3, 28, seed) for seed in range(6)])  # each item's seed draws its own shift
+    assert len({tuple(x.flatten().tolist()) for x, *_ in same_image}) > 1
 
 
 def test_eval_loader_shards_cover_every_item_once():

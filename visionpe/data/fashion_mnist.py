@@ -36,6 +36,7 @@ FILES = {
 }
 CLASS_NAMES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
 MEAN, STD = 0.2860, 0.3530  # over the training images
+RESIZED_CACHE_BYTES = 128 * 2**20  # the most a split resized once may take (FashionMNIST._resized)
 
 
 def read_idx(path: str | os.PathLike) -> torch.Tensor:
@@ -136,11 +137,16 @@ class FashionMNIST(Dataset):
         self.augment = augment
         self.shift = int(shift)
         self.crop_scale, self.crop_ratio, self.hflip = crop_scale, crop_ratio, float(hflip)
+        self._cache: tuple[int, torch.Tensor] | None = None  # (resolution, every item resized), see _resized
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def render(self, index: int, resolution: int) -> tuple[torch.Tensor, int]:
+        if not self._random_items():  # every item is a fixed function of its image: resize the split once
+            items = self._resized(resolution)
+            if items is not None:
+                return items[index].clone(), int(self.labels[index])
         x = self.images[index].float().div_(255).unsqueeze(0)  # (1, 28, 28)
         if self.augment:  # random translation by zero-padding + crop, then a horizontal flip (global torch RNG)
             if self.crop_scale:  # random resized crop (torchvision's sampling, global torch RNG) straight to size
@@ -172,6 +178,28 @@ class FashionMNIST(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         return self.render(index, self.resolution)
+
+    def _random_items(self) -> bool:
+        return self.augment and bool(self.crop_scale or self.shift or self.hflip > 0)
+
+    def _resized(self, resolution: int) -> torch.Tensor | None:
+        """The whole split at `resolution`, normalised, as `render` computes each item (bilinear, antialiased when
+        shrinking); computed once and kept for the last resolution asked for. None when it would take more than
+        RESIZED_CACHE_BYTES (the items are then resized one by one)."""
+        if self._cache is not None and self._cache[0] == resolution:
+            return self._cache[1]
+        if len(self.images) * resolution * resolution * 4 > RESIZED_CACHE_BYTES:
+            return None
+        chunks = []
+        for start in range(0, len(self.images), 4096):
+            x = self.images[start : start + 4096].float().div_(255).unsqueeze(1)
+            if resolution != x.shape[-1]:
+                x = F.interpolate(
+                    x, size=(resolution, resolution), mode="bilinear", align_corners=False, antialias=resolution < 28
+                )
+            chunks.append((x - MEAN) / STD)
+        self._cache = (resolution, torch.cat(chunks))
+        return self._cache[1]
 
 
 @register_dataset("fashion-mnist", num_classes=10, in_chans=1, kind="image")

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from .multires import ResolutionBatchSampler, collate_to_resolution, eval_batches
 from .registry import DatasetInfo, get_dataset_info
-from .seeding import seeded_rngs
+from .seeding import preserved_rngs, seed_rngs
 from .streams import build_stream_eval_loader, build_stream_train_loader, is_stream
 
 __all__ = [
@@ -96,12 +96,21 @@ class KeyedDataset(Dataset):
         return self.render(index, resolution) if self.render else self.dataset[index]
 
     def __getitem__(self, key: tuple[int, int, int | None]):
+        return self.__getitems__([key])[0]
+
+    def __getitems__(self, keys: list[tuple[int, int, int | None]]) -> list:
+        """A batch (the DataLoader's batched fetch). Seeded items leave the global RNG states as they found them,
+        saved and restored once per batch; unseeded ones draw from them."""
+        if all(seed is None for _, _, seed in keys):
+            return [self._keyed_item(key) for key in keys]
+        with preserved_rngs():
+            return [self._keyed_item(key) for key in keys]
+
+    def _keyed_item(self, key: tuple[int, int, int | None]):
         index, resolution, seed = key
-        if seed is None:
-            item = self._load(index, resolution)
-        else:
-            with seeded_rngs(seed):
-                item = self._load(index, resolution)
+        if seed is not None:
+            seed_rngs(seed)
+        item = self._load(index, resolution)
         if not isinstance(item, (tuple, list)) or len(item) != 2:
             raise TypeError(f"dataset items must be (input, target) pairs, got {type(item).__name__}")
         skipped = tuple(self.pop_skipped()) if self.pop_skipped else ()
