@@ -5,7 +5,8 @@ holding `{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]` works through `data.
 MNIST reader (a .gz is decompressed to a temporary file first), after checks that name a truncated or malformed file;
 labels outside the 10 classes are an error. The whole split is read once into
 a uint8 tensor (47 MB for train); items are resized to the requested resolution on the fly, so one dataset serves
-every resolution (`render(i, resolution)`).
+every resolution (`render(i, resolution)`). Without per-item augmentation (evaluation, or the canvas dataset's items)
+the split is resized in one call instead and kept for the last resolution asked for, up to RESIZED_CACHE_BYTES.
 """
 
 from __future__ import annotations
