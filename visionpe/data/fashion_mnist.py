@@ -167,15 +167,7 @@ class FashionMNIST(Dataset):
                 x = F.pad(x, (s, s, s, s))[:, dy : dy + 28, dx : dx + 28]
             if torch.rand(()) < self.hflip:
                 x = x.flip(-1)
-        if resolution != x.shape[-1]:
-            x = F.interpolate(
-                x[None],
-                size=(resolution, resolution),
-                mode="bilinear",
-                align_corners=False,
-                antialias=resolution < x.shape[-1],
-            )[0]
-        return (x - MEAN) / STD, int(self.labels[index])
+        return _normalised_at(x[None], resolution)[0], int(self.labels[index])
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         return self.render(index, self.resolution)
@@ -184,23 +176,29 @@ class FashionMNIST(Dataset):
         return self.augment and bool(self.crop_scale or self.shift or self.hflip > 0)
 
     def _resized(self, resolution: int) -> torch.Tensor | None:
-        """The whole split at `resolution`, normalised, as `render` computes each item (bilinear, antialiased when
-        shrinking); computed once and kept for the last resolution asked for. None when it would take more than
-        RESIZED_CACHE_BYTES (the items are then resized one by one)."""
+        """The whole split at `resolution`, normalised as `render` does each item (`_normalised_at`); computed once
+        and kept for the last resolution asked for. None when it would take more than RESIZED_CACHE_BYTES (the items
+        are then resized one by one)."""
         if self._cache is not None and self._cache[0] == resolution:
             return self._cache[1]
         if len(self.images) * resolution * resolution * 4 > RESIZED_CACHE_BYTES:
             return None
-        chunks = []
-        for start in range(0, len(self.images), 4096):
-            x = self.images[start : start + 4096].float().div_(255).unsqueeze(1)
-            if resolution != x.shape[-1]:
-                x = F.interpolate(
-                    x, size=(resolution, resolution), mode="bilinear", align_corners=False, antialias=resolution < 28
-                )
-            chunks.append((x - MEAN) / STD)
+        chunks = [
+            _normalised_at(self.images[start : start + 4096].float().div_(255).unsqueeze(1), resolution)
+            for start in range(0, len(self.images), 4096)
+        ]
         self._cache = (resolution, torch.cat(chunks))
         return self._cache[1]
+
+
+def _normalised_at(x: torch.Tensor, resolution: int) -> torch.Tensor:
+    """Images [N, 1, h, w] in [0, 1] resized to `resolution` (bilinear, antialiased when shrinking) and normalised:
+    the last step of every item, whether rendered alone or with its whole split."""
+    if resolution != x.shape[-1]:
+        x = F.interpolate(
+            x, size=(resolution, resolution), mode="bilinear", align_corners=False, antialias=resolution < x.shape[-1]
+        )
+    return (x - MEAN) / STD
 
 
 @register_dataset("fashion-mnist", num_classes=10, in_chans=1, kind="image")
