@@ -297,13 +297,43 @@ def test_speed_command_rejects_bad_models_and_sizes(capsys):
     assert "positive pixel sizes" in capsys.readouterr().err
     assert bench_main(["speed", "--data", "no-such-set", "--models", "vit_n_ape"]) == 2  # one line, no traceback
     err = capsys.readouterr().err
-    assert "--data takes one of fashion-mnist, mnist, got 'no-such-set'" in err and "Traceback" not in err
+    assert "unknown dataset 'no-such-set'" in err and "Traceback" not in err
     assert expand_models(["vit_n_rope2d*", "vit_n_rope2d"]) == [
         "vit_n_rope2d",
         "vit_n_rope2d_ape",
         "vit_n_rope2d_mixed",
         "vit_n_rope2d_mixed_ape",
     ]
+
+
+def test_speed_data_measures_any_image_dataset_at_the_given_sizes(tmp_path, capsys):
+    out = tmp_path / "data"
+    args = ["speed", "--data", "synthetic-shapes", "--models", "vit_n_ape", "--batch", "8", "--rounds", "1"]
+    args += ["--steps", "1", "--workers", "0", "--out", str(out)]
+    assert bench_main([*args, "--data-options", "num_train=24", "--resolutions", "16", "24"]) == 0
+    result = json.loads(out.with_suffix(".json").read_text())
+    assert result["images"] == 24 and result["options"] == {"num_train": 24}  # the option reached the dataset
+    tasks = {r["task"]: r for r in result["rows"]}
+    assert set(tasks) == {
+        "loader 16px, 0 worker(s)",
+        "loader sizes 16/24, 0 worker(s)",
+        "step vit_n_ape",
+        "loop vit_n_ape, 0 worker(s)",
+    }
+    assert tasks["step vit_n_ape"]["vs_base"]["median"] == 1.0  # the baseline against itself
+    assert all(r["ips"]["median"] > 0 for r in tasks.values())
+    assert "synthetic-shapes (num_train=24)" in out.with_suffix(".md").read_text()
+    capsys.readouterr()
+    # bad input: one line naming the fix, no traceback
+    assert bench_main([*args]) == 2  # a generated dataset has no size of its own
+    assert "give the size to measure 'synthetic-shapes' at with --resolutions" in capsys.readouterr().err
+    assert bench_main([*args, "--resolutions", "16", "--data-options", "num_items=3"]) == 2
+    assert "does not take option(s) ['num_items']" in capsys.readouterr().err
+    assert bench_main([*args[:2], "video-shapes", *args[3:], "--resolutions", "16"]) == 2
+    assert "--data measures image datasets; 'video-shapes' is a video dataset" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench_main([*args, "--resolutions", "16", "--data-options", "num_train"])
+    assert "--data-options takes KEY=VALUE words, got 'num_train'" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------------------------------- gpu-check

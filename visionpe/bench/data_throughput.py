@@ -2,12 +2,15 @@
 
 Measured in one run with the shared clock (timing.py; wall-clock, since loader workers are other processes), all
 tasks interleaved in random order each round:
-- loader: the engine's training loader (augmentation, per-item seeding, collate) alone, at the dataset's size and
-  with a random resolution per batch (0.7x / 1x / 1.3x), for each worker count;
+- loader: the engine's training loader (augmentation, per-item seeding, collate) alone, at the first size and with a
+  random size per batch (the sizes given, or 0.7x / 1x / 1.3x of the one size), for each worker count;
 - step: forward + backward + AdamW step of each model on a batch already in memory;
 - loop: loader and step together for the first model, per worker count.
 Ratios are per round against the baseline (the first model's step): a loader ratio above 1 means the loader is not
 the bottleneck; a loop ratio below 1 is the overhead the loader adds to training.
+
+Any registered image dataset can be measured (`--data fashion-mnist-canvas --data-options num_train=18000 item=20
+--resolutions 24`); Fashion-MNIST defaults to its native 28 px, other datasets take their size from --resolutions.
 """
 
 from __future__ import annotations
@@ -20,12 +23,13 @@ import timm
 import torch
 from timm.optim import create_optimizer_v2
 
-from ..data import build_dataset, build_train_loader
+from ..data import build_dataset, build_train_loader, get_dataset_info
+from ..data.loader import dataset_num_classes
 from .timing import Clock, Spread, interleave, paired_ratios, spread
 
 __all__ = ["measure_data", "write_data_results"]
 
-_SIZES = {"fashion-mnist": (28, 1, 10), "mnist": (28, 1, 10)}  # native size, channels, classes
+_NATIVE_SIZE = {"fashion-mnist": 28}  # datasets measured at their own size when no --resolutions are given
 
 
 def _batches(dataset, batch: int, resolutions: list[int], workers: int):
@@ -53,16 +57,36 @@ def _trainer(name: str, size: int, chans: int, classes: int) -> Callable:
 
 
 def measure_data(
-    dataset_name: str, models: list[str], batch: int, rounds: int, steps: int, workers: list[int], root: str | None
+    dataset_name: str,
+    models: list[str],
+    batch: int,
+    rounds: int,
+    steps: int,
+    workers: list[int],
+    root: str | None,
+    resolutions: list[int] | None = None,
+    options: dict | None = None,
 ) -> dict:
-    """Images/s of each loader setting, training step and loop, with per-round ratios against the first step."""
-    if dataset_name not in _SIZES:
-        raise ValueError(f"--data takes one of {', '.join(_SIZES)}, got {dataset_name!r}")
-    size, chans, classes = _SIZES[dataset_name]
-    ds = build_dataset(dataset_name, "train", size, root=root, training=True)
+    """Images/s of each loader setting, training step and loop, with per-round ratios against the first step.
+    `resolutions`: the first is the measured size, all of them the multi-size loader's (default: the dataset's
+    native size and 0.7x / 1.3x of it); `options` go to the dataset factory (e.g. num_train, item)."""
+    info = get_dataset_info(dataset_name)
+    if info.kind != "image":
+        raise ValueError(f"--data measures image datasets; {dataset_name!r} is a {info.kind} dataset")
+    if not resolutions:
+        if dataset_name not in _NATIVE_SIZE:
+            raise ValueError(f"give the size to measure {dataset_name!r} at with --resolutions (e.g. --resolutions 32)")
+        size = _NATIVE_SIZE[dataset_name]
+        resolutions = [size, round(size * 0.7), round(size * 1.3)]
+    size, chans = resolutions[0], info.in_chans
+    ds = build_dataset(info, "train", size, root=root, options=options, training=True)
+    classes = dataset_num_classes(info, ds)
+    sizes = [(f"{size}px", [size])]
+    if len(resolutions) > 1:
+        sizes.append((f"sizes {'/'.join(map(str, resolutions))}", resolutions))
     tasks: dict[str, Callable[[], int]] = {}
     for w in workers:
-        for label, res in ((f"{size}px", [size]), ("multires", [round(size * 0.7), size, round(size * 1.3)])):
+        for label, res in sizes:
             it = _batches(ds, batch, res, w)
             tasks[f"loader {label}, {w} worker(s)"] = lambda it=it: len(next(it).targets)
     x, y = torch.randn(batch, chans, size, size), torch.randint(0, classes, (batch,))
@@ -76,7 +100,19 @@ def measure_data(
     baseline = f"step {models[0]}"
     ratios = paired_ratios(rates, baseline)
     rows = [dict(task=n, ips=spread(v).as_dict(), vs_base=spread(ratios[n]).as_dict()) for n, v in rates.items()]
-    return dict(dataset=dataset_name, images=len(ds), batch=batch, workers=workers, baseline=baseline, rows=rows)
+    return dict(
+        dataset=dataset_name,
+        options=options or {},
+        images=len(ds),
+        batch=batch,
+        workers=workers,
+        baseline=baseline,
+        rows=rows,
+    )
+
+
+def _options_text(options: dict | None) -> str:
+    return f" ({', '.join(f'{k}={v}' for k, v in options.items())})" if options else ""
 
 
 def _text(d: dict, spec: str) -> str:
@@ -88,7 +124,7 @@ def write_data_results(result: dict, out: Path, machine: dict, settings: dict) -
     json_path, md_path = out.with_suffix(".json"), out.with_suffix(".md")
     json_path.write_text(json.dumps(dict(machine=machine, settings=settings, **result), indent=1) + "\n")
     lines = [
-        f"# Loader vs training step: {result['dataset']} ({machine['date']})",
+        f"# Loader vs training step: {result['dataset']}{_options_text(result.get('options'))} ({machine['date']})",
         "",
         f"{machine['cpu']}, {machine['threads']} torch threads, batch {result['batch']}, {settings['rounds']} "
         f"interleaved rounds of {settings['steps']} batches, wall-clock seconds. Ratios per round against "

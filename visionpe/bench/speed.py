@@ -7,6 +7,8 @@ resolutions (and clip lengths for video), against a baseline and timm's equivale
     python -m visionpe.bench speed --models swin_t_rpb 'cvt_13*' --infer                         # Swin vs timm, CvT PEs
     python -m visionpe.bench speed --models 'vivit_s_*' --baseline vivit_s_ape --frames 4 8 16 32 --resolutions 112
     python -m visionpe.bench speed --data fashion-mnist --models 'vit_n_*' --batch 128 --workers 0 1  # loader vs step
+    python -m visionpe.bench speed --data fashion-mnist-canvas --data-options num_train=18000 item=20 --resolutions 24 \
+        --models vit_n_nope --batch 32 --workers 0   # any registered image dataset, at a given size
     python -m visionpe.bench speed --zoo          # what the model cards report (results/speed/zoo.json)
     python -m visionpe.bench speed --compile      # torch.compile vs eager, ours vs timm (results/compile/compile.json)
 
@@ -33,6 +35,7 @@ from pathlib import Path
 
 import timm
 import torch
+import yaml
 from torch import nn
 
 import visionpe  # noqa: F401  (registers the models)
@@ -391,7 +394,14 @@ def _parser() -> argparse.ArgumentParser:
         "every vit_n_* model)",
     )
     ap.add_argument("--baseline", default=None, help="the model every ratio is against (default: the first listed)")
-    ap.add_argument("--resolutions", nargs="+", type=int, default=[224])
+    ap.add_argument(
+        "--resolutions",
+        nargs="+",
+        type=int,
+        default=None,
+        help="image sizes (default 224; with --data: the size to measure and the multi-size loader's sizes, default "
+        "the dataset's own)",
+    )
     ap.add_argument("--frames", nargs="+", type=int, default=None, help="clip lengths of video models")
     ap.add_argument("--mode", choices=("time", "memory", "both"), default="both")
     phase = ap.add_mutually_exclusive_group()
@@ -411,7 +421,14 @@ def _parser() -> argparse.ArgumentParser:
         help="torch.compile'd vs eager inference and compiled ours vs compiled timm (same weights), at the first "
         "resolution (default models: vit_s_rope2d_mixed swin_t_rpb; batch 1); see compiled.py",
     )
-    ap.add_argument("--data", default=None, help="dataset: training loader vs training step in images/s")
+    ap.add_argument("--data", default=None, help="image dataset name: training loader vs training step in images/s")
+    ap.add_argument(
+        "--data-options",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="dataset options with --data (e.g. num_train=18000 item=20), as a config's data.options",
+    )
     ap.add_argument("--workers", type=int, nargs="+", default=[0, 1], help="loader worker counts (with --data)")
     ap.add_argument("--root", default=None, help="dataset folder (with --data)")
     ap.add_argument("--batch", type=int, default=None, help="batch size (default 4; 128 with --data)")
@@ -447,7 +464,9 @@ def main(argv: list[str] | None = None) -> int:
     args.batch = args.batch or (128 if args.data else 1 if args.compile else 4)
     if args.clock == "cpu" and not args.device.startswith("cpu"):
         ap.error(f"--clock cpu counts CPU work; use --clock wall on {args.device}")
-    if not args.resolutions or any(r <= 0 for r in args.resolutions):
+    if args.resolutions is None and not args.data:
+        args.resolutions = [224]
+    if args.resolutions is not None and (not args.resolutions or any(r <= 0 for r in args.resolutions)):
         ap.error(f"--resolutions takes positive pixel sizes, got {args.resolutions}")
     if args.frames is not None and any(f <= 0 for f in args.frames):
         ap.error(f"--frames takes positive clip lengths, got {args.frames}")
@@ -473,7 +492,18 @@ def main(argv: list[str] | None = None) -> int:
         elif args.data:
             from .data_throughput import measure_data, write_data_results
 
-            result = measure_data(args.data, models, args.batch, args.rounds, args.steps, args.workers, args.root)
+            options = _data_options(ap, args.data_options)
+            result = measure_data(
+                args.data,
+                models,
+                args.batch,
+                args.rounds,
+                args.steps,
+                args.workers,
+                args.root,
+                args.resolutions,
+                options,
+            )
             settings.update(seconds=round(time.perf_counter() - t0, 1), clock="wall")
             json_path, md_path = write_data_results(result, Path(args.out or "results/speed/data"), machine, settings)
         else:
@@ -488,6 +518,17 @@ def main(argv: list[str] | None = None) -> int:
     print(md_path.read_text())
     print(f"wrote {json_path} and {md_path}")
     return 0
+
+
+def _data_options(ap: argparse.ArgumentParser, items: list[str]) -> dict:
+    """`KEY=VALUE` words as a dict, each value read as YAML (numbers, booleans, lists)."""
+    options = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            ap.error(f"--data-options takes KEY=VALUE words, got {item!r}")
+        options[key.strip()] = yaml.safe_load(raw) if raw.strip() else None
+    return options
 
 
 _DEFAULT_MODELS = ["vit_s_ape", "vit_s_rope2d_mixed", "swin_t_rpb", "cvt_13"]
