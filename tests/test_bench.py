@@ -95,6 +95,27 @@ def test_tiny_extrapolation_writes_tables_and_reruns_only_what_is_missing(tmp_pa
         run_benchmark(*load_bench(_bench_file(tmp_path), ["train.epochs=2"]), log=lambda *a: None)
 
 
+def test_base_samples_evaluate_the_training_point_on_more_items(tmp_path, monkeypatch):
+    # the tables read the 24 items data.options.num_val keeps; the check reads the first N of the whole split
+    path = _bench_file(tmp_path, models=("vit_n_ape",), extra="  base_samples: 24")
+    sizes = ["bench.resolutions=16", "bench.shapes=[]"]
+    out = run_benchmark(*load_bench(path, sizes), log=lambda *a: None)
+    record = json.loads((out / "evals" / "vit_n_ape-s0.json").read_text())
+    base_row = next(r for r in record["rows"] if (r["height"], r["width"]) == (16, 16))
+    assert base_row["images"] == record["base_check"]["images"] == 24
+    assert base_row["top1"] == record["base_check"]["top1"]  # the same first 24 items either way
+
+    _no_training(monkeypatch)  # all of the split (synthetic-shapes: 1000 items): no training, the rows kept
+    out = run_benchmark(*load_bench(path, [*sizes, "bench.base_samples=0"]), log=lambda *a: None)
+    again = json.loads((out / "evals" / "vit_n_ape-s0.json").read_text())
+    assert again["rows"] == record["rows"] and again["base_check"]["images"] == 1000
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["base_check"]["vit_n_ape"]["mean"] == again["base_check"]["top1"]
+    assert "on 1000 validation items (bench.base_samples; the tables read 24," in (out / "results.md").read_text()
+    with pytest.raises(BenchConfigError, match="base_samples must be null"):
+        run_benchmark(*load_bench(path, ["bench.base_samples=-1"]), log=lambda *a: None)
+
+
 @pytest.mark.parametrize(
     ("overrides", "match"),
     [

@@ -106,9 +106,9 @@ def run_job(job: Job, log=print) -> dict:
     record."""
     torch.set_num_threads(job.threads)
     record = read_record(job.record_path) if job.record_path.is_file() else None
-    todo = job.missing(record)
-    if not todo:
+    if job.done(record):
         return record
+    todo = job.missing(record)
     if record is None or record.get("eval") != job.eval_key():
         family, size, pe = split_name(job.model)
         record = dict(
@@ -172,6 +172,14 @@ def run_job(job: Job, log=print) -> dict:
             )
         ]
         write_record(job.record_path, record)
+    if job.needs_base_check(record):  # the training point on more items: its accuracy with a smaller sampling error
+        whole = copy.deepcopy(cfg)
+        whole.data.options = {k: v for k, v in cfg.data.options.items() if k != "num_val"}
+        view = view_of(
+            build_eval_sets(whole, [max(base)], class_map), base_points[protocols[0]], base, job.base_samples
+        )
+        result = evaluate_view(model, view, first, job.eval_batch_size, device, amp, workers)
+        record["base_check"] = dict(samples=job.base_samples, mode=first, **result)
     record["eval_seconds"] = round(time.perf_counter() - t0, 1) + (record.get("eval_seconds") or 0)
     record["eval_cpu_seconds"] = round(time.process_time() - c0, 1) + (record.get("eval_cpu_seconds") or 0)
     write_record(job.record_path, record)
@@ -210,7 +218,7 @@ def run_benchmark(bench: BenchConfig, cfg: Config, dry_run: bool = False, log=pr
     validate(plan)
     out = bench.out()
     records = {id(j): read_record(j.record_path) if j.record_path.is_file() else None for j in plan.jobs}
-    pending = [j for j in plan.jobs if j.missing(records[id(j)])]
+    pending = [j for j in plan.jobs if not j.done(records[id(j)])]
     log(
         f"benchmark {bench.name!r}: {len(bench.models)} models x {len(bench.seeds)} seeds = {len(plan.jobs)} runs, "
         f"{len(plan.jobs) - len(pending)} already done, {len(pending)} to run in {bench.processes} process(es) x "

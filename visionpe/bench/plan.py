@@ -96,6 +96,12 @@ class BenchConfig:
         "pretrained filter) or a visionpe run directory; models not listed load timm's pretrained weights",
     )
     eval_samples: int = _opt(0, "evaluate on the first N images of the validation split (0: all of it)")
+    base_samples: int | None = _opt(
+        None,
+        "also evaluate the training point on the first N items of the whole validation split (0: all of them, "
+        "whatever data.options.num_val keeps for the tables): a base accuracy with a smaller sampling error, reported "
+        "in the statistics; null: off",
+    )
     eval_batch_size: int = _opt(256, "evaluation batch size")
     processes: int = _opt(1, "runs trained in parallel, one process each")
     threads: int = _opt(1, "torch threads per process")
@@ -233,6 +239,7 @@ class Job:
     base_frames: int = 0
     pretrained: bool = False
     checkpoint: str | None = None  # pretrained mode: weights file or run directory (None: timm's weights)
+    base_samples: int | None = None  # the training point on the first N validation items as well (0: all)
 
     @property
     def run_dir(self) -> Path:
@@ -251,6 +258,16 @@ class Job:
         if record and record.get("eval") == self.eval_key():
             have = {(r["mode"], row_point(r)) for r in record.get("rows", [])}
         return [(m, p) for m in self.modes for p in self.points if (m, p) not in have]
+
+    def done(self, record: dict | None) -> bool:
+        """Whether the record holds everything this job evaluates."""
+        return not self.missing(record) and not self.needs_base_check(record)
+
+    def needs_base_check(self, record: dict | None) -> bool:
+        """Whether the training point still has to be evaluated on base_samples items."""
+        if self.base_samples is None:
+            return False
+        return not record or (record.get("base_check") or {}).get("samples") != self.base_samples
 
 
 def row_point(row: dict) -> Point:
@@ -338,6 +355,7 @@ def make_plan(bench: BenchConfig, cfg: Config) -> Plan:
                     base_frames,
                     bench.pretrained,
                     bench.checkpoints.get(model),
+                    bench.base_samples,
                 )
             )
     return Plan(bench, cfg, jobs, base, sizes, points=points, base_frames=base_frames)
@@ -403,6 +421,8 @@ def validate(plan: Plan, check_models: bool = True) -> None:
         raise BenchConfigError(f"bench.device={b.device} but no CUDA device is available; use bench.device=cpu")
     if b.eval_samples < 0:
         raise BenchConfigError(f"bench.eval_samples must be 0 (all) or positive, got {b.eval_samples}")
+    if b.base_samples is not None and b.base_samples < 0:
+        raise BenchConfigError(f"bench.base_samples must be null (off), 0 (all) or positive, got {b.base_samples}")
     if cfg.data.train_resolutions:
         raise BenchConfigError("the benchmark trains at one base resolution; drop data.train_resolutions")
     if cfg.train.epochs < 1:

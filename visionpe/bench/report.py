@@ -135,6 +135,32 @@ def stat_text(st: dict) -> str:
     return f"{st['mean']:.1f} ± {st['std']:.1f}" if st["n"] > 1 else f"{st['mean']:.1f}"
 
 
+def base_checks(records: list[dict], models: list[str]) -> dict[str, dict]:
+    """model -> {'mean', 'std', 'n', 'images'} of top-1 at the training point on bench.base_samples items."""
+    out = {}
+    for m in models:
+        checks = [r["base_check"] for r in records if r["model"] == m and r.get("base_check")]
+        if checks:
+            v = [c["top1"] for c in checks]
+            sd = statistics.stdev(v) if len(v) > 1 else 0.0
+            out[m] = dict(mean=statistics.fmean(v), std=sd, n=len(v), images=max(c["images"] for c in checks))
+    return out
+
+
+def _base_check_lines(checks: dict[str, dict], table_images: list[int]) -> list[str]:
+    if not checks:
+        return []
+    ranked = sorted(checks.items(), key=lambda kv: -kv[1]["mean"])
+    images = "/".join(str(i) for i in sorted({c["images"] for c in checks.values()}))
+    return [
+        f"The training point on {images} validation items (bench.base_samples; the tables read "
+        f"{'/'.join(map(str, table_images))}, with a larger sampling error): "
+        + ", ".join(f"{m} {stat_text(c)}" for m, c in ranked)
+        + ".",
+        "",
+    ]
+
+
 def _quality_lines(stats: dict, models: list[str], plan) -> list[str]:
     """Base accuracy and seed spread at the training point: whether the benchmark can rank anything."""
     base = plan.base_point(plan.bench.protocols[0])
@@ -244,6 +270,7 @@ def format_markdown(records: list[dict], plan, seconds: float, machine: str) -> 
         ]
     lines += [f"Note: {n}." for n in getattr(plan, "notes", [])] + ([""] if getattr(plan, "notes", []) else [])
     lines += _quality_lines(stats, models, plan)
+    lines += _base_check_lines(base_checks(records, models), images)
     lines += _claim_lines(_judged(records, plan))
     cpu = [r["train_cpu_seconds"] for r in records if r.get("train_cpu_seconds")] or [0]
     ev = [r["eval_cpu_seconds"] for r in records if r.get("eval_cpu_seconds")] or [0]
@@ -349,6 +376,7 @@ def _summary(records: list[dict], plan, seconds: float, machine: dict) -> dict:
         ),
         date=time.strftime("%Y-%m-%d"),
         table=table,
+        base_check=base_checks(records, [m for m in plan.bench.models if any(r["model"] == m for r in records)]),
         claims=_judged(records, plan),
     )
 
