@@ -112,6 +112,10 @@ def test_base_samples_evaluate_the_training_point_on_more_items(tmp_path, monkey
     summary = json.loads((out / "summary.json").read_text())
     assert summary["base_check"]["vit_n_ape"]["mean"] == again["base_check"]["top1"]
     assert "on 1000 validation items (bench.base_samples; the tables read 24," in (out / "results.md").read_text()
+    (card,) = write_cards(out.parent, tmp_path / "cards", ["vit"])
+    top1 = again["base_check"]["top1"]
+    assert "The training point on 1000 validation items (the tables read fewer" in card.read_text()
+    assert f"vit_n_ape {top1:.1f}." in card.read_text()
     with pytest.raises(BenchConfigError, match="base_samples must be null"):
         run_benchmark(*load_bench(path, ["bench.base_samples=-1"]), log=lambda *a: None)
 
