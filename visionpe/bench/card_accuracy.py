@@ -10,7 +10,7 @@ from pathlib import Path
 from ..zoo import Family
 from .claims import judge_claims, tally_text
 from .evalsizes import Point, size_label
-from .report import PROTOCOL_TEXT, cell_text, point_heading, stat_text
+from .report import PROTOCOL_TEXT, base_check_text, cell_text, point_heading
 
 __all__ = ["family_models", "family_summaries", "summary_points", "chance_level", "at_chance", "family_claims",
            "accuracy_section", "relative_link"]  # fmt: skip
@@ -141,11 +141,10 @@ def _summary_block(fam: Family, path: Path, s: dict, models: list[str], out_dir:
         lines.append("")
     checks = {m: c for m, c in (s.get("base_check") or {}).items() if m in models}
     if checks:
-        ranked = sorted(checks.items(), key=lambda kv: -kv[1]["mean"])
-        images = "/".join(str(i) for i in sorted({c["images"] for c in checks.values()}))
+        images, ranking = base_check_text(checks)
         lines += [
             f"The training point on {images} validation items (the tables read fewer, with a larger sampling "
-            "error): " + ", ".join(f"{m} {stat_text(c)}" for m, c in ranked) + ".",
+            f"error): {ranking}.",
             "",
         ]
     chance = chance_level(s)

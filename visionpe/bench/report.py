@@ -147,16 +147,20 @@ def base_checks(records: list[dict], models: list[str]) -> dict[str, dict]:
     return out
 
 
+def base_check_text(checks: dict[str, dict]) -> tuple[str, str]:
+    """(item counts, 'model mean ± std, ...' best first) of base_checks()."""
+    ranked = sorted(checks.items(), key=lambda kv: -kv[1]["mean"])
+    images = "/".join(str(i) for i in sorted({c["images"] for c in checks.values()}))
+    return images, ", ".join(f"{m} {stat_text(c)}" for m, c in ranked)
+
+
 def _base_check_lines(checks: dict[str, dict], table_images: list[int]) -> list[str]:
     if not checks:
         return []
-    ranked = sorted(checks.items(), key=lambda kv: -kv[1]["mean"])
-    images = "/".join(str(i) for i in sorted({c["images"] for c in checks.values()}))
+    images, ranking = base_check_text(checks)
     return [
         f"The training point on {images} validation items (bench.base_samples; the tables read "
-        f"{'/'.join(map(str, table_images))}, with a larger sampling error): "
-        + ", ".join(f"{m} {stat_text(c)}" for m, c in ranked)
-        + ".",
+        f"{'/'.join(map(str, table_images))}, with a larger sampling error): {ranking}.",
         "",
     ]
 
