@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import csv
 import json
+import subprocess
 import sys
+import time
 import types
+from pathlib import Path
 
 import pytest
 import timm
@@ -118,6 +121,41 @@ def test_base_samples_evaluate_the_training_point_on_more_items(tmp_path, monkey
     assert f"vit_n_ape {top1:.1f}." in card.read_text()
     with pytest.raises(BenchConfigError, match="base_samples must be null"):
         run_benchmark(*load_bench(path, ["bench.base_samples=-1"]), log=lambda *a: None)
+
+
+_ORPHAN = """
+import multiprocessing, os, time
+from concurrent.futures import ProcessPoolExecutor
+from visionpe.bench.extrapolate import _worker_init
+
+if __name__ == "__main__":
+    ctx = multiprocessing.get_context("spawn")
+    pool = ProcessPoolExecutor(1, mp_context=ctx, initializer=_worker_init, initargs=(1, os.getpid()))
+    print(pool.submit(os.getpid).result(), flush=True)
+    pool.submit(time.sleep, 120)  # the worker is busy with a run
+    time.sleep(1)
+    os._exit(0)  # the benchmark process dies without shutting its pool down
+"""
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"  # a zombie has exited
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_bench_workers_stop_when_the_benchmark_process_dies(tmp_path):
+    script = tmp_path / "orphan.py"
+    script.write_text(_ORPHAN)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=True)
+    worker = int(out.stdout.split()[0])
+    deadline = time.monotonic() + 30  # the worker polls its parent every second; its job would last 120 s
+    while _running(worker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _running(worker)
 
 
 @pytest.mark.parametrize(

@@ -24,6 +24,7 @@ import json
 import multiprocessing
 import os
 import sys
+import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
@@ -186,8 +187,17 @@ def run_job(job: Job, log=print) -> dict:
     return record
 
 
-def _worker_init(threads: int) -> None:
+def _worker_init(threads: int, parent: int) -> None:
     torch.set_num_threads(threads)
+    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
+
+
+def _exit_with_parent(parent: int, poll_s: float = 1.0) -> None:
+    """Stop this worker once the benchmark process that started it is gone (killed, say): an orphaned worker would
+    go on training its run and write into a runs folder the user may have moved or reused since."""
+    while os.getppid() == parent:
+        time.sleep(poll_s)
+    os._exit(1)
 
 
 def _quiet_job(job: Job) -> dict:
@@ -264,7 +274,10 @@ def run_benchmark(bench: BenchConfig, cfg: Config, dry_run: bool = False, log=pr
         else:
             ctx = multiprocessing.get_context("spawn")
             with ProcessPoolExecutor(
-                min(bench.processes, len(pending)), mp_context=ctx, initializer=_worker_init, initargs=(bench.threads,)
+                min(bench.processes, len(pending)),
+                mp_context=ctx,
+                initializer=_worker_init,
+                initargs=(bench.threads, os.getpid()),
             ) as pool:
                 futures = {pool.submit(_quiet_job, job): job for job in pending}
                 remaining = set(futures)
