@@ -174,11 +174,12 @@ def run_job(job: Job, log=print) -> dict:
         ]
         write_record(job.record_path, record)
     if job.needs_base_check(record):  # the training point on more items: its accuracy with a smaller sampling error
-        whole = copy.deepcopy(cfg)
-        whole.data.options = {k: v for k, v in cfg.data.options.items() if k != "num_val"}
-        view = view_of(
-            build_eval_sets(whole, [max(base)], class_map), base_points[protocols[0]], base, job.base_samples
-        )
+        whole = datasets  # the tables' sets hold the whole split unless num_val cut it
+        if "num_val" in cfg.data.options:
+            cut = copy.deepcopy(cfg)
+            cut.data.options = {k: v for k, v in cfg.data.options.items() if k != "num_val"}
+            whole = build_eval_sets(cut, [max(base)], class_map)
+        view = view_of(whole, base_points[protocols[0]], base, job.base_samples)
         result = evaluate_view(model, view, first, job.eval_batch_size, device, amp, workers)
         record["base_check"] = dict(samples=job.base_samples, mode=first, **result)
     record["eval_seconds"] = round(time.perf_counter() - t0, 1) + (record.get("eval_seconds") or 0)

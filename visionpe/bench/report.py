@@ -84,10 +84,13 @@ def aggregate(rows: list[dict]) -> dict[tuple[str, str, Point], dict]:
     for r in rows:
         point = Point(r.get("protocol", "upsample"), r["height"], r["width"], r.get("frames", 0))
         groups.setdefault((r["model"], r["mode"], point), []).append(r["top1"])
-    return {
-        k: dict(mean=statistics.fmean(v), std=statistics.stdev(v) if len(v) > 1 else 0.0, n=len(v))
-        for k, v in groups.items()
-    }
+    return {k: mean_std(v) for k, v in groups.items()}
+
+
+def mean_std(values: list[float]) -> dict:
+    """{'mean', 'std', 'n'} over seeds (sample std; 0 for one value)."""
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return dict(mean=statistics.fmean(values), std=sd, n=len(values))
 
 
 def cell_text(stat: dict | None, base: dict | None, is_base: bool) -> str:
@@ -141,9 +144,7 @@ def base_checks(records: list[dict], models: list[str]) -> dict[str, dict]:
     for m in models:
         checks = [r["base_check"] for r in records if r["model"] == m and r.get("base_check")]
         if checks:
-            v = [c["top1"] for c in checks]
-            sd = statistics.stdev(v) if len(v) > 1 else 0.0
-            out[m] = dict(mean=statistics.fmean(v), std=sd, n=len(v), images=max(c["images"] for c in checks))
+            out[m] = dict(mean_std([c["top1"] for c in checks]), images=max(c["images"] for c in checks))
     return out
 
 

@@ -35,11 +35,11 @@ from pathlib import Path
 
 import timm
 import torch
-import yaml
 from torch import nn
 
 import visionpe  # noqa: F401  (registers the models)
 
+from ..engine.config import Config, apply_overrides
 from ..zoo import FAMILIES, create_model, list_visionpe_models, model_name
 from .flops import count_flops
 from .memprobe import example_input, is_video, peak_memory_mb, saved_activation_mb
@@ -521,14 +521,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _data_options(ap: argparse.ArgumentParser, items: list[str]) -> dict:
-    """`KEY=VALUE` words as a dict, each value read as YAML (numbers, booleans, lists)."""
-    options = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            ap.error(f"--data-options takes KEY=VALUE words, got {item!r}")
-        options[key.strip()] = yaml.safe_load(raw) if raw.strip() else None
-    return options
+    """`KEY=VALUE` words as a config's data.options (values read as YAML: numbers, booleans, lists)."""
+    bad = [item for item in items if not item.partition("=")[0].strip() or "=" not in item]
+    if bad:
+        ap.error(f"--data-options takes KEY=VALUE words, got {bad[0]!r}")
+    return apply_overrides(Config(), [f"data.options.{item}" for item in items]).data.options
 
 
 _DEFAULT_MODELS = ["vit_s_ape", "vit_s_rope2d_mixed", "swin_t_rpb", "cvt_13"]
