@@ -9,7 +9,7 @@ tasks interleaved in random order each round:
 Ratios are per round against the baseline (the first model's step): a loader ratio above 1 means the loader is not
 the bottleneck; a loop ratio below 1 is the overhead the loader adds to training.
 
-Any registered image dataset can be measured (`--data fashion-mnist-canvas --data-options num_train=18000 item=20
+Any registered image dataset can be measured (`--data fashion-mnist-canvas --data-options num_train=18000 item=22
 --resolutions 24`); Fashion-MNIST defaults to its native 28 px, other datasets take their size from --resolutions.
 """
 

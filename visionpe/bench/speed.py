@@ -7,7 +7,7 @@ resolutions (and clip lengths for video), against a baseline and timm's equivale
     python -m visionpe.bench speed --models swin_t_rpb 'cvt_13*' --infer                         # Swin vs timm, CvT PEs
     python -m visionpe.bench speed --models 'vivit_s_*' --baseline vivit_s_ape --frames 4 8 16 32 --resolutions 112
     python -m visionpe.bench speed --data fashion-mnist --models 'vit_n_*' --batch 128 --workers 0 1  # loader vs step
-    python -m visionpe.bench speed --data fashion-mnist-canvas --data-options num_train=18000 item=20 --resolutions 24 \
+    python -m visionpe.bench speed --data fashion-mnist-canvas --data-options num_train=18000 item=22 --resolutions 24 \
         --models vit_n_nope --batch 32 --workers 0   # any registered image dataset, at a given size
     python -m visionpe.bench speed --zoo          # what the model cards report (results/speed/zoo.json)
     python -m visionpe.bench speed --compile      # torch.compile vs eager, ours vs timm (results/compile/compile.json)
@@ -427,7 +427,7 @@ def _parser() -> argparse.ArgumentParser:
         nargs="+",
         default=[],
         metavar="KEY=VALUE",
-        help="dataset options with --data (e.g. num_train=18000 item=20), as a config's data.options",
+        help="dataset options with --data (e.g. num_train=18000 item=22), as a config's data.options",
     )
     ap.add_argument("--workers", type=int, nargs="+", default=[0, 1], help="loader worker counts (with --data)")
     ap.add_argument("--root", default=None, help="dataset folder (with --data)")
