@@ -10,7 +10,7 @@ from pathlib import Path
 from ..zoo import Family
 from .claims import judge_claims, tally_text
 from .evalsizes import Point, size_label
-from .report import PROTOCOL_TEXT, base_check_text, cell_text, point_heading
+from .report import PROTOCOL_TEXT, base_check_lines, cell_text, point_heading
 
 __all__ = ["family_models", "family_summaries", "summary_points", "chance_level", "at_chance", "family_claims",
            "accuracy_section", "relative_link"]  # fmt: skip
@@ -140,13 +140,7 @@ def _summary_block(fam: Family, path: Path, s: dict, models: list[str], out_dir:
             lines.append(f"| {m}{same} | " + " | ".join(cells) + " |")
         lines.append("")
     checks = {m: c for m, c in (s.get("base_check") or {}).items() if m in models}
-    if checks:
-        images, ranking = base_check_text(checks)
-        lines += [
-            f"The training point on {images} validation items (the tables read fewer, with a larger sampling "
-            f"error): {ranking}.",
-            "",
-        ]
+    lines += base_check_lines(checks, "the tables read fewer")
     chance = chance_level(s)
     lines += [
         f"Measured on {_machine(s)}, {s['date']}."

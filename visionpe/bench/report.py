@@ -148,22 +148,14 @@ def base_checks(records: list[dict], models: list[str]) -> dict[str, dict]:
     return out
 
 
-def base_check_text(checks: dict[str, dict]) -> tuple[str, str]:
-    """(item counts, 'model mean ± std, ...' best first) of base_checks()."""
-    ranked = sorted(checks.items(), key=lambda kv: -kv[1]["mean"])
-    images = "/".join(str(i) for i in sorted({c["images"] for c in checks.values()}))
-    return images, ", ".join(f"{m} {stat_text(c)}" for m, c in ranked)
-
-
-def _base_check_lines(checks: dict[str, dict], table_images: list[int]) -> list[str]:
+def base_check_lines(checks: dict[str, dict], tables: str) -> list[str]:
+    """The sentence ranking base_checks() best first; `tables` says what the tables read instead."""
     if not checks:
         return []
-    images, ranking = base_check_text(checks)
-    return [
-        f"The training point on {images} validation items (bench.base_samples; the tables read "
-        f"{'/'.join(map(str, table_images))}, with a larger sampling error): {ranking}.",
-        "",
-    ]
+    ranked = sorted(checks.items(), key=lambda kv: -kv[1]["mean"])
+    images = "/".join(str(i) for i in sorted({c["images"] for c in checks.values()}))
+    ranking = ", ".join(f"{m} {stat_text(c)}" for m, c in ranked)
+    return [f"The training point on {images} validation items ({tables}, with a larger sampling error): {ranking}.", ""]
 
 
 def _quality_lines(stats: dict, models: list[str], plan) -> list[str]:
@@ -275,7 +267,9 @@ def format_markdown(records: list[dict], plan, seconds: float, machine: str) -> 
         ]
     lines += [f"Note: {n}." for n in getattr(plan, "notes", [])] + ([""] if getattr(plan, "notes", []) else [])
     lines += _quality_lines(stats, models, plan)
-    lines += _base_check_lines(base_checks(records, models), images)
+    lines += base_check_lines(
+        base_checks(records, models), f"bench.base_samples; the tables read {'/'.join(map(str, images))}"
+    )
     lines += _claim_lines(_judged(records, plan))
     cpu = [r["train_cpu_seconds"] for r in records if r.get("train_cpu_seconds")] or [0]
     ev = [r["eval_cpu_seconds"] for r in records if r.get("eval_cpu_seconds")] or [0]
@@ -381,7 +375,7 @@ def _summary(records: list[dict], plan, seconds: float, machine: dict) -> dict:
         ),
         date=time.strftime("%Y-%m-%d"),
         table=table,
-        base_check=base_checks(records, [m for m in plan.bench.models if any(r["model"] == m for r in records)]),
+        base_check=base_checks(records, plan.bench.models),
         claims=_judged(records, plan),
     )
 
