@@ -70,6 +70,7 @@ def test_tiny_extrapolation_writes_tables_and_reruns_only_what_is_missing(tmp_pa
     md = (out / "results.md").read_text()
     assert "## extrapolate" in md and "## interpolate" in md and "| vit_n_rope2d_mixed |" in md
     assert "vit_n_ape (=)" in md  # a resampled APE gives the same logits in both modes
+    assert "model options: embed_dim=32, depth=1, num_heads=2; augmentation" in md  # what the models were built with
     assert (out / "results.png").stat().st_size > 1000
     summary = json.loads((out / "summary.json").read_text())
     base = {r["model"]: r["mean"] for r in summary["table"] if (r["height"], r["width"]) == (16, 16)}
@@ -118,6 +119,7 @@ def test_base_samples_evaluate_the_training_point_on_more_items(tmp_path, monkey
     (card,) = write_cards(out.parent, tmp_path / "cards", ["vit"])
     top1 = again["base_check"]["top1"]
     assert "The training point on 1000 validation items (the tables read fewer" in card.read_text()
+    assert "model.embed_dim=32, model.depth=1, model.num_heads=2, augmentation:" in card.read_text()
     assert f"vit_n_ape {top1:.1f}." in card.read_text()
     with pytest.raises(BenchConfigError, match="base_samples must be null"):
         run_benchmark(*load_bench(path, ["bench.base_samples=-1"]), log=lambda *a: None)

@@ -202,7 +202,9 @@ def _recipe_text(s: dict, folder: Path) -> str:
 
         data = yaml.safe_load((folder / "bench.yaml").read_text()) or {}
         data.pop("bench", None)
-        parts.append(f"augmentation: {augmentation_text(config_from_dict(data))}")
+        cfg = config_from_dict(data)
+        parts += [f"model.{k}={v}" for k, v in (cfg.model.kwargs or {}).items()]
+        parts.append(f"augmentation: {augmentation_text(cfg)}")
     return ", ".join(parts)
 
 

@@ -222,13 +222,14 @@ def format_markdown(records: list[dict], plan, seconds: float, machine: str) -> 
     images = sorted({r["images"] for r in rows})
     seeds = sorted({r["seed"] for r in rows})
     opts = ", ".join(f"{k}={v}" for k, v in cfg.data.options.items()) or "none"
+    model_opts = f"; {model_options_text(cfg)}" if cfg.model.kwargs else ""
     if b.pretrained:
         how = "Pretrained weights (no training) "
     else:
         how = (
             f"Trained on `{cfg.data.name}` at {cfg.data.resolution} px ({cfg.train.epochs} epochs, batch "
-            f"{cfg.data.batch_size}, {cfg.optim.opt} lr {cfg.optim.lr:g}, data options: {opts}; augmentation: "
-            f"{augmentation_text(cfg)}), then "
+            f"{cfg.data.batch_size}, {cfg.optim.opt} lr {cfg.optim.lr:g}, data options: {opts}"
+            f"{model_opts}; augmentation: {augmentation_text(cfg)}), then "
         )
     lines = [
         f"# Extrapolation: {b.name}",
@@ -296,6 +297,12 @@ def _total_time_text(records: list[dict], processes: int) -> str:
         f"All {len(timed)} timed runs together: {total / 60:.0f} CPU-minutes (training and evaluation), about "
         f"{total / 60 / lanes:.0f} minutes on {lanes} free core(s) at one thread per process."
     )
+
+
+def model_options_text(cfg) -> str:
+    """The constructor options every benchmarked model was built with (model.kwargs), in words; '' when none."""
+    opts = ", ".join(f"{k}={v}" for k, v in (cfg.model.kwargs or {}).items())
+    return f"model options: {opts}" if opts else ""
 
 
 def augmentation_text(cfg) -> str:
