@@ -29,6 +29,7 @@ from visionpe.bench.memprobe import example_input, saved_activation_mb
 from visionpe.bench.plan import BenchConfigError, load_bench
 from visionpe.bench.speed import expand_models, measure, timm_equivalent
 from visionpe.bench.timing import Clock, interleave, paired_ratios, spread
+from visionpe.engine.checkpoint import find_checkpoint
 
 TINY = "{embed_dim: 32, depth: 1, num_heads: 2}"
 
@@ -79,6 +80,8 @@ def test_tiny_extrapolation_writes_tables_and_reruns_only_what_is_missing(tmp_pa
     assert all(r["delta"] == pytest.approx(r["mean"] - base[r["model"]]) for r in summary["table"])
     record = json.loads((out / "evals" / "vit_n_ape-s0.json").read_text())
     assert record["modes_agree"] is True and record["pe"] == "ape"
+    info = find_checkpoint(record["run_dir"]).info  # the run's own count, which adds up a resumed run's attempts
+    assert (record["train_seconds"], record["train_cpu_seconds"]) == (info["seconds"], info["cpu_seconds"])
     # the whole benchmark's cost is the sum of the runs' recorded CPU seconds (rounded to whole minutes)
     records = [json.loads(p.read_text()) for p in (out / "evals").glob("*.json")]
     total = sum(r["train_cpu_seconds"] + r["eval_cpu_seconds"] for r in records)

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 import warnings
 from pathlib import Path
 
@@ -160,7 +161,15 @@ def test_kill_and_resume_matches_uninterrupted(tmp_path):
 
     with pytest.raises(CheckpointError, match="--resume"):
         run_train([*common, "train.run_name=killed"])  # not resuming a run that exists is refused
+    # what the run cost counts its attempts: say the killed attempt had taken 1000 s (200 s of CPU) to step 6
+    state_path = find_checkpoint(run).state
+    state = torch.load(state_path, weights_only=True)
+    torch.save(dict(state, spent=(1000.0, 200.0)), state_path)
+    t0, c0 = time.perf_counter(), time.process_time()
     run_train([*common, "train.run_name=killed"], resume=True)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    info = find_checkpoint(run).info
+    assert 1000 < info["seconds"] <= 1000 + wall + 0.1 and 200 < info["cpu_seconds"] <= 200 + cpu + 0.1
 
     for key, value in weights(reference).items():
         assert torch.equal(value, weights(run)[key]), key

@@ -85,6 +85,9 @@ def _trained_model(job: Job, record: dict):
         record["train_seconds"] = round(time.perf_counter() - t0, 1) + (record.get("train_seconds") or 0)
         record["train_cpu_seconds"] = round(time.process_time() - c0, 1) + (record.get("train_cpu_seconds") or 0)
         record["resumed"] = ref is not None
+        ref = find_checkpoint(job.run_dir)
+    if (ref.info or {}).get("cpu_seconds") is not None:  # the run's own count, its interrupted attempts included
+        record["train_seconds"], record["train_cpu_seconds"] = ref.info["seconds"], ref.info["cpu_seconds"]
     elif "train_seconds" not in record:
         record["train_seconds"] = None  # trained by an earlier benchmark whose record was removed
     model, cfg, meta = load_checkpoint(job.run_dir, device="cpu")

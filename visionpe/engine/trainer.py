@@ -113,6 +113,7 @@ class Trainer:
     """Builds everything from a config (checking it first), then `run()` trains and returns the run directory."""
 
     def __init__(self, cfg: Config, ctx: DistContext, resume: bool = False, accept_changes: bool = False):
+        self.started = (time.perf_counter(), time.process_time())
         self.cfg, self.ctx = cfg, ctx
         _validate(cfg)
         if cfg.train.threads:
@@ -133,6 +134,7 @@ class Trainer:
         random.seed(cfg.train.seed + ctx.rank)
         np.random.seed(cfg.train.seed + ctx.rank)
         self.epoch, self.batch, self.global_step = 0, 0, 0
+        self.spent_before = (0.0, 0.0)  # wall and CPU seconds of earlier attempts, up to the checkpoint resumed
         self.bar, self.tb = None, None
         open_tensorboard(self.run_dir, cfg.train.log_tensorboard, is_main=False)  # a missing package fails here
         if self.resume_ref is not None:
@@ -310,7 +312,9 @@ class Trainer:
     def save(self, finished: bool = False) -> None:
         if not self.ctx.is_main:
             return
+        seconds, cpu_seconds = self.spent()
         state = {
+            "spent": (seconds, cpu_seconds),
             "epoch": self.epoch,
             "batch": self.batch,
             "global_step": self.global_step,
@@ -325,6 +329,8 @@ class Trainer:
             batch=self.batch,
             global_step=self.global_step,
             finished=finished,
+            seconds=seconds,
+            cpu_seconds=cpu_seconds,
             model=self.cfg.model.name,
             time=time.strftime("%Y-%m-%d %H:%M:%S"),
         )
@@ -338,6 +344,13 @@ class Trainer:
             info,
             keep=self.cfg.train.keep_checkpoints,
         )
+
+    def spent(self) -> tuple[float, float]:
+        """Wall and CPU seconds (this process) the run has cost so far, its resumed attempts included: what reaching
+        a checkpoint took, whatever stopped in between."""
+        wall = self.spent_before[0] + time.perf_counter() - self.started[0]
+        cpu = self.spent_before[1] + time.process_time() - self.started[1]
+        return round(wall, 1), round(cpu, 1)
 
     def _sched_key(self) -> str:
         return json.dumps([dataclasses.asdict(self.cfg.optim), self.cfg.train.epochs, self.steps_per_epoch])
@@ -357,6 +370,7 @@ class Trainer:
         self.scaler.load_state_dict(ts["scaler"])
         set_rng_state(ts["rng"])
         self.epoch, self.batch, self.global_step = ts["epoch"], ts["batch"], ts["global_step"]
+        self.spent_before = tuple(ts.get("spent", (0.0, 0.0)))  # checkpoints from before it was kept: from now
         if self.ctx.is_main:  # forget metrics logged after the checkpoint by the run that stopped
             path = self.run_dir / METRICS
             if path.is_file():
