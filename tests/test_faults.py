@@ -242,6 +242,21 @@ def test_resume_falls_back_from_a_corrupt_newest_checkpoint(tmp_path):
         run(args, resume=True)
 
 
+def test_a_resumed_run_whose_earlier_cost_was_not_kept_records_its_cost_as_unknown(tmp_path):
+    args = tiny(tmp_path, "train.run_name=c", "train.ckpt_every_steps=2")
+    out = run(args)
+    assert find_checkpoint(out).info["cpu_seconds"] > 0
+    history = json.loads((out / "checkpoint.json").read_text())["history"]
+    older = out / "checkpoints" / f"{history[-2]}.state.pt"  # as a checkpoint written before the cost was kept
+    state = torch.load(older, weights_only=True)
+    torch.save({k: v for k, v in state.items() if k != "spent"}, older)
+    (out / "checkpoints" / f"{history[-1]}.safetensors").write_bytes(b"junk")  # so the run resumes from the older
+    with pytest.warns(CorruptCheckpointWarning):
+        run(args, resume=True)
+    info = find_checkpoint(out).info
+    assert info["finished"] and info["seconds"] is None and info["cpu_seconds"] is None  # not this attempt's part
+
+
 def test_nan_metrics_are_valid_json_with_a_flag(tmp_path):
     write_json([dict(resolution=16, top1=float("nan"), top5=1.0, loss=float("inf"), images=3)], tmp_path / "r.json")
     (row,) = json.loads((tmp_path / "r.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in JSON"))

@@ -86,7 +86,7 @@ def _trained_model(job: Job, record: dict):
         record["train_cpu_seconds"] = round(time.process_time() - c0, 1) + (record.get("train_cpu_seconds") or 0)
         record["resumed"] = ref is not None
         ref = find_checkpoint(job.run_dir)
-    if (ref.info or {}).get("cpu_seconds") is not None:  # the run's own count, its interrupted attempts included
+    if "cpu_seconds" in (ref.info or {}):  # the run's own count, its interrupted attempts included (None: unknown)
         record["train_seconds"], record["train_cpu_seconds"] = ref.info["seconds"], ref.info["cpu_seconds"]
     elif "train_seconds" not in record:
         record["train_seconds"] = None  # trained by an earlier benchmark whose record was removed

@@ -345,9 +345,11 @@ class Trainer:
             keep=self.cfg.train.keep_checkpoints,
         )
 
-    def spent(self) -> tuple[float, float]:
+    def spent(self) -> tuple[float, float] | tuple[None, None]:
         """Wall and CPU seconds (this process) the run has cost so far, its resumed attempts included: what reaching
-        a checkpoint took, whatever stopped in between."""
+        a checkpoint took, whatever stopped in between. (None, None) when an earlier attempt's cost is unknown."""
+        if self.spent_before is None:
+            return None, None
         wall = self.spent_before[0] + time.perf_counter() - self.started[0]
         cpu = self.spent_before[1] + time.process_time() - self.started[1]
         return round(wall, 1), round(cpu, 1)
@@ -370,7 +372,7 @@ class Trainer:
         self.scaler.load_state_dict(ts["scaler"])
         set_rng_state(ts["rng"])
         self.epoch, self.batch, self.global_step = ts["epoch"], ts["batch"], ts["global_step"]
-        self.spent_before = tuple(ts.get("spent", (0.0, 0.0)))  # checkpoints from before it was kept: from now
+        self.spent_before = ts.get("spent")  # None: a checkpoint from before the cost was kept, so it is unknown
         if self.ctx.is_main:  # forget metrics logged after the checkpoint by the run that stopped
             path = self.run_dir / METRICS
             if path.is_file():
