@@ -102,6 +102,19 @@ def test_tiny_extrapolation_writes_tables_and_reruns_only_what_is_missing(tmp_pa
         run_benchmark(*load_bench(_bench_file(tmp_path), ["train.epochs=2"]), log=lambda *a: None)
 
 
+def test_total_time_scales_the_timed_runs_to_the_untimed_ones():
+    from visionpe.bench.report import _total_time_text
+
+    timed = [
+        dict(train_cpu_seconds=1100.0, eval_cpu_seconds=100.0),
+        dict(train_cpu_seconds=1300.0, eval_cpu_seconds=100),
+    ]
+    text = _total_time_text([*timed, dict(train_cpu_seconds=None, eval_cpu_seconds=90.0)], processes=2)
+    assert text.startswith("All 2 timed runs together: 43 CPU-minutes (training and evaluation), about 22 minutes")
+    assert "The other 1 have no complete count" in text and "all 3 take about 65 CPU-minutes, 32 minutes on 2" in text
+    assert "other" not in _total_time_text(timed, processes=2)
+
+
 def test_base_samples_evaluate_the_training_point_on_more_items(tmp_path, monkeypatch):
     # the tables read the 24 items data.options.num_val keeps; the check reads the first N of the whole split
     path = _bench_file(tmp_path, models=("vit_n_ape",), extra="  base_samples: 24")

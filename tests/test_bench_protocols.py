@@ -19,7 +19,7 @@ from PIL import Image
 import visionpe  # noqa: F401
 import visionpe.engine
 from visionpe.bench.cards import write_cards
-from visionpe.bench.claims import judge_claims, verdict
+from visionpe.bench.claims import judge_claims, tally_text, verdict
 from visionpe.bench.evalsizes import Point, SizedView, evaluate_view
 from visionpe.bench.extrapolate import main as extrapolate_main
 from visionpe.bench.extrapolate import run_benchmark
@@ -157,6 +157,17 @@ def test_claims_compare_pes_on_one_backbone_beyond_the_training_point():
     assert got == {("vit_n_rope2d_mixed", "vit_n_rope2d"): "holds", ("vit_n_rope2d", "vit_n_ape"): "does not hold"}
     assert all((c["height"], c["width"]) == (64, 64) for c in rope["comparisons"])  # the base point is not beyond
     assert next(j for j in judged if j["claim"].startswith("VideoRoPE"))["comparisons"] == []
+    assert tally_text(next(j for j in judged if j["claim"].startswith("iRPE"))) == (
+        "not measured: this benchmark lacks models with the PEs ape, irpe on one backbone"
+    )
+
+    # both video PEs on one backbone, but only larger images: a claim about longer clips has no point to judge
+    records += [dict(model=f"mm_n_{pe}", family="mm", size="n", pe=pe) for pe in ("mrope", "videorope")]
+    stats |= {(f"mm_n_{pe}", "extrapolate", far): dict(mean=50, std=1, n=3) for pe in ("mrope", "videorope")}
+    judged = judge_claims(stats, records, [base, far], ["extrapolate"], lambda p: base)
+    video = next(j for j in judged if j["claim"].startswith("VideoRoPE"))
+    assert video["comparisons"] == [] and video["present"] == [["mm_n_videorope", "mm_n_mrope"]]
+    assert tally_text(video).startswith("not measured: this benchmark has mm_n_videorope and mm_n_mrope, but no ")
 
 
 # ------------------------------------------------------------------------------------------- end to end (tiny)

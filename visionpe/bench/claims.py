@@ -110,12 +110,13 @@ def judge_claims(stats: dict, records: list[dict], points: list, modes: list[str
             by_pe[rec.get("pe")].append(rec)
     out = []
     for claim in CLAIMS:
-        comparisons = []
+        comparisons, present = [], []
         for good, bad in claim.pairs:
             for ra in by_pe.get(good, []):
                 for rb in by_pe.get(bad, []):
                     if (ra.get("family"), ra.get("size")) != (rb.get("family"), rb.get("size")):
                         continue
+                    present.append([ra["model"], rb["model"]])
                     for mode in modes:
                         for point in points:
                             if claim.protocols and point.protocol not in claim.protocols:
@@ -147,6 +148,7 @@ def judge_claims(stats: dict, records: list[dict], points: list, modes: list[str
                 claim=claim.text,
                 source=claim.source,
                 pairs=[list(p) for p in claim.pairs],
+                present=present,  # the (better, worse) model pairs the benchmark has, compared or not
                 where=claim.where + (f" ({', '.join(claim.protocols)})" if claim.protocols else ""),
                 comparisons=comparisons,
                 tally=tally,
@@ -158,6 +160,10 @@ def judge_claims(stats: dict, records: list[dict], points: list, modes: list[str
 def tally_text(judged: dict) -> str:
     """'upsample: holds at 5 of 8 comparisons, within noise at 3; fov: ...' or why nothing was compared."""
     comparisons = judged["comparisons"]
+    if not comparisons and judged.get("present"):
+        models = "; ".join(" and ".join(pair) for pair in judged["present"])
+        where = judged["where"]
+        return f"not measured: this benchmark has {models}, but no evaluation point where the claim applies ({where})"
     if not comparisons:
         pes = sorted({pe for pair in judged["pairs"] for pe in pair})
         return f"not measured: this benchmark lacks models with the PEs {', '.join(pes)} on one backbone"

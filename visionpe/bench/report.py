@@ -293,10 +293,18 @@ def _total_time_text(records: list[dict], processes: int) -> str:
         return ""
     total = sum(r["train_cpu_seconds"] + r["eval_cpu_seconds"] for r in timed)
     lanes = max(1, processes)
-    return (
+    text = (
         f"All {len(timed)} timed runs together: {total / 60:.0f} CPU-minutes (training and evaluation), about "
         f"{total / 60 / lanes:.0f} minutes on {lanes} free core(s) at one thread per process."
     )
+    if len(timed) < len(records):
+        whole = total / len(timed) * len(records)
+        text += (
+            f" The other {len(records) - len(timed)} have no complete count (trained outside this benchmark, or "
+            f"resumed from a checkpoint that kept no cost); at the timed runs' mean, all {len(records)} take about "
+            f"{whole / 60:.0f} CPU-minutes, {whole / 60 / lanes:.0f} minutes on {lanes} free core(s)."
+        )
+    return text
 
 
 def model_options_text(cfg) -> str:
