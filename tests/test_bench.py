@@ -26,10 +26,11 @@ from visionpe.bench.evalsizes import modes_agree, parse_size
 from visionpe.bench.extrapolate import run_benchmark
 from visionpe.bench.flops import count_flops, vit_flops_by_hand
 from visionpe.bench.memprobe import example_input, saved_activation_mb
-from visionpe.bench.plan import BenchConfigError, load_bench
+from visionpe.bench.plan import BenchConfigError, load_bench, make_plan, validate
 from visionpe.bench.speed import expand_models, measure, timm_equivalent
 from visionpe.bench.timing import Clock, interleave, paired_ratios, spread
 from visionpe.engine.checkpoint import find_checkpoint
+from visionpe.recipes import list_recipes
 
 TINY = "{embed_dim: 32, depth: 1, num_heads: 2}"
 
@@ -113,6 +114,21 @@ def test_total_time_scales_the_timed_runs_to_the_untimed_ones():
     assert text.startswith("All 2 timed runs together: 43 CPU-minutes (training and evaluation), about 22 minutes")
     assert "The other 1 have no complete count" in text and "all 3 take about 65 CPU-minutes, 32 minutes on 2" in text
     assert "other" not in _total_time_text(timed, processes=2)
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("name", list_recipes("bench"))
+def test_every_packaged_benchmark_is_valid_and_agrees_with_its_committed_results(name, monkeypatch):
+    # results/<name>/ must come from the recipe the packaged file states: a file changed without rerunning fails here
+    monkeypatch.chdir(REPO)
+    bench, cfg = load_bench(name, ["bench.device=cpu"])  # imagenet-pretrained asks for a GPU
+    plan = make_plan(bench, cfg)
+    validate(plan, check_models=False)  # raises on any record or run made with another recipe
+    committed = sorted((REPO / "results" / name / "evals").glob("*.json"))
+    if name not in ("quick", "imagenet-pretrained"):  # the two that need no committed results (a smoke test; a GPU)
+        assert len(committed) == len(bench.models) * len(bench.seeds), f"results/{name}/evals is incomplete"
 
 
 def test_base_samples_evaluate_the_training_point_on_more_items(tmp_path, monkeypatch):
