@@ -80,10 +80,7 @@ def _trained_model(job: Job, record: dict):
 
     ref = find_checkpoint(job.run_dir) if job.run_dir.is_dir() else None
     if ref is None or not (ref.info or {}).get("finished"):
-        t0, c0 = time.perf_counter(), time.process_time()
         train(job.cfg, resume=ref is not None)
-        record["train_seconds"] = round(time.perf_counter() - t0, 1) + (record.get("train_seconds") or 0)
-        record["train_cpu_seconds"] = round(time.process_time() - c0, 1) + (record.get("train_cpu_seconds") or 0)
         record["resumed"] = ref is not None
         ref = find_checkpoint(job.run_dir)
     if "cpu_seconds" in (ref.info or {}):  # the run's own count, its interrupted attempts included (None: unknown)

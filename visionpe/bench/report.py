@@ -222,7 +222,8 @@ def format_markdown(records: list[dict], plan, seconds: float, machine: str) -> 
     images = sorted({r["images"] for r in rows})
     seeds = sorted({r["seed"] for r in rows})
     opts = ", ".join(f"{k}={v}" for k, v in cfg.data.options.items()) or "none"
-    model_opts = f"; {model_options_text(cfg)}" if cfg.model.kwargs else ""
+    model_opts = ", ".join(f"{k}={v}" for k, v in cfg.model.kwargs.items())  # what every model was built with
+    model_opts = f"; model options: {model_opts}" if model_opts else ""
     if b.pretrained:
         how = "Pretrained weights (no training) "
     else:
@@ -305,12 +306,6 @@ def _total_time_text(records: list[dict], processes: int) -> str:
             f"{whole / 60:.0f} CPU-minutes, {whole / 60 / lanes:.0f} minutes on {lanes} free core(s)."
         )
     return text
-
-
-def model_options_text(cfg) -> str:
-    """The constructor options every benchmarked model was built with (model.kwargs), in words; '' when none."""
-    opts = ", ".join(f"{k}={v}" for k, v in (cfg.model.kwargs or {}).items())
-    return f"model options: {opts}" if opts else ""
 
 
 def augmentation_text(cfg) -> str:

@@ -35,6 +35,7 @@ __all__ = [
     "config_keys",
     "format_config_help",
     "save_config",
+    "check_training_config",
 ]
 
 
@@ -346,6 +347,24 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         if cfg.train.run_name is None:
             cfg.train.run_name = f"{path.stem}-{{model}}"
     return apply_overrides(cfg, list(overrides))
+
+
+def check_training_config(cfg: Config) -> None:
+    """The value checks a training run needs before any work (types are checked when the config is read)."""
+    if cfg.train.epochs < 1:
+        raise ConfigError(f"train.epochs must be at least 1, got {cfg.train.epochs}")
+    for key, values in (
+        ("data.train_resolutions", cfg.train_resolutions()),
+        ("eval.resolutions", cfg.eval_resolutions()),
+    ):
+        if any(r <= 0 for r in values):
+            raise ConfigError(f"{key} must be positive pixel sizes, got {values}")
+    if cfg.eval.every_epochs < 1:
+        raise ConfigError(f"eval.every_epochs must be at least 1, got {cfg.eval.every_epochs}")
+    if cfg.data.batch_size <= 0:
+        raise ConfigError(f"data.batch_size must be positive, got {cfg.data.batch_size}")
+    if (cfg.aug.mixup > 0 or cfg.aug.cutmix > 0) and cfg.data.batch_size % 2:
+        raise ConfigError(f"mixup/cutmix pair up images: data.batch_size must be even, got {cfg.data.batch_size}")
 
 
 def save_config(cfg: Config, path: str | Path) -> None:

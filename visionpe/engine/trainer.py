@@ -50,7 +50,7 @@ from .checkpoint import (
     set_rng_state,
     write_checkpoint,
 )
-from .config import Config, ConfigError, config_to_dict, load_config, save_config
+from .config import Config, ConfigError, check_training_config, config_to_dict, load_config, save_config
 from .distributed import DistContext, all_reduce_sum, barrier, init_distributed, shutdown, timeouts_explained
 from .evaluate import evaluate_resolutions, format_table, json_safe, write_json
 from .setup import (
@@ -92,30 +92,13 @@ def resolve_run_dir(cfg: Config) -> Path:
     return Path(cfg.train.output_dir) / name
 
 
-def _validate(cfg: Config) -> None:
-    if cfg.train.epochs < 1:
-        raise ConfigError(f"train.epochs must be at least 1, got {cfg.train.epochs}")
-    for key, values in (
-        ("data.train_resolutions", cfg.train_resolutions()),
-        ("eval.resolutions", cfg.eval_resolutions()),
-    ):
-        if any(r <= 0 for r in values):
-            raise ConfigError(f"{key} must be positive pixel sizes, got {values}")
-    if cfg.eval.every_epochs < 1:
-        raise ConfigError(f"eval.every_epochs must be at least 1, got {cfg.eval.every_epochs}")
-    if cfg.data.batch_size <= 0:
-        raise ConfigError(f"data.batch_size must be positive, got {cfg.data.batch_size}")
-    if (cfg.aug.mixup > 0 or cfg.aug.cutmix > 0) and cfg.data.batch_size % 2:
-        raise ConfigError(f"mixup/cutmix pair up images: data.batch_size must be even, got {cfg.data.batch_size}")
-
-
 class Trainer:
     """Builds everything from a config (checking it first), then `run()` trains and returns the run directory."""
 
     def __init__(self, cfg: Config, ctx: DistContext, resume: bool = False, accept_changes: bool = False):
         self.started = (time.perf_counter(), time.process_time())
         self.cfg, self.ctx = cfg, ctx
-        _validate(cfg)
+        check_training_config(cfg)
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         self.run_dir = resolve_run_dir(cfg)
