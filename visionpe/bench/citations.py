@@ -24,6 +24,14 @@ PAPERS: dict[str, tuple[str, str, str, int, str]] = {
         2024,
         "ECCV",
     ),
+    "2508.10104": (
+        "simeoni2025dinov3",
+        "DINOv3",
+        "Sim{\\'e}oni, Oriane and Vo, Huy V. and Seitzer, Maximilian and Baldassarre, Federico and Oquab, Maxime "
+        "and others",
+        2025,
+        "",
+    ),
     "2107.14222": (
         "wu2021irpe",
         "Rethinking and Improving Relative Position Encoding for Vision Transformer",

@@ -60,7 +60,8 @@ __all__ = [
     "view_of",
 ]
 
-POSITION_MODES = ("extrapolate", "interpolate")
+POSITION_MODES = ("extrapolate", "interpolate")  # the default list
+ACCEPTED_POSITION_MODES = (*POSITION_MODES, "ntk", "yarn")  # ntk / yarn: test-time RoPE scaling
 
 
 class BenchConfigError(ConfigError):
@@ -82,7 +83,9 @@ class BenchConfig:
     seeds: list[int] = _opt([0], "training seeds; tables give the mean and standard deviation over them")
     resolutions: list[int] = _opt([], "square evaluation sizes in px (the training resolution is always added)")
     shapes: list[str] = _opt([], "non-square evaluation sizes HxW, e.g. [28x56]")
-    position_modes: list[str] = _opt(list(POSITION_MODES), "test-time position modes: extrapolate, interpolate")
+    position_modes: list[str] = _opt(
+        list(POSITION_MODES), "test-time position modes: extrapolate, interpolate, ntk, yarn"
+    )
     protocols: list[str] = _opt(
         ["upsample"],
         "upsample (content scaled with the image), fov (larger canvas, content at its training scale; canvas "
@@ -407,9 +410,9 @@ def validate(plan: Plan, check_models: bool = True) -> None:
         dups = sorted({str(v) for v in values if values.count(v) > 1})
         if dups:
             raise BenchConfigError(f"{key} lists {', '.join(dups)} more than once")
-    bad = [m for m in b.position_modes if m not in POSITION_MODES]
+    bad = [m for m in b.position_modes if m not in ACCEPTED_POSITION_MODES]
     if bad:
-        raise BenchConfigError(f"bench.position_modes: unknown mode(s) {bad}; use {', '.join(POSITION_MODES)}")
+        raise BenchConfigError(f"bench.position_modes: unknown mode(s) {bad}; use {', '.join(ACCEPTED_POSITION_MODES)}")
     for key in ("processes", "threads", "eval_batch_size"):
         if getattr(b, key) < 1:
             raise BenchConfigError(f"bench.{key} must be at least 1, got {getattr(b, key)}")

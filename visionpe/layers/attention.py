@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..attention import RowBias, RowValue, attend, attend_rows, attend_with_probs, get_attn_backend
@@ -41,14 +42,20 @@ def _row_terms(ctx: PosContext) -> bool:
     )
 
 
+QKV_BIAS_MODES = (True, False, "qv")
+
+
 class Attention(nn.Module):
-    """timm-compatible parameter names (qkv, q_norm, k_norm, proj) so ViT/DeiT checkpoints load directly."""
+    """timm-compatible parameter names (qkv, q_norm, k_norm, proj) so ViT/DeiT checkpoints load directly.
+
+    qkv_bias: True, False, or "qv": biases on q and v only (DINOv3, BEiT/EVA); `qkv.bias` keeps its [3 * dim] shape
+    and its k third is not used (fixed at zero in the forward, so it gets no gradient)."""
 
     def __init__(
         self,
         dim: int,
         num_heads: int = 8,
-        qkv_bias: bool = True,
+        qkv_bias: bool | str = True,
         qk_norm: bool = False,
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
@@ -57,10 +64,13 @@ class Attention(nn.Module):
         super().__init__()
         if dim % num_heads:
             raise ValueError(f"width {dim} is not divisible by {num_heads} heads")
+        if qkv_bias not in QKV_BIAS_MODES:
+            raise ValueError(f"qkv_bias must be True, False or 'qv' (no k bias), got {qkv_bias!r}")
+        self.qv_bias_only = qkv_bias == "qv"
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.scale = self.head_dim**-0.5
-        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.qkv = nn.Linear(dim, dim * 3, bias=bool(qkv_bias))
         self.q_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
         self.k_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
         if attn_drop:
@@ -70,7 +80,12 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: PosContext | None = None) -> torch.Tensor:
         B, N, C = x.shape
-        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        if self.qv_bias_only:
+            b = self.qkv.bias
+            qkv = F.linear(x, self.qkv.weight, torch.cat([b[:C], torch.zeros_like(b[C : 2 * C]), b[2 * C :]]))
+        else:
+            qkv = self.qkv(x)
+        qkv = qkv.reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # (B, heads, N, d)
         q, k = self.q_norm(q), self.k_norm(k)
         x = attention_core(q, k, v, ctx, self.scale)

@@ -18,7 +18,7 @@ class Block(nn.Module):
         dim: int,
         num_heads: int,
         mlp_ratio: float = 4.0,
-        qkv_bias: bool = True,
+        qkv_bias: bool | str = True,
         qk_norm: bool = False,
         init_values: float | None = None,
         proj_drop: float = 0.0,

@@ -87,6 +87,19 @@ def _vit() -> dict[str, dict[str, dict]]:
         pe = "irpe" if on == "k" else "irpe_qkv"
         url = f"{_IRPE_RELEASE}/deit_{name}_patch16_224_ctx_product_50_shared_{on}.pth"
         w[f"vit_{size}_{pe}"] = {"ms_in1k": dict(url=url, **irpe)}
+    # DINOv3 (LVD-1689M): timm's hub copies, a backbone without a head (features; 256 px, no crop). timm's plain
+    # ports have no qkv bias (the released q/v biases are zero); the filter gives the model's q/v bias zeros.
+    dinov3 = dict(
+        paper_ids="arXiv:2508.10104",
+        paper_name="DINOv3",
+        num_classes=0,
+        input_size=(3, 256, 256),
+        crop_pct=1.0,
+        license="dinov3-license",
+        origin_url="https://github.com/facebookresearch/dinov3",
+    )
+    for size, name in (("s", "small"), ("b", "base"), ("l", "large")):
+        w[f"vit_{size}_rope2d_dinov3"] = {"lvd1689m": _timm(f"vit_{name}_patch16_dinov3", "lvd1689m", **dinov3)}
     return w
 
 

@@ -39,7 +39,7 @@ class TokenEncoder(nn.Module):
         depth: int = 12,
         num_heads: int = 12,
         mlp_ratio: float = 4.0,
-        qkv_bias: bool = True,
+        qkv_bias: bool | str = True,
         qk_norm: bool = False,
         init_values: float | None = None,
         class_token: bool = True,
@@ -55,20 +55,23 @@ class TokenEncoder(nn.Module):
         frames: int = 1,
         norm_layer: type[nn.Module] | None = None,
         act_layer: type[nn.Module] | None = None,
+        norm_eps: float = 1e-6,
         dynamic_img_size: bool = True,
         dynamic_img_pad: bool = True,
     ):
         """grid: the reference (H, W) patch grid the PEs are built for (frames: its token frames T);
         default_scheme: the position scheme of the layout when no PE declares one (e.g. for a learned APE);
         embed_prefix: a learned APE has entries for the prefix tokens too; fc_norm: norm after pooling instead of
-        before (default: with average pooling). dynamic_img_size / dynamic_img_pad: timm's flags, accepted for
-        compatibility; every model here takes any input size and pads partial patches, whatever their value."""
+        before (default: with average pooling); qkv_bias: True, False or "qv" (no k bias, as DINOv3);
+        norm_eps: the LayerNorm epsilon when norm_layer is not given (1e-6; DINOv3 uses 1e-5).
+        dynamic_img_size / dynamic_img_pad: timm's flags, accepted for compatibility; every model here takes any
+        input size and pads partial patches, whatever their value."""
         super().__init__()
         if global_pool not in POOLS:
             raise ValueError(f"global_pool must be '', 'avg' or 'token', got {global_pool!r}")
         if global_pool == "token" and not class_token:
             raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg' without a CLS token")
-        norm_layer = norm_layer or partial(nn.LayerNorm, eps=1e-6)
+        norm_layer = norm_layer or partial(nn.LayerNorm, eps=norm_eps)
         act_layer = act_layer or nn.GELU
         self.num_classes = num_classes
         self.global_pool = global_pool
@@ -133,6 +136,7 @@ class TokenEncoder(nn.Module):
             layers=tuple(AttnSpec(dim, ref["heads"], dim // ref["heads"]) for _ in range(depth)),
             embed_prefix=ref["embed_prefix"],
             frames=ref["frames"],
+            position_mode=ref.get("position_mode", "extrapolate"),
         )
 
     def set_reference(self, grid: tuple[int, int], frames: int | None = None) -> None:

@@ -20,7 +20,7 @@ from .token_encoder import TokenEncoder
 
 __all__ = ["VisionTransformer"]
 
-POSITION_MODES = ("extrapolate", "interpolate")
+POSITION_MODES = ("extrapolate", "interpolate", "ntk", "yarn")
 
 
 class VisionTransformer(TokenEncoder):
@@ -48,8 +48,9 @@ class VisionTransformer(TokenEncoder):
         **kwargs,
     ):
         """pe: a PE preset name (visionpe.pos.PE_PRESETS); pe_kwargs override its options.
-        position_mode: 'extrapolate' (raw patch indices at any size) or 'interpolate' (positions rescaled to the
-        reference grid, the counterpart of APE resampling).
+        position_mode: 'extrapolate' (raw patch indices at any size), 'interpolate' (positions rescaled to the
+        reference grid, the counterpart of APE resampling), or 'ntk' / 'yarn' (raw indices; rotary PEs rescale
+        their frequencies by the size ratio, visionpe.pos.rope_scaling; other PEs read them as 'extrapolate').
         token_merger: m > 0 adds ViTAR's Adaptive Token Merger: patches of patch_size / 2^m are merged down to
         merger_grid (default: the img_size / patch_size grid) at any input size, so the blocks always see that grid.
         Other kwargs (qkv_bias, fc_norm, drop rates, ...): see TokenEncoder."""
@@ -109,8 +110,6 @@ class VisionTransformer(TokenEncoder):
 
     def layout(self, grid: tuple[int, int], device=None) -> TokenLayout:
         """The layout of an H x W patch grid, with positions rescaled to the reference grid in 'interpolate' mode."""
-        if self.position_mode not in POSITION_MODES:
-            raise ValueError(f"position_mode must be one of {POSITION_MODES}, got {self.position_mode!r}")
         layout = image_layout(grid[0], grid[1], self.num_prefix_tokens, device)
         ref = self.pe_grid
         if self.position_mode == "interpolate" and tuple(grid) != tuple(ref):
@@ -118,9 +117,19 @@ class VisionTransformer(TokenEncoder):
             layout = layout.with_pos(layout.pos * scale)
         return layout
 
-    def set_position_mode(self, mode: str) -> None:
+    @property
+    def position_mode(self) -> str:
+        return self._pe_ref["position_mode"]
+
+    @position_mode.setter
+    def position_mode(self, mode: str) -> None:
         if mode not in POSITION_MODES:
             raise ValueError(f"position_mode must be one of {POSITION_MODES}, got {mode!r}")
+        if self._pe_ref.get("position_mode") != mode:
+            self._pe_ref["position_mode"] = mode
+            self.pe.set_host(self._host())  # the PEs read the mode from their host (ntk / yarn)
+
+    def set_position_mode(self, mode: str) -> None:
         self.position_mode = mode
 
     # ---------------------------------------------------------------------------------------------------- forward

@@ -1,7 +1,8 @@
-"""Loading published ViT weights: timm's ViT/DeiT, the RoPE-ViT ports (timm's eva.py names) and naver's own RoPE-ViT
-checkpoints (naver-ai/rope-vit: mixed frequencies `freqs` [2, depth, heads * d/2], position buffers `freqs_t_x/y`)
-and the iRPE authors' DeiT checkpoints (microsoft/Cream iRPE: `blocks.{i}.attn.rpe_{q|k|v}.lookup_table_{weight|bias}`)
--> visionpe names.
+"""Loading published ViT weights: timm's ViT/DeiT, the RoPE-ViT and DINOv3 ports (timm's eva.py names), DINOv3's
+official checkpoints (`storage_tokens` for the registers, `qkv.bias` with its `bias_mask`, `rope_embed.periods`,
+`mask_token`), naver's own RoPE-ViT checkpoints (naver-ai/rope-vit: mixed frequencies `freqs` [2, depth,
+heads * d/2], position buffers `freqs_t_x/y`) and the iRPE authors' DeiT checkpoints (microsoft/Cream iRPE:
+`blocks.{i}.attn.rpe_{q|k|v}.lookup_table_{weight|bias}`) -> visionpe names.
 
 iRPE's official tables, per block i: on q / k `lookup_table_weight` [heads | 1, d, buckets] (ours `tables.{q|k}.{i}`
 [buckets, d] shared or [heads, buckets, d]), on v [heads | 1, buckets, d] (ours `tables.v.{i}`), bias mode
@@ -75,8 +76,15 @@ def checkpoint_filter_fn(state_dict: dict, model) -> dict:
         raise CheckpointMismatch("the checkpoint has no LayerScale; build the model with init_values=None")
 
     out = {}
-    q_bias, v_bias = {}, {}
+    q_bias, v_bias, bias_masks = {}, {}, {}
     for k, v in state_dict.items():
+        if k == "storage_tokens":  # DINOv3's registers
+            k = "reg_token"
+        if k == "mask_token" or k.startswith(("rope_embed.", "local_cls_norm.")):
+            continue  # DINOv3's pretraining-only tensors and its periods (fixed, rebuilt by the PE)
+        if k.endswith("qkv.bias_mask"):
+            bias_masks[k[: -len("bias_mask")] + "bias"] = v
+            continue
         if k == "pos_embed":
             k, v = _map_pos_embed(v, model)
         elif k in ("freqs_t_x", "freqs_t_y"):
@@ -106,6 +114,9 @@ def checkpoint_filter_fn(state_dict: dict, model) -> dict:
         out[k] = v
     for prefix, qb in q_bias.items():  # eva: q and v biases, no k bias
         out[prefix + "qkv.bias"] = torch.cat([qb, torch.zeros_like(qb), v_bias[prefix]])
+    for k, mask in bias_masks.items():  # DINOv3: the bias the official forward uses
+        out[k] = out[k] * mask.to(out[k].dtype)
+    _qv_biases(out, model)
     if "pe.encodings.rope2d.freqs" in model_keys and "pe.encodings.rope2d.freqs" not in out:
         raise CheckpointMismatch(
             f"the model's PE {model.pe_name!r} has learned RoPE-Mixed frequencies the checkpoint lacks; "
@@ -117,6 +128,21 @@ def checkpoint_filter_fn(state_dict: dict, model) -> dict:
         )
     ensure_fits(out, model, original, skip=("head.",))
     return out
+
+
+def _qv_biases(out: dict, model) -> None:
+    """A q/v-only bias model (qkv_bias="qv"): k thirds zero, and zeros where the checkpoint has no qkv bias (timm's
+    bias-free DINOv3 ports: the released biases are zero, so zeros give the same outputs)."""
+    for name, module in model.named_modules():
+        if getattr(module, "qv_bias_only", False):
+            key = f"{name}.qkv.bias"
+            bias = out.get(key)
+            if bias is None:
+                if f"{name}.qkv.weight" in out:
+                    out[key] = torch.zeros_like(module.qkv.bias, device="cpu")
+                continue
+            d = bias.shape[0] // 3
+            out[key] = torch.cat([bias[:d], torch.zeros_like(bias[d : 2 * d]), bias[2 * d :]])
 
 
 def _mixed_freqs(v: torch.Tensor, model, original: dict) -> torch.Tensor:

@@ -14,6 +14,10 @@ VIT_SIZES = {  # DeiT dims; n(ano) is for CPU experiments on small images
     "l": dict(embed_dim=1024, depth=24, num_heads=16, patch_size=16),
 }
 
+# DINOv3's ViT around its RoPE: 4 registers, LayerScale 1e-5, q/v-only qkv bias, LayerNorm eps 1e-5, no APE; the
+# final norm before average pooling over the patches, as timm's port (global_pool="token" for DINOv3's CLS)
+DINOV3_ARCH = dict(reg_tokens=4, init_values=1e-5, qkv_bias="qv", norm_eps=1e-5, global_pool="avg", fc_norm=False)
+
 VIT_PES = {
     "ape": dict(pe="ape"),
     "sincos": dict(pe="sincos"),
@@ -30,6 +34,7 @@ VIT_PES = {
     "lepe": dict(pe="lepe"),
     "fuzzy": dict(pe="fuzzy"),
     "fuzzy_atm": dict(pe="fuzzy_atm"),  # ViTAR: fuzzy PE + token merger (a model option of the preset)
+    "rope2d_dinov3": dict(pe="rope2d_dinov3", **DINOV3_ARCH),  # DINOv3's ViT (timm's vit_*_patch16_dinov3)
 }
 
 DEIT = dict(paper_ids="arXiv:2012.12877", paper_name="Training data-efficient image transformers")

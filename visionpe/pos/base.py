@@ -52,6 +52,7 @@ class PEHost:
     embed_prefix: bool = True  # learned APE also has entries for prefix tokens (timm DeiT); False = no_embed_class
     frames: int = 1  # token frames T of the reference grid (video trunks; 1 for images)
     stage_starts: tuple[int, ...] = (0,)  # index of the first block of each stage (hierarchical backbones)
+    position_mode: str = "extrapolate"  # the backbone's test-time position mode (ntk / yarn: rotary PEs rescale)
 
     @property
     def depth(self) -> int:

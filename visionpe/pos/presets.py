@@ -26,6 +26,7 @@ from .fuzzy import FuzzyPE
 from .irpe import IRPE
 from .lepe import LePE
 from .rope2d import RoPE2D
+from .rope2d_dinov3 import RoPE2DDinoV3
 from .rope_nd import RoPEND
 
 __all__ = [
@@ -52,6 +53,7 @@ PE_KINDS: dict[str, type[PosEncoding]] = {
     "fuzzy": FuzzyPE,
     "ape_st": SpaceTimeAPE,
     "rope_nd": RoPEND,
+    "rope2d_dinov3": RoPE2DDinoV3,
 }
 
 PE_PRESETS: dict[str, list[tuple[str, dict]]] = {
@@ -63,6 +65,9 @@ PE_PRESETS: dict[str, list[tuple[str, dict]]] = {
     # RoPE-ViT +APE: the APE resampled by plain bicubic, as naver's code does (timm's default antialiases)
     "rope2d_ape": [("rope2d", {"mode": "axial"}), ("ape", {"resample": "bicubic"})],
     "rope2d_mixed_ape": [("rope2d", {"mode": "mixed"}), ("ape", {"resample": "bicubic"})],
+    # DINOv3's RoPE: patch centres in [-1, 1], periods 100^(k / (d/4)), rotate-half layout (no augmentation by
+    # default; DINOv3's training draws rescale_coords=2, a pe_kwargs option)
+    "rope2d_dinov3": [("rope2d_dinov3", {})],
     # iRPE (DeiT default: contextual, product, on k, ratio 1.9, APE kept; irpe_k: the same iRPE alone)
     "irpe": [("irpe", {"mode": "contextual", "mapping": "product", "targets": ("k",)}), ("ape", {})],
     "irpe_bias": [("irpe", {"mode": "bias", "mapping": "product", "targets": ("k",)}), ("ape", {})],
@@ -131,7 +136,10 @@ _SWIN = Paper(
     "https://github.com/microsoft/Swin-Transformer",
 )
 
+_DINOV3 = Paper("2508.10104", "DINOv3", "https://github.com/facebookresearch/dinov3")
+
 PRESET_PAPERS: dict[str, Paper] = {
+    "rope2d_dinov3": _DINOV3,
     **{name: _ROPE_VIT for name in ("rope2d", "rope2d_mixed", "rope2d_ape", "rope2d_mixed_ape")},
     **{name: _IRPE for name in ("irpe", "irpe_bias", "irpe_qkv", "irpe_k")},
     "cpe": _CPVT,

@@ -4,6 +4,9 @@ Both drive the shared rotary kernel with a frequency matrix F over the layout's 
 - axial: the first d/4 pairs rotate by x * f_j, the last d/4 by y * f_j, f_j = theta^(-4j/d) (theta 100 for ViT);
 - mixed: per layer and head, fx = [m cos a, m cos(a + pi/2)], fy = [m sin a, m sin(a + pi/2)], m_j = theta^(-4j/d)
   (theta 10), a ~ U[0, 2 pi); stored as `freqs` [2, depth, heads, d/2] (timm's layout), excluded from weight decay.
+Options of both: coordinate augmentation in training (shift/jitter/rescale_coords, in patch units; see
+visionpe.pos.coord_aug; a fresh draw per layer, as DINOv3 draws per block) and the host's test-time `ntk` / `yarn`
+position modes (visionpe.pos.rope_scaling; the training extent is the reference grid).
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from torch import nn
 
 from ..layout import TokenLayout
 from .base import PEHost, PosContext, PosEncoding
-from .rotary import FixedCosSinCache, apply_rotary, axial_frequencies, rotary_angles, rotary_cos_sin
+from .coord_aug import CoordAugment
+from .rope_scaling import rope_scaling, scale_frequencies, yarn_temperature
+from .rotary import FixedCosSinCache, apply_rotary, axial_frequencies, scaled_cos_sin
 
 __all__ = ["RoPE2D", "mixed_frequencies"]
 
@@ -34,11 +39,20 @@ def mixed_frequencies(head_dim: int, depth: int, num_heads: int, theta: float = 
 class RoPE2D(PosEncoding):
     """Rotates q and k of every attention layer by their (x, y) positions; prefix tokens are not rotated."""
 
-    def __init__(self, host: PEHost, mode: str = "axial", theta: float | None = None):
+    def __init__(
+        self,
+        host: PEHost,
+        mode: str = "axial",
+        theta: float | None = None,
+        shift_coords: float | None = None,
+        jitter_coords: float | None = None,
+        rescale_coords: float | None = None,
+    ):
         super().__init__(host)
         if mode not in ("axial", "mixed"):
             raise ValueError(f"RoPE2D mode must be 'axial' or 'mixed', got {mode!r}")
         self.mode = mode
+        self.coord_aug = CoordAugment(shift_coords, jitter_coords, rescale_coords)
         self.theta = float(theta if theta is not None else (100.0 if mode == "axial" else 10.0))
         head_dims = {spec.head_dim for spec in host.layers}
         for d in head_dims:
@@ -59,6 +73,13 @@ class RoPE2D(PosEncoding):
                 self.register_buffer(f"axial_{d}", axial_frequencies(d, self.theta), persistent=False)
         self._cos_sin_cache = FixedCosSinCache()  # axial only (mixed frequencies are trained)
 
+    def init_non_persistent_buffers(self) -> None:
+        """Refill the fixed axial frequencies (e.g. after building on the meta device and `to_empty`)."""
+        if self.mode == "axial":
+            for d in {spec.head_dim for spec in self.host.layers}:
+                buf = getattr(self, f"axial_{d}")
+                buf.copy_(axial_frequencies(d, self.theta).to(buf.device))
+
     def layer_frequencies(self, i: int) -> torch.Tensor:
         """Frequency matrix of layer i: [2, d/2] (axial, shared) or [2, heads, d/2] (mixed)."""
         if self.mode == "axial":
@@ -68,9 +89,18 @@ class RoPE2D(PosEncoding):
         return self.freqs[:, i]
 
     def _cos_sin(self, i: int, layout: TokenLayout):
-        if self.mode == "axial":  # fixed: once per layout and head dim
-            return self._cos_sin_cache(layout, self.layer_frequencies(i))
-        return rotary_cos_sin(rotary_angles(layout.pos, self.layer_frequencies(i), layout.num_prefix))
+        freqs = self.layer_frequencies(i)
+        scaling = None
+        if layout.grid is not None and layout.grid[0] == 1:  # ntk / yarn over the (x, y) extent of the grid
+            (h, w), (ref_h, ref_w) = layout.hw, self.host.grid
+            scaling = rope_scaling(self.host.position_mode, (w, h), (ref_w, ref_h))
+            freqs = scale_frequencies(freqs, scaling, self.host.layers[i].head_dim, (ref_w, ref_h))
+        gain = yarn_temperature(scaling)
+        if self.coord_aug.active and self.training:  # a fresh draw for this layer
+            return scaled_cos_sin(self.coord_aug(layout.pos, True), freqs, layout.num_prefix, gain=gain)
+        if self.mode == "axial":  # fixed: once per layout, head dim and scaling
+            return self._cos_sin_cache(layout, freqs, tag=scaling, gain=gain)
+        return scaled_cos_sin(layout.pos, freqs, layout.num_prefix, gain=gain)
 
     def context(self, i, layout, kv_layout=None):
         if layout.streams != 2:

@@ -2,8 +2,9 @@
 
 angle[n, c] = sum_s pos[n, s] * F[s, c]: positions [N, S] (from a TokenLayout) times a frequency matrix F [S, d/2]
 (or [S, heads, d/2] for per-head frequencies). Channel pairs (0, 1), (2, 3), ... rotate by angle[:, c]
-(interleaved, as complex numbers). Angles and the rotation run in fp32, also under autocast; prefix tokens get angle 0,
-which is an exact identity (cos 0 = 1, sin 0 = 0).
+(interleaved, as complex numbers), or, in the rotate-half layout (`half=True`, DINOv3 / timm's `rotate_half`),
+channels (c, c + d/2). Angles and the rotation run in fp32, also under autocast; prefix tokens get angle 0, which is
+an exact identity (cos 0 = 1, sin 0 = 0).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ __all__ = [
     "axial_frequencies",
     "rope_frequencies",
     "FixedCosSinCache",
+    "scaled_cos_sin",
 ]
 
 
@@ -56,33 +58,49 @@ def rotary_angles(pos: torch.Tensor, freqs: torch.Tensor, num_prefix: int = 0) -
     return angles
 
 
-def rotary_cos_sin(angles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin of angles [..., C] repeated per channel pair -> [..., 2C], fp32."""
+def rotary_cos_sin(angles: torch.Tensor, half: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin of angles [..., C] repeated per channel pair -> [..., 2C], fp32: [a0, a0, a1, a1, ...], or with
+    half=True [a0, a1, ..., a0, a1, ...]."""
     with torch.autocast(device_type=angles.device.type, enabled=False):
+        if half:
+            return torch.cat([angles.cos()] * 2, dim=-1), torch.cat([angles.sin()] * 2, dim=-1)
         cos = angles.cos().repeat_interleave(2, dim=-1)
         sin = angles.sin().repeat_interleave(2, dim=-1)
     return cos, sin
 
 
+def scaled_cos_sin(
+    pos: torch.Tensor, freqs: torch.Tensor, num_prefix: int, half: bool = False, gain: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [P + N, d] of positions [N, S] under F; gain != 1 scales both (YaRN's temperature on q and k)."""
+    cos, sin = rotary_cos_sin(rotary_angles(pos, freqs, num_prefix), half)
+    return (cos, sin) if gain == 1.0 else (cos * gain, sin * gain)
+
+
 class FixedCosSinCache:
     """cos/sin of fixed frequencies, kept for the last few layouts (the same positions tensor, prefix count, pair
-    count and device hit). Bypassed while tracing: under torch.compile a Python cache would be guarded on and
-    recompile, so the graph computes them. Entries hold their positions tensor, so its identity is never reused."""
+    count, device and tag hit; the tag names anything else the frequencies depend on, e.g. a test-time scaling).
+    Bypassed while tracing: under torch.compile a Python cache would be guarded on and recompile, so the graph
+    computes them. Entries hold their positions tensor, so its identity is never reused."""
 
     def __init__(self, size: int = 4):
         self.size = size
         self._entries: list = []  # [(pos tensor, key, (cos, sin))]
 
-    def __call__(self, layout, freqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(
+        self, layout, freqs: torch.Tensor, tag=None, half: bool = False, gain: float = 1.0, pos: torch.Tensor = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """pos: positions to use instead of layout.pos (a PE's own coordinates of the layout, cached by identity)."""
+        pos = layout.pos if pos is None else pos
         if torch.compiler.is_compiling():
-            return rotary_cos_sin(rotary_angles(layout.pos, freqs, layout.num_prefix))
-        key = (layout.num_prefix, freqs.shape[-1], freqs.device)
-        for pos, k, cos_sin in self._entries:
-            if pos is layout.pos and k == key:
+            return scaled_cos_sin(pos, freqs, layout.num_prefix, half, gain)
+        key = (layout.num_prefix, freqs.shape[-1], freqs.device, tag, half, gain)
+        for p, k, cos_sin in self._entries:
+            if p is pos and k == key:
                 return cos_sin
         with torch.inference_mode(False), torch.no_grad():  # constants, reusable in training and inference
-            cos_sin = rotary_cos_sin(rotary_angles(layout.pos, freqs, layout.num_prefix))
-        self._entries = [*self._entries, (layout.pos, key, cos_sin)][-self.size :]
+            cos_sin = scaled_cos_sin(pos, freqs, layout.num_prefix, half, gain)
+        self._entries = [*self._entries, (pos, key, cos_sin)][-self.size :]
         return cos_sin
 
 
@@ -100,12 +118,31 @@ def _as_pairs(x: torch.Tensor) -> torch.Tensor:
     return torch.view_as_complex(x.unflatten(-1, (-1, 2)))
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    # [a, b] -> [-b, a] over the two halves of the channels
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat([-b, a], dim=-1)
+
+
+def _apply_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half layout: channel c pairs with c + d/2 (cos/sin hold each angle twice, [a, a])."""
+    if torch.compiler.is_compiling():
+        return (x * cos + _rotate_half(x) * sin).to(x.dtype)
+    d = x.shape[-1] // 2
+    a, b = x[..., :d].float(), x[..., d:].float()
+    c, s = cos[..., :d], sin[..., :d]
+    return torch.cat([a * c - b * s, b * c + a * s], dim=-1).to(x.dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: bool = False) -> torch.Tensor:
     """Rotate channel pairs of x [B, H, N, d] by the angles behind cos/sin [(H,) N, d]; fp32 math, x's dtype out.
+    half=True: the rotate-half layout (cos/sin from `rotary_cos_sin(..., half=True)`).
 
     Eagerly, one complex product per pair: forward and backward are a few kernels where the elementwise form takes
     a dozen (about 4x faster on the CPU at nano sizes). Under torch.compile the elementwise form, which the compiler
     fuses into one kernel (it generates no code for complex numbers)."""
+    if half:
+        return _apply_half(x, cos, sin)
     if torch.compiler.is_compiling():
         return (x * cos + _rotate_pairs(x) * sin).to(x.dtype)
     turn = torch.complex(cos[..., 0::2], sin[..., 0::2])  # cos/sin repeat each pair's value: e^(i angle) per pair
