@@ -1,0 +1,83 @@
+"""Coordinate augmentation (DINOv3's shift / jitter / rescale) as drawn by the official code (timm's port draws the
+same numbers in the same order), its statistics, and its place in every rotary PE: fresh in training, off in eval."""
+
+import math
+
+import pytest
+import torch
+from timm.layers.pos_embed_sincos import _apply_coord_augs
+
+from visionpe.layout import image_layout
+from visionpe.pos import AttnSpec, PEHost, RoPE2D
+from visionpe.pos.coord_aug import CoordAugment, augment_coords
+from visionpe.pos.rope2d_dinov3 import RoPE2DDinoV3, dinov3_coords
+
+
+@pytest.mark.parametrize(
+    "opts", [dict(shift=0.3), dict(jitter=1.5), dict(rescale=2.0), dict(shift=0.2, jitter=1.3, rescale=2.0)]
+)
+def test_draws_equal_the_official_order(opts):
+    coords = dinov3_coords(5, 7)
+    torch.manual_seed(3)
+    ours = augment_coords(coords, **opts)
+    torch.manual_seed(3)
+    ref = _apply_coord_augs(coords, opts.get("shift"), opts.get("jitter"), opts.get("rescale"))
+    assert torch.equal(ours, ref)  # the same draws and the same operations: bit-identical
+
+
+def test_shift_is_one_constant_per_axis_and_rescale_one_factor_in_range():
+    pos = image_layout(4, 6).pos
+    g = torch.Generator().manual_seed(0)
+    shifts, factors = [], []
+    for _ in range(400):
+        d = augment_coords(pos, shift=0.5, generator=g) - pos
+        assert torch.allclose(d, d[:1].expand_as(d), rtol=0, atol=1e-6)  # the same shift for every token
+        shifts.append(d[0])
+        r = augment_coords(pos + 1, rescale=2.0, generator=g) / (pos + 1)
+        assert torch.allclose(r, r[:1, :1].expand_as(r), rtol=1e-6, atol=0)  # one factor, both axes
+        factors.append(r[0, 0].item())
+    shifts = torch.stack(shifts)
+    assert shifts.abs().max() <= 0.5 and shifts.abs().max() > 0.45 and shifts.std(0).min() > 0.2  # U(-.5, .5)
+    logs = torch.tensor(factors).log()  # log-uniform in [-ln 2, ln 2]: mean 0, std ln2 / sqrt 3 = 0.40
+    assert logs.abs().max() <= math.log(2) + 1e-6 and logs.abs().max() > 0.9 * math.log(2)
+    assert abs(logs.mean().item()) < 0.08 and abs(logs.std().item() - math.log(2) / math.sqrt(3)) < 0.05
+    j = augment_coords(pos + 1, jitter=3.0, generator=g) / (pos + 1)
+    assert (j[:, 0] - j[0, 0]).abs().max() < 1e-6 and (j[0, 0] - j[0, 1]).abs() > 1e-3  # per axis, not shared
+
+
+def _host(head_dim=16):
+    return PEHost(dim=2 * head_dim, grid=(4, 4), num_prefix=1, layers=(AttnSpec(2 * head_dim, 2, head_dim),) * 2)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda **kw: RoPE2D(_host(), mode="axial", **kw),
+        lambda **kw: RoPE2D(_host(), mode="mixed", **kw),
+        lambda **kw: RoPE2DDinoV3(_host(), **kw),
+    ],
+    ids=["rope2d", "rope2d_mixed", "rope2d_dinov3"],
+)
+def test_every_rotary_pe_draws_in_training_and_is_deterministic_in_eval(make):
+    plain, aug = make(), make(rescale_coords=2.0, shift_coords=0.1)
+    aug.load_state_dict(plain.state_dict())
+    lay = image_layout(4, 5, 1)
+    q = torch.randn(1, 2, lay.num_tokens, 16)
+
+    def rotated(pe):
+        return pe.context(0, lay).rotate(q, q)[0]
+
+    aug.train()
+    a, b = rotated(aug), rotated(aug)
+    assert (a - b).abs().max() > 1e-3  # a fresh draw per call
+    assert torch.equal(a[:, :, :1], q[:, :, :1])  # the prefix is never rotated
+    aug.eval(), plain.eval()
+    assert torch.equal(rotated(aug), rotated(aug)) and torch.equal(rotated(aug), rotated(plain))  # off in eval
+
+
+def test_bad_options_are_clear_errors():
+    with pytest.raises(ValueError, match="jitter_coords must be a finite number >= 1"):
+        CoordAugment(jitter=0.9)
+    with pytest.raises(ValueError, match="shift_coords"):
+        RoPE2D(_host(), shift_coords=-1.0)
+    assert not CoordAugment().active and CoordAugment(rescale=2).active
