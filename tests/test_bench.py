@@ -398,6 +398,7 @@ def test_speed_command_rejects_bad_models_and_sizes(capsys):
     assert expand_models(["vit_n_rope2d*", "vit_n_rope2d"]) == [
         "vit_n_rope2d",
         "vit_n_rope2d_ape",
+        "vit_n_rope2d_dinov3",
         "vit_n_rope2d_mixed",
         "vit_n_rope2d_mixed_ape",
     ]

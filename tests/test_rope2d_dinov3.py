@@ -44,9 +44,10 @@ def test_cos_sin_equal_timms_dinov3_rope(hw, kw, timm_kw):
     ref = RotaryEmbeddingDinoV3(64, **{"temperature": 100.0, **timm_kw}).eval()
     torch.testing.assert_close(pe.periods(64), ref.periods, rtol=1e-6, atol=0)
     emb = ref.get_embed(list(hw))  # [HW, 2 * 64] = cat(sin, cos), rotate-half layout
-    torch.testing.assert_close(sin[5:], emb[:, :64], rtol=0, atol=ATOL)
+    signed = torch.cat([-emb[:, :32], emb[:, 32:64]], dim=-1)  # our half-layout sin is signed [-sin, sin]
+    torch.testing.assert_close(sin[5:], signed, rtol=0, atol=ATOL)
     torch.testing.assert_close(cos[5:], emb[:, 64:], rtol=0, atol=ATOL)
-    assert torch.equal(cos[:5], torch.ones(5, 64)) and torch.equal(sin[:5], torch.zeros(5, 64))
+    assert torch.equal(cos[:5], torch.ones(5, 64)) and not sin[:5].any()
 
 
 def test_rotation_equals_timms_rotate_half_and_leaves_the_prefix_bit_identical():

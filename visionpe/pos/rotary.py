@@ -60,10 +60,11 @@ def rotary_angles(pos: torch.Tensor, freqs: torch.Tensor, num_prefix: int = 0) -
 
 def rotary_cos_sin(angles: torch.Tensor, half: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin of angles [..., C] repeated per channel pair -> [..., 2C], fp32: [a0, a0, a1, a1, ...], or with
-    half=True [a0, a1, ..., a0, a1, ...]."""
+    half=True [a0, a1, ..., a0, a1, ...] with sin signed [-sin, sin] (the rotation is then x cos + roll(x) sin)."""
     with torch.autocast(device_type=angles.device.type, enabled=False):
         if half:
-            return torch.cat([angles.cos()] * 2, dim=-1), torch.cat([angles.sin()] * 2, dim=-1)
+            sin = angles.sin()
+            return torch.cat([angles.cos()] * 2, dim=-1), torch.cat([-sin, sin], dim=-1)
         cos = angles.cos().repeat_interleave(2, dim=-1)
         sin = angles.sin().repeat_interleave(2, dim=-1)
     return cos, sin
@@ -118,20 +119,13 @@ def _as_pairs(x: torch.Tensor) -> torch.Tensor:
     return torch.view_as_complex(x.unflatten(-1, (-1, 2)))
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    # [a, b] -> [-b, a] over the two halves of the channels
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat([-b, a], dim=-1)
-
-
 def _apply_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half layout: channel c pairs with c + d/2 (cos/sin hold each angle twice, [a, a])."""
+    """Rotate-half layout: channel c pairs with c + d/2, [a, b] -> [a cos - b sin, b cos + a sin]: with the signed
+    sin of `rotary_cos_sin(..., half=True)` that is x cos + roll(x, d/2) sin (fewer passes than splitting x)."""
+    x32 = x.float()
     if torch.compiler.is_compiling():
-        return (x * cos + _rotate_half(x) * sin).to(x.dtype)
-    d = x.shape[-1] // 2
-    a, b = x[..., :d].float(), x[..., d:].float()
-    c, s = cos[..., :d], sin[..., :d]
-    return torch.cat([a * c - b * s, b * c + a * s], dim=-1).to(x.dtype)
+        return (x32 * cos + x32.roll(x.shape[-1] // 2, -1) * sin).to(x.dtype)
+    return torch.addcmul(x32 * cos, x32.roll(x.shape[-1] // 2, -1), sin).to(x.dtype)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: bool = False) -> torch.Tensor:
