@@ -13,8 +13,9 @@ from timm.layers.pos_embed_sincos import RotaryEmbeddingDinoV3, apply_rot_embed_
 
 import visionpe  # noqa: F401
 from visionpe.layout import image_layout
-from visionpe.pos import AttnSpec, PEHost
+from visionpe.pos import AttnSpec, PEHost, RoPE2D
 from visionpe.pos.rope2d_dinov3 import RoPE2DDinoV3, dinov3_coords
+from visionpe.pos.rotary import axial_frequencies
 
 ATOL = 2e-6
 
@@ -114,6 +115,20 @@ def test_builds_on_the_meta_device_and_refills_its_buffers():
     pe = pe.to_empty(device="cpu")
     pe.init_non_persistent_buffers()
     torch.testing.assert_close(pe.periods(64), RoPE2DDinoV3(_host(64), min_period=0.5, max_period=40.0).periods(64))
+
+
+def test_axial_rope2d_also_refills_its_frequencies_after_the_meta_device():
+    with torch.device("meta"):
+        pe = RoPE2D(_host(16))
+    pe = pe.to_empty(device="cpu")
+    pe.init_non_persistent_buffers()
+    assert torch.equal(pe.layer_frequencies(0), axial_frequencies(16, 100.0))
+
+
+def test_eval_cos_sin_are_computed_once_per_grid():
+    pe = RoPE2DDinoV3(_host(32)).eval()
+    first = pe._cos_sin(0, image_layout(6, 9, 5))
+    assert pe._cos_sin(1, image_layout(6, 9, 5))[0] is first[0]  # every layer and forward: one computation
 
 
 def test_bad_options_are_clear_errors():
