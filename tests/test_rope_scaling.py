@@ -67,9 +67,11 @@ def test_yarn_temperature_scales_q_and_k_of_every_token():
     model = timm.create_model("vit_n_rope2d", position_mode="yarn").eval()
     rope = model.pe.encodings["rope2d"]
     layout = model.layout((16, 32))  # 2 x 4 the training grid: s = sqrt(8)
-    cos, sin = rope._cos_sin(0, layout)
+    q = torch.randn(1, 4, layout.num_tokens, 24)
+    qr, kr = rope.context(0, layout).rotate(q, q)
     gain = 0.1 * math.log(math.sqrt(8.0)) + 1
-    torch.testing.assert_close(cos.square() + sin.square(), torch.full_like(cos, gain**2), rtol=1e-6, atol=0)
+    norms = qr.norm(dim=-1) / q.norm(dim=-1)  # a rotation times the gain, for every token (CLS too)
+    torch.testing.assert_close(norms, torch.full_like(norms, gain), rtol=1e-5, atol=0)
 
 
 def test_dinov3_keeps_the_training_spacing_under_ntk():

@@ -88,13 +88,16 @@ class RoPE2D(PosEncoding):
             return self.freqs[i]
         return self.freqs[:, i]
 
-    def _cos_sin(self, i: int, layout: TokenLayout):
-        freqs = self.layer_frequencies(i)
-        scaling = None
-        if layout.grid is not None and layout.grid[0] == 1:  # ntk / yarn over the (x, y) extent of the grid
-            (h, w), (ref_h, ref_w) = layout.hw, self.host.grid
-            scaling = rope_scaling(self.host.position_mode, (w, h), (ref_w, ref_h))
-            freqs = scale_frequencies(freqs, scaling, self.host.layers[i].head_dim, (ref_w, ref_h))
+    def _scaling(self, layout: TokenLayout):
+        """The ntk / yarn scaling of the queries' grid over the reference (x, y) extent (None: no scaling)."""
+        if layout.grid is None or layout.grid[0] != 1:
+            return None
+        (h, w), (ref_h, ref_w) = layout.hw, self.host.grid
+        return rope_scaling(self.host.position_mode, (w, h), (ref_w, ref_h))
+
+    def _cos_sin(self, i: int, layout: TokenLayout, scaling=None):
+        ref_h, ref_w = self.host.grid
+        freqs = scale_frequencies(self.layer_frequencies(i), scaling, self.host.layers[i].head_dim, (ref_w, ref_h))
         gain = yarn_temperature(scaling)
         if self.coord_aug.active and self.training:  # a fresh draw for this layer
             return scaled_cos_sin(self.coord_aug(layout.pos, True), freqs, layout.num_prefix, gain=gain)
@@ -105,8 +108,9 @@ class RoPE2D(PosEncoding):
     def context(self, i, layout, kv_layout=None):
         if layout.streams != 2:
             raise ValueError(f"2D RoPE needs (x, y) positions, got a layout with {layout.streams} streams")
-        cos_q, sin_q = self._cos_sin(i, layout)
-        cos_k, sin_k = (cos_q, sin_q) if kv_layout is None else self._cos_sin(i, kv_layout)
+        scaling = self._scaling(layout)  # the same for the keys (CvT's stride-2 keys share the queries' frame)
+        cos_q, sin_q = self._cos_sin(i, layout, scaling)
+        cos_k, sin_k = (cos_q, sin_q) if kv_layout is None else self._cos_sin(i, kv_layout, scaling)
 
         def rotate(q, k):
             return apply_rotary(q, cos_q, sin_q), apply_rotary(k, cos_k, sin_k)

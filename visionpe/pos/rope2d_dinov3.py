@@ -132,13 +132,16 @@ class RoPE2DDinoV3(PosEncoding):
         zero = torch.zeros_like(f)
         return torch.stack([torch.cat([f, zero]), torch.cat([zero, f])])
 
-    def _cos_sin(self, i: int, layout: TokenLayout):
+    @staticmethod
+    def _hw(layout: TokenLayout) -> tuple[int, int]:
         if layout.grid is None or layout.grid[0] != 1 or layout.streams != 2:
             raise ValueError(f"DINOv3 RoPE needs an image grid layout, got grid={layout.grid}")
+        return layout.hw
+
+    def _cos_sin(self, i: int, layout: TokenLayout, scaling=None, box=None):
+        """box: the grid whose [-1, 1] box the coordinates fill (None: the layout's own grid)."""
         d = self.host.layers[i].head_dim
-        (h, w), ref = layout.hw, tuple(self.host.grid)
-        scaling = rope_scaling(self.host.position_mode, (h, w), ref)
-        box = ref if scaling is not None else None  # ntk / yarn: the training spacing
+        (h, w), ref = self._hw(layout), tuple(self.host.grid)
         coords = dinov3_coords(h, w, self.normalize_coords, box, layout.pos.device)
         den = _denominators(*ref, self.normalize_coords)
         freqs = scale_frequencies(self.frequencies(d), scaling, d, (2.0 * ref[0] / den[0], 2.0 * ref[1] / den[1]))
@@ -148,8 +151,16 @@ class RoPE2DDinoV3(PosEncoding):
         return self._cos_sin_cache(layout, freqs, tag=scaling, half=True, gain=gain, pos=coords)
 
     def context(self, i, layout, kv_layout=None):
-        cos_q, sin_q = self._cos_sin(i, layout)
-        cos_k, sin_k = (cos_q, sin_q) if kv_layout is None else self._cos_sin(i, kv_layout)
+        (h, w), ref = self._hw(layout), tuple(self.host.grid)
+        scaling = rope_scaling(self.host.position_mode, (h, w), ref)
+        box = ref if scaling is not None else None  # ntk / yarn: the training spacing
+        cos_q, sin_q = self._cos_sin(i, layout, scaling, box)
+        if kv_layout is None:
+            cos_k, sin_k = cos_q, sin_q
+        else:  # keys on another grid (CvT's stride-2 cells): the same box, in the queries' frame
+            kh, kw = self._hw(kv_layout)
+            kv_box = None if box is None else (box[0] * kh / h, box[1] * kw / w)
+            cos_k, sin_k = self._cos_sin(i, kv_layout, scaling, kv_box)
 
         def rotate(q, k):
             return apply_rotary(q, cos_q, sin_q, half=True), apply_rotary(k, cos_k, sin_k, half=True)
