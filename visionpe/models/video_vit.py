@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..layout import TokenLayout
+from .construction import factory_kwargs
 from .token_encoder import TokenEncoder
 
 __all__ = ["TubeletEmbed", "VideoViT", "check_clip"]
@@ -90,6 +91,7 @@ class TubeletEmbed(nn.Module):
 
 
 class VideoViT(TokenEncoder):
+    @factory_kwargs
     def __init__(
         self,
         img_size: int | tuple[int, int] = 224,
@@ -126,7 +128,7 @@ class VideoViT(TokenEncoder):
         self.in_chans = in_chans
         self.num_frames = num_frames
         self.feature_info = [dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=patch_size) for i in range(depth)]
-        self.init_weights()
+        self._init_layers()
 
     def layout(self, grid: tuple[int, int, int], device=None) -> TokenLayout:
         """Layout of a T x H x W token grid under the model's position scheme ((t, y, x) for rope3d and the APE)."""

@@ -16,6 +16,7 @@ from torch import nn
 from ..layers.checks import check_images, patch_grid
 from ..layers.token_merger import AdaptiveTokenMerger
 from ..layout import TokenLayout, image_layout
+from .construction import factory_kwargs
 from .token_encoder import TokenEncoder
 
 __all__ = ["VisionTransformer"]
@@ -24,6 +25,7 @@ POSITION_MODES = ("extrapolate", "interpolate")
 
 
 class VisionTransformer(TokenEncoder):
+    @factory_kwargs
     def __init__(
         self,
         img_size: int | tuple[int, int] = 224,
@@ -98,7 +100,7 @@ class VisionTransformer(TokenEncoder):
         self.merge_factor, self.merger_grid = merge, merger_grid
         r = self.patch_embed.patch_size[0] * merge
         self.feature_info = [dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=r) for i in range(depth)]
-        self.init_weights()
+        self._init_layers()
 
     @property
     def pe_grid(self) -> tuple[int, int]:

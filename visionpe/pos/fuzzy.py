@@ -31,6 +31,7 @@ class FuzzyPE(PosEncoding):
         if not 0 <= jitter <= 1:
             raise ValueError(f"fuzzy PE jitter is an offset in table cells and must be in [0, 1], got {jitter}")
         self.jitter = float(jitter)
+        self.std = float(std)
         self.grid = tuple(host.grid)
         self.pos_embed = nn.Parameter(torch.zeros(1, self.grid[0] * self.grid[1], host.dim))
         trunc_normal_(self.pos_embed, std=std)
@@ -74,8 +75,11 @@ class FuzzyPE(PosEncoding):
                 table = resample_abs_pos_embed(
                     self.pos_embed, new_size=list(grid), old_size=list(self.grid), num_prefix_tokens=0
                 )
-                self.pos_embed = nn.Parameter(table.detach().clone())
+            self.pos_embed = nn.Parameter(table.detach().clone(), requires_grad=self.pos_embed.requires_grad)
             self.grid = grid
+
+    def reset_parameters(self):
+        trunc_normal_(self.pos_embed, std=self.std)
 
     def no_weight_decay(self):
         return {"pos_embed"}

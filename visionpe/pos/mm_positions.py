@@ -298,7 +298,9 @@ def _compute(segments, scheme: str, options: dict) -> torch.Tensor:
 @lru_cache(maxsize=128)
 @torch.inference_mode(False)  # cached tensors must also serve autograd after an inference-mode first call
 def _cached(segments: tuple, scheme: str, options: tuple, device: str) -> torch.Tensor:
-    return _compute(segments, scheme, dict(options)).to(device)
+    with torch.device("cpu"):  # computed on the host (also inside a torch.device("meta") context), then moved
+        pos = _compute(segments, scheme, dict(options))
+    return pos.to(device)
 
 
 def _check_options(scheme: str, options: dict) -> None:

@@ -44,6 +44,7 @@ class RoPE2D(PosEncoding):
         for d in head_dims:
             if d % 4:
                 raise ValueError(f"2D RoPE needs head dims divisible by 4, got {d}")
+        self._head_dims = sorted(head_dims)
         if mode == "mixed":
             heads = {spec.num_heads for spec in host.layers}
             if len(heads) == 1 and len(head_dims) == 1:  # one tensor, as in timm / rope-vit checkpoints
@@ -58,6 +59,35 @@ class RoPE2D(PosEncoding):
             for d in head_dims:
                 self.register_buffer(f"axial_{d}", axial_frequencies(d, self.theta), persistent=False)
         self._cos_sin_cache = FixedCosSinCache()  # axial only (mixed frequencies are trained)
+
+    def reset_parameters(self):
+        """Mixed: frequencies drawn afresh (random angles) as at construction."""
+        if self.mode != "mixed":
+            return
+        with torch.no_grad():
+            if isinstance(self.freqs, nn.ParameterList):
+                for p, s in zip(self.freqs, self.host.layers):
+                    p.copy_(mixed_frequencies(s.head_dim, 1, s.num_heads, self.theta)[:, 0])
+            else:
+                _, depth, heads, _ = self.freqs.shape
+                head_dim = self.host.layers[0].head_dim
+                self.freqs.copy_(mixed_frequencies(head_dim, depth, heads, self.theta))
+
+    def init_non_persistent_buffers(self):
+        for d in self._head_dims if self.mode == "axial" else ():
+            buf = getattr(self, f"axial_{d}")
+            self.register_buffer(f"axial_{d}", axial_frequencies(d, self.theta).to(buf.device), persistent=False)
+        self._cos_sin_cache.clear()
+
+    def keep_layers(self, depth):
+        super().keep_layers(depth)
+        if self.mode != "mixed":
+            return
+        if isinstance(self.freqs, nn.ParameterList):
+            self.freqs = nn.ParameterList(list(self.freqs)[:depth])
+        else:
+            kept = self.freqs[:, :depth].detach().clone()
+            self.freqs = nn.Parameter(kept, requires_grad=self.freqs.requires_grad)
 
     def layer_frequencies(self, i: int) -> torch.Tensor:
         """Frequency matrix of layer i: [2, d/2] (axial, shared) or [2, heads, d/2] (mixed)."""

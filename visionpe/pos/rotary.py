@@ -8,6 +8,8 @@ which is an exact identity (cos 0 = 1, sin 0 = 0).
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 
 __all__ = [
@@ -18,6 +20,13 @@ __all__ = [
     "rope_frequencies",
     "FixedCosSinCache",
 ]
+
+
+def no_autocast(device: torch.device):
+    """Autocast switched off on `device`; a no-op on device types without autocast (meta, ...)."""
+    if torch.amp.is_autocast_available(device.type):
+        return torch.autocast(device_type=device.type, enabled=False)
+    return nullcontext()
 
 
 def rope_frequencies(num: int, theta: float, dim: int | None = None) -> torch.Tensor:
@@ -44,7 +53,7 @@ def axial_frequencies(head_dim: int, theta: float, num_axes: int = 2) -> torch.T
 
 def rotary_angles(pos: torch.Tensor, freqs: torch.Tensor, num_prefix: int = 0) -> torch.Tensor:
     """Angles [P + N, d/2] (or [heads, P + N, d/2] for freqs [S, heads, d/2]) in fp32; prefix rows are 0."""
-    with torch.autocast(device_type=pos.device.type, enabled=False):
+    with no_autocast(pos.device):
         pos = pos.float()
         freqs = freqs.float()
         if freqs.ndim == 2:  # [S, C]
@@ -58,7 +67,7 @@ def rotary_angles(pos: torch.Tensor, freqs: torch.Tensor, num_prefix: int = 0) -
 
 def rotary_cos_sin(angles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin of angles [..., C] repeated per channel pair -> [..., 2C], fp32."""
-    with torch.autocast(device_type=angles.device.type, enabled=False):
+    with no_autocast(angles.device):
         cos = angles.cos().repeat_interleave(2, dim=-1)
         sin = angles.sin().repeat_interleave(2, dim=-1)
     return cos, sin
@@ -84,6 +93,9 @@ class FixedCosSinCache:
             cos_sin = rotary_cos_sin(rotary_angles(layout.pos, freqs, layout.num_prefix))
         self._entries = [*self._entries, (layout.pos, key, cos_sin)][-self.size :]
         return cos_sin
+
+    def clear(self) -> None:
+        self._entries = []
 
 
 def _rotate_pairs(x: torch.Tensor) -> torch.Tensor:
