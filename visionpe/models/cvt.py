@@ -26,6 +26,7 @@ from timm.models._features import feature_take_indices
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ..fx import fx_unsupported, is_fx_tracing
 from ..layers.checks import check_images
 from ..layout import TokenLayout, cell_centre_layout, image_layout
 from ..pos.base import AttnSpec, PEHost
@@ -271,6 +272,8 @@ class ConvolutionalVisionTransformer(nn.Module):
         return x.transpose(1, 2).reshape(x.shape[0], x.shape[2], hw[0], hw[1])  # (B, C, h, w)
 
     def _check(self, x: torch.Tensor) -> None:
+        if is_fx_tracing():
+            fx_unsupported("CvT (its stages' grids and key layouts follow the input size)")
         h, w = check_images(x, self.in_chans, 1, what="pixel")
         self.stage_grids((h, w))
 

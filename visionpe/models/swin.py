@@ -28,6 +28,7 @@ from torch import nn
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.utils.checkpoint import checkpoint
 
+from ..fx import fx_unsupported, is_fx_tracing
 from ..layers import Attention
 from ..layers.checks import check_images
 from ..layout import TokenLayout, image_layout, is_symbolic, window_layout
@@ -280,6 +281,8 @@ class SwinTransformer(nn.Module):
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Images [B, C, H, W] -> patch tokens [B, H', W', C] with token-site PEs applied."""
+        if is_fx_tracing():
+            fx_unsupported("Swin (its windows, shifts and masks follow the input size)")
         check_images(x, self.in_chans, self.patch_embed.patch_size[0])
         if torch.compiler.is_exporting() and is_symbolic(x.shape[-2:]):
             self._check_export_size(*x.shape[-2:])

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..fx import fx_unsupported, is_fx_tracing
 from ..layout import TokenLayout
 from .construction import factory_kwargs
 from .token_encoder import TokenEncoder
@@ -78,6 +79,8 @@ class TubeletEmbed(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
         """[B, C, T, H, W] -> tokens [B, T'*H'*W', D] (raster order, x fastest) and the grid (T', H', W')."""
+        if is_fx_tracing():
+            fx_unsupported("the video / multimodal encoders (their token grid and sequence follow the clip)")
         t, h, w = check_clip(x, self.in_chans, self.tubelet_size, self.patch_size[0])
         grid = self.token_grid(t, h, w)
         pt, ph, pw = grid[0] * self.tubelet_size - t, grid[1] * self.patch_size[0] - h, grid[2] * self.patch_size[0] - w

@@ -13,6 +13,7 @@ import torch
 from timm.layers import PatchEmbed, to_2tuple
 from torch import nn
 
+from ..fx import is_fx_tracing
 from ..layers.checks import check_images, patch_grid
 from ..layers.token_merger import AdaptiveTokenMerger
 from ..layout import TokenLayout, image_layout
@@ -134,7 +135,10 @@ class VisionTransformer(TokenEncoder):
         if self.token_merger is not None:
             x = self.token_merger(x)  # (B, G_h, G_w, C)
         B, Hp, Wp, C = x.shape
-        return self.add_prefix(x.reshape(B, Hp * Wp, C)), self.layout((Hp, Wp), x.device)
+        device = x.device
+        if is_fx_tracing():  # FX: the reference grid, its layout a constant of the graph (visionpe.fx)
+            (Hp, Wp), device = self.pe_grid, next(self.parameters()).device
+        return self.add_prefix(x.reshape(B, Hp * Wp, C)), self.layout((Hp, Wp), device)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         return self.run_blocks(*self.embed(x))

@@ -14,13 +14,22 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from timm.layers import resample_abs_pos_embed, trunc_normal_
+from timm.layers import register_notrace_function, resample_abs_pos_embed, trunc_normal_
 from torch import nn
 
 from ..layout import TokenLayout
 from .base import PEHost, PosEncoding
 
-__all__ = ["FuzzyPE"]
+__all__ = ["FuzzyPE", "jittered"]
+
+
+@register_notrace_function  # FX: a graph leaf, so a traced model draws new offsets at every call
+def jittered(coords: torch.Tensor, jitter: float, x: torch.Tensor) -> torch.Tensor:
+    """coords + U[-jitter, jitter] per entry; x (the tokens) only ties the draw to the graph's input."""
+    return coords.to(x.device) + (torch.rand(coords.shape, device=x.device, dtype=coords.dtype) * 2 - 1) * jitter
+
+
+torch.fx.wrap("jittered")
 
 
 class FuzzyPE(PosEncoding):
@@ -62,7 +71,7 @@ class FuzzyPE(PosEncoding):
         else:
             coords = self.reference_coords(layout)
             if self.training and self.jitter:
-                coords = coords + (torch.rand_like(coords) * 2 - 1) * self.jitter
+                coords = jittered(coords, self.jitter, x)
             pe = self.sample(coords)
         pe = pe.to(x.dtype)
         p = layout.num_prefix

@@ -35,6 +35,7 @@ from timm.layers import resize_rel_pos_bias_table, trunc_normal_
 from torch import nn
 
 from ..attention import RowBias, RowValue
+from ..fx import fx_unsupported, is_fx_tracing
 from ..layout import TokenLayout
 from .base import PEHost, PosContext, PosEncoding
 from .irpe_lookup import FullBuckets, GridBuckets
@@ -357,6 +358,8 @@ class IRPE(PosEncoding):
     # ------------------------------------------------------------------------------------------------ sites
 
     def context(self, i, layout, kv_layout=None):
+        if is_fx_tracing():
+            fx_unsupported("iRPE (its bucket lookup is chosen per input size)")
         if layout.streams != 2:
             raise ValueError(f"iRPE needs (x, y) positions, got a layout with {layout.streams} streams")
         kv = layout if kv_layout is None else kv_layout

@@ -15,7 +15,9 @@ from torch import nn
 
 from ..layout import TokenLayout
 from .base import PEHost, PosContext, PosEncoding
-from .rotary import FixedCosSinCache, apply_rotary, axial_frequencies, rotary_angles, rotary_cos_sin
+from .rotary import FixedCosSinCache, apply_rotary, axial_frequencies, position_cos_sin
+
+torch.fx.wrap("position_cos_sin")  # FX: a graph leaf when called from here too (visionpe.fx)
 
 __all__ = ["RoPE2D", "mixed_frequencies"]
 
@@ -100,7 +102,7 @@ class RoPE2D(PosEncoding):
     def _cos_sin(self, i: int, layout: TokenLayout):
         if self.mode == "axial":  # fixed: once per layout and head dim
             return self._cos_sin_cache(layout, self.layer_frequencies(i))
-        return rotary_cos_sin(rotary_angles(layout.pos, self.layer_frequencies(i), layout.num_prefix))
+        return position_cos_sin(layout.pos, self.layer_frequencies(i), layout.num_prefix)
 
     def context(self, i, layout, kv_layout=None):
         if layout.streams != 2:

@@ -11,6 +11,9 @@ from __future__ import annotations
 from contextlib import nullcontext
 
 import torch
+from timm.layers import register_notrace_function
+
+from ..fx import is_fx_tracing
 
 __all__ = [
     "rotary_angles",
@@ -24,7 +27,7 @@ __all__ = [
 
 def no_autocast(device: torch.device):
     """Autocast switched off on `device`; a no-op on device types without autocast (meta, ...)."""
-    if torch.amp.is_autocast_available(device.type):
+    if not is_fx_tracing() and torch.amp.is_autocast_available(device.type):
         return torch.autocast(device_type=device.type, enabled=False)
     return nullcontext()
 
@@ -65,6 +68,15 @@ def rotary_angles(pos: torch.Tensor, freqs: torch.Tensor, num_prefix: int = 0) -
     return angles
 
 
+@register_notrace_function  # FX: one graph leaf (reads the frequency tensor's shape and device)
+def position_cos_sin(pos: torch.Tensor, freqs: torch.Tensor, num_prefix: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [(H,) P + N, d] of positions [N, S] under frequencies F: rotary_cos_sin(rotary_angles(...))."""
+    return rotary_cos_sin(rotary_angles(pos, freqs, num_prefix))
+
+
+torch.fx.wrap("position_cos_sin")
+
+
 def rotary_cos_sin(angles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin of angles [..., C] repeated per channel pair -> [..., 2C], fp32."""
     with no_autocast(angles.device):
@@ -83,8 +95,8 @@ class FixedCosSinCache:
         self._entries: list = []  # [(pos tensor, key, (cos, sin))]
 
     def __call__(self, layout, freqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if torch.compiler.is_compiling():
-            return rotary_cos_sin(rotary_angles(layout.pos, freqs, layout.num_prefix))
+        if torch.compiler.is_compiling() or is_fx_tracing():
+            return position_cos_sin(layout.pos, freqs, layout.num_prefix)
         key = (layout.num_prefix, freqs.shape[-1], freqs.device)
         for pos, k, cos_sin in self._entries:
             if pos is layout.pos and k == key:
@@ -118,7 +130,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     Eagerly, one complex product per pair: forward and backward are a few kernels where the elementwise form takes
     a dozen (about 4x faster on the CPU at nano sizes). Under torch.compile the elementwise form, which the compiler
     fuses into one kernel (it generates no code for complex numbers)."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or is_fx_tracing():
         return (x * cos + _rotate_pairs(x) * sin).to(x.dtype)
     turn = torch.complex(cos[..., 0::2], sin[..., 0::2])  # cos/sin repeat each pair's value: e^(i angle) per pair
     return torch.view_as_real(_as_pairs(x) * turn).flatten(-2).to(x.dtype)
