@@ -62,7 +62,8 @@ class FuzzyPE(PosEncoding):
         extent = torch.tensor([max(w0 - 1, 1), max(h0 - 1, 1)], dtype=coords.dtype, device=coords.device)
         norm = coords / extent * 2 - 1  # align_corners=True: -1 and 1 are the centres of the corner entries
         table = self.pos_embed.transpose(1, 2).reshape(1, -1, h0, w0)  # [1, C, H0, W0]
-        out = F.grid_sample(table, norm[None, None], mode="bilinear", padding_mode="border", align_corners=True)
+        grid = norm[None, None].to(table.dtype)  # the table's precision (also float64 / bfloat16 models)
+        out = F.grid_sample(table, grid, mode="bilinear", padding_mode="border", align_corners=True)
         return out[:, :, 0].transpose(1, 2)  # [1, N, C]
 
     def tokens(self, x, layout: TokenLayout):
