@@ -78,7 +78,8 @@ class RoPE2D(PosEncoding):
     def init_non_persistent_buffers(self):
         for d in self._head_dims if self.mode == "axial" else ():
             buf = getattr(self, f"axial_{d}")
-            self.register_buffer(f"axial_{d}", axial_frequencies(d, self.theta).to(buf.device), persistent=False)
+            freqs = axial_frequencies(d, self.theta).to(buf.device, buf.dtype)  # where and how the model keeps it
+            self.register_buffer(f"axial_{d}", freqs, persistent=False)
         self._cos_sin_cache.clear()
 
     def keep_layers(self, depth):

@@ -56,7 +56,7 @@ class RoPEND(PosEncoding):
             old = getattr(self, f"freqs_{d}", None)
             freqs = frequency_matrix(self.scheme, d, self.theta, self.mrope_section)
             if old is not None:
-                freqs = freqs.to(old.device)
+                freqs = freqs.to(old.device, old.dtype)  # where and how the model keeps it
             self.register_buffer(f"freqs_{d}", freqs, persistent=False)  # [S, d/2]
         self._cos_sin_cache.clear()
 
