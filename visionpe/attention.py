@@ -20,6 +20,8 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
+from .fx import is_fx_tracing
+
 __all__ = [
     "attend",
     "attend_with_probs",
@@ -131,6 +133,8 @@ def resolve_backend(q: torch.Tensor, bias: torch.Tensor | None) -> str:
     """The backend that will run this call under the current selection."""
     name = get_attn_backend()
     if name == "auto":
+        if is_fx_tracing():  # an FX graph keeps PyTorch's kernel (the tensors' device is not known while tracing)
+            return "sdpa"
         return "xformers" if xformers_supports(q, bias)[0] else "sdpa"
     if name == "xformers":
         ok, why = xformers_supports(q, bias)

@@ -110,8 +110,9 @@ def _device_key(device) -> str:
 @shape_cache(maxsize=64)
 @torch.inference_mode(False)  # cached tensors must also serve autograd after an inference-mode first call
 def _image_pos(h: int, w: int, device: str) -> torch.Tensor:
-    y, x = torch.meshgrid(torch.arange(h, dtype=torch.float32), torch.arange(w, dtype=torch.float32), indexing="ij")
-    return torch.stack([x.flatten(), y.flatten()], dim=-1).to(device)  # [H*W, 2], x varies fastest
+    f32 = dict(dtype=torch.float32, device=device)  # explicit device: also right inside a torch.device context
+    y, x = torch.meshgrid(torch.arange(h, **f32), torch.arange(w, **f32), indexing="ij")
+    return torch.stack([x.flatten(), y.flatten()], dim=-1)  # [H*W, 2], x varies fastest
 
 
 def image_layout(h: int, w: int, num_prefix: int = 0, device=None) -> TokenLayout:
@@ -124,13 +125,9 @@ def image_layout(h: int, w: int, num_prefix: int = 0, device=None) -> TokenLayou
 @shape_cache(maxsize=64)
 @torch.inference_mode(False)
 def _video_pos(t: int, h: int, w: int, device: str) -> torch.Tensor:
-    tt, yy, xx = torch.meshgrid(
-        torch.arange(t, dtype=torch.float32),
-        torch.arange(h, dtype=torch.float32),
-        torch.arange(w, dtype=torch.float32),
-        indexing="ij",
-    )
-    return torch.stack([tt.flatten(), yy.flatten(), xx.flatten()], dim=-1).to(device)  # [T*H*W, 3]
+    f32 = dict(dtype=torch.float32, device=device)
+    tt, yy, xx = torch.meshgrid(torch.arange(t, **f32), torch.arange(h, **f32), torch.arange(w, **f32), indexing="ij")
+    return torch.stack([tt.flatten(), yy.flatten(), xx.flatten()], dim=-1)  # [T*H*W, 3]
 
 
 def video_layout(t: int, h: int, w: int, num_prefix: int = 0, device=None) -> TokenLayout:
@@ -149,7 +146,7 @@ def window_layout(ws_h: int, ws_w: int, device=None) -> TokenLayout:
 @torch.inference_mode(False)
 def _cell_centre_pos(h: int, w: int, stride: int, device: str) -> torch.Tensor:
     # a stride-s token covers query cells [s*i, s*i + s - 1]; its centre is s*i + (s - 1) / 2
-    return _image_pos(h, w, "cpu").mul(stride).add((stride - 1) / 2).to(device)
+    return _image_pos(h, w, device).mul(stride).add((stride - 1) / 2)
 
 
 def cell_centre_layout(h: int, w: int, stride: int, num_prefix: int = 0, device=None) -> TokenLayout:

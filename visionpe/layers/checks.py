@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import torch
 
+from ..fx import is_fx_tracing
+
 __all__ = ["check_images", "patch_grid"]
 
 
 def check_images(x: torch.Tensor, in_chans: int, min_size: int, what: str = "patch") -> tuple[int, int]:
-    """Validate an image batch [B, C, H, W]; returns (H, W)."""
+    """Validate an image batch [B, C, H, W]; returns (H, W) (unchecked sizes of an FX proxy while tracing)."""
+    if is_fx_tracing():
+        return x.shape[-2:]
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"expected a tensor of images [B, C, H, W], got {type(x).__name__}")
     if x.ndim != 4:

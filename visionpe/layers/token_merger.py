@@ -16,6 +16,7 @@ from timm.layers import Mlp
 from torch import nn
 
 from ..attention import attend
+from ..fx import fx_unsupported, is_fx_tracing
 
 __all__ = ["AdaptiveTokenMerger", "merge_plan"]
 
@@ -116,6 +117,8 @@ class AdaptiveTokenMerger(nn.Module):
         return merged.reshape(B, th, tw, C)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if is_fx_tracing():
+            fx_unsupported("ViTAR's token merger (its merge steps follow the input size)")
         for rows, cols in merge_plan(x.shape[1:3], self.grid):
             x = self.merge(x, rows, cols)
         return x

@@ -26,10 +26,12 @@ from timm.models._features import feature_take_indices
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ..fx import fx_unsupported, is_fx_tracing
 from ..layers.checks import check_images
 from ..layout import TokenLayout, cell_centre_layout, image_layout
 from ..pos.base import AttnSpec, PEHost
 from ..pos.presets import build_pos_encoding
+from .construction import UnsupportedPool, factory_kwargs, not_scriptable, place_like, reset_to_defaults
 from .cvt_layers import CvtBlock, CvtStage
 from .param_groups import exact_no_weight_decay, pe_block_rules, pe_stem
 
@@ -45,6 +47,7 @@ def _stage_tuple(value, n: int, what: str) -> tuple:
 
 
 class ConvolutionalVisionTransformer(nn.Module):
+    @factory_kwargs
     def __init__(
         self,
         img_size: int | tuple[int, int] = 224,
@@ -73,14 +76,15 @@ class ConvolutionalVisionTransformer(nn.Module):
         norm_layer: type[nn.Module] | None = None,
         dynamic_img_size: bool = True,
         dynamic_img_pad: bool = True,
+        strict_img_size: bool = False,
     ):
         """embed_dims/depths/num_heads and the patch_* conv settings are per stage. cls_token: a CLS token joins in
         the last stage (then global_pool defaults to 'token', else 'avg'). drop_path_rate: the last stage's rate
         (official: stages 1-2 have none), or one per stage, linear over each stage's blocks.
         pe: a PE preset (visionpe.pos.PE_PRESETS), 'nope' for the paper's models; pe_kwargs override its options.
         act_layer: 'quick_gelu' (official weights) or 'gelu' (Hugging Face transformers port).
-        dynamic_img_size / dynamic_img_pad: timm's flags, accepted for compatibility; the model takes any input
-        size whatever their value."""
+        dynamic_img_size / dynamic_img_pad / strict_img_size: timm's flags, accepted for compatibility; the model
+        takes any input size whatever their value."""
         super().__init__()
         n = len(depths)
         embed_dims, num_heads = _stage_tuple(embed_dims, n, "embed_dims"), _stage_tuple(num_heads, n, "num_heads")
@@ -145,16 +149,30 @@ class ConvolutionalVisionTransformer(nn.Module):
         self.feature_info = [
             dict(module=f"stages.{s}", num_chs=embed_dims[s], reduction=reductions[s]) for s in range(n)
         ]
-        self.init_weights()
+        self._init_layers()
 
     @staticmethod
     def _check_pool(global_pool: str, cls_token: bool) -> None:
         if global_pool not in ("", "avg", "token"):
-            raise ValueError(f"global_pool must be '', 'avg' or 'token', got {global_pool!r}")
+            raise UnsupportedPool(f"global_pool must be '', 'avg' or 'token', got {global_pool!r}")
         if global_pool == "token" and not cls_token:
-            raise ValueError("global_pool='token' needs cls_token=True; use global_pool='avg' without a CLS token")
+            raise UnsupportedPool("global_pool='token' needs cls_token=True; use global_pool='avg' without a CLS token")
 
     def init_weights(self) -> None:
+        """Every parameter and buffer drawn or computed afresh (also after `to_empty()`)."""
+        reset_to_defaults(self)
+        self._init_layers()
+        self.init_non_persistent_buffers()
+
+    def init_non_persistent_buffers(self) -> None:
+        """The PEs' index / frequency buffers and caches rebuilt (timm's reinit_non_persistent_buffers)."""
+        self.pe.init_non_persistent_buffers()
+
+    def __prepare_scriptable__(self):
+        not_scriptable(self)
+
+    def _init_layers(self) -> None:
+        """The constructor's init (the draws a seeded model has always made)."""
         for stage in self.stages:
             if stage.cls_token is not None:
                 trunc_normal_(stage.cls_token, std=0.02)
@@ -254,6 +272,8 @@ class ConvolutionalVisionTransformer(nn.Module):
         return x.transpose(1, 2).reshape(x.shape[0], x.shape[2], hw[0], hw[1])  # (B, C, h, w)
 
     def _check(self, x: torch.Tensor) -> None:
+        if is_fx_tracing():
+            fx_unsupported("CvT (its stages' grids and key layouts follow the input size)")
         h, w = check_images(x, self.in_chans, 1, what="pixel")
         self.stage_grids((h, w))
 
@@ -313,6 +333,7 @@ class ConvolutionalVisionTransformer(nn.Module):
         take_indices, max_index = feature_take_indices(len(self.stages), indices)
         prune_end = max_index < len(self.stages) - 1
         self.stages = self.stages[: max_index + 1]
+        self.pe.keep_layers(self.stage_starts[max_index] + len(self.stages[max_index].blocks))
         if prune_norm or prune_end:
             self.norm = nn.Identity()
         if prune_end:
@@ -357,7 +378,8 @@ class ConvolutionalVisionTransformer(nn.Module):
             if global_pool:
                 self._check_pool(global_pool, self.stages[-1].cls_token is not None)
             self.global_pool = global_pool
-        self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
+        head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
+        self.head = place_like(head, self)
 
     def set_input_size(self, img_size=None) -> None:
         """Change the reference input size (CvT has no size-dependent tables; PEs that have them are resampled)."""

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ..layout import TokenLayout
+from .construction import factory_kwargs
 from .token_encoder import TokenEncoder
 from .video_vit import VISUAL_FORMATS, TubeletEmbed
 
@@ -33,7 +34,8 @@ def check_text(text_ids: torch.Tensor | None, vocab_size: int, batch: int, devic
         raise ValueError(f"text_ids must be [B, L], got shape {tuple(text_ids.shape)}{hint}")
     if text_ids.shape[0] != batch:
         raise ValueError(f"text_ids has batch {text_ids.shape[0]} but the visual input has batch {batch}")
-    if text_ids.numel() and not torch.compiler.is_compiling():  # a value check: eager only (no host sync)
+    eager = not torch.compiler.is_compiling() and text_ids.device.type != "meta"
+    if text_ids.numel() and eager:  # a value check: eager, on real tensors only (no host sync)
         lo, hi = int(text_ids.min()), int(text_ids.max())
         if lo < 0 or hi >= vocab_size:
             bad = lo if lo < 0 else hi
@@ -45,6 +47,7 @@ def check_text(text_ids: torch.Tensor | None, vocab_size: int, batch: int, devic
 
 
 class MultimodalEncoder(TokenEncoder):
+    @factory_kwargs
     def __init__(
         self,
         img_size: int | tuple[int, int] = 224,
@@ -91,7 +94,10 @@ class MultimodalEncoder(TokenEncoder):
         self.text_embed = nn.Embedding(vocab_size, embed_dim)
         self.markers = nn.Parameter(torch.zeros(2, embed_dim))  # <img>, </img>
         self.feature_info = [dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=patch_size) for i in range(depth)]
-        self.init_weights()
+        self._init_layers()
+
+    def _init_layers(self) -> None:
+        super()._init_layers()
         nn.init.normal_(self.text_embed.weight, std=0.02)
         nn.init.normal_(self.markers, std=0.02)
 

@@ -28,15 +28,24 @@ from torch import nn
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.utils.checkpoint import checkpoint
 
+from ..fx import fx_unsupported, is_fx_tracing
 from ..layers import Attention
 from ..layers.checks import check_images
 from ..layout import TokenLayout, image_layout, is_symbolic, window_layout
 from ..pos.base import AttnSpec, PEHost, PosContext, merge_contexts
 from ..pos.presets import build_pos_encoding
+from .construction import UnsupportedPool, factory_kwargs, not_scriptable, reset_to_defaults
 from .param_groups import exact_no_weight_decay, pe_block_rules, pe_stem
 from .swin_windows import WindowPlan, plan_windows, window_mask
 
 __all__ = ["SwinTransformer", "SwinBlock", "SwinStage"]
+
+POOLS = ("", "avg", "max", "avgmax")  # pools that keep the pooled width (concatenating ones would double it)
+
+
+def _check_pool(global_pool: str) -> None:
+    if global_pool not in POOLS:
+        raise UnsupportedPool(f"global_pool must be '', 'avg', 'max' or 'avgmax', got {global_pool!r}")
 
 
 def stage_windows(window_size, num_stages: int) -> tuple[tuple[int, int], ...]:
@@ -117,6 +126,9 @@ def _shift_bias(mask: torch.Tensor, batch: int) -> PosContext:
 
 
 class SwinTransformer(nn.Module):
+    output_fmt = "NHWC"  # forward_features returns [B, H, W, C], as timm's Swin
+
+    @factory_kwargs
     def __init__(
         self,
         img_size: int | tuple[int, int] = 224,
@@ -139,15 +151,15 @@ class SwinTransformer(nn.Module):
         act_layer: type[nn.Module] | None = None,
         dynamic_img_size: bool = True,
         dynamic_img_pad: bool = True,
+        strict_img_size: bool = False,
     ):
         """embed_dim: width of stage 1 (doubling per stage). window_size: one for all stages or one per stage.
         pe: a PE preset (visionpe.pos.PE_PRESETS), 'rpb' being Swin's relative position bias; pe_kwargs override
         its options.
-        dynamic_img_size / dynamic_img_pad: timm's flags, accepted for compatibility; the model takes any input
-        size whatever their value."""
+        dynamic_img_size / dynamic_img_pad / strict_img_size: timm's flags, accepted for compatibility; the model
+        takes any input size whatever their value."""
         super().__init__()
-        if global_pool not in ("", "avg", "max", "avgmax"):
-            raise ValueError(f"global_pool must be '', 'avg', 'max' or 'avgmax', got {global_pool!r}")
+        _check_pool(global_pool)
         if len(num_heads) != len(depths):
             raise ValueError(f"num_heads needs one entry per stage ({len(depths)}), got {tuple(num_heads)}")
         norm_layer = norm_layer or nn.LayerNorm
@@ -202,7 +214,7 @@ class SwinTransformer(nn.Module):
         self.head = ClassifierHead(self.num_features, num_classes, global_pool, drop_rate, input_fmt="NHWC")
         r = self.patch_embed.patch_size[0]
         self.feature_info = [dict(module=f"layers.{s}", num_chs=dims[s], reduction=r * 2**s) for s in range(n)]
-        self.init_weights()
+        self._init_layers()
 
     def _host(self) -> PEHost:
         """What the PEs see: one AttnSpec per block, its grid the stage's window."""
@@ -220,6 +232,20 @@ class SwinTransformer(nn.Module):
         )
 
     def init_weights(self) -> None:
+        """Every parameter and buffer drawn or computed afresh (also after `to_empty()`)."""
+        reset_to_defaults(self)
+        self._init_layers()
+        self.init_non_persistent_buffers()
+
+    def init_non_persistent_buffers(self) -> None:
+        """The PEs' index / frequency buffers and caches rebuilt (timm's reinit_non_persistent_buffers)."""
+        self.pe.init_non_persistent_buffers()
+
+    def __prepare_scriptable__(self):
+        not_scriptable(self)
+
+    def _init_layers(self) -> None:
+        """The constructor's init (the draws a seeded model has always made)."""
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 trunc_normal_(m.weight, std=0.02)
@@ -255,6 +281,8 @@ class SwinTransformer(nn.Module):
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Images [B, C, H, W] -> patch tokens [B, H', W', C] with token-site PEs applied."""
+        if is_fx_tracing():
+            fx_unsupported("Swin (its windows, shifts and masks follow the input size)")
         check_images(x, self.in_chans, self.patch_embed.patch_size[0])
         if torch.compiler.is_exporting() and is_symbolic(x.shape[-2:]):
             self._check_export_size(*x.shape[-2:])
@@ -331,6 +359,7 @@ class SwinTransformer(nn.Module):
         if prune_norm or prune_end:
             self.norm = nn.Identity()
         self.layers = self.layers[: max_index + 1]
+        self.pe.keep_layers(self.stage_starts[max_index] + len(self.layers[max_index].blocks))
         if prune_end:
             self.num_features = self.head_hidden_size = self.dims[max_index]
         if prune_head or prune_end:
@@ -366,8 +395,14 @@ class SwinTransformer(nn.Module):
         return self.head.fc
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """A new classifier (0: none) over the current width, on the model's device and dtype, in its train / eval
+        mode; global_pool None keeps the pool."""
+        if global_pool is not None:
+            _check_pool(global_pool)
+        ref = self.patch_embed.proj.weight
+        self.head.reset(num_classes, global_pool, in_features=self.num_features, device=ref.device, dtype=ref.dtype)
+        self.head.train(self.training)
         self.num_classes = num_classes
-        self.head.reset(num_classes, pool_type=global_pool)
         if global_pool is not None:
             self.global_pool = global_pool
 

@@ -38,8 +38,9 @@ SWIN = zoo.Family(
         classifier="head.fc",
         license="mit",
         origin_url="https://github.com/microsoft/Swin-Transformer",
+        pool_size=(7, 7),  # the last stage's map at 224 px (patch 4, three merges)
     ),
-    size_cfg={"n": dict(input_size=(3, 32, 32), crop_pct=1.0)},
+    size_cfg={"n": dict(input_size=(3, 32, 32), crop_pct=1.0, pool_size=(2, 2))},
     filter_fn=checkpoint_filter_fn,
     feature_cfg=dict(out_indices=(0, 1, 2, 3), feature_cls="getter"),
     tiny=dict(embed_dim=16, depths=(2, 2), num_heads=(1, 2), window_size=4, patch_size=2, img_size=32, num_classes=10),

@@ -22,6 +22,7 @@ from ..layout import TokenLayout
 from ..pos.base import AttnSpec, PEHost
 from ..pos.mm_positions import segment_layout
 from ..pos.presets import build_pos_encoding
+from .construction import UnsupportedPool, not_scriptable, place_like, reset_to_defaults
 from .param_groups import exact_no_weight_decay, pe_layer_regex, pe_stem
 
 __all__ = ["TokenEncoder"]
@@ -58,19 +59,17 @@ class TokenEncoder(nn.Module):
         norm_eps: float = 1e-6,
         dynamic_img_size: bool = True,
         dynamic_img_pad: bool = True,
+        strict_img_size: bool = False,
     ):
         """grid: the reference (H, W) patch grid the PEs are built for (frames: its token frames T);
         default_scheme: the position scheme of the layout when no PE declares one (e.g. for a learned APE);
         embed_prefix: a learned APE has entries for the prefix tokens too; fc_norm: norm after pooling instead of
         before (default: with average pooling); qkv_bias: True, False or "qv" (no k bias, as DINOv3);
         norm_eps: the LayerNorm epsilon when norm_layer is not given (1e-6; DINOv3 uses 1e-5).
-        dynamic_img_size / dynamic_img_pad: timm's flags, accepted for compatibility; every model here takes any
-        input size and pads partial patches, whatever their value."""
+        dynamic_img_size / dynamic_img_pad / strict_img_size: timm's flags, accepted for compatibility; every model
+        here takes any input size and pads partial patches, whatever their value."""
         super().__init__()
-        if global_pool not in POOLS:
-            raise ValueError(f"global_pool must be '', 'avg' or 'token', got {global_pool!r}")
-        if global_pool == "token" and not class_token:
-            raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg' without a CLS token")
+        _check_pool(global_pool, class_token)
         norm_layer = norm_layer or partial(nn.LayerNorm, eps=norm_eps)
         act_layer = act_layer or nn.GELU
         self.num_classes = num_classes
@@ -87,7 +86,7 @@ class TokenEncoder(nn.Module):
         self.pe = build_pos_encoding(pe, self._host(depth), pe_kwargs)
         self.pe_name = pe
 
-        dpr = torch.linspace(0, drop_path_rate, depth).tolist()
+        dpr = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]  # linear (no tensor: meta-safe)
         self.blocks = nn.ModuleList(
             Block(
                 embed_dim,
@@ -110,6 +109,20 @@ class TokenEncoder(nn.Module):
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
 
     def init_weights(self) -> None:
+        """Every parameter and buffer drawn or computed afresh (also after `to_empty()`)."""
+        reset_to_defaults(self)
+        self._init_layers()
+        self.init_non_persistent_buffers()
+
+    def init_non_persistent_buffers(self) -> None:
+        """The PEs' index / frequency buffers and caches rebuilt (timm's reinit_non_persistent_buffers)."""
+        self.pe.init_non_persistent_buffers()
+
+    def __prepare_scriptable__(self):
+        not_scriptable(self)
+
+    def _init_layers(self) -> None:
+        """The constructor's init (the draws a seeded model has always made)."""
         for p in (self.cls_token, self.reg_token):
             if p is not None:
                 nn.init.normal_(p, std=1e-6)
@@ -230,6 +243,7 @@ class TokenEncoder(nn.Module):
     def prune_intermediate_layers(self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head=True):
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
         self.blocks = self.blocks[: max_index + 1]
+        self.pe.keep_layers(max_index + 1)
         if prune_norm:
             self.norm = nn.Identity()
         if prune_head:
@@ -260,11 +274,18 @@ class TokenEncoder(nn.Module):
         return self.head
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        self.num_classes = num_classes
+        """A new classifier (0: none) on the model's device and dtype, in its train / eval mode; global_pool None
+        keeps the pool."""
         if global_pool is not None:
-            if global_pool not in POOLS:
-                raise ValueError(f"global_pool must be '', 'avg' or 'token', got {global_pool!r}")
-            if global_pool == "token" and self.cls_token is None:
-                raise ValueError("global_pool='token' needs a CLS token; this model has none")
+            _check_pool(global_pool, self.cls_token is not None)
             self.global_pool = global_pool
-        self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.num_classes = num_classes
+        head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.head = place_like(head, self)
+
+
+def _check_pool(global_pool: str, class_token: bool) -> None:
+    if global_pool not in POOLS:
+        raise UnsupportedPool(f"global_pool must be '', 'avg' or 'token', got {global_pool!r}")
+    if global_pool == "token" and not class_token:
+        raise UnsupportedPool("global_pool='token' needs a CLS token (class_token=True); use global_pool='avg'")

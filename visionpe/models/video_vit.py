@@ -11,7 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..fx import fx_unsupported, is_fx_tracing
 from ..layout import TokenLayout
+from .construction import factory_kwargs
 from .token_encoder import TokenEncoder
 
 __all__ = ["TubeletEmbed", "VideoViT", "check_clip"]
@@ -77,6 +79,8 @@ class TubeletEmbed(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
         """[B, C, T, H, W] -> tokens [B, T'*H'*W', D] (raster order, x fastest) and the grid (T', H', W')."""
+        if is_fx_tracing():
+            fx_unsupported("the video / multimodal encoders (their token grid and sequence follow the clip)")
         t, h, w = check_clip(x, self.in_chans, self.tubelet_size, self.patch_size[0])
         grid = self.token_grid(t, h, w)
         pt, ph, pw = grid[0] * self.tubelet_size - t, grid[1] * self.patch_size[0] - h, grid[2] * self.patch_size[0] - w
@@ -90,6 +94,7 @@ class TubeletEmbed(nn.Module):
 
 
 class VideoViT(TokenEncoder):
+    @factory_kwargs
     def __init__(
         self,
         img_size: int | tuple[int, int] = 224,
@@ -126,7 +131,7 @@ class VideoViT(TokenEncoder):
         self.in_chans = in_chans
         self.num_frames = num_frames
         self.feature_info = [dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=patch_size) for i in range(depth)]
-        self.init_weights()
+        self._init_layers()
 
     def layout(self, grid: tuple[int, int, int], device=None) -> TokenLayout:
         """Layout of a T x H x W token grid under the model's position scheme ((t, y, x) for rope3d and the APE)."""

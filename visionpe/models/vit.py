@@ -13,9 +13,11 @@ import torch
 from timm.layers import PatchEmbed, to_2tuple
 from torch import nn
 
+from ..fx import is_fx_tracing
 from ..layers.checks import check_images, patch_grid
 from ..layers.token_merger import AdaptiveTokenMerger
 from ..layout import TokenLayout, image_layout
+from .construction import factory_kwargs
 from .token_encoder import TokenEncoder
 
 __all__ = ["VisionTransformer"]
@@ -24,6 +26,7 @@ POSITION_MODES = ("extrapolate", "interpolate", "ntk", "yarn")
 
 
 class VisionTransformer(TokenEncoder):
+    @factory_kwargs
     def __init__(
         self,
         img_size: int | tuple[int, int] = 224,
@@ -99,7 +102,7 @@ class VisionTransformer(TokenEncoder):
         self.merge_factor, self.merger_grid = merge, merger_grid
         r = self.patch_embed.patch_size[0] * merge
         self.feature_info = [dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=r) for i in range(depth)]
-        self.init_weights()
+        self._init_layers()
 
     @property
     def pe_grid(self) -> tuple[int, int]:
@@ -141,7 +144,10 @@ class VisionTransformer(TokenEncoder):
         if self.token_merger is not None:
             x = self.token_merger(x)  # (B, G_h, G_w, C)
         B, Hp, Wp, C = x.shape
-        return self.add_prefix(x.reshape(B, Hp * Wp, C)), self.layout((Hp, Wp), x.device)
+        device = x.device
+        if is_fx_tracing():  # FX: the reference grid, its layout a constant of the graph (visionpe.fx)
+            (Hp, Wp), device = self.pe_grid, next(self.parameters()).device
+        return self.add_prefix(x.reshape(B, Hp * Wp, C)), self.layout((Hp, Wp), device)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         return self.run_blocks(*self.embed(x))

@@ -44,6 +44,7 @@ class LearnedAPE(PosEncoding):
         if resample not in APE_RESAMPLE:
             raise ValueError(f"APE resample must be one of {APE_RESAMPLE}, got {resample!r}")
         self.resample = resample
+        self.std = float(std)
         self.grid = tuple(host.grid)
         self.num_prefix_entries = host.num_prefix if host.embed_prefix else 0
         num = self.num_prefix_entries + self.grid[0] * self.grid[1]
@@ -74,11 +75,15 @@ class LearnedAPE(PosEncoding):
             return x + pe
         return torch.cat([x[:, :skip], x[:, skip:] + pe], dim=1)
 
+    def reset_parameters(self):
+        trunc_normal_(self.pos_embed, std=self.std)
+
     def set_grid(self, grid):
         grid = tuple(grid)
         if grid != self.grid:
             with torch.no_grad():
-                self.pos_embed = nn.Parameter(self.table(grid).detach().clone())
+                table = self.table(grid).detach().clone()
+            self.pos_embed = nn.Parameter(table, requires_grad=self.pos_embed.requires_grad)
             self.grid = grid
 
     def no_weight_decay(self):

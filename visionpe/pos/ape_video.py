@@ -20,6 +20,7 @@ class SpaceTimeAPE(PosEncoding):
 
     def __init__(self, host: PEHost, std: float = 0.02):
         super().__init__(host)
+        self.std = float(std)
         self.grid = tuple(host.grid)
         self.frames = int(host.frames)
         self.space = nn.Parameter(torch.zeros(1, self.grid[0] * self.grid[1], host.dim))
@@ -28,9 +29,12 @@ class SpaceTimeAPE(PosEncoding):
         self.prefix = (
             nn.Parameter(torch.zeros(1, self.num_prefix_entries, host.dim)) if self.num_prefix_entries else None
         )
+        self.reset_parameters()
+
+    def reset_parameters(self):
         for p in (self.space, self.time, self.prefix):
             if p is not None:
-                trunc_normal_(p, std=std)
+                trunc_normal_(p, std=self.std)
 
     def space_table(self, hw: tuple[int, int]) -> torch.Tensor:
         """[1, H*W, C]"""
@@ -64,7 +68,8 @@ class SpaceTimeAPE(PosEncoding):
         grid = tuple(grid)
         if grid != self.grid:
             with torch.no_grad():
-                self.space = nn.Parameter(self.space_table(grid).detach().clone())
+                table = self.space_table(grid).detach().clone()
+            self.space = nn.Parameter(table, requires_grad=self.space.requires_grad)
             self.grid = grid
 
     def no_weight_decay(self):

@@ -20,7 +20,7 @@ declares what it needs from the backbone: `layout_scheme` (the position streams 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -127,6 +127,25 @@ class PosEncoding(nn.Module):
     def init_weights(self) -> None:
         """Called by the backbone's init after its own layers (parameters the PE's options say to draw)."""
 
+    def reset_parameters(self) -> None:
+        """Give this PE's own parameters their constructor values again (e.g. after `to_empty()`): the backbone's
+        `init_weights()` calls it, then `init_weights()`. Submodules with a `reset_parameters` of their own (a
+        conv) are reset by the backbone. Default: nothing, for PEs without parameters of their own; a PE whose
+        constructor draws or fills a parameter must override it."""
+
+    def init_non_persistent_buffers(self) -> None:
+        """Rebuild every non-persistent buffer (index, frequency tables) from the PE's configuration on the
+        buffers' device, and drop every cache computed from them. Called after `to_empty()` + `load_state_dict`
+        (timm's `reinit_non_persistent_buffers` calls it on every module that has it) and by the backbone's
+        `init_weights()`. Default: nothing, for PEs without buffers or caches; a PE that registers a
+        non-persistent buffer or keeps a cache must override it."""
+
+    def keep_layers(self, depth: int) -> None:
+        """The backbone dropped every attention layer from `depth` on (timm's `prune_intermediate_layers`,
+        `features_only`): drop their per-layer state, so that every parameter left is used. The default updates
+        the host; a PE with per-layer parameters must also drop those of the removed layers."""
+        self.host = replace(self.host, layers=self.host.layers[:depth])
+
     def layout_options(self, training: bool) -> dict:
         """Per-forward options of `layout_scheme` (e.g. V2PE's visual step, drawn in training)."""
         return {}
@@ -187,6 +206,18 @@ class PosStack(PosEncoding):
     def init_weights(self):
         for pe in self.encodings.values():
             pe.init_weights()
+
+    def reset_parameters(self):  # the backbone's walk over its modules resets every PE of the stack itself
+        pass
+
+    def init_non_persistent_buffers(self):
+        for pe in self.encodings.values():
+            pe.init_non_persistent_buffers()
+
+    def keep_layers(self, depth):
+        super().keep_layers(depth)
+        for pe in self.encodings.values():
+            pe.keep_layers(depth)
 
     @property
     def layout_scheme(self) -> str | None:

@@ -52,6 +52,12 @@ class CPE(PosEncoding):
             }
         )
 
+    def keep_layers(self, depth):
+        super().keep_layers(depth)
+        self.blocks = tuple(i for i in self.blocks if i < depth)
+        for key in [k for k in self.convs if int(k) >= depth]:
+            del self.convs[key]
+
     def block(self, i: int, x: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
         conv = self.convs[str(i)] if i in self.blocks else None
         if conv is None:

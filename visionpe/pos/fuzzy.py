@@ -14,13 +14,22 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from timm.layers import resample_abs_pos_embed, trunc_normal_
+from timm.layers import register_notrace_function, resample_abs_pos_embed, trunc_normal_
 from torch import nn
 
 from ..layout import TokenLayout
 from .base import PEHost, PosEncoding
 
-__all__ = ["FuzzyPE"]
+__all__ = ["FuzzyPE", "jittered"]
+
+
+@register_notrace_function  # FX: a graph leaf, so a traced model draws new offsets at every call
+def jittered(coords: torch.Tensor, jitter: float, x: torch.Tensor) -> torch.Tensor:
+    """coords + U[-jitter, jitter] per entry; x (the tokens) only ties the draw to the graph's input."""
+    return coords.to(x.device) + (torch.rand(coords.shape, device=x.device, dtype=coords.dtype) * 2 - 1) * jitter
+
+
+torch.fx.wrap("jittered")
 
 
 class FuzzyPE(PosEncoding):
@@ -31,6 +40,7 @@ class FuzzyPE(PosEncoding):
         if not 0 <= jitter <= 1:
             raise ValueError(f"fuzzy PE jitter is an offset in table cells and must be in [0, 1], got {jitter}")
         self.jitter = float(jitter)
+        self.std = float(std)
         self.grid = tuple(host.grid)
         self.pos_embed = nn.Parameter(torch.zeros(1, self.grid[0] * self.grid[1], host.dim))
         trunc_normal_(self.pos_embed, std=std)
@@ -52,7 +62,8 @@ class FuzzyPE(PosEncoding):
         extent = torch.tensor([max(w0 - 1, 1), max(h0 - 1, 1)], dtype=coords.dtype, device=coords.device)
         norm = coords / extent * 2 - 1  # align_corners=True: -1 and 1 are the centres of the corner entries
         table = self.pos_embed.transpose(1, 2).reshape(1, -1, h0, w0)  # [1, C, H0, W0]
-        out = F.grid_sample(table, norm[None, None], mode="bilinear", padding_mode="border", align_corners=True)
+        grid = norm[None, None].to(table.dtype)  # the table's precision (also float64 / bfloat16 models)
+        out = F.grid_sample(table, grid, mode="bilinear", padding_mode="border", align_corners=True)
         return out[:, :, 0].transpose(1, 2)  # [1, N, C]
 
     def tokens(self, x, layout: TokenLayout):
@@ -61,7 +72,7 @@ class FuzzyPE(PosEncoding):
         else:
             coords = self.reference_coords(layout)
             if self.training and self.jitter:
-                coords = coords + (torch.rand_like(coords) * 2 - 1) * self.jitter
+                coords = jittered(coords, self.jitter, x)
             pe = self.sample(coords)
         pe = pe.to(x.dtype)
         p = layout.num_prefix
@@ -74,8 +85,11 @@ class FuzzyPE(PosEncoding):
                 table = resample_abs_pos_embed(
                     self.pos_embed, new_size=list(grid), old_size=list(self.grid), num_prefix_tokens=0
                 )
-                self.pos_embed = nn.Parameter(table.detach().clone())
+            self.pos_embed = nn.Parameter(table.detach().clone(), requires_grad=self.pos_embed.requires_grad)
             self.grid = grid
+
+    def reset_parameters(self):
+        trunc_normal_(self.pos_embed, std=self.std)
 
     def no_weight_decay(self):
         return {"pos_embed"}

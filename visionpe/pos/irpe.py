@@ -35,6 +35,7 @@ from timm.layers import resize_rel_pos_bias_table, trunc_normal_
 from torch import nn
 
 from ..attention import RowBias, RowValue
+from ..fx import fx_unsupported, is_fx_tracing
 from ..layout import TokenLayout
 from .base import PEHost, PosContext, PosEncoding
 from .irpe_lookup import FullBuckets, GridBuckets
@@ -195,6 +196,26 @@ class IRPE(PosEncoding):
             for p in self.parameters():
                 trunc_normal_(p, std=self.init_std)
 
+    def reset_parameters(self):
+        """Tables back to zero (init_weights then draws them when init_std > 0)."""
+        with torch.no_grad():
+            for p in self.parameters():
+                p.zero_()
+
+    def init_non_persistent_buffers(self):
+        self._cache.clear()  # bucket ids are kept per device and positions, never saved
+
+    def keep_layers(self, depth):
+        super().keep_layers(depth)
+        for name in ("bias_tables", "q_bias_tables"):
+            if hasattr(self, name):
+                setattr(self, name, nn.ParameterList(list(getattr(self, name))[:depth]))
+        if self.mode != "bias":
+            for t in self.targets:
+                self.tables[t] = nn.ParameterList(list(self.tables[t])[:depth])
+        self.offsets, self.rows = self.offsets[:depth], self.rows[:depth]
+        self._cache.clear()
+
     def set_host(self, host):
         """A new host (e.g. Swin with a new window): tables whose bucket range follows the window are resized
         (bias tables bicubically, as timm does for Swin checkpoints); contextual tables cannot follow one."""
@@ -214,7 +235,7 @@ class IRPE(PosEncoding):
                         t = tables[i]
                         shape = (self._table_rows(b), t.shape[1])
                         new = resize_rel_pos_bias_table(t.data, (b[0] + 1, b[1] + 1), shape, (a[0] + 1, a[1] + 1))
-                        tables[i] = nn.Parameter(new.contiguous())
+                        tables[i] = nn.Parameter(new.contiguous(), requires_grad=t.requires_grad)
         self.offsets, self.rows = offsets, [self._table_rows(b) for b in offsets]
         self._cache.clear()
 
@@ -337,6 +358,8 @@ class IRPE(PosEncoding):
     # ------------------------------------------------------------------------------------------------ sites
 
     def context(self, i, layout, kv_layout=None):
+        if is_fx_tracing():
+            fx_unsupported("iRPE (its bucket lookup is chosen per input size)")
         if layout.streams != 2:
             raise ValueError(f"iRPE needs (x, y) positions, got a layout with {layout.streams} streams")
         kv = layout if kv_layout is None else kv_layout

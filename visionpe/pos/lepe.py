@@ -29,6 +29,10 @@ class LePE(PosEncoding):
         widths = [s.num_heads * s.head_dim for s in host.layers]
         self.convs = nn.ModuleList(nn.Conv2d(c, c, kernel_size, padding=kernel_size // 2, groups=c) for c in widths)
 
+    def keep_layers(self, depth):
+        super().keep_layers(depth)
+        self.convs = self.convs[:depth]
+
     def context(self, i, layout, kv_layout=None):
         if kv_layout is not None and (kv_layout.grid != layout.grid or kv_layout.num_prefix != layout.num_prefix):
             raise ValueError(

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from functools import lru_cache
 
 import torch
@@ -298,7 +299,10 @@ def _compute(segments, scheme: str, options: dict) -> torch.Tensor:
 @lru_cache(maxsize=128)
 @torch.inference_mode(False)  # cached tensors must also serve autograd after an inference-mode first call
 def _cached(segments: tuple, scheme: str, options: tuple, device: str) -> torch.Tensor:
-    return _compute(segments, scheme, dict(options)).to(device)
+    # computed on the host (also inside a torch.device("meta") context), then moved; traced: as it comes
+    with nullcontext() if torch.compiler.is_compiling() else torch.device("cpu"):
+        pos = _compute(segments, scheme, dict(options))
+    return pos.to(device)
 
 
 def _check_options(scheme: str, options: dict) -> None:

@@ -22,6 +22,8 @@ from .coord_aug import CoordAugment
 from .rope_scaling import rope_scaling, scale_frequencies, yarn_temperature
 from .rotary import FixedCosSinCache, apply_rotary, axial_frequencies, scaled_cos_sin
 
+torch.fx.wrap("scaled_cos_sin")  # FX: a graph leaf when called from here too (visionpe.fx)
+
 __all__ = ["RoPE2D", "mixed_frequencies"]
 
 
@@ -58,6 +60,7 @@ class RoPE2D(PosEncoding):
         for d in head_dims:
             if d % 4:
                 raise ValueError(f"2D RoPE needs head dims divisible by 4, got {d}")
+        self._head_dims = sorted(head_dims)
         if mode == "mixed":
             heads = {spec.num_heads for spec in host.layers}
             if len(heads) == 1 and len(head_dims) == 1:  # one tensor, as in timm / rope-vit checkpoints
@@ -73,12 +76,35 @@ class RoPE2D(PosEncoding):
                 self.register_buffer(f"axial_{d}", axial_frequencies(d, self.theta), persistent=False)
         self._cos_sin_cache = FixedCosSinCache()  # axial only (mixed frequencies are trained)
 
-    def init_non_persistent_buffers(self) -> None:
-        """Refill the fixed axial frequencies (e.g. after building on the meta device and `to_empty`)."""
-        if self.mode == "axial":
-            for d in {spec.head_dim for spec in self.host.layers}:
-                buf = getattr(self, f"axial_{d}")
-                buf.copy_(axial_frequencies(d, self.theta).to(buf.device))
+    def reset_parameters(self):
+        """Mixed: frequencies drawn afresh (random angles) as at construction."""
+        if self.mode != "mixed":
+            return
+        with torch.no_grad():
+            if isinstance(self.freqs, nn.ParameterList):
+                for p, s in zip(self.freqs, self.host.layers):
+                    p.copy_(mixed_frequencies(s.head_dim, 1, s.num_heads, self.theta)[:, 0])
+            else:
+                _, depth, heads, _ = self.freqs.shape
+                head_dim = self.host.layers[0].head_dim
+                self.freqs.copy_(mixed_frequencies(head_dim, depth, heads, self.theta))
+
+    def init_non_persistent_buffers(self):
+        for d in self._head_dims if self.mode == "axial" else ():
+            buf = getattr(self, f"axial_{d}")
+            freqs = axial_frequencies(d, self.theta).to(buf.device, buf.dtype)  # where and how the model keeps it
+            self.register_buffer(f"axial_{d}", freqs, persistent=False)
+        self._cos_sin_cache.clear()
+
+    def keep_layers(self, depth):
+        super().keep_layers(depth)
+        if self.mode != "mixed":
+            return
+        if isinstance(self.freqs, nn.ParameterList):
+            self.freqs = nn.ParameterList(list(self.freqs)[:depth])
+        else:
+            kept = self.freqs[:, :depth].detach().clone()
+            self.freqs = nn.Parameter(kept, requires_grad=self.freqs.requires_grad)
 
     def layer_frequencies(self, i: int) -> torch.Tensor:
         """Frequency matrix of layer i: [2, d/2] (axial, shared) or [2, heads, d/2] (mixed)."""

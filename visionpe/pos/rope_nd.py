@@ -47,12 +47,18 @@ class RoPEND(PosEncoding):
             position_ids("text:1 video:2x1x1 text:1", scheme, **self.scheme_options)  # rejects bad options early
         self.theta = float(theta)
         self.num_streams = scheme_streams(scheme)
-        for d in sorted({spec.head_dim for spec in host.layers}):
-            freqs = frequency_matrix(
-                scheme, d, self.theta, mrope_section if scheme in ("mrope", "mrope_time") else None
-            )
-            self.register_buffer(f"freqs_{d}", freqs, persistent=False)  # [S, d/2]
+        self.mrope_section = mrope_section if scheme in ("mrope", "mrope_time") else None
         self._cos_sin_cache = FixedCosSinCache()
+        self.init_non_persistent_buffers()
+
+    def init_non_persistent_buffers(self):
+        for d in sorted({spec.head_dim for spec in self.host.layers}):
+            old = getattr(self, f"freqs_{d}", None)
+            freqs = frequency_matrix(self.scheme, d, self.theta, self.mrope_section)
+            if old is not None:
+                freqs = freqs.to(old.device, old.dtype)  # where and how the model keeps it
+            self.register_buffer(f"freqs_{d}", freqs, persistent=False)  # [S, d/2]
+        self._cos_sin_cache.clear()
 
     def layer_frequencies(self, i: int):
         """F [S, d/2] of layer i (fixed, shared by layers with the same head dim)."""

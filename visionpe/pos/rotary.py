@@ -9,7 +9,12 @@ an exact identity (cos 0 = 1, sin 0 = 0).
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
+from timm.layers import register_notrace_function
+
+from ..fx import is_fx_tracing
 
 __all__ = [
     "rotary_angles",
@@ -20,6 +25,13 @@ __all__ = [
     "FixedCosSinCache",
     "scaled_cos_sin",
 ]
+
+
+def no_autocast(device: torch.device):
+    """Autocast switched off on `device`; a no-op on device types without autocast (meta, ...)."""
+    if not is_fx_tracing() and torch.amp.is_autocast_available(device.type):
+        return torch.autocast(device_type=device.type, enabled=False)
+    return nullcontext()
 
 
 def rope_frequencies(num: int, theta: float, dim: int | None = None) -> torch.Tensor:
@@ -46,7 +58,7 @@ def axial_frequencies(head_dim: int, theta: float, num_axes: int = 2) -> torch.T
 
 def rotary_angles(pos: torch.Tensor, freqs: torch.Tensor, num_prefix: int = 0) -> torch.Tensor:
     """Angles [P + N, d/2] (or [heads, P + N, d/2] for freqs [S, heads, d/2]) in fp32; prefix rows are 0."""
-    with torch.autocast(device_type=pos.device.type, enabled=False):
+    with no_autocast(pos.device):
         pos = pos.float()
         freqs = freqs.float()
         if freqs.ndim == 2:  # [S, C]
@@ -61,7 +73,7 @@ def rotary_angles(pos: torch.Tensor, freqs: torch.Tensor, num_prefix: int = 0) -
 def rotary_cos_sin(angles: torch.Tensor, half: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin of angles [..., C] repeated per channel pair -> [..., 2C], fp32: [a0, a0, a1, a1, ...], or with
     half=True [a0, a1, ..., a0, a1, ...] with sin signed [-sin, sin] (the rotation is then x cos + roll(x) sin)."""
-    with torch.autocast(device_type=angles.device.type, enabled=False):
+    with no_autocast(angles.device):
         if half:
             sin = angles.sin()
             return torch.cat([angles.cos()] * 2, dim=-1), torch.cat([-sin, sin], dim=-1)
@@ -70,12 +82,16 @@ def rotary_cos_sin(angles: torch.Tensor, half: bool = False) -> tuple[torch.Tens
     return cos, sin
 
 
+@register_notrace_function  # FX: one graph leaf (reads the frequency tensor's shape and device)
 def scaled_cos_sin(
     pos: torch.Tensor, freqs: torch.Tensor, num_prefix: int, half: bool = False, gain: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin [P + N, d] of positions [N, S] under F; gain != 1 scales both (YaRN's temperature on q and k)."""
     cos, sin = rotary_cos_sin(rotary_angles(pos, freqs, num_prefix), half)
     return (cos, sin) if gain == 1.0 else (cos * gain, sin * gain)
+
+
+torch.fx.wrap("scaled_cos_sin")
 
 
 class FixedCosSinCache:
@@ -93,7 +109,7 @@ class FixedCosSinCache:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """pos: positions to use instead of layout.pos (a PE's own coordinates of the layout, cached by identity)."""
         pos = layout.pos if pos is None else pos
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() or is_fx_tracing():
             return scaled_cos_sin(pos, freqs, layout.num_prefix, half, gain)
         key = (layout.num_prefix, freqs.shape[-1], freqs.device, tag, half, gain)
         for p, k, cos_sin in self._entries:
@@ -103,6 +119,9 @@ class FixedCosSinCache:
             cos_sin = scaled_cos_sin(pos, freqs, layout.num_prefix, half, gain)
         self._entries = [*self._entries, (pos, key, cos_sin)][-self.size :]
         return cos_sin
+
+    def clear(self) -> None:
+        self._entries = []
 
 
 def _rotate_pairs(x: torch.Tensor) -> torch.Tensor:
@@ -137,7 +156,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: bo
     fuses into one kernel (it generates no code for complex numbers)."""
     if half:
         return _apply_half(x, cos, sin)
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or is_fx_tracing():
         return (x * cos + _rotate_pairs(x) * sin).to(x.dtype)
     turn = torch.complex(cos[..., 0::2], sin[..., 0::2])  # cos/sin repeat each pair's value: e^(i angle) per pair
     return torch.view_as_real(_as_pairs(x) * turn).flatten(-2).to(x.dtype)

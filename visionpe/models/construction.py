@@ -1,0 +1,71 @@
+"""timm's construction contract, shared by every backbone: factory kwargs, full re-initialisation, heads that keep
+their place.
+
+- `factory_kwargs`: a model's `__init__` takes `device=` and `dtype=` (timm >= 1.0.21 passes them to every model):
+  the model is built inside `torch.device(device)` (directly there, also on "meta") and cast to `dtype` after.
+- `reset_to_defaults`: every submodule with a `reset_parameters()` (linear, conv, norm, embedding, LayerScale and
+  each PE's own parameters) draws its parameters afresh; a backbone's `init_weights()` runs it before its own init,
+  so that after `to_empty()` no parameter or buffer is left uninitialised. The constructor does not run it, so a
+  model built from a seed draws exactly what it drew before this existed.
+- `place_like`: a rebuilt module (a new classifier) on the model's device and dtype, in its train / eval mode.
+- `UnsupportedPool`: the error for a pool a model refuses; it is a ValueError and, for timm's checks, an
+  AssertionError (what timm's own models raise there).
+"""
+
+from __future__ import annotations
+
+import functools
+from contextlib import nullcontext
+
+import torch
+from torch import nn
+
+__all__ = ["UnsupportedPool", "factory_kwargs", "not_scriptable", "place_like", "reset_to_defaults"]
+
+
+class UnsupportedPool(ValueError, AssertionError):
+    """A global pool the model does not take (raised by the constructor and by reset_classifier alike)."""
+
+
+def factory_kwargs(init):
+    """Decorate a model's `__init__` so it takes timm's `device=` / `dtype=` factory kwargs."""
+
+    @functools.wraps(init)
+    def wrapped(self, *args, device=None, dtype=None, **kwargs):
+        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise ValueError(f"dtype must be a floating-point torch.dtype (e.g. torch.bfloat16), got {dtype!r}")
+        with torch.device(device) if device is not None else nullcontext():
+            init(self, *args, **kwargs)
+        if dtype is not None:
+            self.to(dtype=dtype)
+
+    return wrapped
+
+
+def reset_to_defaults(model: nn.Module) -> None:
+    """Call `reset_parameters()` on every submodule of `model` that has one (not on `model` itself)."""
+    for module in model.modules():
+        reset = getattr(module, "reset_parameters", None)
+        if module is not model and callable(reset):
+            reset()
+
+
+def _place(model: nn.Module) -> dict:
+    ref = next(model.parameters(), None)
+    return {} if ref is None else dict(device=ref.device, dtype=ref.dtype)
+
+
+def place_like(module: nn.Module, model: nn.Module) -> nn.Module:
+    """`module` moved to the device / dtype of `model`'s parameters and set to `model`'s train / eval mode."""
+    place = _place(model)
+    if place:
+        module = module.to(**place)
+    return module.train(model.training)
+
+
+def not_scriptable(model: nn.Module):
+    """The error torch.jit.script gets (through `__prepare_scriptable__`): one line naming what works instead."""
+    raise RuntimeError(
+        f"{type(model).__name__} cannot be compiled with TorchScript (its positional encodings build layouts and "
+        "closures per input size); use torch.compile(model) or torch.export.export(model, (x,)) instead"
+    )
