@@ -30,6 +30,9 @@ VIT_PES = {
     "lepe": dict(pe="lepe"),
     "fuzzy": dict(pe="fuzzy"),
     "fuzzy_atm": dict(pe="fuzzy_atm"),  # ViTAR: fuzzy PE + token merger (a model option of the preset)
+    "liere": dict(pe="liere"),
+    "comrope_ap": dict(pe="comrope_ap"),
+    "comrope_ld": dict(pe="comrope_ld"),
 }
 
 DEIT = dict(paper_ids="arXiv:2012.12877", paper_name="Training data-efficient image transformers")

@@ -25,6 +25,7 @@ from .cpe import CPE
 from .fuzzy import FuzzyPE
 from .irpe import IRPE
 from .lepe import LePE
+from .lie_rope import LieRoPE
 from .rope2d import RoPE2D
 from .rope_nd import RoPEND
 
@@ -52,6 +53,7 @@ PE_KINDS: dict[str, type[PosEncoding]] = {
     "fuzzy": FuzzyPE,
     "ape_st": SpaceTimeAPE,
     "rope_nd": RoPEND,
+    "lie_rope": LieRoPE,
 }
 
 PE_PRESETS: dict[str, list[tuple[str, dict]]] = {
@@ -63,6 +65,10 @@ PE_PRESETS: dict[str, list[tuple[str, dict]]] = {
     # RoPE-ViT +APE: the APE resampled by plain bicubic, as naver's code does (timm's default antialiases)
     "rope2d_ape": [("rope2d", {"mode": "axial"}), ("ape", {"resample": "bicubic"})],
     "rope2d_mixed_ape": [("rope2d", {"mode": "mixed"}), ("ape", {"resample": "bicubic"})],
+    # learned rotations on 8 x 8 blocks (visionpe.pos.lie_rope): LieRE (non-commuting), ComRoPE-AP / -LD (commuting)
+    "liere": [("lie_rope", {"variant": "liere"})],
+    "comrope_ap": [("lie_rope", {"variant": "comrope_ap"})],
+    "comrope_ld": [("lie_rope", {"variant": "comrope_ld"})],
     # iRPE (DeiT default: contextual, product, on k, ratio 1.9, APE kept; irpe_k: the same iRPE alone)
     "irpe": [("irpe", {"mode": "contextual", "mapping": "product", "targets": ("k",)}), ("ape", {})],
     "irpe_bias": [("irpe", {"mode": "bias", "mapping": "product", "targets": ("k",)}), ("ape", {})],
@@ -84,6 +90,8 @@ PE_PRESETS: dict[str, list[tuple[str, dict]]] = {
     "videorope": [("rope_nd", {"scheme": "videorope"})],
     "vrope": [("rope_nd", {"scheme": "vrope"})],
     "v2pe": [("rope_nd", {"scheme": "v2pe"})],
+    "mrope_interleaved": [("rope_nd", {"scheme": "mrope_interleaved"})],
+    "hope": [("rope_nd", {"scheme": "hope"})],
     # Swin's relative position bias: iRPE bias, product mapping, identity index, B = window - 1, a table per head,
     # drawn from a truncated normal (std 0.02) as in Swin
     "rpb": [
@@ -131,6 +139,12 @@ _SWIN = Paper(
     "https://github.com/microsoft/Swin-Transformer",
 )
 
+_COMROPE = Paper(
+    "2506.03737",
+    "ComRoPE: Scalable and Robust Rotary Position Embedding Parameterized by Trainable Commuting Angle Matrices",
+    "https://github.com/Longin-Yu/ComRoPE",
+)
+
 PRESET_PAPERS: dict[str, Paper] = {
     **{name: _ROPE_VIT for name in ("rope2d", "rope2d_mixed", "rope2d_ape", "rope2d_mixed_ape")},
     **{name: _IRPE for name in ("irpe", "irpe_bias", "irpe_qkv", "irpe_k")},
@@ -147,6 +161,17 @@ PRESET_PAPERS: dict[str, Paper] = {
     ),
     "vrope": Paper("2502.11664", "VRoPE: Rotary Position Embedding for Video LLMs"),
     "v2pe": Paper("2412.09616", "V2PE: Variable Visual Position Encoding", "https://github.com/OpenGVLab/V2PE"),
+    "liere": Paper("2406.10322", "LieRE: Lie Rotational Positional Encodings", "https://github.com/StanfordMIMI/LieRE"),
+    "comrope_ap": _COMROPE,
+    "comrope_ld": _COMROPE,
+    "mrope_interleaved": Paper(
+        "2511.21631", "Qwen3-VL Technical Report (interleaved M-RoPE)", "https://github.com/QwenLM/Qwen3-VL"
+    ),
+    "hope": Paper(
+        "2505.20444",
+        "HoPE: Hybrid of Position Embedding for Length Generalization in Vision-Language Models",
+        "https://github.com/hrlics/HoPE",
+    ),
 }
 
 
