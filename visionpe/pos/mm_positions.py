@@ -6,7 +6,8 @@ A sequence is a list of segments: `("text", n)`, `("video", (T, H, W))` or `("im
 with T = 1), or the same as a string, `"text:3 video:2x2x3 text:2"`. Every scheme assigns each token S position
 streams (`position_ids` -> float32 [N, S]) and each rotary pair c reads one of them with frequency f_c
 (`frequency_matrix` -> F [S, d/2]); the shared kernel computes angle[n, c] = sum_s pos[n, s] * F[s, c]
-(visionpe.pos.rotary). Every scheme uses the 1D ladder f_c = theta^(-2c/d), so pure text is exactly 1D RoPE.
+(visionpe.pos.rotary). Every scheme uses the 1D ladder f_c = theta^(-2c/d), so pure text is exactly 1D RoPE
+(HoPE: 1D RoPE with its temporal pairs, the lowest-frequency quarter, at frequency 0).
 
 M-RoPE's next-text rule: the released Qwen2-VL / Qwen2.5-VL code starts the text after a visual block at the max over
 the block's three streams + 1 (`after_visual="max"`, the default). transformers 5.x's `get_rope_index` instead
