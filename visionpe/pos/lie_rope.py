@@ -19,7 +19,8 @@ generator (R = I) or ComRoPE's image centre (0.5 on every axis). Axes follow the
 
 In eval without autograd the rotations of a layout are computed once and kept (keyed by the layout's positions and
 the generators' versions: an optimizer step or load_state_dict invalidates them); in training, or whenever gradients
-are recorded, every forward recomputes them (`torch.matrix_exp` in fp32).
+are recorded, every forward recomputes them in fp32 (LieRE: `torch.matrix_exp` per token; ComRoPE: `commuting_exp`,
+one eigendecomposition per head and block; `torch.matrix_exp` while tracing).
 """
 
 from __future__ import annotations
