@@ -165,7 +165,8 @@ def test_swin_timm_attributes():
         timm.create_model(name, strict_img_size=True)
 
 
-FX_VIT = [n for n in NANO if n.startswith("vit_") and "irpe" not in n and n != "vit_n_fuzzy_atm"]
+FX_UNSUPPORTED = ("irpe", "liere", "comrope", "fuzzy_atm")  # per-size lookups (see visionpe.fx)
+FX_VIT = [n for n in NANO if n.startswith("vit_") and not any(u in n for u in FX_UNSUPPORTED)]
 
 
 @pytest.mark.parametrize("name", FX_VIT)
@@ -193,7 +194,9 @@ def test_fx_trace_vit(name):
     graph.train()(x).sum().backward()  # the traced graph trains too
 
 
-@pytest.mark.parametrize("name", ["vit_n_irpe", "vit_n_fuzzy_atm", "swin_n_rpb", "cvt_n", "vivit_n_ape", "mm_n_vrope"])
+@pytest.mark.parametrize(
+    "name", ["vit_n_irpe", "vit_n_fuzzy_atm", "vit_n_comrope_ap", "swin_n_rpb", "cvt_n", "vivit_n_ape", "mm_n_vrope"]
+)
 def test_fx_unsupported_names_the_alternatives(name):
     model = timm.create_model(name, **family_of(name).tiny)
     with pytest.raises(RuntimeError, match="torch.export.*forward_intermediates"):

@@ -99,6 +99,35 @@ PAPERS: dict[str, tuple[str, str, str, int, str]] = {
         2024,
         "",
     ),
+    "2406.10322": (
+        "ostmeier2025liere",
+        "LieRE: Lie Rotational Positional Encodings",
+        "Ostmeier, Sophie and Axelrod, Brian and Varma, Maya and Moseley, Michael and Chaudhari, Akshay S "
+        "and Langlotz, Curtis",
+        2025,
+        "ICML",
+    ),
+    "2506.03737": (
+        "yu2025comrope",
+        "ComRoPE: Scalable and Robust Rotary Position Embedding Parameterized by Trainable Commuting Angle Matrices",
+        "Yu, Hao and Jiang, Tangyu and Jia, Shuning and Yan, Shannan and Liu, Shunning and Qian, Haolong and others",
+        2025,
+        "CVPR",
+    ),
+    "2511.21631": (
+        "bai2025qwen3vl",
+        "Qwen3-VL Technical Report",
+        "Bai, Shuai and Cai, Yuxuan and Chen, Ruizhe and Chen, Keqin and others",
+        2025,
+        "",
+    ),
+    "2505.20444": (
+        "li2025hope",
+        "HoPE: Hybrid of Position Embedding for Length Generalization in Vision-Language Models",
+        "Li, Haoran and others",
+        2025,
+        "NeurIPS",
+    ),
     "2104.09864": (
         "su2021roformer",
         "RoFormer: Enhanced Transformer with Rotary Position Embedding",

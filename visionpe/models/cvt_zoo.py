@@ -21,6 +21,9 @@ CVT_PES = {
     "rope2d_mixed": dict(pe="rope2d_mixed"),
     "irpe": dict(pe="irpe_k"),  # iRPE contextual on k (no APE: CvT has none)
     "cpe": dict(pe="cpe"),  # a CPE after the first block of every stage
+    "liere": dict(pe="liere"),  # keys / values at their cell centres, normalised by the query grid
+    "comrope_ap": dict(pe="comrope_ap"),
+    "comrope_ld": dict(pe="comrope_ld"),
 }
 
 CVT_PAPER = dict(paper_ids="arXiv:2103.15808", paper_name="CvT: Introducing Convolutions to Vision Transformers")

@@ -19,6 +19,9 @@ SWIN_PES = {
     "rope2d_mixed": dict(pe="rope2d_mixed"),
     "irpe": dict(pe="irpe_k"),  # iRPE contextual on k in place of the bias (no APE: Swin has none)
     "lepe": dict(pe="lepe"),
+    "liere": dict(pe="liere"),  # window-local coordinates, normalised by the window
+    "comrope_ap": dict(pe="comrope_ap"),
+    "comrope_ld": dict(pe="comrope_ld"),
     "nope": dict(pe="nope"),
 }
 

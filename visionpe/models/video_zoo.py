@@ -21,6 +21,10 @@ VIDEO_PES = {
     "videorope": dict(pe="videorope"),
     "vrope": dict(pe="vrope"),
     "v2pe": dict(pe="v2pe"),
+    "mrope_interleaved": dict(pe="mrope_interleaved"),
+    "hope": dict(pe="hope"),
+    # learned rotations over (t, y, x)
+    **{name: dict(pe=name, pe_kwargs={"lie_rope": {"num_axes": 3}}) for name in ("liere", "comrope_ap", "comrope_ld")},
 }
 
 VIVIT = dict(paper_ids="arXiv:2103.15691", paper_name="ViViT: A Video Vision Transformer")

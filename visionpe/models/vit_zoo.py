@@ -35,6 +35,9 @@ VIT_PES = {
     "fuzzy": dict(pe="fuzzy"),
     "fuzzy_atm": dict(pe="fuzzy_atm"),  # ViTAR: fuzzy PE + token merger (a model option of the preset)
     "rope2d_dinov3": dict(pe="rope2d_dinov3", **DINOV3_ARCH),  # DINOv3's ViT (timm's vit_*_patch16_dinov3)
+    "liere": dict(pe="liere"),
+    "comrope_ap": dict(pe="comrope_ap"),
+    "comrope_ld": dict(pe="comrope_ld"),
 }
 
 DEIT = dict(paper_ids="arXiv:2012.12877", paper_name="Training data-efficient image transformers")

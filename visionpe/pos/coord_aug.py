@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .rotary import no_autocast
+
 __all__ = ["CoordAugment", "augment_coords"]
 
 
@@ -72,5 +74,5 @@ class CoordAugment:
         """A fresh draw in training; the positions unchanged in eval."""
         if not (training and self.active):
             return pos
-        with torch.autocast(device_type=pos.device.type, enabled=False):
+        with no_autocast(pos.device):
             return augment_coords(pos.float(), self.shift, self.jitter, self.rescale)

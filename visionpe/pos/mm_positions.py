@@ -6,7 +6,8 @@ A sequence is a list of segments: `("text", n)`, `("video", (T, H, W))` or `("im
 with T = 1), or the same as a string, `"text:3 video:2x2x3 text:2"`. Every scheme assigns each token S position
 streams (`position_ids` -> float32 [N, S]) and each rotary pair c reads one of them with frequency f_c
 (`frequency_matrix` -> F [S, d/2]); the shared kernel computes angle[n, c] = sum_s pos[n, s] * F[s, c]
-(visionpe.pos.rotary). Every scheme uses the 1D ladder f_c = theta^(-2c/d), so pure text is exactly 1D RoPE.
+(visionpe.pos.rotary). Every scheme uses the 1D ladder f_c = theta^(-2c/d), so pure text is exactly 1D RoPE
+(HoPE: 1D RoPE with its temporal pairs, the lowest-frequency quarter, at frequency 0).
 
 M-RoPE's next-text rule: the released Qwen2-VL / Qwen2.5-VL code starts the text after a visual block at the max over
 the block's three streams + 1 (`after_visual="max"`, the default). transformers 5.x's `get_rope_index` instead
@@ -22,6 +23,15 @@ whenever the block's temporal extent (T - 1) * interval is below max(H, W) (alwa
 | videorope | 3 | t = s + 2 t, y/x centred on it (diagonal); next text last t + 1   | lowest quarter t, rest y, x |
 | vrope     | 4 | a0..a3 = the four diagonals + t (H + W - 1) + s; text +1 after    | variant c mod 4             |
 | v2pe      | 1 | text +1, visual +delta; closing text ceil(last) + 1               | the one stream              |
+| mrope_interleaved | 3 | each frame: t = s, y/x = s + row/col; s += max(H, W) | T H W T H W ... T T (Qwen3-VL)  |
+| hope      | 3 | as videorope with t = s + gamma t (gamma drawn in training)       | as videorope, t pairs fixed |
+
+mrope_interleaved is Qwen3-VL's text M-RoPE: `get_rope_index` treats every video frame as its own visual block (the
+processor separates frames by timestamp text), so frame k starts where the previous one advanced the running index by
+max(H, W); pair c reads h when c % 3 == 1 and c < 3 h_sec, w when c % 3 == 2 and c < 3 w_sec, else t, with sections
+[24, 20, 20] of 64 pairs scaled to the head dim. hope (HoPE) keeps VideoRoPE's layout but gives the temporal pairs
+frequency 0 (cos 1, sin 0: no temporal rotation) and scales the temporal ids by gamma: drawn per visual segment from
+`scales` (0.5 .. 1.5) in training, the fixed `temporal_scale` (0.75, HoPE's evaluation value) otherwise.
 """
 
 from __future__ import annotations
@@ -38,6 +48,7 @@ from ..layout import TokenLayout
 from .rotary import rope_frequencies
 
 __all__ = [
+    "HOPE_SCALES",
     "SCHEMES",
     "V2PE_DELTAS",
     "Segment",
@@ -57,7 +68,17 @@ __all__ = [
 
 Segment = tuple  # ("text", n) or ("video", (T, H, W)) after parsing
 
-SCHEME_STREAMS = {"rope1d": 1, "rope3d": 3, "mrope": 3, "mrope_time": 3, "videorope": 3, "vrope": 4, "v2pe": 1}
+SCHEME_STREAMS = {
+    "rope1d": 1,
+    "rope3d": 3,
+    "mrope": 3,
+    "mrope_time": 3,
+    "videorope": 3,
+    "vrope": 4,
+    "v2pe": 1,
+    "mrope_interleaved": 3,
+    "hope": 3,
+}
 SCHEMES = tuple(SCHEME_STREAMS)
 SCHEME_OPTIONS = {  # options each scheme takes (besides device)
     "rope1d": (),
@@ -67,10 +88,15 @@ SCHEME_OPTIONS = {  # options each scheme takes (besides device)
     "videorope": ("temporal_stride",),
     "vrope": (),
     "v2pe": ("delta", "training", "deltas", "generator"),
+    "mrope_interleaved": (),
+    "hope": ("temporal_scale", "training", "scales", "generator"),
 }
 V2PE_DELTAS = tuple(1.0 / 2**i for i in range(9))  # {1, 1/2, ..., 1/256}: V2PE's training draws
 V2PE_EVAL_DELTA = 0.25
 MROPE_SECTIONS = (16, 24, 24)  # of 64 pairs (Qwen2-VL, head dim 128)
+MROPE_INTERLEAVED_SECTIONS = (24, 20, 20)  # (t, h, w) of 64 pairs (Qwen3-VL, head dim 128)
+HOPE_SCALES = (0.5, 0.75, 1.0, 1.25, 1.5)  # HoPE's training draws of the temporal scale gamma
+HOPE_EVAL_SCALE = 0.75  # HoPE's evaluation value (its V-NIAH script); the official code makes the user choose
 # Qwen2.5-VL: tokens_per_second (2) x seconds per temporal token (temporal_patch_size 2 / fps 2 = 1)
 MROPE_TIME_INTERVAL = 2.0
 AFTER_VISUAL = ("max", "hw")
@@ -204,11 +230,10 @@ def _three_stream(
             nxt += size
             continue
         T, H, W = size
-        t, h, w = _grid(T, H, W)
-        if scheme == "videorope":  # temporal spacing, each frame centred on its time index (diagonal layout)
-            t = nxt + temporal_stride * t
-            h, w = t + h - (H - 1) // 2, t + w - (W - 1) // 2
+        if scheme == "videorope":
+            t, h, w = _diagonal_block(nxt, T, H, W, temporal_stride)
         else:
+            t, h, w = _grid(T, H, W)
             if scheme == "mrope_time":
                 t = _time_aligned(t, interval)
             t, h, w = nxt + t, nxt + h, nxt + w
@@ -219,6 +244,55 @@ def _three_stream(
         else:  # a 0-d tensor: no host sync (torch.compile traces it without a graph break)
             nxt = (t if scheme == "videorope" else block).max() + 1
     return torch.cat(rows)
+
+
+def _diagonal_block(start, T: int, H: int, W: int, stride: float):
+    """VideoRoPE's visual block: temporal spacing `stride`, each frame centred on its time index (diagonal)."""
+    t, h, w = _grid(T, H, W)
+    t = start + stride * t
+    return t, t + h - (H - 1) // 2, t + w - (W - 1) // 2
+
+
+def _hope(segments, scale: float, training: bool, scales: Sequence[float], generator) -> torch.Tensor:
+    """HoPE's dynamic temporal scaling on VideoRoPE's layout: gamma per visual segment (drawn from `scales` in
+    training); the next token starts at the block's last temporal index + 1."""
+    rows, nxt = [], 0.0
+    for kind, size in segments:
+        if kind == "text":
+            rows.append((torch.arange(size, dtype=torch.float64) + nxt)[:, None].expand(-1, 3))
+            nxt = nxt + size
+            continue
+        gamma = scale
+        if training:
+            gamma = float(scales[int(torch.randint(len(scales), (1,), generator=generator))])
+        t, h, w = _diagonal_block(nxt, *size, gamma)
+        rows.append(torch.stack([t, h, w], dim=1))
+        nxt = t.max() + 1
+    return torch.cat(rows)
+
+
+def _interleaved_mrope(segments) -> torch.Tensor:
+    """Qwen3-VL's ids: text t = h = w = running index; every frame of a visual block at t = s, (h, w) = s + (row,
+    col), then s advances by max(H, W)."""
+    rows, nxt = [], 0
+    for kind, size in segments:
+        if kind == "text":
+            rows.append((torch.arange(size, dtype=torch.float64) + nxt)[:, None].expand(-1, 3))
+            nxt = nxt + size
+            continue
+        T, H, W = size
+        _, h, w = _grid(1, H, W)
+        for _ in range(T):
+            rows.append(torch.stack([torch.full_like(h, nxt), h + nxt, w + nxt], dim=1))
+            nxt = nxt + max(H, W)
+    return torch.cat(rows)
+
+
+def _check_scale(scale: float) -> float:
+    scale = float(scale)
+    if not scale > 0:
+        raise ValueError(f"HoPE temporal_scale must be positive, got {scale}")
+    return scale
 
 
 def _vrope(segments) -> torch.Tensor:
@@ -270,6 +344,14 @@ def _v2pe(segments, delta: float, training: bool, deltas: Sequence[float], gener
 def _compute(segments, scheme: str, options: dict) -> torch.Tensor:
     if scheme == "rope1d":
         pos = _rope1d(segments)
+    elif scheme == "mrope_interleaved":
+        pos = _interleaved_mrope(segments)
+    elif scheme == "hope":
+        scales = tuple(_check_scale(s) for s in options.get("scales", HOPE_SCALES))
+        if not scales:
+            raise ValueError("HoPE needs at least one candidate temporal scale in `scales`")
+        scale = _check_scale(options.get("temporal_scale", HOPE_EVAL_SCALE))
+        pos = _hope(segments, scale, bool(options.get("training", False)), scales, options.get("generator"))
     elif scheme == "vrope":
         pos = _vrope(segments)
     elif scheme == "v2pe":
@@ -317,12 +399,10 @@ def _positions(segments, scheme: str, device, options: dict) -> torch.Tensor:
     segments = parse_segments(segments)
     _check_options(scheme, options)
     device = str(torch.device(device) if device is not None else torch.device("cpu"))
-    if scheme == "v2pe" and options.get("training"):  # random: never cached
+    if scheme in ("v2pe", "hope") and options.get("training"):  # random: never cached
         return _compute(segments, scheme, options).to(device)
-    if scheme == "v2pe":
-        options = {k: v for k, v in options.items() if k != "generator"}
-        if "deltas" in options:
-            options["deltas"] = tuple(options["deltas"])
+    if scheme in ("v2pe", "hope"):
+        options = {k: (tuple(v) if k in ("deltas", "scales") else v) for k, v in options.items() if k != "generator"}
     return _cached(segments, scheme, tuple(sorted(options.items())), device)
 
 
@@ -332,17 +412,24 @@ def position_ids(segments, scheme: str, device=None, **options) -> torch.Tensor:
     Options: videorope `temporal_stride` (2); mrope_time `temporal_interval` (tokens_per_second x seconds per
     temporal token, 2); mrope / mrope_time `after_visual` ("max": released Qwen code, "hw": transformers 5.x);
     v2pe `delta` (fixed, default 1/4), `training` (draw delta per visual segment from `deltas`, default
-    {1, 1/2, ..., 1/256}), `generator` (for the draws).
+    {1, 1/2, ..., 1/256}), `generator` (for the draws); hope `temporal_scale` (fixed gamma, default 0.75),
+    `training` (draw gamma per visual segment from `scales`, default 0.5 .. 1.5), `generator`.
     Example: position_ids([("text", 3), ("video", (2, 2, 3)), ("text", 2)], "vrope")[:, 0]
     -> 0 1 2 | 3 4 5 4 5 6 | 7 8 9 8 9 10 | 11 12.
     """
     return _positions(segments, scheme, device, options).clone()
 
 
-def runtime_options(scheme: str, training: bool = False, v2pe_delta: float = V2PE_EVAL_DELTA) -> dict:
+def runtime_options(
+    scheme: str, training: bool = False, v2pe_delta: float = V2PE_EVAL_DELTA, temporal_scale: float = HOPE_EVAL_SCALE
+) -> dict:
     """Per-forward options a model passes to `segment_layout`: V2PE draws delta in training and uses v2pe_delta
-    at inference; the other schemes take none."""
-    return {"training": bool(training), "delta": v2pe_delta} if scheme == "v2pe" else {}
+    at inference; HoPE draws gamma in training and uses temporal_scale at inference; the other schemes take none."""
+    if scheme == "v2pe":
+        return {"training": bool(training), "delta": v2pe_delta}
+    if scheme == "hope":
+        return {"training": bool(training), "temporal_scale": temporal_scale}
+    return {}
 
 
 def segment_layout(segments, scheme: str, num_prefix: int = 0, device=None, **options) -> TokenLayout:
@@ -389,6 +476,19 @@ def _mrope_sections(pairs: int, sections: Sequence[int] | None) -> tuple[int, in
     return t, h, pairs - t - h
 
 
+def _interleaved_sections(pairs: int, sections: Sequence[int] | None) -> tuple[int, int, int]:
+    if sections is None:  # [24, 20, 20] of 64 scaled to the head dim (h = w, t takes the rest)
+        h = pairs * MROPE_INTERLEAVED_SECTIONS[1] // sum(MROPE_INTERLEAVED_SECTIONS)
+        return pairs - 2 * h, h, h
+    t, h, w = _mrope_sections(pairs, sections)
+    if 3 * max(h, w) - 1 > pairs:
+        raise ValueError(
+            f"interleaved mrope_section {tuple(sections)}: h and w pairs sit at c % 3 == 1, 2 below 3 x section, "
+            f"so 3 x max(h, w) - 1 must be at most {pairs} pairs"
+        )
+    return t, h, w
+
+
 def stream_of_pairs(scheme: str, pairs: int, mrope_section: Sequence[int] | None = None) -> torch.Tensor:
     """Which stream each rotary pair reads: long [d/2]."""
     _check_scheme(scheme)
@@ -402,7 +502,13 @@ def stream_of_pairs(scheme: str, pairs: int, mrope_section: Sequence[int] | None
     if scheme in ("mrope", "mrope_time"):
         t, h, w = _mrope_sections(pairs, mrope_section)
         return torch.cat([torch.full((t,), 0), torch.full((h,), 1), torch.full((w,), 2)]).long()
-    # videorope: the lowest-frequency quarter (the last pairs) reads t; the rest alternate h, w
+    if scheme == "mrope_interleaved":
+        _, h, w = _interleaved_sections(pairs, mrope_section)
+        out = torch.zeros(pairs, dtype=torch.long)
+        out[(c % 3 == 1) & (c < 3 * h)] = 1
+        out[(c % 3 == 2) & (c < 3 * w)] = 2
+        return out
+    # videorope / hope: the lowest-frequency quarter (the last pairs) reads t; the rest alternate h, w
     n_t = max(1, pairs // 4)
     out = 1 + c % 2
     out[pairs - n_t :] = 0
@@ -412,7 +518,8 @@ def stream_of_pairs(scheme: str, pairs: int, mrope_section: Sequence[int] | None
 def frequency_matrix(
     scheme: str, head_dim: int, theta: float = 10000.0, mrope_section: Sequence[int] | None = None
 ) -> torch.Tensor:
-    """F [S, d/2]: F[s, c] = theta^(-2c/d) when pair c reads stream s, else 0 (one stream per pair)."""
+    """F [S, d/2]: F[s, c] = theta^(-2c/d) when pair c reads stream s, else 0 (one stream per pair); HoPE's
+    temporal pairs get frequency 0 (an exact identity)."""
     streams = scheme_streams(scheme)
     if head_dim % 2:
         raise ValueError(f"RoPE needs an even head dim, got {head_dim}")
@@ -422,4 +529,6 @@ def frequency_matrix(
     reads = stream_of_pairs(scheme, pairs, mrope_section)
     freqs = torch.zeros(streams, pairs)
     freqs[reads, torch.arange(pairs)] = rope_frequencies(pairs, theta)
+    if scheme == "hope":
+        freqs[0] = 0.0
     return freqs

@@ -25,6 +25,7 @@ from .cpe import CPE
 from .fuzzy import FuzzyPE
 from .irpe import IRPE
 from .lepe import LePE
+from .lie_rope import LieRoPE
 from .rope2d import RoPE2D
 from .rope2d_dinov3 import RoPE2DDinoV3
 from .rope_nd import RoPEND
@@ -54,6 +55,7 @@ PE_KINDS: dict[str, type[PosEncoding]] = {
     "ape_st": SpaceTimeAPE,
     "rope_nd": RoPEND,
     "rope2d_dinov3": RoPE2DDinoV3,
+    "lie_rope": LieRoPE,
 }
 
 PE_PRESETS: dict[str, list[tuple[str, dict]]] = {
@@ -68,6 +70,10 @@ PE_PRESETS: dict[str, list[tuple[str, dict]]] = {
     # DINOv3's RoPE: patch centres in [-1, 1], periods 100^(k / (d/4)), rotate-half layout (no augmentation by
     # default; DINOv3's training draws rescale_coords=2, a pe_kwargs option)
     "rope2d_dinov3": [("rope2d_dinov3", {})],
+    # learned rotations on 8 x 8 blocks (visionpe.pos.lie_rope): LieRE (non-commuting), ComRoPE-AP / -LD (commuting)
+    "liere": [("lie_rope", {"variant": "liere"})],
+    "comrope_ap": [("lie_rope", {"variant": "comrope_ap"})],
+    "comrope_ld": [("lie_rope", {"variant": "comrope_ld"})],
     # iRPE (DeiT default: contextual, product, on k, ratio 1.9, APE kept; irpe_k: the same iRPE alone)
     "irpe": [("irpe", {"mode": "contextual", "mapping": "product", "targets": ("k",)}), ("ape", {})],
     "irpe_bias": [("irpe", {"mode": "bias", "mapping": "product", "targets": ("k",)}), ("ape", {})],
@@ -89,6 +95,8 @@ PE_PRESETS: dict[str, list[tuple[str, dict]]] = {
     "videorope": [("rope_nd", {"scheme": "videorope"})],
     "vrope": [("rope_nd", {"scheme": "vrope"})],
     "v2pe": [("rope_nd", {"scheme": "v2pe"})],
+    "mrope_interleaved": [("rope_nd", {"scheme": "mrope_interleaved"})],
+    "hope": [("rope_nd", {"scheme": "hope"})],
     # Swin's relative position bias: iRPE bias, product mapping, identity index, B = window - 1, a table per head,
     # drawn from a truncated normal (std 0.02) as in Swin
     "rpb": [
@@ -137,6 +145,11 @@ _SWIN = Paper(
 )
 
 _DINOV3 = Paper("2508.10104", "DINOv3", "https://github.com/facebookresearch/dinov3")
+_COMROPE = Paper(
+    "2506.03737",
+    "ComRoPE: Scalable and Robust Rotary Position Embedding Parameterized by Trainable Commuting Angle Matrices",
+    "https://github.com/Longin-Yu/ComRoPE",
+)
 
 PRESET_PAPERS: dict[str, Paper] = {
     "rope2d_dinov3": _DINOV3,
@@ -155,6 +168,17 @@ PRESET_PAPERS: dict[str, Paper] = {
     ),
     "vrope": Paper("2502.11664", "VRoPE: Rotary Position Embedding for Video LLMs"),
     "v2pe": Paper("2412.09616", "V2PE: Variable Visual Position Encoding", "https://github.com/OpenGVLab/V2PE"),
+    "liere": Paper("2406.10322", "LieRE: Lie Rotational Positional Encodings", "https://github.com/StanfordMIMI/LieRE"),
+    "comrope_ap": _COMROPE,
+    "comrope_ld": _COMROPE,
+    "mrope_interleaved": Paper(
+        "2511.21631", "Qwen3-VL Technical Report (interleaved M-RoPE)", "https://github.com/QwenLM/Qwen3-VL"
+    ),
+    "hope": Paper(
+        "2505.20444",
+        "HoPE: Hybrid of Position Embedding for Length Generalization in Vision-Language Models",
+        "https://github.com/hrlics/HoPE",
+    ),
 }
 
 

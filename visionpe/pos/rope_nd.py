@@ -1,4 +1,5 @@
-"""RoPE over N position streams: 3D RoPE, M-RoPE, VideoRoPE, VRoPE, V2PE and 1D RoPE for video / multimodal models.
+"""RoPE over N position streams for video / multimodal models: 3D RoPE, M-RoPE (Qwen2-VL's sections, Qwen3-VL's
+interleaved layout), VideoRoPE, HoPE, VRoPE, V2PE and 1D RoPE.
 
 The PE declares its scheme (`layout_scheme`) and the scheme's per-forward options (`layout_options`: V2PE's visual
 step); the backbone builds its layouts with them through `visionpe.pos.mm_positions.segment_layout` (their `pos`
@@ -13,7 +14,15 @@ from collections.abc import Sequence
 
 from ..layout import TokenLayout
 from .base import PEHost, PosContext, PosEncoding
-from .mm_positions import SCHEMES, V2PE_EVAL_DELTA, frequency_matrix, position_ids, runtime_options, scheme_streams
+from .mm_positions import (
+    HOPE_EVAL_SCALE,
+    SCHEMES,
+    V2PE_EVAL_DELTA,
+    frequency_matrix,
+    position_ids,
+    runtime_options,
+    scheme_streams,
+)
 from .rotary import FixedCosSinCache, apply_rotary
 
 __all__ = ["RoPEND", "layout_scheme"]
@@ -23,6 +32,7 @@ class RoPEND(PosEncoding):
     """Rotates q/k by the layout's position streams under one scheme of visionpe.pos.mm_positions; prefix tokens are
     not rotated. theta: base of the 1D ladder f_c = theta^(-2c/d) every scheme uses (100 suits vision grids, 10000 is
     the language-model default); delta: V2PE's visual step at inference (drawn per visual segment in training);
+    temporal_scale: HoPE's temporal scale gamma at inference (drawn per visual segment in training);
     scheme_options: fixed position options of the scheme (mrope / mrope_time `after_visual`, mrope_time
     `temporal_interval`, videorope `temporal_stride`; see visionpe.pos.mm_positions.position_ids)."""
 
@@ -34,12 +44,16 @@ class RoPEND(PosEncoding):
         mrope_section: Sequence[int] | None = None,
         delta: float = V2PE_EVAL_DELTA,
         scheme_options: dict | None = None,
+        temporal_scale: float = HOPE_EVAL_SCALE,
     ):
         super().__init__(host)
         if scheme not in SCHEMES:
             raise ValueError(f"unknown RoPE scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
         if not 0 < float(delta) <= 1:
             raise ValueError(f"V2PE delta must be in (0, 1], got {delta}")
+        if not float(temporal_scale) > 0:
+            raise ValueError(f"HoPE temporal_scale must be positive, got {temporal_scale}")
+        self.temporal_scale = float(temporal_scale)
         self.scheme = self.layout_scheme = scheme
         self.delta = float(delta)
         self.scheme_options = dict(scheme_options or {})
@@ -47,7 +61,7 @@ class RoPEND(PosEncoding):
             position_ids("text:1 video:2x1x1 text:1", scheme, **self.scheme_options)  # rejects bad options early
         self.theta = float(theta)
         self.num_streams = scheme_streams(scheme)
-        self.mrope_section = mrope_section if scheme in ("mrope", "mrope_time") else None
+        self.mrope_section = mrope_section if scheme in ("mrope", "mrope_time", "mrope_interleaved") else None
         self._cos_sin_cache = FixedCosSinCache()
         self.init_non_persistent_buffers()
 
@@ -73,7 +87,7 @@ class RoPEND(PosEncoding):
         return self._cos_sin_cache(layout, self.layer_frequencies(i))  # [P + N, d] each
 
     def layout_options(self, training):
-        return {**self.scheme_options, **runtime_options(self.scheme, training, self.delta)}
+        return {**self.scheme_options, **runtime_options(self.scheme, training, self.delta, self.temporal_scale)}
 
     def context(self, i, layout, kv_layout=None):
         cos_q, sin_q = self._cos_sin(i, layout)
