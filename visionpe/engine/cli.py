@@ -10,6 +10,7 @@ import sys
 from .checkpoint import CheckpointError
 from .config import ConfigError, format_config_help
 from .distributed import DistTimeoutError
+from .interrupt import TrainingInterrupted
 
 __all__ = ["train_main", "eval_main", "user_error", "USER_ERRORS"]
 
@@ -73,6 +74,13 @@ def train_main(argv: list[str] | None = None) -> int:
 
     try:
         train(args.config, args.overrides, resume=args.resume, accept_changes=args.accept_changes)
+    except TrainingInterrupted as e:  # SIGTERM / SIGINT: a checkpoint was written at the step it arrived
+        if os.environ.get("RANK", "0") == "0":
+            print(e, file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:  # Ctrl-C before training started (or a second one): nothing new was saved
+        print("interrupted (Ctrl-C) before a checkpoint could be written; nothing new was saved", file=sys.stderr)
+        return 130
     except USER_ERRORS as e:
         return user_error(e)
     except OSError as e:
