@@ -41,6 +41,20 @@ def _parse_resolutions(text: str) -> list[int]:
     return values
 
 
+def _unwritable(path: str | None) -> str | None:
+    """Why a results file cannot be written at `path` (None: it can, or no path)."""
+    if not path:
+        return None
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return "is a folder; give a file name"
+    if not os.path.isdir(folder):
+        return f"folder {folder} does not exist; create it first or choose another path"
+    if not os.access(folder, os.W_OK):
+        return f"folder {folder} is not writable; choose another path"
+    return None
+
+
 def train_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Train a registered model: a YAML recipe, then key=value overrides "
@@ -110,6 +124,10 @@ def eval_main(argv: list[str] | None = None) -> int:
     from .distributed import init_distributed, shutdown
     from .evaluate import evaluate_checkpoint, format_table, write_csv, write_json
 
+    for flag, dest in (("--json", args.json), ("--csv", args.csv)):  # before the evaluation, not after it
+        problem = _unwritable(dest)
+        if problem:
+            return user_error(ValueError(f"{flag} {dest}: {problem}"))
     ctx = None
     try:
         device = next((o.split("=", 1)[1] for o in args.overrides if o.startswith("train.device=")), "auto")
