@@ -295,6 +295,14 @@ _BOUNDS = {"ge": (">=", lambda v, b: v >= b), "gt": (">", lambda v, b: v > b)}
 _BOUNDS |= {"le": ("<=", lambda v, b: v <= b), "lt": ("<", lambda v, b: v < b)}
 
 
+def describe_check(check: dict) -> str:
+    """A key's declared range for --help, e.g. '  [>= 0, < 1]' ('' when it declares none)."""
+    parts = [f"{sign} {check[b]}" for b, (sign, _) in _BOUNDS.items() if b in check]
+    if "choices" in check:
+        parts.append(" | ".join(map(str, check["choices"])))
+    return f"  [{', '.join(parts)}]" if parts else ""
+
+
 def check_value(value: Any, check: dict, key: str, help: str = "") -> None:  # noqa: A002
     """Raise a ConfigError unless `value` (each item of a list) meets the key's declared `check` (see `setting`)."""
     for i, v in enumerate(value if isinstance(value, list) else [value]):
@@ -429,5 +437,6 @@ def format_config_help() -> str:
         default = cls()
         for f in dataclasses.fields(cls):
             value = yaml.safe_dump(getattr(default, f.name), default_flow_style=True).strip().removesuffix("...")
-            lines.append(f"  {section}.{f.name} = {value.strip()}\n      {f.metadata.get('help', '')}")
+            allowed = describe_check(f.metadata.get("check", {}))
+            lines.append(f"  {section}.{f.name} = {value.strip()}{allowed}\n      {f.metadata.get('help', '')}")
     return "\n".join(lines)

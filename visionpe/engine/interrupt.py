@@ -8,10 +8,12 @@ acts as it would have without this (Ctrl-C twice: KeyboardInterrupt; the checkpo
 
 from __future__ import annotations
 
+import math
 import signal
 import threading
+from pathlib import Path
 
-__all__ = ["StopOnSignal", "TrainingInterrupted", "STOP_SIGNALS"]
+__all__ = ["StopOnSignal", "TrainingInterrupted", "STOP_SIGNALS", "interrupted", "diverged"]
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -47,3 +49,29 @@ class StopOnSignal:
         for s, handler in self._previous.items():
             signal.signal(s, handler)
         self._previous.clear()
+
+
+def interrupted(signum: int, epoch: int, global_step: int, run_dir: Path) -> TrainingInterrupted:
+    """The exception (and its one line) for a run stopped by `signum` after checkpointing at `global_step`."""
+    return TrainingInterrupted(
+        signum,
+        f"stopped by {signal.Signals(signum).name} at epoch {epoch + 1}, step {global_step}: checkpoint saved in "
+        f"{run_dir}; continue with: visionpe-train --resume {run_dir}",
+    )
+
+
+def diverged(what: str, first_loss: float | None, pointer: Path) -> FloatingPointError:
+    """The error for a non-finite training loss: the likely cause, and what is on disk (if anything)."""
+    kept = (
+        f"the last checkpoint written ({pointer}) is from before it and is kept"
+        if pointer.is_file()
+        else ("no checkpoint was written yet")
+    )
+    if first_loss is not None and not math.isfinite(first_loss):
+        cause = (
+            f"the first batch's loss was already {first_loss}, before any update: the model's output or the data "
+            f"is not finite (check model.kwargs, e.g. the PE's pe_kwargs, and the inputs)"
+        )
+    else:
+        cause = "lower optim.lr or set optim.clip_grad (or train.amp=none if it is on)"
+    return FloatingPointError(f"{what}; {cause}; {kept}")

@@ -8,6 +8,8 @@ One progress bar (ETA for the whole run) and one per evaluation; optional Tensor
 Data order, augmentation and resolutions are functions of (seed, epoch, position); the checkpoint stores the global
 RNGs, optimizer, scheduler, scaler and EMA, so `--resume` continues the run as if it had never stopped (a streaming
 dataset cannot seek: resumed mid-epoch, that epoch's stream restarts for its remaining steps, with a warning).
+The run directory is locked while a run writes it (runlock.py); SIGTERM / SIGINT stop at the next step boundary
+with a checkpoint (interrupt.py); a resume checks that the data is still what the run was trained on (changes.py).
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import json
 import math
 import os
 import random
-import signal
 import time
 import warnings
 from pathlib import Path
@@ -43,10 +44,6 @@ from .checkpoint import (
     POINTER,
     CheckpointError,
     load_into_model,
-    load_training_state,
-    load_weights,
-    remove_stale_tmp,
-    resume_candidates,
     rng_state,
     set_rng_state,
     write_checkpoint,
@@ -63,8 +60,9 @@ from .distributed import (
     timeouts_explained,
 )
 from .evaluate import evaluate_resolutions, format_table, json_safe, write_json
-from .interrupt import StopOnSignal, TrainingInterrupted
+from .interrupt import StopOnSignal, TrainingInterrupted, diverged, interrupted
 from .metrics_log import METRICS, append_metrics, trim_metrics
+from .run_dir import CorruptCheckpointWarning, resume_files
 from .runlock import RunLock, writable_run_dir
 from .setup import (
     autocast,
@@ -89,10 +87,6 @@ __all__ = [
     "METRICS",
     "TrainingInterrupted",
 ]
-
-
-class CorruptCheckpointWarning(UserWarning):
-    """The newest checkpoint could not be read; the run resumed from an older, valid one."""
 
 
 class StreamResumeWarning(UserWarning):
@@ -135,7 +129,7 @@ class Trainer:
 
     def _setup(self, resume: bool, accept_changes: bool, explicit: frozenset[str]) -> None:
         cfg, ctx = self.cfg, self.ctx
-        self.resume_ref, self.resume_files = self._check_run_dir(resume)
+        self.resume_ref, self.resume_files = resume_files(self.run_dir, resume, ctx.is_main)
         if self.resume_ref is not None:  # before any work: a refused change costs nothing
             # repeating the original command continues the run as changed; only a key set on purpose together with
             # --accept-changes changes it again (or back)
@@ -288,39 +282,6 @@ class Trainer:
             return len(self.train_set)
         except TypeError:  # a stream without a length
             return None
-
-    def _check_run_dir(self, resume: bool) -> tuple:
-        """(checkpoint to resume, its files read: weights, EMA weights, training state), or (None, None)."""
-        candidates = resume_candidates(self.run_dir) if self.run_dir.is_dir() else []
-        if resume and not candidates:
-            raise CheckpointError(f"nothing to resume in {self.run_dir} (no checkpoint.json); start without --resume")
-        if not resume and (candidates or (self.run_dir / "checkpoint.json").is_file()):
-            raise CheckpointError(
-                f"{self.run_dir} already holds a run; continue it with --resume, or start a new "
-                f"one with train.run_name=<new name> (or train.output_dir=...)"
-            )
-        if not resume:
-            return None, None
-        if self.ctx.is_main:
-            remove_stale_tmp(self.run_dir)
-        broken = []
-        for ref in candidates:  # newest first: a corrupt newest checkpoint falls back to the newest valid one
-            try:
-                weights = load_weights(ref.weights)
-                ema = load_weights(ref.ema) if ref.ema is not None else None
-                state = load_training_state(ref.state)
-            except CheckpointError as e:
-                broken.append(str(e))
-                continue
-            if broken and self.ctx.is_main:
-                warnings.warn(
-                    f"the newest checkpoint of {self.run_dir} is unreadable ({broken[0]}); resuming from the "
-                    f"newest valid one, {ref.weights.name} (step {state['global_step']})",
-                    CorruptCheckpointWarning,
-                    stacklevel=2,
-                )
-            return ref, (weights, ema, state)
-        raise CheckpointError(f"no readable checkpoint in {self.run_dir}: {'; '.join(broken)}; start a new run")
 
     def _metrics(self, **row) -> None:
         if self.ctx.is_main:
@@ -572,30 +533,10 @@ class Trainer:
         return all_reduce_max(self.stop.signum, self.ctx)
 
     def _interrupted(self) -> TrainingInterrupted:
-        signum = self._stop_signal()
-        name = signal.Signals(signum).name
-        return TrainingInterrupted(
-            signum,
-            f"stopped by {name} at epoch {self.epoch + 1}, step {self.global_step}: checkpoint saved in "
-            f"{self.run_dir}; continue with: visionpe-train --resume {self.run_dir}",
-        )
+        return interrupted(self._stop_signal(), self.epoch, self.global_step, self.run_dir)
 
     def _diverged(self, what: str) -> FloatingPointError:
-        """The error for a non-finite training loss: what to try, and what is on disk (if anything)."""
-        pointer = self.run_dir / POINTER
-        kept = (
-            f"the last checkpoint written ({pointer}) is from before it and is kept"
-            if pointer.is_file()
-            else "no checkpoint was written yet"
-        )
-        if self.first_loss is not None and not math.isfinite(self.first_loss):
-            cause = (
-                f"the first batch's loss was already {self.first_loss}, before any update: the model's output or "
-                f"the data is not finite (check model.kwargs, e.g. the PE's pe_kwargs, and the inputs)"
-            )
-        else:
-            cause = "lower optim.lr or set optim.clip_grad (or train.amp=none if it is on)"
-        return FloatingPointError(f"{what}; {cause}; {kept}")
+        return diverged(what, self.first_loss, self.run_dir / POINTER)
 
     def step(self, net: nn.Module, batch) -> torch.Tensor:
         inputs = to_device(batch.inputs, self.device, non_blocking=True)
