@@ -62,8 +62,11 @@ class ModelConfig:
 
     name: str = setting("vit_n_rope2d", "any registered timm model, e.g. vit_n_ape, vit_s_rope2d_mixed, swin_t_rpb")
     kwargs: dict = setting({}, "extra constructor kwargs, e.g. model.kwargs.depth=2")
-    drop_path: float | None = setting(
-        None, "stochastic depth rate; null: the model's own default (Swin 0.1, others 0)", ge=0, lt=1
+    drop_path: float = setting(
+        0.0,
+        "stochastic depth rate, for every model (0: none; Swin's own default of 0.1 applies only outside the engine)",
+        ge=0,
+        lt=1,
     )
     img_size: int | None = setting(
         None, "reference input size (sizes learned position tables); null: data.resolution", ge=1

@@ -109,8 +109,7 @@ def build_model(cfg: Config, num_classes: int, in_chans: int) -> nn.Module:
     """`timm.create_model` with the dataset's classes and channels; the reference size is data.resolution."""
     kwargs = dict(cfg.model.kwargs)
     kwargs.setdefault("img_size", cfg.model.img_size or cfg.data.resolution)
-    if cfg.model.drop_path is not None:  # 0.0 too: a model whose own default is not 0 (Swin) must get it
-        kwargs.setdefault("drop_path_rate", cfg.model.drop_path)
+    kwargs.setdefault("drop_path_rate", cfg.model.drop_path)  # 0.0 too: Swin's own default is 0.1
     if not timm.is_model(cfg.model.name):
         create_model(cfg.model.name)  # raises the error naming the nearest model names
     try:
