@@ -30,6 +30,7 @@ __all__ = [
     "RowValue",
     "set_attn_backend",
     "get_attn_backend",
+    "check_attn_backend",
     "attn_backend",
     "BACKENDS",
     "ROW_BLOCK_ELEMENTS",
@@ -51,6 +52,19 @@ def get_attn_backend() -> str:
     name = _backend if _backend is not None else os.environ.get("VISIONPE_ATTN", "auto")
     if name not in BACKENDS:
         raise ValueError(f"VISIONPE_ATTN={name!r} is not a backend; choose one of {', '.join(BACKENDS)}")
+    return name
+
+
+def check_attn_backend(device: torch.device) -> str:
+    """The selected backend, checked against the device a run will use before any work: an unknown name, or
+    xformers where it cannot run, is a ValueError naming the setting."""
+    name = get_attn_backend()
+    where = "VISIONPE_ATTN" if _backend is None else "set_attn_backend"
+    if name == "xformers":
+        if not xformers_available():
+            raise ValueError(f"{where}=xformers but xformers is not installed; use auto or sdpa")
+        if device.type != "cuda":
+            raise ValueError(f"{where}=xformers runs on CUDA only, and this run is on {device}; use auto or sdpa")
     return name
 
 

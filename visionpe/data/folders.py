@@ -1,4 +1,4 @@
-"""ImageNet-style folders, `root/<split>/<class>/*.jpg`, through timm's create_dataset and create_transform.
+"""ImageNet-style folders, `root/<split>/<class>/*.jpg`, read by folder_scan.py, transformed by timm's create_transform.
 
 The split folder may use any of timm's synonyms (train/training, val/valid/validation/eval/evaluation). Transforms
 come from timm (RandomResizedCrop, RandAugment, random erasing for training; resize + centre crop for evaluation), one
@@ -19,10 +19,10 @@ from collections import Counter
 from pathlib import Path
 
 from PIL import Image
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, create_dataset, create_transform
-from timm.data.readers.reader_image_folder import find_images_and_targets
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, ImageDataset, create_transform
 from torch.utils.data import Dataset
 
+from .folder_scan import CleanFolderReader, nfc, scan_image_folder
 from .pixels import to_rgb
 from .registry import register_dataset
 from .splits import EVAL_SPLITS, TRAIN_SPLITS, split_kind
@@ -81,18 +81,9 @@ class ImageFolderDataset(Dataset):
     ):
         split_dir = find_split_dir(root, split)
         self.dropped_unknown = _check_classes(split_dir, class_map, drop_unknown_classes) if class_map else 0
-        try:
-            self.base = create_dataset(
-                "",
-                root=str(split_dir),
-                split=split,
-                search_split=False,
-                class_map=dict(class_map) if class_map else None,
-            )
-        except RuntimeError as e:  # timm: "Found 0 images in subfolders of ..."
-            raise FileNotFoundError(
-                f"{split_dir} holds no images in class folders; expected {split_dir}/<class>/<image> ({e})"
-            ) from None
+        # links followed without loops, hidden folders skipped, NFC class names: see folder_scan.py
+        reader = CleanFolderReader(split_dir, dict(class_map) if class_map else None)
+        self.base = ImageDataset(str(split_dir), reader=reader)
         self.class_to_idx = dict(self.base.reader.class_to_idx)
         if "" in self.class_to_idx or not self.class_to_idx:
             raise ValueError(
@@ -162,9 +153,10 @@ class ImageFolderDataset(Dataset):
 
 def _check_classes(split_dir: Path, class_map: dict, drop: bool) -> int:
     """Images in class folders that `class_map` (the training split's classes) lacks: an error, or their count."""
-    samples, found = find_images_and_targets(str(split_dir))
+    samples, found = scan_image_folder(split_dir)
     name = {i: c for c, i in found.items()}
-    unknown = Counter(name[t] for _, t in samples if name[t] not in class_map)
+    known = {nfc(str(c)) for c in class_map}
+    unknown = Counter(name[t] for _, t in samples if name[t] not in known)
     if not unknown:
         return 0
     names = ", ".join(f"{c!r} ({n} images)" for c, n in sorted(unknown.items())[:5])

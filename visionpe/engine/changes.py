@@ -10,13 +10,20 @@ from __future__ import annotations
 
 import json
 import time
+import unicodedata
 from pathlib import Path
 
-import yaml
+from .config import Config, ConfigError, config_from_dict, config_to_dict, read_yaml
 
-from .config import Config, ConfigError, config_from_dict, config_to_dict
-
-__all__ = ["FREE_KEYS", "CHANGES", "config_in_force", "changed_keys", "check_resume_changes"]
+__all__ = [
+    "FREE_KEYS",
+    "CHANGES",
+    "config_in_force",
+    "changed_keys",
+    "check_resume_changes",
+    "check_resume_data",
+    "adopt_accepted_changes",
+]
 
 CHANGES = "config_changes.jsonl"
 FREE_KEYS = frozenset(
@@ -61,7 +68,7 @@ def config_in_force(run_dir: Path) -> dict | None:
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
         return None
-    flat = _resolved(config_from_dict(yaml.safe_load(path.read_text()), f" (in {path})"))
+    flat = _resolved(config_from_dict(read_yaml(path), f" (in {path})"))
     log = Path(run_dir) / CHANGES
     if log.is_file():
         for line in log.read_text().splitlines():
@@ -100,3 +107,71 @@ def check_resume_changes(cfg: Config, run_dir: Path, step: int, epoch: int, acce
         with open(Path(run_dir) / CHANGES, "a") as f:
             f.write(json.dumps(row) + "\n")
     return changes
+
+
+def _nfc_map(class_map: dict) -> dict:
+    return {unicodedata.normalize("NFC", str(k)): v for k, v in class_map.items()}
+
+
+def check_resume_data(source, meta: dict, state: dict, class_map: dict | None, num_items: int, in_chans: int) -> None:
+    """Refuse (CheckpointError naming what differs) a resume whose data no longer matches the checkpoint's: class
+    folders renamed, added or removed (the labels would silently change meaning), another number of input channels,
+    or another number of training items (the data order of the rest of the run would differ)."""
+    from .checkpoint import CheckpointError
+
+    fix = "restore the data as it was, or start a new run (train.run_name=<new name>)"
+    if meta.get("class_map") and class_map is not None:
+        saved, now = _nfc_map(json.loads(meta["class_map"])), _nfc_map(class_map)
+        if saved != now:
+            gone = sorted(set(saved) - set(now))
+            new = sorted(set(now) - set(saved))
+            moved = sorted(c for c in set(saved) & set(now) if saved[c] != now[c])
+            parts = [
+                f"{what}: {', '.join(map(repr, names[:4]))}"
+                for what, names in (("missing now", gone), ("new", new), ("with another index", moved))
+                if names
+            ]
+            raise CheckpointError(
+                f"the classes of the training data differ from those {source} was trained with ({'; '.join(parts)}); "
+                f"resuming would change what each label means. {fix[0].upper()}{fix[1:]}"
+            )
+    if meta.get("in_chans") and int(meta["in_chans"]) != in_chans:
+        raise CheckpointError(
+            f"{source} was trained on {meta['in_chans']}-channel inputs, the data has {in_chans}; {fix}"
+        )
+    saved_items = state.get("train_items")
+    if saved_items is not None and saved_items != num_items:
+        raise CheckpointError(
+            f"the training split has {num_items} items, but {source} was trained on {saved_items}; the rest of "
+            f"the run would read another data order. {fix[0].upper()}{fix[1:]}"
+        )
+
+
+def _explicit(key: str, explicit: frozenset[str]) -> bool:
+    return key in explicit or any(key.startswith(e + ".") for e in explicit)
+
+
+def adopt_accepted_changes(cfg: Config, run_dir: Path, explicit: frozenset[str] = frozenset()) -> dict:
+    """A plain `--resume` of a run with accepted changes continues the run as changed: every key the caller did not
+    set on purpose (`explicit`: the override keys) and that still has the run's original value takes the value in
+    force. Returns {key: value in force} adopted."""
+    run_dir = Path(run_dir)
+    if not (run_dir / CHANGES).is_file() or not (run_dir / "config.yaml").is_file():
+        return {}
+    original = _resolved(config_from_dict(read_yaml(run_dir / "config.yaml"), f" (in {run_dir / 'config.yaml'})"))
+    in_force, now = config_in_force(run_dir), _resolved(cfg)
+    adopt = {
+        k: v
+        for k, v in in_force.items()
+        if not _explicit(k, explicit) and now.get(k) == original.get(k) and v != now.get(k)
+    }
+    for key, value in adopt.items():
+        section, name, *rest = key.split(".")
+        if not rest:
+            setattr(getattr(cfg, section), name, value)
+            continue
+        target = getattr(getattr(cfg, section), name)
+        for part in rest[:-1]:
+            target = target.setdefault(part, {})
+        target[rest[-1]] = value
+    return adopt

@@ -329,6 +329,17 @@ def load_into_model(
         for k, v in own.items()
         if k in state and state[k].shape != v.shape
     ]
+    kinds = [  # load_state_dict would cast int64 / bool values into float weights: a garbage model, no error
+        f"{k} is {str(state[k].dtype).removeprefix('torch.')} (the model's is {str(v.dtype).removeprefix('torch.')})"
+        for k, v in own.items()
+        if k in state
+        and (state[k].is_floating_point(), state[k].is_complex()) != (v.is_floating_point(), v.is_complex())
+    ]
+    if kinds:
+        raise CheckpointError(
+            f"{source} does not hold weights of model {model_name!r}: {len(kinds)} tensor(s) of another kind of "
+            f"number ({'; '.join(kinds[:3])}); use the file the training wrote"
+        )
     if missing or unexpected or shapes:
         parts = []
         if missing:

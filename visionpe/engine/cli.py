@@ -10,6 +10,7 @@ import sys
 from .checkpoint import CheckpointError
 from .config import ConfigError, format_config_help
 from .distributed import DistTimeoutError
+from .interrupt import TrainingInterrupted
 
 __all__ = ["train_main", "eval_main", "user_error", "USER_ERRORS"]
 
@@ -38,6 +39,20 @@ def _parse_resolutions(text: str) -> list[int]:
     if not values or any(v <= 0 for v in values):
         raise argparse.ArgumentTypeError(f"--resolutions takes positive integers like 28,42,56, got {text!r}")
     return values
+
+
+def _unwritable(path: str | None) -> str | None:
+    """Why a results file cannot be written at `path` (None: it can, or no path)."""
+    if not path:
+        return None
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return "is a folder; give a file name"
+    if not os.path.isdir(folder):
+        return f"folder {folder} does not exist; create it first or choose another path"
+    if not os.access(folder, os.W_OK):
+        return f"folder {folder} is not writable; choose another path"
+    return None
 
 
 def train_main(argv: list[str] | None = None) -> int:
@@ -73,6 +88,13 @@ def train_main(argv: list[str] | None = None) -> int:
 
     try:
         train(args.config, args.overrides, resume=args.resume, accept_changes=args.accept_changes)
+    except TrainingInterrupted as e:  # SIGTERM / SIGINT: a checkpoint was written at the step it arrived
+        if os.environ.get("RANK", "0") == "0":
+            print(e, file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:  # Ctrl-C before training started (or a second one): nothing new was saved
+        print("interrupted (Ctrl-C) before a checkpoint could be written; nothing new was saved", file=sys.stderr)
+        return 130
     except USER_ERRORS as e:
         return user_error(e)
     except OSError as e:
@@ -102,6 +124,10 @@ def eval_main(argv: list[str] | None = None) -> int:
     from .distributed import init_distributed, shutdown
     from .evaluate import evaluate_checkpoint, format_table, write_csv, write_json
 
+    for flag, dest in (("--json", args.json), ("--csv", args.csv)):  # before the evaluation, not after it
+        problem = _unwritable(dest)
+        if problem:
+            return user_error(ValueError(f"{flag} {dest}: {problem}"))
     ctx = None
     try:
         device = next((o.split("=", 1)[1] for o in args.overrides if o.startswith("train.device=")), "auto")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -18,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from .yaml_io import YamlError, load_yaml_file, load_yaml_text
 
 __all__ = [
     "Config",
@@ -43,10 +46,14 @@ class ConfigError(ValueError):
     """A config key or value that cannot be used; the message names the fix."""
 
 
-def setting(default: Any, help: str) -> Any:  # noqa: A002  (help: the one-line help of the key)
+def setting(default: Any, help: str, **check: Any) -> Any:  # noqa: A002  (help: the one-line help of the key)
+    """A config key: its default, its one-line help and its allowed values, checked whenever a config is read:
+    `ge`/`gt`/`le`/`lt` bounds (each item of a list), `choices`. A float must be finite. None passes (where the
+    type allows it: it means the default named in the help)."""
+    meta = {"help": help, "check": check}
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help})
-    return field(default=default, metadata={"help": help})
+        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 @dataclass
@@ -55,8 +62,15 @@ class ModelConfig:
 
     name: str = setting("vit_n_rope2d", "any registered timm model, e.g. vit_n_ape, vit_s_rope2d_mixed, swin_t_rpb")
     kwargs: dict = setting({}, "extra constructor kwargs, e.g. model.kwargs.depth=2")
-    drop_path: float = setting(0.0, "stochastic depth rate")
-    img_size: int | None = setting(None, "reference input size (sizes learned position tables); null: data.resolution")
+    drop_path: float = setting(
+        0.0,
+        "stochastic depth rate, for every model (0: none; Swin's own default of 0.1 applies only outside the engine)",
+        ge=0,
+        lt=1,
+    )
+    img_size: int | None = setting(
+        None, "reference input size (sizes learned position tables); null: data.resolution", ge=1
+    )
 
 
 @dataclass
@@ -68,11 +82,13 @@ class DataConfig:
     options: dict = setting({}, "dataset-specific options, e.g. data.options.num_train=2000")
     train_split: str = setting("train", "split to train on")
     val_split: str = setting("val", "split to evaluate on")
-    resolution: int = setting(32, "training resolution (px, square)")
-    train_resolutions: list[int] = setting([], "if set, each batch trains at a random one of these (multi-resolution)")
-    batch_size: int = setting(64, "training batch size per process")
-    eval_batch_size: int = setting(0, "evaluation batch size per process; 0: 2 x batch_size")
-    workers: int = setting(0, "data loader worker processes per training process")
+    resolution: int = setting(32, "training resolution (px, square)", ge=1)
+    train_resolutions: list[int] = setting(
+        [], "if set, each batch trains at a random one of these (multi-resolution)", ge=1
+    )
+    batch_size: int = setting(64, "training batch size per process", ge=1)
+    eval_batch_size: int = setting(0, "evaluation batch size per process; 0: 2 x batch_size", ge=0)
+    workers: int = setting(0, "data loader worker processes per training process", ge=0)
 
 
 @dataclass
@@ -80,21 +96,21 @@ class AugConfig:
     """Augmentation and regularisation (the transforms apply to image folders; mixup/cutmix to any image set)."""
 
     auto_augment: str | None = setting(None, "timm auto-augment policy, e.g. rand-m9-mstd0.5-inc1")
-    re_prob: float = setting(0.0, "random erasing probability")
-    color_jitter: float = setting(0.0, "colour jitter strength")
-    scale: list[float] = setting([0.08, 1.0], "RandomResizedCrop area range")
-    ratio: list[float] = setting([0.75, 1.3333333], "RandomResizedCrop aspect range")
-    hflip: float = setting(0.5, "horizontal flip probability")
+    re_prob: float = setting(0.0, "random erasing probability", ge=0, le=1)
+    color_jitter: float = setting(0.0, "colour jitter strength", ge=0)
+    scale: list[float] = setting([0.08, 1.0], "RandomResizedCrop area range", gt=0, le=1)
+    ratio: list[float] = setting([0.75, 1.3333333], "RandomResizedCrop aspect range", gt=0)
+    hflip: float = setting(0.5, "horizontal flip probability", ge=0, le=1)
     interpolation: str | None = setting(None, "resize interpolation; null: the model's pretrained cfg")
-    crop_pct: float | None = setting(None, "evaluation centre-crop fraction; null: the model's pretrained cfg")
+    crop_pct: float | None = setting(None, "evaluation centre-crop fraction; null: the model's pretrained cfg", gt=0)
     mean: list[float] | None = setting(None, "normalisation mean for image folders; null: the model's pretrained cfg")
     std: list[float] | None = setting(None, "normalisation std for image folders; null: the model's pretrained cfg")
-    mixup: float = setting(0.0, "mixup alpha (0: off)")
-    cutmix: float = setting(0.0, "cutmix alpha (0: off)")
-    mixup_prob: float = setting(1.0, "probability of applying mixup or cutmix to a batch")
-    mixup_switch_prob: float = setting(0.5, "probability of cutmix instead of mixup when both are on")
-    mixup_mode: str = setting("batch", "mixup mode: batch, pair or elem")
-    label_smoothing: float = setting(0.0, "label smoothing")
+    mixup: float = setting(0.0, "mixup alpha (0: off)", ge=0)
+    cutmix: float = setting(0.0, "cutmix alpha (0: off)", ge=0)
+    mixup_prob: float = setting(1.0, "probability of applying mixup or cutmix to a batch", ge=0, le=1)
+    mixup_switch_prob: float = setting(0.5, "probability of cutmix instead of mixup when both are on", ge=0, le=1)
+    mixup_mode: str = setting("batch", "mixup mode: batch, pair or elem", choices=("batch", "pair", "elem"))
+    label_smoothing: float = setting(0.0, "label smoothing", ge=0, lt=1)
 
 
 @dataclass
@@ -102,40 +118,50 @@ class OptimConfig:
     """Optimizer (timm create_optimizer_v2) and learning-rate schedule (timm create_scheduler_v2, per step)."""
 
     opt: str = setting("adamw", "timm optimizer name")
-    lr: float = setting(1e-3, "peak learning rate (scaled by global batch / lr_base_size when that is set)")
-    lr_base_size: int | None = setting(None, "if set, lr is for this global batch size and scales linearly")
-    weight_decay: float = setting(0.05, "weight decay (not on biases, norms and the PEs' no_weight_decay tables)")
-    momentum: float = setting(0.9, "momentum (SGD-type optimizers)")
-    betas: list[float] | None = setting(None, "Adam betas; null: the optimizer's default")
-    eps: float | None = setting(None, "optimizer epsilon; null: default")
-    layer_decay: float | None = setting(None, "layer-wise lr decay")
-    clip_grad: float | None = setting(None, "gradient clipping threshold; null: off")
-    clip_mode: str = setting("norm", "clipping mode: norm, value or agc")
+    lr: float = setting(1e-3, "peak learning rate (scaled by global batch / lr_base_size when that is set)", ge=0)
+    lr_base_size: int | None = setting(None, "if set, lr is for this global batch size and scales linearly", ge=1)
+    weight_decay: float = setting(0.05, "weight decay (not on biases, norms and the PEs' no_weight_decay tables)", ge=0)
+    momentum: float = setting(0.9, "momentum (SGD-type optimizers)", ge=0, le=1)
+    betas: list[float] | None = setting(None, "Adam betas; null: the optimizer's default", ge=0, lt=1)
+    eps: float | None = setting(None, "optimizer epsilon; null: default", gt=0)
+    layer_decay: float | None = setting(None, "layer-wise lr decay", gt=0)
+    clip_grad: float | None = setting(None, "gradient clipping threshold; null: off", gt=0)
+    clip_mode: str = setting("norm", "clipping mode: norm, value or agc", choices=("norm", "value", "agc"))
     sched: str = setting("cosine", "timm scheduler name (cosine, step, ..., none)")
-    warmup_epochs: float = setting(0.0, "linear warmup length in epochs")
-    warmup_lr: float = setting(1e-6, "learning rate at the start of warmup")
-    min_lr: float = setting(1e-6, "floor of the schedule")
-    cooldown_epochs: int = setting(0, "epochs at min_lr after the schedule")
+    warmup_epochs: float = setting(0.0, "linear warmup length in epochs", ge=0)
+    warmup_lr: float = setting(1e-6, "learning rate at the start of warmup", ge=0)
+    min_lr: float = setting(1e-6, "floor of the schedule", ge=0)
+    cooldown_epochs: int = setting(0, "epochs at min_lr after the schedule", ge=0)
 
 
 @dataclass
 class TrainConfig:
     """The training loop, checkpoints and logging."""
 
-    epochs: int = setting(10, "number of epochs")
+    epochs: int = setting(10, "number of epochs", ge=1)
     seed: int = setting(0, "seed of model init, data order, augmentation and multi-resolution schedule")
     device: str = setting("auto", "auto (cuda when present), cpu or cuda[:i]")
-    amp: str = setting("auto", "auto (bf16 on GPUs and AMX CPUs, fp16 on older GPUs, else none), bf16, fp16 or none")
-    threads: int | None = setting(None, "torch intra-op threads per process; null: torch's default")
+    amp: str = setting(
+        "auto",
+        "auto (bf16 on GPUs and AMX CPUs, fp16 on older GPUs, else none), bf16, fp16 or none",
+        choices=("auto", "bf16", "fp16", "none"),
+    )
+    threads: int | None = setting(None, "torch intra-op threads per process; null: torch's default", ge=1)
     ema: bool = setting(False, "keep an exponential moving average of the weights (timm ModelEmaV3)")
-    ema_decay: float = setting(0.9998, "EMA decay per step")
-    max_steps_per_epoch: int = setting(0, "stop each epoch after this many steps (0: full epochs; for smoke tests)")
-    ckpt_every_steps: int = setting(0, "also checkpoint every this many steps (0: at each epoch end only)")
-    keep_checkpoints: int = setting(2, "checkpoints kept on disk (older ones are deleted once a newer one is safe)")
-    log_every: int = setting(20, "append a train metrics line every this many steps")
+    ema_decay: float = setting(0.9998, "EMA decay per step", ge=0, le=1)
+    max_steps_per_epoch: int = setting(
+        0, "stop each epoch after this many steps (0: full epochs; for smoke tests)", ge=0
+    )
+    ckpt_every_steps: int = setting(0, "also checkpoint every this many steps (0: at each epoch end only)", ge=0)
+    keep_checkpoints: int = setting(
+        2, "checkpoints kept on disk (older ones are deleted once a newer one is safe)", ge=1
+    )
+    log_every: int = setting(20, "append a train metrics line every this many steps", ge=1)
     progress: bool = setting(True, "show progress bars with ETA for the run and evaluation (rank 0, terminals)")
     log_tensorboard: bool = setting(False, "also log scalars to <run dir>/tensorboard (needs the tensorboard package)")
-    dist_timeout: float = setting(1800.0, "seconds a DDP process waits for the others before failing with an error")
+    dist_timeout: float = setting(
+        1800.0, "seconds a DDP process waits for the others before failing with an error", gt=0
+    )
     output_dir: str = setting("runs", "where run directories go")
     run_name: str | None = setting(None, "run directory name ({model} becomes model.name); null: <config name>-{model}")
 
@@ -144,8 +170,10 @@ class TrainConfig:
 class EvalConfig:
     """Evaluation during and after training."""
 
-    resolutions: list[int] = setting([], "resolutions evaluated during and after training; empty: data.resolution")
-    every_epochs: int = setting(1, "evaluate every this many epochs (the last epoch always)")
+    resolutions: list[int] = setting(
+        [], "resolutions evaluated during and after training; empty: data.resolution", ge=1
+    )
+    every_epochs: int = setting(1, "evaluate every this many epochs (the last epoch always)", ge=1)
     ema: bool = setting(True, "also evaluate the EMA weights when train.ema is on")
 
 
@@ -266,6 +294,34 @@ def _raise(e: Exception):
     raise e
 
 
+_BOUNDS = {"ge": (">=", lambda v, b: v >= b), "gt": (">", lambda v, b: v > b)}
+_BOUNDS |= {"le": ("<=", lambda v, b: v <= b), "lt": ("<", lambda v, b: v < b)}
+
+
+def describe_check(check: dict) -> str:
+    """A key's declared range for --help, e.g. '  [>= 0, < 1]' ('' when it declares none)."""
+    parts = [f"{sign} {check[b]}" for b, (sign, _) in _BOUNDS.items() if b in check]
+    if "choices" in check:
+        parts.append(" | ".join(map(str, check["choices"])))
+    return f"  [{', '.join(parts)}]" if parts else ""
+
+
+def check_value(value: Any, check: dict, key: str, help: str = "") -> None:  # noqa: A002
+    """Raise a ConfigError unless `value` (each item of a list) meets the key's declared `check` (see `setting`)."""
+    for i, v in enumerate(value if isinstance(value, list) else [value]):
+        where = f"{key}[{i}]" if isinstance(value, list) else key
+        if v is None or isinstance(v, (bool, dict)):
+            continue
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ConfigError(f"{where} must be a finite number, got {v}")
+        if "choices" in check and v not in check["choices"]:
+            raise ConfigError(f"{where} must be one of {', '.join(map(str, check['choices']))}; got {v!r}")
+        failed = [f"{sign} {check[b]}" for b, (sign, ok) in _BOUNDS.items() if b in check and not ok(v, check[b])]
+        if failed:
+            allowed = " and ".join(f"{sign} {check[b]}" for b, (sign, _) in _BOUNDS.items() if b in check)
+            raise ConfigError(f"{where} must be {allowed}, got {v!r}" + (f" ({help})" if help else ""))
+
+
 # --------------------------------------------------------------------------------------------- dicts, files, overrides
 
 
@@ -289,12 +345,14 @@ def config_from_dict(data: dict | None, where: str = "") -> Config:
             raise ConfigError(f"config section {section!r}{where} must be a mapping of keys, got {values!r}")
         cls = sections[section]
         hints = typing.get_type_hints(cls)
-        names = {f.name for f in dataclasses.fields(cls)}
+        fields = {f.name: f for f in dataclasses.fields(cls)}
         converted = {}
         for k, v in values.items():
-            if k not in names:
+            if k not in fields:
                 raise _unknown(f"{section}.{k}", where)
             converted[k] = coerce(v, hints[k], f"{section}.{k}")
+            meta = fields[k].metadata
+            check_value(converted[k], meta.get("check", {}), f"{section}.{k}", meta.get("help", ""))
         kwargs[section] = cls(**converted)
     return Config(**kwargs)
 
@@ -320,13 +378,13 @@ def apply_overrides(cfg: Config, overrides: list[str] | tuple[str, ...]) -> Conf
             target = data[section][name]
             for p in parts[2:-1]:
                 target = target.setdefault(p, {})
-            target[parts[-1]] = yaml.safe_load(raw) if raw.strip() else None
+            target[parts[-1]] = _override_value(raw, item)
             continue
         plain = [a for a in typing.get_args(tp) if a is not type(None)] or [tp]
         if plain[0] is str and raw.strip().lower() not in ("null", "none", "~", ""):
             value = raw  # strings stay as typed: run_name=007 is "007"
         else:
-            value = yaml.safe_load(raw) if raw.strip() else None
+            value = _override_value(raw, item)
         data[section][name] = coerce(value, tp, base)
     return config_from_dict(data)
 
@@ -338,31 +396,32 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         from ..recipes import resolve_recipe
 
         path = resolve_recipe(path)  # a file, or a packaged recipe name such as "quick"
-        with open(path) as f:
-            try:
-                data = yaml.safe_load(f)
-            except yaml.YAMLError as e:
-                raise ConfigError(f"{path} is not valid YAML: {e}") from None
-        cfg = config_from_dict(data, f" in {path}")
+        cfg = config_from_dict(read_yaml(path), f" in {path}")
         if cfg.train.run_name is None:
             cfg.train.run_name = f"{path.stem}-{{model}}"
     return apply_overrides(cfg, list(overrides))
 
 
+def _override_value(raw: str, item: str):
+    if not raw.strip():
+        return None
+    try:
+        return load_yaml_text(raw, f"override {item!r}")
+    except YamlError as e:
+        raise ConfigError(str(e)) from None
+
+
+def read_yaml(path: str | Path):
+    """A recipe or run config file (YAML, UTF-8; duplicate keys refused, see yaml_io.py), as a ConfigError."""
+    try:
+        return load_yaml_file(path)
+    except YamlError as e:
+        raise ConfigError(str(e)) from None
+
+
 def check_training_config(cfg: Config) -> None:
-    """The value checks a training run needs before any work (types are checked when the config is read)."""
-    if cfg.train.epochs < 1:
-        raise ConfigError(f"train.epochs must be at least 1, got {cfg.train.epochs}")
-    for key, values in (
-        ("data.train_resolutions", cfg.train_resolutions()),
-        ("eval.resolutions", cfg.eval_resolutions()),
-    ):
-        if any(r <= 0 for r in values):
-            raise ConfigError(f"{key} must be positive pixel sizes, got {values}")
-    if cfg.eval.every_epochs < 1:
-        raise ConfigError(f"eval.every_epochs must be at least 1, got {cfg.eval.every_epochs}")
-    if cfg.data.batch_size <= 0:
-        raise ConfigError(f"data.batch_size must be positive, got {cfg.data.batch_size}")
+    """The checks across keys a training run needs before any work (each key's own range is checked when the
+    config is read, from its declaration above)."""
     if (cfg.aug.mixup > 0 or cfg.aug.cutmix > 0) and cfg.data.batch_size % 2:
         raise ConfigError(f"mixup/cutmix pair up images: data.batch_size must be even, got {cfg.data.batch_size}")
 
@@ -381,5 +440,6 @@ def format_config_help() -> str:
         default = cls()
         for f in dataclasses.fields(cls):
             value = yaml.safe_dump(getattr(default, f.name), default_flow_style=True).strip().removesuffix("...")
-            lines.append(f"  {section}.{f.name} = {value.strip()}\n      {f.metadata.get('help', '')}")
+            allowed = describe_check(f.metadata.get("check", {}))
+            lines.append(f"  {section}.{f.name} = {value.strip()}{allowed}\n      {f.metadata.get('help', '')}")
     return "\n".join(lines)

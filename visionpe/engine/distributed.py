@@ -20,6 +20,8 @@ __all__ = [
     "init_distributed",
     "resolve_device",
     "all_reduce_sum",
+    "all_reduce_max",
+    "gather_objects",
     "barrier",
     "shutdown",
     "timeouts_explained",
@@ -78,6 +80,24 @@ def all_reduce_sum(t: torch.Tensor, ctx: DistContext) -> torch.Tensor:
     if ctx.distributed:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
+
+
+def all_reduce_max(value: int, ctx: DistContext) -> int:
+    """The largest of every rank's `value` (an int; a flag such as a pending signal's number)."""
+    if not ctx.distributed:
+        return value
+    t = torch.tensor([value], dtype=torch.int64, device=ctx.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def gather_objects(obj, ctx: DistContext) -> list:
+    """Every rank's `obj`, in rank order (a list of one without a process group)."""
+    if not ctx.distributed:
+        return [obj]
+    out = [None] * ctx.world_size
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def barrier(ctx: DistContext) -> None:

@@ -12,6 +12,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from .. import data as vdata
+from ..attention import check_attn_backend
 from ..data.folders import MAX_CONSECUTIVE_FAILURES
 from ..data.loader import KeyedDataset, renders_any_resolution
 from ..data.multires import collate_to_resolution
@@ -108,8 +109,7 @@ def build_model(cfg: Config, num_classes: int, in_chans: int) -> nn.Module:
     """`timm.create_model` with the dataset's classes and channels; the reference size is data.resolution."""
     kwargs = dict(cfg.model.kwargs)
     kwargs.setdefault("img_size", cfg.model.img_size or cfg.data.resolution)
-    if cfg.model.drop_path:
-        kwargs.setdefault("drop_path_rate", cfg.model.drop_path)
+    kwargs.setdefault("drop_path_rate", cfg.model.drop_path)  # 0.0 too: Swin's own default is 0.1
     if not timm.is_model(cfg.model.name):
         create_model(cfg.model.name)  # raises the error naming the nearest model names
     try:
@@ -158,19 +158,20 @@ def check_resolutions(
     model: nn.Module, model_name: str, datasets: dict[int, Dataset], device: torch.device, amp: torch.dtype | None
 ) -> None:
     """One forward pass of one item at every resolution, so that a resolution the model cannot take fails now."""
+    check_attn_backend(device)  # a bad VISIONPE_ATTN is about the backend, not about a resolution
     was_training = model.training
     model.eval()
     try:
         for res, ds in sorted(datasets.items()):
-            batch = collate_to_resolution([_first_readable(ds, res)])
+            try:  # rendering an item at a huge resolution can itself run out of memory
+                batch = collate_to_resolution([_first_readable(ds, res)])
+            except MemoryError as e:
+                raise _resolution_error(e, model_name, res, device) from None
             try:
                 with autocast(device, amp):
                     out = run_model(model, to_device(batch.inputs, device))
-            except (RuntimeError, ValueError, TypeError, AssertionError) as e:
-                raise ValueError(
-                    f"model {model_name!r} cannot take resolution {res}: {e}. Choose resolutions it "
-                    f"accepts (data.resolution, data.train_resolutions, eval.resolutions)"
-                ) from None
+            except (RuntimeError, ValueError, TypeError, AssertionError, MemoryError) as e:
+                raise _resolution_error(e, model_name, res, device) from None
             if out.ndim != 2:
                 raise ValueError(
                     f"model {model_name!r} returned shape {tuple(out.shape)}, not [batch, classes]; "
@@ -178,6 +179,20 @@ def check_resolutions(
                 )
     finally:
         model.train(was_training)
+
+
+def _resolution_error(e: Exception, model_name: str, res: int, device: torch.device) -> Exception:
+    """The one-line error for a resolution that fails its trial forward pass (memory, shape, or the data)."""
+    text = str(e)
+    if isinstance(e, MemoryError) or "can't allocate memory" in text or "out of memory" in text.lower():
+        return ValueError(
+            f"model {model_name!r} at resolution {res} needs more memory than {device} has; choose smaller "
+            f"resolutions (data.resolution, data.train_resolutions, eval.resolutions, --resolutions)"
+        )
+    return ValueError(
+        f"model {model_name!r} cannot take resolution {res}: {e}. Choose resolutions it "
+        f"accepts (data.resolution, data.train_resolutions, eval.resolutions)"
+    )
 
 
 def check_labels(targets: torch.Tensor, num_classes: int, dataset: str) -> None:

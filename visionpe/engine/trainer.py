@@ -8,6 +8,8 @@ One progress bar (ETA for the whole run) and one per evaluation; optional Tensor
 Data order, augmentation and resolutions are functions of (seed, epoch, position); the checkpoint stores the global
 RNGs, optimizer, scheduler, scaler and EMA, so `--resume` continues the run as if it had never stopped (a streaming
 dataset cannot seek: resumed mid-epoch, that epoch's stream restarts for its remaining steps, with a warning).
+The run directory is locked while a run writes it (runlock.py); SIGTERM / SIGINT stop at the next step boundary
+with a checkpoint (interrupt.py); a resume checks that the data is still what the run was trained on (changes.py).
 """
 
 from __future__ import annotations
@@ -37,22 +39,31 @@ from ..data import get_dataset_info
 from ..data.folders import SkippedImagesWarning
 from ..data.loader import build_train_loader, dataset_num_classes, epoch_batches, renders_any_resolution
 from ..data.streams import first_stream_item, is_stream
-from .changes import check_resume_changes
+from .changes import adopt_accepted_changes, check_resume_changes, check_resume_data
 from .checkpoint import (
+    POINTER,
     CheckpointError,
-    atomic_write_text,
     load_into_model,
-    load_training_state,
-    load_weights,
-    remove_stale_tmp,
-    resume_candidates,
     rng_state,
     set_rng_state,
     write_checkpoint,
 )
 from .config import Config, ConfigError, check_training_config, config_to_dict, load_config, save_config
-from .distributed import DistContext, all_reduce_sum, barrier, init_distributed, shutdown, timeouts_explained
+from .distributed import (
+    DistContext,
+    all_reduce_max,
+    all_reduce_sum,
+    barrier,
+    gather_objects,
+    init_distributed,
+    shutdown,
+    timeouts_explained,
+)
 from .evaluate import evaluate_resolutions, format_table, json_safe, write_json
+from .interrupt import StopOnSignal, TrainingInterrupted, diverged, interrupted
+from .metrics_log import METRICS, append_metrics, trim_metrics
+from .run_dir import CorruptCheckpointWarning, resume_files
+from .runlock import RunLock, writable_run_dir
 from .setup import (
     autocast,
     build_eval_sets,
@@ -74,13 +85,8 @@ __all__ = [
     "StreamResumeWarning",
     "resolve_run_dir",
     "METRICS",
+    "TrainingInterrupted",
 ]
-
-METRICS = "metrics.jsonl"
-
-
-class CorruptCheckpointWarning(UserWarning):
-    """The newest checkpoint could not be read; the run resumed from an older, valid one."""
 
 
 class StreamResumeWarning(UserWarning):
@@ -95,7 +101,17 @@ def resolve_run_dir(cfg: Config) -> Path:
 class Trainer:
     """Builds everything from a config (checking it first), then `run()` trains and returns the run directory."""
 
-    def __init__(self, cfg: Config, ctx: DistContext, resume: bool = False, accept_changes: bool = False):
+    def __init__(
+        self,
+        cfg: Config,
+        ctx: DistContext,
+        resume: bool = False,
+        accept_changes: bool = False,
+        explicit: frozenset[str] = frozenset(),
+    ):
+        """`explicit`: the keys the caller set (the overrides). On resume, keys that still have the run's original
+        value follow its accepted changes, except explicit ones under `accept_changes` (a change back on purpose).
+        The run directory is locked until `close()`."""
         self.started = (time.perf_counter(), time.process_time())
         self.cfg, self.ctx = cfg, ctx
         check_training_config(cfg)
@@ -103,14 +119,32 @@ class Trainer:
             torch.set_num_threads(cfg.train.threads)
         self.run_dir = resolve_run_dir(cfg)
         cfg.train.run_name = self.run_dir.name  # the saved config names its own directory
-        self.resume_ref, self.resume_files = self._check_run_dir(resume)
+        self.lock, self.created_dir = RunLock(self.run_dir), False
+        self._lock_run_dir()
+        try:
+            self._setup(resume, accept_changes, explicit)
+        except BaseException:
+            self.close()
+            raise
+
+    def _setup(self, resume: bool, accept_changes: bool, explicit: frozenset[str]) -> None:
+        cfg, ctx = self.cfg, self.ctx
+        self.resume_ref, self.resume_files = resume_files(self.run_dir, resume, ctx.is_main)
         if self.resume_ref is not None:  # before any work: a refused change costs nothing
+            # repeating the original command continues the run as changed; only a key set on purpose together with
+            # --accept-changes changes it again (or back)
+            adopted = adopt_accepted_changes(cfg, self.run_dir, explicit if accept_changes else frozenset())
+            if adopted:
+                self.log(f"continuing with the run's accepted changes: {adopted}")
             ts = self.resume_files[2]
             check_resume_changes(cfg, self.run_dir, ts["global_step"], ts["epoch"], accept_changes, ctx.is_main)
         torch.manual_seed(cfg.train.seed)  # model init: the same on every rank
         random.seed(cfg.train.seed)
         np.random.seed(cfg.train.seed)
         self._build_data()
+        if self.resume_ref is not None:  # the data must still be the data the run was trained on
+            (_, meta), ts = self.resume_files[0], self.resume_files[2]
+            check_resume_data(self.resume_ref.weights, meta, ts, self.class_map, self._num_items(), self.info.in_chans)
         self._build_model()
         self._build_optimization()
         torch.manual_seed(cfg.train.seed + ctx.rank)  # training randomness (drop path, mixup): its own stream per rank
@@ -118,7 +152,7 @@ class Trainer:
         np.random.seed(cfg.train.seed + ctx.rank)
         self.epoch, self.batch, self.global_step = 0, 0, 0
         self.spent_before = (0.0, 0.0)  # wall and CPU seconds of earlier attempts, up to the checkpoint resumed
-        self.bar, self.tb = None, None
+        self.bar, self.tb, self.stop, self.first_loss = None, None, StopOnSignal(), None
         open_tensorboard(self.run_dir, cfg.train.log_tensorboard, is_main=False)  # a missing package fails here
         if self.resume_ref is not None:
             self._load(self.resume_ref, *self.resume_files)
@@ -220,43 +254,38 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------------ run dir
 
-    def _check_run_dir(self, resume: bool) -> tuple:
-        """(checkpoint to resume, its files read: weights, EMA weights, training state), or (None, None)."""
-        candidates = resume_candidates(self.run_dir) if self.run_dir.is_dir() else []
-        if resume and not candidates:
-            raise CheckpointError(f"nothing to resume in {self.run_dir} (no checkpoint.json); start without --resume")
-        if not resume and (candidates or (self.run_dir / "checkpoint.json").is_file()):
-            raise CheckpointError(
-                f"{self.run_dir} already holds a run; continue it with --resume, or start a new "
-                f"one with train.run_name=<new name> (or train.output_dir=...)"
-            )
-        if not resume:
-            return None, None
+    def _lock_run_dir(self) -> None:
+        """Rank 0 creates the run directory (a one-line error if it cannot be written) and locks it; every rank
+        learns whether that worked, so that all fail together."""
+        error = None
         if self.ctx.is_main:
-            remove_stale_tmp(self.run_dir)
-        broken = []
-        for ref in candidates:  # newest first: a corrupt newest checkpoint falls back to the newest valid one
             try:
-                weights = load_weights(ref.weights)
-                ema = load_weights(ref.ema) if ref.ema is not None else None
-                state = load_training_state(ref.state)
-            except CheckpointError as e:
-                broken.append(str(e))
-                continue
-            if broken and self.ctx.is_main:
-                warnings.warn(
-                    f"the newest checkpoint of {self.run_dir} is unreadable ({broken[0]}); resuming from the "
-                    f"newest valid one, {ref.weights.name} (step {state['global_step']})",
-                    CorruptCheckpointWarning,
-                    stacklevel=2,
-                )
-            return ref, (weights, ema, state)
-        raise CheckpointError(f"no readable checkpoint in {self.run_dir}: {'; '.join(broken)}; start a new run")
+                self.created_dir = writable_run_dir(self.run_dir)
+                self.lock.acquire()
+            except ValueError as e:  # ConfigError, RunLockedError
+                error = e
+        if all_reduce_max(int(error is not None), self.ctx):
+            self.close()
+            raise error or ConfigError(f"rank 0 could not lock the run directory {self.run_dir}; see its error")
+
+    def close(self) -> None:
+        """Release the run directory (and remove it if this run created it and wrote nothing into it)."""
+        self.lock.release()
+        only_lock = self.run_dir.is_dir() and all(p.name == self.lock.path.name for p in self.run_dir.iterdir())
+        if self.created_dir and self.ctx.is_main and only_lock:
+            self.lock.path.unlink(missing_ok=True)
+            self.run_dir.rmdir()
+        self.created_dir = False
+
+    def _num_items(self) -> int | None:
+        try:
+            return len(self.train_set)
+        except TypeError:  # a stream without a length
+            return None
 
     def _metrics(self, **row) -> None:
         if self.ctx.is_main:
-            with open(self.run_dir / METRICS, "a") as f:
-                f.write(json.dumps(json_safe(row), allow_nan=False) + "\n")
+            append_metrics(self.run_dir / METRICS, json_safe(row))
         if self.tb is not None:
             self._tensorboard(row)
 
@@ -293,6 +322,8 @@ class Trainer:
         return meta
 
     def save(self, finished: bool = False) -> None:
+        """Every rank calls this (the RNG states of all ranks are gathered); rank 0 writes."""
+        rngs = gather_objects(rng_state(), self.ctx)
         if not self.ctx.is_main:
             return
         seconds, cpu_seconds = self.spent()
@@ -304,7 +335,9 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler else None,
             "scaler": self.scaler.state_dict(),
-            "rng": rng_state(),
+            "rng": rngs[0],
+            "rng_ranks": rngs if self.ctx.distributed else None,  # each rank resumes its own streams
+            "train_items": self._num_items(),
             "sched_key": self._sched_key(),
         }
         info = dict(
@@ -353,18 +386,12 @@ class Trainer:
         if self.scheduler is not None and ts.get("scheduler") and ts.get("sched_key") == self._sched_key():
             self.scheduler.load_state_dict(ts["scheduler"])  # else: the schedule changed; rebuilt from the config
         self.scaler.load_state_dict(ts["scaler"])
-        set_rng_state(ts["rng"])
+        ranks = ts.get("rng_ranks")
+        set_rng_state(ranks[self.ctx.rank] if ranks and len(ranks) == self.ctx.world_size else ts["rng"])
         self.epoch, self.batch, self.global_step = ts["epoch"], ts["batch"], ts["global_step"]
         self.spent_before = ts.get("spent")  # None: a checkpoint from before the cost was kept, so it is unknown
         if self.ctx.is_main:  # forget metrics logged after the checkpoint by the run that stopped
-            path = self.run_dir / METRICS
-            if path.is_file():
-                keep = [
-                    ln
-                    for ln in path.read_text().splitlines()
-                    if ln.strip() and json.loads(ln).get("global_step", 0) <= self.global_step
-                ]
-                atomic_write_text(path, "".join(ln + "\n" for ln in keep))
+            trim_metrics(self.run_dir / METRICS, self.global_step)
         self.log(f"resumed {self.run_dir} at epoch {self.epoch + 1}, batch {self.batch} (step {self.global_step})")
         if self.batch and is_stream(self.train_set) and self.ctx.is_main:
             warnings.warn(
@@ -388,12 +415,14 @@ class Trainer:
         barrier(ctx)
         self.tb = open_tensorboard(self.run_dir, cfg.train.log_tensorboard, ctx.is_main)
         try:
-            return self._run()
+            with StopOnSignal() as self.stop:
+                return self._run()
         finally:
             if self.bar is not None:
                 self.bar.close()
             if self.tb is not None:
                 self.tb.close()
+            self.close()
 
     def _run(self) -> Path:
         cfg, ctx = self.cfg, self.ctx
@@ -420,6 +449,8 @@ class Trainer:
                 rows = self.evaluate()
             self.epoch, self.batch = self.epoch + 1, 0
             self.save(finished=self.epoch == self.epochs)
+            if self.epoch < self.epochs and self._stop_signal():  # arrived during the evaluation: saved just now
+                raise self._interrupted()
         if rows is None:  # resumed a finished run: report its results again (every rank takes part)
             rows = self.evaluate(log_metrics=False)
         if ctx.is_main and rows:
@@ -458,10 +489,7 @@ class Trainer:
             if window_n == cfg.train.log_every or self.batch == self.steps_per_epoch:
                 mean = all_reduce_sum(window_loss.float().clone(), ctx).item() / (window_n * ctx.world_size)
                 if not math.isfinite(mean):
-                    raise FloatingPointError(
-                        f"loss became {mean} at step {self.global_step}; lower optim.lr or set optim.clip_grad. "
-                        f"The last good checkpoint is kept in {self.run_dir}"
-                    )
+                    raise self._diverged(f"loss became {mean} by step {self.global_step}")
                 rate = window_images / max(time.perf_counter() - t0, 1e-9)
                 lr = self.optimizer.param_groups[0]["lr"]
                 bar.set_postfix(loss=f"{mean:.4f}", lr=f"{lr:.2e}", img_s=f"{rate:.0f}")
@@ -478,14 +506,13 @@ class Trainer:
                 window_loss.zero_()
                 window_n, window_images, t0 = 0, 0, time.perf_counter()
             every = cfg.train.ckpt_every_steps
-            if every and self.global_step % every == 0 and self.batch < self.steps_per_epoch:
+            stop = self._stop_signal()
+            if stop or (every and self.global_step % every == 0 and self.batch < self.steps_per_epoch):
                 if not torch.isfinite(window_loss):  # never checkpoint diverged weights
-                    raise FloatingPointError(
-                        f"loss became non-finite before step {self.global_step}; lower "
-                        f"optim.lr or set optim.clip_grad. The last good checkpoint is kept "
-                        f"in {self.run_dir}"
-                    )
+                    raise self._diverged(f"loss became non-finite by step {self.global_step}")
                 self.save()
+            if stop:
+                raise self._interrupted()
         skipped = sorted(set(skipped))  # a file is tried again by each neighbour that stands in for it
         n_skipped = int(all_reduce_sum(torch.tensor(float(len(skipped)), device=self.device), ctx).item())
         if n_skipped and ctx.is_main:
@@ -500,6 +527,16 @@ class Trainer:
             f"epoch {self.epoch + 1}/{self.epochs}: train loss {epoch_loss / max(epoch_n, 1):.4f}, "
             f"lr {self.optimizer.param_groups[0]['lr']:.2e}, {elapsed:.1f} s"
         )
+
+    def _stop_signal(self) -> int:
+        """The stop signal (SIGTERM / SIGINT) any rank received, 0 if none: every rank stops at the same step."""
+        return all_reduce_max(self.stop.signum, self.ctx)
+
+    def _interrupted(self) -> TrainingInterrupted:
+        return interrupted(self._stop_signal(), self.epoch, self.global_step, self.run_dir)
+
+    def _diverged(self, what: str) -> FloatingPointError:
+        return diverged(what, self.first_loss, self.run_dir / POINTER)
 
     def step(self, net: nn.Module, batch) -> torch.Tensor:
         inputs = to_device(batch.inputs, self.device, non_blocking=True)
@@ -520,6 +557,8 @@ class Trainer:
             self.scheduler.step_update(num_updates=self.global_step + 1)
         if self.ema is not None:
             self.ema.update(self.model, step=self.global_step + 1)
+        if self.first_loss is None:  # one sync, to tell a model that is broken from the start from a divergence
+            self.first_loss = float(loss.detach())
         return loss
 
     def evaluate(self, log_metrics: bool = True) -> list[dict]:
@@ -576,9 +615,11 @@ def train(
     owns_group = not torch.distributed.is_initialized()
     threads = torch.get_num_threads()
     ctx = init_distributed(cfg.train.device, cfg.train.dist_timeout)
+    explicit = frozenset(o.split("=", 1)[0].strip() for o in overrides)
     try:
         with timeouts_explained(ctx, cfg.train.dist_timeout):
-            return Trainer(cfg, ctx, resume=bool(resume), accept_changes=accept_changes).run()
+            trainer = Trainer(cfg, ctx, resume=bool(resume), accept_changes=accept_changes, explicit=explicit)
+            return trainer.run()
     finally:
         torch.set_num_threads(threads)  # train.threads applies to this run only
         if owns_group:

@@ -103,7 +103,7 @@ class ConvAttention(nn.Module):
             q, k, v = (torch.cat([prefix, t], dim=1) for t in (q, k, v))
         q, k, v = self._heads(self.proj_q(q)), self._heads(self.proj_k(k)), self._heads(self.proj_v(v))
         out = attention_core(q, k, v, ctx, self.scale)  # (B, heads, P + H*W, d)
-        out = out.transpose(1, 2).reshape(B, -1, C)
+        out = out.transpose(1, 2).reshape(B, out.shape[2], C)  # the token count spelled out: B may be 0
         return self.proj_drop(self.proj(out))
 
 

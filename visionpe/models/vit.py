@@ -57,6 +57,8 @@ class VisionTransformer(TokenEncoder):
         token_merger: m > 0 adds ViTAR's Adaptive Token Merger: patches of patch_size / 2^m are merged down to
         merger_grid (default: the img_size / patch_size grid) at any input size, so the blocks always see that grid.
         Other kwargs (qkv_bias, fc_norm, drop rates, ...): see TokenEncoder."""
+        if reg_tokens < 0:
+            raise ValueError(f"reg_tokens is a number of register tokens and must be >= 0, got {reg_tokens}")
         if token_merger < 0 or patch_size % 2**token_merger:
             raise ValueError(f"token_merger={token_merger}: use m >= 0 with 2^m dividing patch_size ({patch_size})")
         merge = 2**token_merger

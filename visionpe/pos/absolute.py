@@ -104,6 +104,8 @@ def sincos_2d(pos: torch.Tensor, dim: int, temperature: float = 10000.0) -> torc
 class SinCos2D(PosEncoding):
     """Fixed 2D sin-cos on patch tokens, computed from the layout's positions (works at any grid size)."""
 
+    positive_options = ("temperature",)
+
     def __init__(self, host: PEHost, temperature: float = 10000.0):
         super().__init__(host)
         self.temperature = temperature

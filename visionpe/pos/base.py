@@ -113,6 +113,8 @@ class PosEncoding(nn.Module):
     """Base class of every PE. Override the sites the PE acts at; the defaults do nothing."""
 
     layout_scheme: str | None = None  # position scheme its layouts must follow (visionpe.pos.mm_positions); None: any
+    # numeric constructor options must be finite and >= 0 (checked by build_pos_encoding); these must be > 0
+    positive_options: tuple[str, ...] = ()
 
     def __init__(self, host: PEHost):
         super().__init__()

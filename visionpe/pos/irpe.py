@@ -128,6 +128,8 @@ class IRPE(PosEncoding):
     backbones); with index "identity" and max_offset None, B = (window - 1) from the layer's grid (Swin).
     """
 
+    positive_options = ("ratio",)
+
     def __init__(
         self,
         host: PEHost,

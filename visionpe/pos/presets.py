@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import math
 from dataclasses import dataclass
 
 from .absolute import LearnedAPE, SinCos2D
@@ -216,6 +217,19 @@ def _accepted(cls: type[PosEncoding]) -> set[str]:
     return {p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "host")}
 
 
+def check_pe_options(cls: type[PosEncoding], options: dict) -> None:
+    """Numeric options (and the numbers in list options) must be finite and >= 0, those in the class's
+    `positive_options` > 0: theta=0 or NaN would give NaN positions, and a negative count no model."""
+    for name, value in options.items():
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                continue
+            bound = 0 if name in cls.positive_options else None
+            if not math.isfinite(v) or v < 0 or (bound is not None and v <= bound):
+                need = "a finite number > 0" if bound is not None else "a finite number >= 0"
+                raise ValueError(f"{cls.__name__} option {name}={value!r} must be {need} (pe_kwargs)")
+
+
 def build_pos_encoding(preset: str, host: PEHost, pe_kwargs: dict | None = None) -> PosStack:
     """Build the PEs of `preset` for a backbone. `pe_kwargs` override constructor kwargs: a flat key goes to every
     PE kind that accepts it; `{"kind": {...}}` targets one kind (e.g. `{"rope2d": {"theta": 50}}`)."""
@@ -240,7 +254,9 @@ def build_pos_encoding(preset: str, host: PEHost, pe_kwargs: dict | None = None)
         unknown = set(extra) - accepted
         if unknown:
             raise ValueError(f"{cls.__name__} does not take {sorted(unknown)}; it takes {sorted(accepted)}")
-        encodings[kind] = cls(host, **{**kwargs, **flat, **extra})
+        options = {**kwargs, **flat, **extra}
+        check_pe_options(cls, options)
+        encodings[kind] = cls(host, **options)
     unused = set(pe_kwargs) - used
     if unused:
         valid = set().union(*(_accepted(PE_KINDS[k]) for k in kinds)) if kinds else set()

@@ -41,6 +41,8 @@ def mixed_frequencies(head_dim: int, depth: int, num_heads: int, theta: float = 
 class RoPE2D(PosEncoding):
     """Rotates q and k of every attention layer by their (x, y) positions; prefix tokens are not rotated."""
 
+    positive_options = ("theta",)
+
     def __init__(
         self,
         host: PEHost,

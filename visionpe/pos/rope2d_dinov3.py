@@ -71,6 +71,8 @@ class RoPE2DDinoV3(PosEncoding):
     """DINOv3 RoPE on q and k of every layer; options as in the official module (base or min/max_period,
     normalize_coords, shift/jitter/rescale_coords)."""
 
+    positive_options = ("base", "min_period", "max_period")
+
     def __init__(
         self,
         host: PEHost,

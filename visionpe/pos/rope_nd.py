@@ -36,6 +36,8 @@ class RoPEND(PosEncoding):
     scheme_options: fixed position options of the scheme (mrope / mrope_time `after_visual`, mrope_time
     `temporal_interval`, videorope `temporal_stride`; see visionpe.pos.mm_positions.position_ids)."""
 
+    positive_options = ("theta", "delta")
+
     def __init__(
         self,
         host: PEHost,

@@ -1,0 +1,178 @@
+"""Bad or unusual inputs that used to give silently wrong results or a traceback: config values out of range, YAML
+surprises, odd image folders, PE options that make NaNs, weight files of the wrong number kind, destinations that
+cannot be written, attention backends that cannot run. Each is now one clear line or the correct behaviour."""
+
+from __future__ import annotations
+
+import os
+import unicodedata
+from pathlib import Path
+
+import numpy as np
+import pytest
+import timm
+import torch
+from PIL import Image
+from safetensors.torch import save_file
+from test_faults import _one_line_error, run, tiny
+
+from visionpe.attention import check_attn_backend
+from visionpe.data import build_dataset
+from visionpe.engine import CheckpointError, ConfigError, load_checkpoint, load_config, load_weights
+from visionpe.engine.cli import eval_main
+from visionpe.engine.config import Config, apply_overrides
+from visionpe.engine.setup import build_model, check_resolutions
+from visionpe.zoo import FAMILIES, list_visionpe_models
+
+# ----------------------------------------------------------------------------------- config values, checked per key
+
+OUT_OF_RANGE = {
+    "train.threads=-1": "train.threads must be >= 1, got -1",
+    "train.max_steps_per_epoch=-1": "train.max_steps_per_epoch must be >= 0, got -1",
+    "aug.label_smoothing=1.5": "aug.label_smoothing must be >= 0 and < 1, got 1.5",
+    "model.drop_path=1.5": "model.drop_path must be >= 0 and < 1, got 1.5",
+    "model.drop_path=-0.1": "model.drop_path must be >= 0 and < 1, got -0.1",
+    "data.eval_batch_size=-1": "data.eval_batch_size must be >= 0, got -1",
+    "train.ckpt_every_steps=-1": "train.ckpt_every_steps must be >= 0, got -1",
+    "aug.mixup_mode=bogus": "aug.mixup_mode must be one of batch, pair, elem; got 'bogus'",
+    "train.ema_decay=2": "train.ema_decay must be >= 0 and <= 1, got 2.0",
+    "optim.lr=nan": "optim.lr must be a finite number, got nan",
+    "eval.resolutions=16,0": "eval.resolutions[1] must be >= 1, got 0",
+}
+
+
+@pytest.mark.parametrize("override", list(OUT_OF_RANGE))
+def test_a_value_out_of_its_keys_declared_range_is_one_line(override, capsys, tmp_path):
+    with pytest.raises(ConfigError, match=OUT_OF_RANGE[override].replace("[", r"\[").replace("]", r"\]")):
+        load_config(None, [override])
+    with pytest.raises(ConfigError, match="train.threads must be"):  # also a Config built in Python
+        cfg = Config()
+        cfg.train.threads = -1
+        apply_overrides(cfg, [])
+
+
+def test_yaml_duplicate_sections_leading_zeros_and_other_encodings(tmp_path, capsys):
+    dup = tmp_path / "dup.yaml"
+    dup.write_text("train:\n  epochs: 3\ndata:\n  batch_size: 4\ntrain:\n  seed: 1\n")
+    with pytest.raises(ConfigError, match=r"dup.yaml: key 'train' appears twice \(lines 1 and 5\)"):
+        load_config(dup)
+    octal = tmp_path / "octal.yaml"
+    octal.write_text("train:\n  epochs: 010\n  run_name: 007\n")
+    cfg = load_config(octal, ["train.seed=012"])
+    assert (cfg.train.epochs, cfg.train.run_name, cfg.train.seed) == (10, "007", 12)  # as written, not octal 8
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes("train:\n  run_name: caf\xe9\n".encode("latin-1"))
+    line = _one_line_error(capsys, ["-c", str(latin)])
+    assert f"{latin} is not UTF-8 text (byte 0xe9 at offset 22)" in line
+
+
+# ------------------------------------------------------------------------------------------------- image folders
+
+
+def _images(folder: Path, n: int, seed: int = 0) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        Image.fromarray(rng.integers(0, 256, (18, 18, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+
+
+def test_symlinks_are_followed_without_loops_and_hidden_folders_are_skipped(tmp_path):
+    root = tmp_path / "d"
+    for c in ("a", "b"):
+        _images(root / "val" / c, 4)
+    os.symlink(root / "val", root / "val" / "a" / "loop")  # a loop back to the split
+    os.symlink(root / "val" / "b", root / "val" / "b2")  # a second way to the same folder
+    _images(tmp_path / "elsewhere" / "c", 2)
+    os.symlink(tmp_path / "elsewhere" / "c", root / "val" / "c")  # a class kept elsewhere: followed
+    _images(root / "val" / ".ipynb_checkpoints", 3)  # a tool's side folder: not a class
+    (root / "val" / "a" / ".hidden.png").write_bytes((root / "val" / "a" / "0.png").read_bytes())
+    ds = build_dataset("imagefolder", "val", 16, root=str(root))
+    assert ds.class_to_idx == {"a": 0, "b": 1, "c": 2} and len(ds) == 10
+
+
+def test_class_folders_differing_only_in_unicode_normalisation_match(tmp_path):
+    nfc, nfd = unicodedata.normalize("NFC", "café"), unicodedata.normalize("NFD", "café")
+    assert nfc != nfd
+    root = tmp_path / "d"
+    for split, name in (("train", nfc), ("val", nfd)):
+        _images(root / split / name, 2)
+        _images(root / split / "zebra", 2)
+    train = build_dataset("imagefolder", "train", 16, root=str(root), training=True)
+    val = build_dataset("imagefolder", "val", 16, root=str(root), class_map=train.class_to_idx)
+    assert val.class_to_idx == train.class_to_idx == {nfc: 0, "zebra": 1}
+    assert [t for _, t in val.base.reader.samples] == [0, 0, 1, 1]
+
+
+# ------------------------------------------------------------------------------------------------ models, weights
+
+
+@pytest.mark.parametrize("pe_kwargs", [dict(theta=0), dict(theta=-1.0), dict(theta=float("nan"))])
+def test_pe_options_that_would_make_nans_are_refused_at_build(pe_kwargs):
+    with pytest.raises(ValueError, match="RoPE2D option theta=.* must be a finite number > 0"):
+        timm.create_model("vit_n_rope2d", pe_kwargs=pe_kwargs)
+    with pytest.raises(ValueError, match="reg_tokens .* must be >= 0, got -1"):
+        timm.create_model("vit_n_ape", reg_tokens=-1)
+
+
+def test_model_drop_path_zero_is_honoured_for_swin():
+    def rates(drop_path):
+        cfg = load_config(None, ["model.name=swin_t_rpb", f"model.drop_path={drop_path}"])
+        kwargs = {k: v for k, v in FAMILIES["swin"].tiny.items() if k not in ("img_size", "num_classes")}
+        cfg.model.kwargs = kwargs
+        model = build_model(cfg, 10, 3)
+        return [m.drop_prob for m in model.modules() if type(m).__name__ == "DropPath"]
+
+    assert rates(0.0) == []  # no stochastic depth at all (Swin's own default is 0.1)
+    assert max(rates(0.2)) == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool])
+def test_integer_or_bool_tensors_where_float_weights_belong_are_refused(tmp_path, dtype):
+    out = run(tiny(tmp_path, "train.run_name=w", "train.epochs=1"))
+    path = next((out / "checkpoints").glob("*.safetensors"))
+    tensors, meta = load_weights(path)
+    tensors = {k: v.clone() for k, v in tensors.items()}
+    key = next(k for k, v in tensors.items() if v.is_floating_point())
+    tensors[key] = (tensors[key] * 1000).to(dtype)
+    save_file(tensors, str(tmp_path / "bad.safetensors"), metadata=meta)
+    with pytest.raises(CheckpointError, match=f"{key} is {str(dtype)[6:]} \\(the model's is float32\\)"):
+        load_checkpoint(tmp_path / "bad.safetensors")
+
+
+def test_cvt_takes_a_batch_of_zero_images_like_vit_and_swin():
+    for family in ("cvt", "vit", "swin"):
+        fam = FAMILIES[family]
+        name = list_visionpe_models(f"{family}_*")[0]
+        model = timm.create_model(name, **fam.tiny).eval()
+        out = model(torch.zeros(0, 3, 32, 32))
+        assert out.shape == (0, fam.tiny.get("num_classes", 1000)), family
+
+
+# ------------------------------------------------------------------------------------- destinations and backends
+
+
+def test_eval_json_into_a_missing_folder_is_refused_before_evaluating(tmp_path, capsys, monkeypatch):
+    from visionpe.engine import evaluate
+
+    monkeypatch.setattr(evaluate, "evaluate_checkpoint", lambda *a, **k: pytest.fail("evaluated first"))
+    assert eval_main(["--checkpoint", str(tmp_path), "--json", str(tmp_path / "missing" / "r.json")]) == 2
+    assert f"folder {tmp_path / 'missing'} does not exist" in capsys.readouterr().err
+
+
+def test_attention_backend_errors_name_the_backend_not_a_resolution(monkeypatch):
+    monkeypatch.setenv("VISIONPE_ATTN", "bogus")
+    with pytest.raises(ValueError, match="VISIONPE_ATTN='bogus' is not a backend"):
+        check_attn_backend(torch.device("cpu"))
+    monkeypatch.setenv("VISIONPE_ATTN", "xformers")
+    with pytest.raises(ValueError, match="VISIONPE_ATTN=xformers (runs on CUDA only|but xformers is not installed)"):
+        check_resolutions(torch.nn.Identity(), "m", {}, torch.device("cpu"), None)
+
+
+def test_a_resolution_too_large_for_memory_is_one_line_about_memory():
+    class Huge(torch.nn.Module):
+        def forward(self, x):
+            raise MemoryError
+
+    ds = build_dataset("synthetic-shapes", "val", 16, options=dict(num_train=4, num_val=4))
+    with pytest.raises(ValueError, match="at resolution 16 needs more memory than cpu has; choose smaller"):
+        check_resolutions(Huge(), "m", {16: ds}, torch.device("cpu"), None)

@@ -1,0 +1,77 @@
+"""SIGTERM (what SLURM and Kubernetes send before a kill) and SIGINT (Ctrl-C) during training: stop cleanly.
+
+The first such signal only sets a flag; the trainer looks at it after every step (every rank agrees on it, see
+Trainer._stop_signal), writes a checkpoint there and raises TrainingInterrupted, which the command line reports in
+one line with the resume command and the signal's conventional exit status (128 + number: 143, 130). A second signal
+acts as it would have without this (Ctrl-C twice: KeyboardInterrupt; the checkpoint files are written atomically).
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import threading
+from pathlib import Path
+
+__all__ = ["StopOnSignal", "TrainingInterrupted", "STOP_SIGNALS", "interrupted", "diverged"]
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class TrainingInterrupted(Exception):
+    """Training stopped on a signal after writing a checkpoint; `exit_code` is 128 + the signal's number."""
+
+    def __init__(self, signum: int, message: str):
+        super().__init__(message)
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+
+class StopOnSignal:
+    """`with StopOnSignal() as stop: ... stop.signum` (0 until a stop signal arrives). Outside the main thread
+    signals cannot be caught, and nothing is installed."""
+
+    def __init__(self):
+        self.signum = 0
+        self._previous: dict[int, object] = {}
+
+    def _handle(self, signum, frame) -> None:
+        self.signum = self.signum or signum
+        signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))  # a second one acts as before
+
+    def __enter__(self) -> StopOnSignal:
+        if threading.current_thread() is threading.main_thread():
+            for s in STOP_SIGNALS:
+                self._previous[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        self._previous.clear()
+
+
+def interrupted(signum: int, epoch: int, global_step: int, run_dir: Path) -> TrainingInterrupted:
+    """The exception (and its one line) for a run stopped by `signum` after checkpointing at `global_step`."""
+    return TrainingInterrupted(
+        signum,
+        f"stopped by {signal.Signals(signum).name} at epoch {epoch + 1}, step {global_step}: checkpoint saved in "
+        f"{run_dir}; continue with: visionpe-train --resume {run_dir}",
+    )
+
+
+def diverged(what: str, first_loss: float | None, pointer: Path) -> FloatingPointError:
+    """The error for a non-finite training loss: the likely cause, and what is on disk (if anything)."""
+    kept = (
+        f"the last checkpoint written ({pointer}) is from before it and is kept"
+        if pointer.is_file()
+        else ("no checkpoint was written yet")
+    )
+    if first_loss is not None and not math.isfinite(first_loss):
+        cause = (
+            f"the first batch's loss was already {first_loss}, before any update: the model's output or the data "
+            f"is not finite (check model.kwargs, e.g. the PE's pe_kwargs, and the inputs)"
+        )
+    else:
+        cause = "lower optim.lr or set optim.clip_grad (or train.amp=none if it is on)"
+    return FloatingPointError(f"{what}; {cause}; {kept}")
