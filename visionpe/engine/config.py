@@ -136,6 +136,9 @@ class TrainConfig:
     progress: bool = setting(True, "show progress bars with ETA for the run and evaluation (rank 0, terminals)")
     log_tensorboard: bool = setting(False, "also log scalars to <run dir>/tensorboard (needs the tensorboard package)")
     dist_timeout: float = setting(1800.0, "seconds a DDP process waits for the others before failing with an error")
+    strategy: str = setting("ddp", "ddp (a replica per process) or fsdp (FSDP2: params, grads, optimizer state shard)")
+    fsdp: dict = setting({}, "fsdp options: reshard_after_forward (default true); see docs/training.md")
+    activation_checkpointing: bool = setting(False, "recompute each block's activations in the backward (less memory)")
     output_dir: str = setting("runs", "where run directories go")
     run_name: str | None = setting(None, "run directory name ({model} becomes model.name); null: <config name>-{model}")
 
