@@ -200,6 +200,11 @@ def check_sharded_run_dir(tr, resume: bool) -> tuple:
             f"{run_dir} was trained with train.strategy=ddp (safetensors checkpoints); continue it with "
             f"train.strategy=ddp, or export its weights and start a new fsdp run from them (docs/training.md)"
         )
+    if not tr.sharded:
+        raise CheckpointError(
+            f"{run_dir} was trained with train.strategy=fsdp (sharded checkpoints); continue it with "
+            f"train.strategy=fsdp, or export its weights (visionpe-export) and start a new run from them"
+        )
     candidates = _candidates(run_dir) if run_dir.is_dir() else []
     if resume and not candidates:
         raise CheckpointError(f"nothing to resume in {run_dir} (no sharded checkpoint); start without --resume")

@@ -65,7 +65,7 @@ from .setup import (
     run_model,
     to_device,
 )
-from .sharded_checkpoint import check_sharded_run_dir, load_sharded, save_sharded
+from .sharded_checkpoint import check_sharded_run_dir, is_sharded_run, load_sharded, save_sharded
 from .tensorboard import open_tensorboard
 
 __all__ = [
@@ -236,7 +236,7 @@ class Trainer:
 
     def _check_run_dir(self, resume: bool) -> tuple:
         """(checkpoint to resume, its files read: weights, EMA weights, training state), or (None, None)."""
-        if self.sharded:
+        if self.sharded or is_sharded_run(self.run_dir):
             return check_sharded_run_dir(self, resume)
         candidates = resume_candidates(self.run_dir) if self.run_dir.is_dir() else []
         if resume and not candidates:
