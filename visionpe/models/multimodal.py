@@ -92,6 +92,9 @@ class MultimodalEncoder(TokenEncoder):
         self.markers = nn.Parameter(torch.zeros(2, embed_dim))  # <img>, </img>
         self.feature_info = [dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=patch_size) for i in range(depth)]
         self.init_weights()
+
+    def init_weights(self) -> None:
+        super().init_weights()
         nn.init.normal_(self.text_embed.weight, std=0.02)
         nn.init.normal_(self.markers, std=0.02)
 
