@@ -55,7 +55,8 @@ def compared(tmp_path_factory) -> Path:
 def test_fsdp_gives_ddps_losses_and_parameters(compared, name):
     losses = json.loads((compared / "results.json").read_text())[name]
     ddp, start = load_file(compared / f"{name}-ddp.safetensors"), load_file(compared / f"{name}-start.safetensors")
-    params = {n for n, _ in timm.create_model(name, num_classes=10, img_size=32).named_parameters()}
+    # parameters (BatchNorm running statistics aside: a recomputed forward updates them twice, with or without fsdp)
+    params = [k for k, v in ddp.items() if v.is_floating_point() and "running_" not in k]
     for variant in ("fsdp", "fsdp_ac"):
         # fp32, the same sums in another order: the losses agree to fp32 rounding
         assert losses[variant] == pytest.approx(losses["ddp"], rel=1e-5, abs=1e-6)
