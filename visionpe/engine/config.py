@@ -162,6 +162,13 @@ class TrainConfig:
     dist_timeout: float = setting(
         1800.0, "seconds a DDP process waits for the others before failing with an error", gt=0
     )
+    strategy: str = setting(
+        "ddp",
+        "ddp (a replica per process) or fsdp (FSDP2: params, grads, optimizer state shard)",
+        choices=("ddp", "fsdp"),
+    )
+    fsdp: dict = setting({}, "fsdp options: reshard_after_forward (default true); see docs/training.md")
+    activation_checkpointing: bool = setting(False, "recompute each block's activations in the backward (less memory)")
     output_dir: str = setting("runs", "where run directories go")
     run_name: str | None = setting(None, "run directory name ({model} becomes model.name); null: <config name>-{model}")
 

@@ -106,7 +106,7 @@ def barrier(ctx: DistContext) -> None:
 
 
 def shutdown(ctx: DistContext) -> None:
-    if ctx.distributed and dist.is_initialized():
+    if dist.is_initialized():  # a group of one too (train.strategy=fsdp in one process)
         dist.destroy_process_group()
 
 

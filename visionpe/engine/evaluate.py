@@ -40,6 +40,7 @@ from .setup import (
     run_model,
     to_device,
 )
+from .sharded_checkpoint import is_sharded_run, load_sharded_weights
 
 __all__ = [
     "evaluate_loader",
@@ -172,17 +173,22 @@ def load_checkpoint(
 ) -> tuple[nn.Module, Config, dict]:
     """(model with the checkpoint's weights, its config with `overrides` applied, the weights' metadata).
 
-    `checkpoint` is a run directory (its latest checkpoint) or a .safetensors file; a file from elsewhere needs
+    `checkpoint` is a run directory (its latest checkpoint, sharded or not), a .safetensors file or a sharded
+    checkpoint folder (`<tag>.dcp`); a file from elsewhere needs
     `model.name=` and `data.name=` among the overrides."""
-    ref = find_checkpoint(checkpoint)
-    if ref is None:
-        raise CheckpointError(f"{checkpoint} has no checkpoint yet (no {checkpoint}/checkpoint.json)")
-    path = ref.weights
-    if ema:
-        if ref.ema is None:
-            raise CheckpointError(f"{checkpoint} has no EMA weights (train with train.ema=true)")
-        path = ref.ema
-    state, meta = load_weights(path)
+    if is_sharded_run(checkpoint):  # a train.strategy=fsdp run: its shards gathered in this process
+        state, meta = load_sharded_weights(checkpoint, ema)
+        path = checkpoint
+    else:
+        ref = find_checkpoint(checkpoint)
+        if ref is None:
+            raise CheckpointError(f"{checkpoint} has no checkpoint yet (no {checkpoint}/checkpoint.json)")
+        path = ref.weights
+        if ema:
+            if ref.ema is None:
+                raise CheckpointError(f"{checkpoint} has no EMA weights (train with train.ema=true)")
+            path = ref.ema
+        state, meta = load_weights(path)
     if "config" in meta:
         cfg = config_from_dict(json.loads(meta["config"]), f" (the config stored in {path})")
     else:

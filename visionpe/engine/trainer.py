@@ -60,6 +60,7 @@ from .distributed import (
     timeouts_explained,
 )
 from .evaluate import evaluate_resolutions, format_table, json_safe, write_json
+from .fsdp import ShardedEma, build_sharded_model, check_strategy, gathered
 from .interrupt import StopOnSignal, TrainingInterrupted, diverged, interrupted
 from .metrics_log import METRICS, append_metrics, trim_metrics
 from .run_dir import CorruptCheckpointWarning, resume_files
@@ -75,6 +76,7 @@ from .setup import (
     run_model,
     to_device,
 )
+from .sharded_checkpoint import check_sharded_run_dir, is_sharded_run, load_sharded, save_sharded
 from .tensorboard import open_tensorboard
 
 __all__ = [
@@ -115,6 +117,8 @@ class Trainer:
         self.started = (time.perf_counter(), time.process_time())
         self.cfg, self.ctx = cfg, ctx
         check_training_config(cfg)
+        check_strategy(cfg)
+        self.sharded = cfg.train.strategy == "fsdp"  # FSDP2 (fsdp.py), sharded checkpoints (sharded_checkpoint.py)
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         self.run_dir = resolve_run_dir(cfg)
@@ -129,7 +133,10 @@ class Trainer:
 
     def _setup(self, resume: bool, accept_changes: bool, explicit: frozenset[str]) -> None:
         cfg, ctx = self.cfg, self.ctx
-        self.resume_ref, self.resume_files = resume_files(self.run_dir, resume, ctx.is_main)
+        if self.sharded or is_sharded_run(self.run_dir):  # fsdp: sharded checkpoints (sharded_checkpoint.py)
+            self.resume_ref, self.resume_files = check_sharded_run_dir(self, resume)
+        else:
+            self.resume_ref, self.resume_files = resume_files(self.run_dir, resume, ctx.is_main)
         if self.resume_ref is not None:  # before any work: a refused change costs nothing
             # repeating the original command continues the run as changed; only a key set on purpose together with
             # --accept-changes changes it again (or back)
@@ -142,7 +149,7 @@ class Trainer:
         random.seed(cfg.train.seed)
         np.random.seed(cfg.train.seed)
         self._build_data()
-        if self.resume_ref is not None:  # the data must still be the data the run was trained on
+        if self.resume_ref is not None and self.resume_files[0] is not None:  # the data the run was trained on
             (_, meta), ts = self.resume_files[0], self.resume_files[2]
             check_resume_data(self.resume_ref.weights, meta, ts, self.class_map, self._num_items(), self.info.in_chans)
         self._build_model()
@@ -182,13 +189,23 @@ class Trainer:
         self.device = ctx.device
         self.amp = resolve_amp(cfg.train.amp, self.device)
         cfg.model.img_size = cfg.model.img_size or cfg.data.resolution  # the resolved config records it
-        self.model = build_model(cfg, self.num_classes, self.info.in_chans).to(self.device)
+        if self.sharded:
+            self.model = build_sharded_model(cfg, self.num_classes, self.info.in_chans, ctx, self.amp)
+        else:
+            self.model = build_model(cfg, self.num_classes, self.info.in_chans).to(self.device)
+            if cfg.train.activation_checkpointing:
+                self.model.set_grad_checkpointing(True)
         check_resolutions(self.model, cfg.model.name, {r: self.train_set for r in train_res}, self.device, self.amp)
         check_resolutions(self.model, cfg.model.name, self.eval_sets, self.device, self.amp)
-        self.ema = ModelEmaV3(self.model, decay=cfg.train.ema_decay) if cfg.train.ema else None
+        self.ema = None
+        if cfg.train.ema and self.sharded:
+            ema_model = build_sharded_model(cfg, self.num_classes, self.info.in_chans, ctx, self.amp)
+            self.ema = ShardedEma(ema_model, self.model, decay=cfg.train.ema_decay)
+        elif cfg.train.ema:
+            self.ema = ModelEmaV3(self.model, decay=cfg.train.ema_decay)
         self.ddp = (
             DistributedDataParallel(self.model, device_ids=[self.device] if self.device.type == "cuda" else None)
-            if ctx.distributed
+            if ctx.distributed and not self.sharded
             else None
         )
 
@@ -323,6 +340,8 @@ class Trainer:
 
     def save(self, finished: bool = False) -> None:
         """Every rank calls this (the RNG states of all ranks are gathered); rank 0 writes."""
+        if self.sharded:
+            return save_sharded(self, finished)  # every rank writes its shards and its own RNG state
         rngs = gather_objects(rng_state(), self.ctx)
         if not self.ctx.is_main:
             return
@@ -374,15 +393,18 @@ class Trainer:
         return json.dumps([dataclasses.asdict(self.cfg.optim), self.cfg.train.epochs, self.steps_per_epoch])
 
     def _load(self, ref, weights: tuple, ema: tuple | None, ts: dict) -> None:
-        load_into_model(self.model, *weights, self.cfg.model.name, ref.weights)
-        if self.ema is not None:
-            if ema is None:
-                raise CheckpointError(
-                    f"{ref.weights} has no EMA weights but train.ema=true; resume with "
-                    f"train.ema=false or start a new run"
-                )
-            load_into_model(self.ema.module, *ema, self.cfg.model.name, ref.ema)
-        self.optimizer.load_state_dict(ts["optimizer"])
+        if self.sharded:
+            load_sharded(self, ref)
+        else:
+            load_into_model(self.model, *weights, self.cfg.model.name, ref.weights)
+            if self.ema is not None:
+                if ema is None:
+                    raise CheckpointError(
+                        f"{ref.weights} has no EMA weights but train.ema=true; resume with "
+                        f"train.ema=false or start a new run"
+                    )
+                load_into_model(self.ema.module, *ema, self.cfg.model.name, ref.ema)
+            self.optimizer.load_state_dict(ts["optimizer"])
         if self.scheduler is not None and ts.get("scheduler") and ts.get("sched_key") == self._sched_key():
             self.scheduler.load_state_dict(ts["scheduler"])  # else: the schedule changed; rebuilt from the config
         self.scaler.load_state_dict(ts["scaler"])
@@ -564,19 +586,21 @@ class Trainer:
     def evaluate(self, log_metrics: bool = True) -> list[dict]:
         cfg, ctx = self.cfg, self.ctx
         bs = cfg.data.eval_batch_size or 2 * cfg.data.batch_size
-        rows = [
-            dict(r, weights="model")
-            for r in evaluate_resolutions(
-                self.model, self.eval_sets, bs, cfg.data.workers, ctx, self.amp, cfg.train.progress
-            )
-        ]
-        if self.ema is not None and cfg.eval.ema:
-            rows += [
-                dict(r, weights="ema")
+        with gathered(self.model):  # fsdp: parameters gathered for the whole evaluation (ranks' batches differ)
+            rows = [
+                dict(r, weights="model")
                 for r in evaluate_resolutions(
-                    self.ema.module, self.eval_sets, bs, cfg.data.workers, ctx, self.amp, cfg.train.progress
+                    self.model, self.eval_sets, bs, cfg.data.workers, ctx, self.amp, cfg.train.progress
                 )
             ]
+        if self.ema is not None and cfg.eval.ema:
+            with gathered(self.ema.module):
+                rows += [
+                    dict(r, weights="ema")
+                    for r in evaluate_resolutions(
+                        self.ema.module, self.eval_sets, bs, cfg.data.workers, ctx, self.amp, cfg.train.progress
+                    )
+                ]
         for r in rows if log_metrics else ():
             self._metrics(kind="eval", epoch=self.epoch + 1, global_step=self.global_step, **r)
         summary = ", ".join(

@@ -1,0 +1,334 @@
+"""Sharded training with FSDP2 (`train.strategy=fsdp`): every rank holds 1/N of the parameters, gradients and
+optimizer state instead of a full replica.
+
+    model = build_sharded_model(cfg, num_classes, in_chans, ctx, amp)  # built on meta, sharded, then initialised
+
+Sharding units: every block of every `blocks` list (the ViT trunk's blocks, each Swin / CvT stage's blocks), then the
+root, which keeps everything else (stem, head, norms, downsampling, and the PEs' parameters, which are read by the
+model outside the blocks' forward, e.g. RoPE-Mixed's [2, depth, H, d/2] frequencies). A unit's parameters are gathered
+before its forward and freed after it (`train.fsdp.reshard_after_forward`, default true; false keeps them gathered
+until the backward: faster, more memory). With `train.amp`, the gathered parameters are cast to its dtype and
+gradients are reduced in fp32. The model is built on the meta device, sharded, materialised on this rank's device
+and only then initialised (or loaded), so no rank ever holds the full model (see `construct_on_meta`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import weakref
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from .config import Config, ConfigError
+from .distributed import DistContext
+from .setup import build_model
+
+__all__ = [
+    "FSDP_OPTIONS",
+    "STRATEGIES",
+    "fsdp_options",
+    "check_strategy",
+    "sharding_units",
+    "follows_meta_contract",
+    "construct_on_meta",
+    "build_sharded_model",
+    "load_full_state",
+    "gathered",
+    "ShardedEma",
+    "full_state_dict",
+]
+
+STRATEGIES = ("ddp", "fsdp")
+FSDP_OPTIONS = {"reshard_after_forward": True}  # train.fsdp.<key>: its default
+
+
+def fsdp_options(cfg: Config) -> dict:
+    """train.fsdp with defaults filled in; an unknown key or a wrong type is a ConfigError."""
+    given = dict(cfg.train.fsdp or {})
+    for key, value in given.items():
+        if key not in FSDP_OPTIONS:
+            raise ConfigError(f"unknown key train.fsdp.{key}; the keys are {', '.join(FSDP_OPTIONS)}")
+        if not isinstance(value, type(FSDP_OPTIONS[key])):
+            raise ConfigError(f"train.fsdp.{key} expects {type(FSDP_OPTIONS[key]).__name__}, got {value!r}")
+    return {**FSDP_OPTIONS, **given}
+
+
+def check_strategy(cfg: Config) -> None:
+    """train.strategy and the options fsdp cannot take, before any work."""
+    if cfg.train.strategy not in STRATEGIES:
+        raise ConfigError(f"train.strategy must be one of {', '.join(STRATEGIES)}, got {cfg.train.strategy!r}")
+    if cfg.train.strategy != "fsdp":
+        if cfg.train.fsdp:
+            raise ConfigError("train.fsdp.* applies to train.strategy=fsdp; drop it or set train.strategy=fsdp")
+        return
+    fsdp_options(cfg)
+    if cfg.train.amp == "fp16":
+        raise ConfigError("train.strategy=fsdp trains in fp32 or bf16 (no fp16 loss scaling); use train.amp=bf16")
+    if cfg.optim.clip_grad is not None and cfg.optim.clip_mode == "agc":
+        raise ConfigError("optim.clip_mode=agc needs whole parameters; with train.strategy=fsdp use norm or value")
+
+
+def sharding_units(model: nn.Module) -> list[nn.Module]:
+    """The blocks FSDP shards one by one: the items of every ModuleList named `blocks`, in forward order."""
+    units = []
+    for name, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and name.rsplit(".", 1)[-1] == "blocks":
+            units += list(module)
+    return units
+
+
+# ---------------------------------------------------------------------------------------------- construction
+
+
+def follows_meta_contract(model_cls_or_model) -> bool:
+    """timm's meta-device contract: `init_weights()` draws every parameter and `init_non_persistent_buffers()`
+    rebuilds every buffer, so the model can be built under `torch.device("meta")` and initialised after."""
+    return hasattr(model_cls_or_model, "init_non_persistent_buffers") and hasattr(model_cls_or_model, "init_weights")
+
+
+def _local_rows(t: torch.Tensor, rank: int, world: int) -> torch.Tensor:
+    """This rank's part of a tensor as FSDP2 shards it (dim 0 in chunks of ceil(rows / world))."""
+    if t.ndim == 0:
+        return t.clone()
+    c = -(-t.shape[0] // world)
+    return t[rank * c : (rank + 1) * c].clone()
+
+
+@contextlib.contextmanager
+def _parameters_on_meta(rank: int, world: int):
+    """While a model is built, each module's parameters go to the meta device as soon as the module is attached to
+    its parent (its constructor is done: layer defaults and values drawn there are final), keeping only this rank's
+    rows of each value (as `_visionpe_rows`); buffers and all other tensors stay real. `finish(root)` moves the
+    root's own. Tied parameters stay tied."""
+    set_attr, add_module, moved = nn.Module.__setattr__, nn.Module.add_module, {}
+
+    def to_meta(module: nn.Module) -> None:
+        for m in module.modules():
+            for name, p in list(m._parameters.items()):
+                if p is None or p.device.type == "meta":
+                    continue
+                ref, q = moved.get(id(p), (None, None))
+                if ref is None or ref() is not p:  # a weak reference: the real value is freed once replaced
+                    q = nn.Parameter(p.detach().to("meta"), requires_grad=p.requires_grad)
+                    q._visionpe_rows = _local_rows(p.detach(), rank, world)
+                    moved[id(p)] = (weakref.ref(p), q)
+                m._parameters[name] = q
+
+    def patched_setattr(self, name, value):
+        if isinstance(value, nn.Module):
+            to_meta(value)
+        set_attr(self, name, value)
+
+    def patched_add_module(self, name, module):
+        if module is not None:
+            to_meta(module)
+        add_module(self, name, module)
+
+    nn.Module.__setattr__, nn.Module.add_module = patched_setattr, patched_add_module
+    try:
+        yield to_meta
+    finally:
+        nn.Module.__setattr__, nn.Module.add_module = set_attr, add_module
+        moved.clear()
+
+
+def construct_on_meta(build, rank: int = 0, world: int = 1) -> tuple[nn.Module, dict, dict]:
+    """(model with meta parameters, {name: this rank's rows of its constructed value}, {buffer name: value}).
+
+    A model that follows the meta contract (`follows_meta_contract`) is built under `torch.device("meta")`: nothing
+    is kept, `init_weights()` and `init_non_persistent_buffers()` rebuild it all. Any other model is built with its
+    parameters sent to meta one by one as they are registered, keeping this rank's shard of each constructed value
+    (layer defaults, values drawn in the constructor such as RoPE-Mixed's frequencies) and its (small) buffers; no
+    rank holds more than its shard plus the largest single parameter."""
+    try:
+        with torch.device("meta"):
+            model = build()
+        if follows_meta_contract(model):
+            return model, {}, {}
+    except (RuntimeError, NotImplementedError):  # it reads a tensor's values while it is built (`.tolist()`)
+        pass
+    with _parameters_on_meta(rank, world) as finish:
+        model = build()
+        finish(model)
+    rows = {}
+    for name, p in model.named_parameters():
+        rows[name] = p.__dict__.pop("_visionpe_rows")
+    return model, rows, {name: b.clone() for name, b in model.named_buffers()}
+
+
+@torch.no_grad()
+def _initialise(model: nn.Module, rows: dict, buffers: dict, seed: int, rank: int) -> None:
+    """Parameters as a fresh model draws them: their constructed values (kept rows) or, under the meta contract,
+    each layer's default (`reset_parameters`); then the model's own `init_weights()`; buffers copied back, then
+    `init_non_persistent_buffers()` where a module has it. On a CPU mesh DTensor draws every shard from the local
+    generator, so each rank seeds its own (else all shards would be equal); on GPUs DTensor's generator gives each
+    shard its own part of one stream."""
+    on_cpu = any(p.device.type == "cpu" for p in model.parameters())
+    torch.manual_seed(seed + (rank if on_cpu else 0))
+    for name, p in model.named_parameters():
+        if name in rows:
+            local = _local(p)
+            if local.shape != rows[name].shape:
+                raise RuntimeError(f"{name}: shard {tuple(local.shape)} vs kept rows {tuple(rows[name].shape)}")
+            local.copy_(rows[name])
+    if not rows:
+        for module in model.modules():
+            if hasattr(module, "reset_parameters"):
+                module.reset_parameters()
+    if hasattr(model, "init_weights"):
+        model.init_weights()
+    for name, value in buffers.items():
+        model.get_buffer(name).copy_(value)
+    for module in model.modules():
+        if hasattr(module, "init_non_persistent_buffers"):
+            module.init_non_persistent_buffers()
+
+
+def _pretrained_file(cfg: Config) -> tuple[Config, str | None]:
+    """(cfg without timm's pretrained kwargs, the weights file they name): under fsdp the file is loaded after
+    sharding, rank 0 reading it."""
+    kwargs = dict(cfg.model.kwargs)
+    pretrained = kwargs.pop("pretrained", False)
+    overlay = kwargs.pop("pretrained_cfg_overlay", None) or {}
+    if not pretrained:
+        return cfg, None
+    if not overlay.get("file"):
+        raise ConfigError(
+            "train.strategy=fsdp loads pretrained weights from a file: set model.kwargs.pretrained_cfg_overlay.file="
+            "<weights.safetensors> (visionpe's format, e.g. written by visionpe-export)"
+        )
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, kwargs=kwargs)), str(overlay["file"])
+
+
+def build_sharded_model(
+    cfg: Config, num_classes: int, in_chans: int, ctx: DistContext, amp: torch.dtype | None
+) -> nn.Module:
+    """The configured model, sharded over all ranks, initialised (or loaded from model.kwargs.pretrained_cfg_overlay
+    .file), with activation checkpointing per block if train.activation_checkpointing."""
+    cfg, file = _pretrained_file(cfg)
+    mesh = _mesh(ctx)
+    build = lambda: build_model(cfg, num_classes, in_chans)  # noqa: E731
+    model, rows, buffers = construct_on_meta(build, dist.get_rank(), dist.get_world_size())
+    if cfg.train.activation_checkpointing:
+        model.set_grad_checkpointing(True)
+    reshard = fsdp_options(cfg)["reshard_after_forward"]
+    policy = MixedPrecisionPolicy(param_dtype=amp, reduce_dtype=torch.float32) if amp else MixedPrecisionPolicy()
+    for block in sharding_units(model):
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+    model.fsdp_reshard_after_forward = reshard  # read by `gathered`
+    model.to_empty(device=ctx.device)
+    _initialise(model, rows, buffers, cfg.train.seed, ctx.rank)
+    if file is not None:
+        from .checkpoint import load_into_model, load_weights
+
+        state, meta = load_weights(file)
+        load_into_model(_ShapeView(model), state, meta, cfg.model.name, file)  # the checks; nothing is loaded
+        load_full_state(model, state)
+    return model
+
+
+def _mesh(ctx: DistContext):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if not dist.is_initialized():  # one process: a group of one (distributed.shutdown ends it)
+        backend = "nccl" if ctx.device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    return init_device_mesh(ctx.device.type, (dist.get_world_size(),))
+
+
+class _ShapeView:
+    """What load_into_model checks of a model (its keys and global shapes), without loading anything."""
+
+    def __init__(self, model: nn.Module):
+        self._state = {k: torch.empty(v.shape, device="meta") for k, v in model.state_dict().items()}
+
+    def state_dict(self):
+        return self._state
+
+    def load_state_dict(self, state):
+        pass
+
+
+@torch.no_grad()
+def load_full_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Copy a full (unsharded) state dict into a sharded model: each rank keeps its own shard of every tensor."""
+    for name, target in model.state_dict().items():
+        value = state[name].to(target.device, target.dtype)
+        if isinstance(target, DTensor):
+            target.to_local().copy_(distribute_tensor(value, target.device_mesh, target.placements).to_local())
+        else:
+            target.copy_(value)
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The whole state dict on every rank (a collective: for tests and small models)."""
+    return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach() for k, v in model.state_dict().items()}
+
+
+# ------------------------------------------------------------------------------------------------ evaluation, EMA
+
+
+def _fsdp_modules(model: nn.Module) -> list[FSDPModule]:
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+@contextlib.contextmanager
+def gathered(*models: nn.Module | None):
+    """Evaluation of sharded models: their parameters are gathered once and kept for every forward inside (one full
+    copy, no gradients or optimizer state), so ranks may run different numbers of batches; sharded again after.
+    Models that are not sharded pass through."""
+    sharded = [m for m in models if isinstance(m, FSDPModule)]
+    for model in sharded:
+        for unit in _fsdp_modules(model):
+            if unit is not model:
+                unit.set_reshard_after_forward(False, recurse=False)
+            unit.unshard()
+    try:
+        yield
+    finally:
+        for model in sharded:
+            for unit in _fsdp_modules(model):
+                unit.reshard()
+                if unit is not model:
+                    unit.set_reshard_after_forward(model.fsdp_reshard_after_forward, recurse=False)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+class ShardedEma:
+    """timm ModelEmaV3's average (its decay schedule with default options, a foreach lerp over the floating-point
+    state dict, copies of the rest) kept in a second sharded model: each rank averages its own shards."""
+
+    def __init__(self, module: nn.Module, model: nn.Module, decay: float):
+        self.module, self.decay = module, decay
+        self.module.eval()
+        self.module.requires_grad_(False)
+        with torch.no_grad():
+            for e, m in zip(module.state_dict().values(), model.state_dict().values()):
+                _local(e).copy_(_local(m))
+
+    def get_decay(self, step: int | None = None) -> float:
+        if step is None:
+            return self.decay
+        return 0.0 if step <= 1 else self.decay
+
+    @torch.no_grad()
+    def update(self, model: nn.Module, step: int | None = None) -> None:
+        decay = self.get_decay(step)
+        ema, new = [], []
+        for e, m in zip(self.module.state_dict().values(), model.state_dict().values()):
+            if e.is_floating_point():
+                ema.append(_local(e))
+                new.append(_local(m))
+            else:
+                _local(e).copy_(_local(m))
+        if ema:
+            torch._foreach_lerp_(ema, new, weight=1.0 - decay)
