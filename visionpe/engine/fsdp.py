@@ -34,7 +34,6 @@ __all__ = [
     "fsdp_options",
     "check_strategy",
     "sharding_units",
-    "follows_meta_contract",
     "construct_on_meta",
     "build_sharded_model",
     "load_full_state",
@@ -83,12 +82,6 @@ def sharding_units(model: nn.Module) -> list[nn.Module]:
 
 
 # ---------------------------------------------------------------------------------------------- construction
-
-
-def follows_meta_contract(model_cls_or_model) -> bool:
-    """timm's meta-device contract: `init_weights()` draws every parameter and `init_non_persistent_buffers()`
-    rebuilds every buffer, so the model can be built under `torch.device("meta")` and initialised after."""
-    return hasattr(model_cls_or_model, "init_non_persistent_buffers") and hasattr(model_cls_or_model, "init_weights")
 
 
 def _local_rows(t: torch.Tensor, rank: int, world: int) -> torch.Tensor:
@@ -140,18 +133,12 @@ def _parameters_on_meta(rank: int, world: int):
 def construct_on_meta(build, rank: int = 0, world: int = 1) -> tuple[nn.Module, dict, dict]:
     """(model with meta parameters, {name: this rank's rows of its constructed value}, {buffer name: value}).
 
-    A model that follows the meta contract (`follows_meta_contract`) is built under `torch.device("meta")`: nothing
-    is kept, `init_weights()` and `init_non_persistent_buffers()` rebuild it all. Any other model is built with its
-    parameters sent to meta one by one as they are registered, keeping this rank's shard of each constructed value
-    (layer defaults, values drawn in the constructor such as RoPE-Mixed's frequencies) and its (small) buffers; no
-    rank holds more than its shard plus the largest single parameter."""
-    try:
-        with torch.device("meta"):
-            model = build()
-        if follows_meta_contract(model):
-            return model, {}, {}
-    except (RuntimeError, NotImplementedError):  # it reads a tensor's values while it is built (`.tolist()`)
-        pass
+    The model is built with its parameters sent to meta one by one as they are registered, keeping this rank's
+    shard of each constructed value (layer defaults, values drawn in the constructor such as RoPE-Mixed's
+    frequencies) and its (small) buffers; no rank holds more than its shard plus the largest single parameter, and
+    the sharded model starts from exactly the values a normal build draws. (Building under `torch.device("meta")`
+    and then `init_weights()` would draw full-size values into sharded parameters, which DTensor refuses for a
+    PE's own `copy_`.)"""
     with _parameters_on_meta(rank, world) as finish:
         model = build()
         finish(model)
@@ -163,25 +150,19 @@ def construct_on_meta(build, rank: int = 0, world: int = 1) -> tuple[nn.Module, 
 
 @torch.no_grad()
 def _initialise(model: nn.Module, rows: dict, buffers: dict, seed: int, rank: int) -> None:
-    """Parameters as a fresh model draws them: their constructed values (kept rows) or, under the meta contract,
-    each layer's default (`reset_parameters`); then the model's own `init_weights()`; buffers copied back, then
-    `init_non_persistent_buffers()` where a module has it. On a CPU mesh DTensor draws every shard from the local
-    generator, so each rank seeds its own (else all shards would be equal); on GPUs DTensor's generator gives each
-    shard its own part of one stream."""
-    on_cpu = any(p.device.type == "cpu" for p in model.parameters())
-    torch.manual_seed(seed + (rank if on_cpu else 0))
+    """Parameters as a fresh model draws them: this rank's rows of their values as each was registered (the layer
+    defaults), then the constructor's own init (`_init_layers`, visionpe's models; `init_weights` elsewhere), each
+    rank drawing its own shards (DTensor draws a CPU mesh's shards from the local generator); buffers copied back,
+    then `init_non_persistent_buffers()` where a module has it."""
+    torch.manual_seed(seed + rank)
     for name, p in model.named_parameters():
-        if name in rows:
-            local = _local(p)
-            if local.shape != rows[name].shape:
-                raise RuntimeError(f"{name}: shard {tuple(local.shape)} vs kept rows {tuple(rows[name].shape)}")
-            local.copy_(rows[name])
-    if not rows:
-        for module in model.modules():
-            if hasattr(module, "reset_parameters"):
-                module.reset_parameters()
-    if hasattr(model, "init_weights"):
-        model.init_weights()
+        local = _local(p)
+        if local.shape != rows[name].shape:
+            raise RuntimeError(f"{name}: shard {tuple(local.shape)} vs kept rows {tuple(rows[name].shape)}")
+        local.copy_(rows[name])
+    init = getattr(model, "_init_layers", None) or getattr(model, "init_weights", None)
+    if init is not None:
+        init()
     for name, value in buffers.items():
         model.get_buffer(name).copy_(value)
     for module in model.modules():
@@ -243,10 +224,10 @@ def _mesh(ctx: DistContext):
 
 
 class _ShapeView:
-    """What load_into_model checks of a model (its keys and global shapes), without loading anything."""
+    """What load_into_model checks of a model (its keys, global shapes and dtypes), without loading anything."""
 
     def __init__(self, model: nn.Module):
-        self._state = {k: torch.empty(v.shape, device="meta") for k, v in model.state_dict().items()}
+        self._state = {k: torch.empty(v.shape, dtype=v.dtype, device="meta") for k, v in model.state_dict().items()}
 
     def state_dict(self):
         return self._state
