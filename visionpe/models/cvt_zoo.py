@@ -21,6 +21,8 @@ CVT_PES = {
     "rope2d_mixed": dict(pe="rope2d_mixed"),
     "irpe": dict(pe="irpe_k"),  # iRPE contextual on k (no APE: CvT has none)
     "cpe": dict(pe="cpe"),  # a CPE after the first block of every stage
+    "alibi2d": dict(pe="alibi2d"),  # stride-2 keys at their cell centres
+    "fire2d": dict(pe="fire2d"),
 }
 
 CVT_PAPER = dict(paper_ids="arXiv:2103.15808", paper_name="CvT: Introducing Convolutions to Vision Transformers")

@@ -20,6 +20,8 @@ SWIN_PES = {
     "irpe": dict(pe="irpe_k"),  # iRPE contextual on k in place of the bias (no APE: Swin has none)
     "lepe": dict(pe="lepe"),
     "nope": dict(pe="nope"),
+    "alibi2d": dict(pe="alibi2d"),  # window-local coordinates, as every Swin PE
+    "fire2d": dict(pe="fire2d"),
 }
 
 SWIN_PAPER = dict(

@@ -30,6 +30,11 @@ VIT_PES = {
     "lepe": dict(pe="lepe"),
     "fuzzy": dict(pe="fuzzy"),
     "fuzzy_atm": dict(pe="fuzzy_atm"),  # ViTAR: fuzzy PE + token merger (a model option of the preset)
+    "alibi2d": dict(pe="alibi2d"),
+    "fire2d": dict(pe="fire2d"),
+    "lookhere": dict(pe="lookhere"),  # LH-180
+    "lookhere_90": dict(pe="lookhere_90"),
+    "lookhere_45": dict(pe="lookhere_45"),
 }
 
 DEIT = dict(paper_ids="arXiv:2012.12877", paper_name="Training data-efficient image transformers")

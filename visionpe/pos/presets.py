@@ -19,12 +19,15 @@ import inspect
 from dataclasses import dataclass
 
 from .absolute import LearnedAPE, SinCos2D
+from .alibi2d import ALiBi2D
 from .ape_video import SpaceTimeAPE
 from .base import PEHost, PosEncoding, PosStack
 from .cpe import CPE
+from .fire2d import FIRE2D
 from .fuzzy import FuzzyPE
 from .irpe import IRPE
 from .lepe import LePE
+from .lookhere import LookHere
 from .rope2d import RoPE2D
 from .rope_nd import RoPEND
 
@@ -52,7 +55,15 @@ PE_KINDS: dict[str, type[PosEncoding]] = {
     "fuzzy": FuzzyPE,
     "ape_st": SpaceTimeAPE,
     "rope_nd": RoPEND,
+    "alibi2d": ALiBi2D,
+    "lookhere": LookHere,
+    "fire2d": FIRE2D,
 }
+
+
+def _lookhere(head_directions: str) -> dict:
+    return dict(head_directions=head_directions, global_slope=2.0, layer_slopes=(1.5, 0.5))
+
 
 PE_PRESETS: dict[str, list[tuple[str, dict]]] = {
     "nope": [],
@@ -89,6 +100,13 @@ PE_PRESETS: dict[str, list[tuple[str, dict]]] = {
     "rpb": [
         ("irpe", {"mode": "bias", "mapping": "product", "index": "identity", "shared_heads": False, "init_std": 0.02})
     ],
+    # attention biases of the query-key offset (no APE): CROMA's 2D ALiBi, LookHere's directed fields of view
+    # (LH-180 / 90 / 45: the slopes of the official ViT-B configs), FIRE in 2D (visionpe's definition)
+    "alibi2d": [("alibi2d", {})],
+    "lookhere": [("lookhere", _lookhere("halves-diagonals-none"))],
+    "lookhere_90": [("lookhere", _lookhere("corners-triangles-none"))],
+    "lookhere_45": [("lookhere", _lookhere("eighths1-eighths2-none"))],
+    "fire2d": [("fire2d", {})],
 }
 
 PRESET_ALIASES = {"irpe_only": "irpe_k"}  # old names that still resolve
@@ -131,6 +149,12 @@ _SWIN = Paper(
     "https://github.com/microsoft/Swin-Transformer",
 )
 
+_LOOKHERE = Paper(
+    "2405.13985",
+    "LookHere: Vision Transformers with Directed Attention Generalize and Extrapolate",
+    "https://github.com/GreenCUBIC/lookhere",
+)
+
 PRESET_PAPERS: dict[str, Paper] = {
     **{name: _ROPE_VIT for name in ("rope2d", "rope2d_mixed", "rope2d_ape", "rope2d_mixed_ape")},
     **{name: _IRPE for name in ("irpe", "irpe_bias", "irpe_qkv", "irpe_k")},
@@ -147,6 +171,13 @@ PRESET_PAPERS: dict[str, Paper] = {
     ),
     "vrope": Paper("2502.11664", "VRoPE: Rotary Position Embedding for Video LLMs"),
     "v2pe": Paper("2412.09616", "V2PE: Variable Visual Position Encoding", "https://github.com/OpenGVLab/V2PE"),
+    "alibi2d": Paper(
+        "2311.00566",
+        "CROMA: Remote Sensing Representations with Contrastive Radar-Optical Masked Autoencoders",
+        "https://github.com/antofuller/CROMA",
+    ),
+    **{name: _LOOKHERE for name in ("lookhere", "lookhere_90", "lookhere_45")},
+    "fire2d": Paper("2310.04418", "Functional Interpolation for Relative Positions Improves Long Context Transformers"),
 }
 
 
