@@ -21,7 +21,6 @@ State dict (per stage s): `stages.{s}.mlp.{0,2}.{weight,bias}`, `stages.{s}.c`, 
 
 from __future__ import annotations
 
-import bisect
 import math
 
 import torch
@@ -85,13 +84,14 @@ class FIRE2D(OffsetBiasPE):
             grid = host.layers[first].grid or host.grid
             stages.append(_FIREStage(heads.pop(), int(hidden), _diagonal(grid)))
         self.stages = nn.ModuleList(stages)
+        self._layer_stage = tuple(sum(i >= first for first in starts) - 1 for i in range(host.depth))
 
     def init_weights(self):
         for stage in self.stages:
             stage.reset()
 
     def stage_of(self, i: int) -> int:
-        return bisect.bisect_right(self.host.stage_starts, i) - 1
+        return self._layer_stage[i]
 
     def constant(self):
         return not self.training
