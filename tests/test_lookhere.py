@@ -236,6 +236,6 @@ def test_a_model_runs_at_other_grids_and_caches_its_tables():
     with torch.no_grad():
         y = model(x)
         tables = dict(pe._tables)
-        assert torch.equal(model(x), y) and len(tables) == 4  # one table per layer, reused by the second forward
+        assert torch.equal(model(x), y) and len(tables) == 8  # per layer a table and the whole bias, reused
         assert all(pe._tables[k] is t for k, t in tables.items())
         assert model(torch.randn(1, 3, 48, 40)).shape == (1, 10)  # a non-square grid, same slopes

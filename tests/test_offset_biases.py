@@ -124,7 +124,9 @@ def test_fire_eval_cache_follows_parameter_updates():
     layout = image_layout(5, 5, 1)
     with torch.no_grad():
         b0 = _bias(pe, layout)
-        assert len(pe._tables) == 1 and torch.equal(_bias(pe, layout), b0) and len(pe._tables) == 1
+        cached = dict(pe._tables)  # the table, its layout and (a small grid) the whole bias
+        assert torch.equal(_bias(pe, layout), b0) and all(pe._tables[k] is t for k, t in cached.items())
+        assert len(pe._tables) == len(cached) == 3
         pe.stages[0].mlp[2].bias.add_(1.0)  # an optimiser step or load_state_dict changes the version
         torch.testing.assert_close(_bias(pe, layout)[:, 1:, 1:], b0[:, 1:, 1:] + 1.0)
 

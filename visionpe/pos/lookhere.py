@@ -140,6 +140,8 @@ def _mask(direction: str, u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 class LookHere(OffsetBiasPE):
     """LookHere's directional, distance-penalising attention bias (see the module docstring). Defaults: LH-180."""
 
+    cache_layout = False  # a table per layer: only the small [H, L_y, L_x] tables are kept, P is laid out per call
+
     def __init__(
         self,
         host,

@@ -101,38 +101,100 @@ def grid_plan(q: TokenLayout, k: TokenLayout) -> GridPlan | None:
     return GridPlan(x[0], y[0], x[1], y[1], qa[1].n, qa[0].n, ka[1].n, ka[0].n)
 
 
+WHOLE_ELEMENTS = 1 << 20  # constant biases of up to this many elements ([H, Pq + N, Pk + M]) are cached whole (eval)
+
+
 def _relayout(table: torch.Tensor, plan: GridPlan) -> torch.Tensor:
-    """[H, L_y, L_x] -> P[h, x_q, t_y, x_k] = table[h, t_y, r_x * x_k + (W_q - 1 - x_q)] (contiguous)."""
-    dev = table.device
-    cols = (
-        plan.rx * torch.arange(plan.wk, device=dev)[None, :]
-        + (plan.wq - 1 - torch.arange(plan.wq, device=dev))[:, None]
-    )
-    return table[:, :, cols].permute(0, 2, 1, 3).contiguous()
+    """[H, L_y, L_x] -> P[h, x_q, t_y, x_k] = table[h, t_y, r_x * x_k + (W_q - 1 - x_q)] (contiguous): one strided
+    copy per query column."""
+    out = table.new_empty(table.shape[0], plan.wq, table.shape[1], plan.wk)
+    span = plan.rx * (plan.wk - 1) + 1
+    for xq in range(plan.wq):
+        b0 = plan.wq - 1 - xq
+        out[:, xq] = table[:, :, b0 : b0 + span : plan.rx]
+    return out
+
+
+class _Store:
+    """Where an OffsetBias gets its grid-route tensors: the table (built in the forward for a learned f in training,
+    else cached by the PE), its layout P, a whole cached bias for small grids, and a reusable block buffer."""
+
+    def __init__(self, pe: OffsetBiasPE, key, build: Callable[[], torch.Tensor], plan: GridPlan):
+        self.pe, self.key, self.build, self.plan = pe, key, build, plan
+
+    def _cached(self, key, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+        hit = self.pe._tables.get(key)
+        if hit is None:
+            with torch.inference_mode(False), torch.no_grad():  # constants, reusable in training and inference
+                hit = make()
+            self.pe._tables[key] = hit
+            if len(self.pe._tables) > 64:
+                self.pe._tables.popitem(last=False)
+        return hit
+
+    def laid(self, dtype: torch.dtype) -> torch.Tensor:
+        if self.key is None:
+            return _relayout(self.build().to(dtype), self.plan)
+        table = self._cached(self.key, self.build)
+        if self.pe.cache_layout:  # layers share the table: lay it out once per dtype
+            return self._cached((self.key, "laid", dtype), lambda: _relayout(table.to(dtype), self.plan))
+        return _relayout(table.to(dtype), self.plan)
+
+    def whole(self, bias: OffsetBias, dtype: torch.dtype) -> torch.Tensor | None:
+        """The whole [1, H, Pq + N, Pk + M] bias, cached per dtype, for a constant f on a small grid (else None)."""
+        n, m = bias.q.num_tokens, bias.kv.num_tokens
+        if self.key is None or torch.is_grad_enabled() or bias.heads * n * m > WHOLE_ELEMENTS:
+            return None
+        return self._cached((self.key, "whole", dtype), lambda: bias.block((dtype, self.laid(dtype), None), 0, n))
+
+    def scratch(self, shape: tuple[int, ...], dtype: torch.dtype, device, pk: int) -> torch.Tensor | None:
+        """A block buffer reused from block to block and call to call where no autograd graph can hold it (its
+        prefix columns stay zero: nothing else writes them)."""
+        if torch.is_grad_enabled():
+            return None
+        buf = self.pe._scratch
+        key = (shape[0], shape[1], shape[3], pk, dtype, str(device))
+        if buf is None or buf[0] != key or buf[1].shape[2] < shape[2]:
+            with torch.inference_mode(False):
+                t = torch.zeros(shape, dtype=dtype, device=device)
+            self.pe._scratch = buf = (key, t)
+        return buf[1][:, :, : shape[2]]
 
 
 class OffsetBias(RowBias):
     """The logits bias f_h(u, v) between the grid tokens of `q_layout` and `kv_layout`, a block of query rows at a
-    time ([1, H, rows, Pk + M], zero on prefix rows and columns). `table()` gives the grid route's [H, L_y, L_x]
-    (None: direct route); `fn` evaluates f on offset tensors."""
+    time ([1, H, rows, Pk + M], zero on prefix rows and columns). `store` gives the grid route's tensors (None:
+    direct route); `fn` evaluates f on offset tensors."""
 
-    def __init__(self, fn: OffsetFn, heads: int, q: TokenLayout, kv: TokenLayout, plan, table):
-        self.fn, self.heads, self.q, self.kv, self.plan, self.table = fn, heads, q, kv, plan, table
+    def __init__(self, fn: OffsetFn, heads: int, q: TokenLayout, kv: TokenLayout, plan, store: _Store | None):
+        self.fn, self.heads, self.q, self.kv, self.plan, self.store = fn, heads, q, kv, plan, store
 
     def prepare(self, q, k):
-        if self.plan is None:
-            return q.dtype, None
-        return q.dtype, _relayout(self.table().to(q.dtype), self.plan)
+        if self.store is None:
+            return q.dtype, None, None
+        whole = self.store.whole(self, q.dtype)
+        return q.dtype, None if whole is not None else self.store.laid(q.dtype), whole
+
+    def __call__(self, q, k):  # the whole bias, never in the reused block buffer (a caller may keep it)
+        state = self.prepare(q, k)
+        return state[2] if state[2] is not None else self.block(state, 0, q.shape[-2])
 
     def rows(self, state, start, stop):
-        dtype, laid = state
+        whole = state[2]
+        return whole[:, :, start:stop] if whole is not None else self.block(state, start, stop, reuse=True)
+
+    def block(self, state, start: int, stop: int, reuse: bool = False) -> torch.Tensor:
+        dtype, laid, _ = state
         pq, pk = self.q.num_prefix, self.kv.num_prefix
         g0 = min(max(start, pq), stop)  # first grid query of the block
-        out = torch.empty(1, self.heads, stop - start, pk + self.kv.num_pos, dtype=dtype, device=self.q.pos.device)
+        shape = (1, self.heads, stop - start, pk + self.kv.num_pos)
+        out = self.store.scratch(shape, dtype, self.q.pos.device, pk) if reuse and self.store is not None else None
+        if out is None:
+            out = torch.empty(shape, dtype=dtype, device=self.q.pos.device)
+            if pk:
+                out[:, :, g0 - start :, :pk].zero_()
         if g0 > start:
             out[:, :, : g0 - start].zero_()
-        if pk:
-            out[:, :, g0 - start :, :pk].zero_()
         if g0 == stop:
             return out
         grid = out[0, :, g0 - start :, pk:]  # [H, g, M]
@@ -159,12 +221,16 @@ class OffsetBias(RowBias):
 class OffsetBiasPE(PosEncoding):
     """Base of the offset biases. A subclass gives `offset_fn(i, q, kv)` (f of layer i), `table_key(i)` (layers with
     equal keys share one table) and `constant()` (whether f is fixed, so its tables can be cached: always for
-    parameter-free biases, in eval for learned ones); `heads(i)` defaults to the host's head count."""
+    parameter-free biases, in eval for learned ones); `heads(i)` defaults to the host's head count. `cache_layout`:
+    layers share tables, so the laid-out P ([H, W_q, L_y, W_k], O(H N) elements) is cached too (per dtype)."""
+
+    cache_layout = True
 
     def __init__(self, host):
         super().__init__(host)
         self._plans: OrderedDict = OrderedDict()
         self._tables: OrderedDict = OrderedDict()
+        self._scratch = None
 
     def heads(self, i: int) -> int:
         return self.host.layers[i].num_heads
@@ -182,6 +248,7 @@ class OffsetBiasPE(PosEncoding):
         """No non-persistent buffers: the tables are rebuilt from the layouts on demand; drop the cached ones."""
         self._plans.clear()
         self._tables.clear()
+        self._scratch = None
 
     def set_host(self, host):
         super().set_host(host)
@@ -195,10 +262,8 @@ class OffsetBiasPE(PosEncoding):
         kv = layout if kv_layout is None else kv_layout
         fn = self.offset_fn(i, layout, kv)
         plan = None if torch.compiler.is_compiling() else self._plan(layout, kv)
-        table = None
-        if plan is not None:
-            table = self._table_getter(i, fn, plan, layout, kv)
-        return PosContext(bias=OffsetBias(fn, self.heads(i), layout, kv, plan, table))
+        store = None if plan is None else self._store(i, fn, plan, layout, kv)
+        return PosContext(bias=OffsetBias(fn, self.heads(i), layout, kv, plan, store))
 
     @staticmethod
     def _layout_key(t: TokenLayout) -> tuple:
@@ -218,9 +283,9 @@ class OffsetBiasPE(PosEncoding):
             self._plans.popitem(last=False)
         return plan
 
-    def _table_getter(self, i: int, fn: OffsetFn, plan: GridPlan, q: TokenLayout, kv: TokenLayout):
-        """A callable giving layer i's [H, L_y, L_x] table: from the cache while f is constant, else built in the
-        forward (so that gradients reach f's parameters)."""
+    def _store(self, i: int, fn: OffsetFn, plan: GridPlan, q: TokenLayout, kv: TokenLayout) -> _Store:
+        """Layer i's grid-route tensors: cached while f is constant, else built in the forward (so that gradients
+        reach f's parameters)."""
         dev = q.pos.device
 
         def build() -> torch.Tensor:
@@ -229,18 +294,6 @@ class OffsetBiasPE(PosEncoding):
             return fn(u, v)
 
         if not self.constant():
-            return build
+            return _Store(self, None, build, plan)
         ends = (plan.ux[0].item(), plan.ux[-1].item(), plan.uy[0].item(), plan.uy[-1].item())  # the offsets' range
-        key = (self.table_key(i), self._layout_key(q), self._layout_key(kv), ends)
-
-        def cached() -> torch.Tensor:
-            hit = self._tables.get(key)
-            if hit is None:
-                with torch.inference_mode(False), torch.no_grad():
-                    hit = build()
-                self._tables[key] = hit
-                if len(self._tables) > 64:
-                    self._tables.popitem(last=False)
-            return hit
-
-        return cached
+        return _Store(self, (self.table_key(i), self._layout_key(q), self._layout_key(kv), ends), build, plan)
