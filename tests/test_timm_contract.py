@@ -165,7 +165,15 @@ def test_swin_timm_attributes():
         timm.create_model(name, strict_img_size=True)
 
 
-FX_UNSUPPORTED = ("irpe", "liere", "comrope", "fuzzy_atm")  # per-size lookups (see visionpe.fx)
+FX_UNSUPPORTED = (
+    "irpe",
+    "liere",
+    "comrope",
+    "fuzzy_atm",
+    "alibi2d",
+    "fire2d",
+    "lookhere",
+)  # per-size lookups (see visionpe.fx)
 FX_VIT = [n for n in NANO if n.startswith("vit_") and not any(u in n for u in FX_UNSUPPORTED)]
 
 

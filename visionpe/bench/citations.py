@@ -128,6 +128,28 @@ PAPERS: dict[str, tuple[str, str, str, int, str]] = {
         2025,
         "NeurIPS",
     ),
+    "2405.13985": (
+        "fuller2024lookhere",
+        "LookHere: Vision Transformers with Directed Attention Generalize and Extrapolate",
+        "Fuller, Anthony and Kyrollos, Daniel G. and Yassin, Yousef and Green, James R.",
+        2024,
+        "NeurIPS",
+    ),
+    "2311.00566": (
+        "fuller2023croma",
+        "CROMA: Remote Sensing Representations with Contrastive Radar-Optical Masked Autoencoders",
+        "Fuller, Anthony and Millard, Koreen and Green, James R.",
+        2023,
+        "NeurIPS",
+    ),
+    "2310.04418": (
+        "li2024fire",
+        "Functional Interpolation for Relative Positions Improves Long Context Transformers",
+        "Li, Shanda and You, Chong and Guruganesh, Guru and Ainslie, Joshua and Ontanon, Santiago and Zaheer, Manzil "
+        "and Sanghai, Sumit and Yang, Yiming and Kumar, Sanjiv and Bhojanapalli, Srinadh",
+        2024,
+        "ICLR",
+    ),
     "2104.09864": (
         "su2021roformer",
         "RoFormer: Enhanced Transformer with Rotary Position Embedding",

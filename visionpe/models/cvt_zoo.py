@@ -24,6 +24,8 @@ CVT_PES = {
     "liere": dict(pe="liere"),  # keys / values at their cell centres, normalised by the query grid
     "comrope_ap": dict(pe="comrope_ap"),
     "comrope_ld": dict(pe="comrope_ld"),
+    "alibi2d": dict(pe="alibi2d"),  # stride-2 keys at their cell centres
+    "fire2d": dict(pe="fire2d"),
 }
 
 CVT_PAPER = dict(paper_ids="arXiv:2103.15808", paper_name="CvT: Introducing Convolutions to Vision Transformers")

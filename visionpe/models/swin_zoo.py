@@ -23,6 +23,8 @@ SWIN_PES = {
     "comrope_ap": dict(pe="comrope_ap"),
     "comrope_ld": dict(pe="comrope_ld"),
     "nope": dict(pe="nope"),
+    "alibi2d": dict(pe="alibi2d"),  # window-local coordinates, as every Swin PE
+    "fire2d": dict(pe="fire2d"),
 }
 
 SWIN_PAPER = dict(

@@ -38,6 +38,11 @@ VIT_PES = {
     "liere": dict(pe="liere"),
     "comrope_ap": dict(pe="comrope_ap"),
     "comrope_ld": dict(pe="comrope_ld"),
+    "alibi2d": dict(pe="alibi2d"),
+    "fire2d": dict(pe="fire2d"),
+    "lookhere": dict(pe="lookhere"),  # LH-180
+    "lookhere_90": dict(pe="lookhere_90"),
+    "lookhere_45": dict(pe="lookhere_45"),
 }
 
 DEIT = dict(paper_ids="arXiv:2012.12877", paper_name="Training data-efficient image transformers")

@@ -20,13 +20,16 @@ import math
 from dataclasses import dataclass
 
 from .absolute import LearnedAPE, SinCos2D
+from .alibi2d import ALiBi2D
 from .ape_video import SpaceTimeAPE
 from .base import PEHost, PosEncoding, PosStack
 from .cpe import CPE
+from .fire2d import FIRE2D
 from .fuzzy import FuzzyPE
 from .irpe import IRPE
 from .lepe import LePE
 from .lie_rope import LieRoPE
+from .lookhere import LookHere
 from .rope2d import RoPE2D
 from .rope2d_dinov3 import RoPE2DDinoV3
 from .rope_nd import RoPEND
@@ -57,7 +60,15 @@ PE_KINDS: dict[str, type[PosEncoding]] = {
     "rope_nd": RoPEND,
     "rope2d_dinov3": RoPE2DDinoV3,
     "lie_rope": LieRoPE,
+    "alibi2d": ALiBi2D,
+    "lookhere": LookHere,
+    "fire2d": FIRE2D,
 }
+
+
+def _lookhere(head_directions: str) -> dict:
+    return dict(head_directions=head_directions, global_slope=2.0, layer_slopes=(1.5, 0.5))
+
 
 PE_PRESETS: dict[str, list[tuple[str, dict]]] = {
     "nope": [],
@@ -103,6 +114,13 @@ PE_PRESETS: dict[str, list[tuple[str, dict]]] = {
     "rpb": [
         ("irpe", {"mode": "bias", "mapping": "product", "index": "identity", "shared_heads": False, "init_std": 0.02})
     ],
+    # attention biases of the query-key offset (no APE): CROMA's 2D ALiBi, LookHere's directed fields of view
+    # (LH-180 / 90 / 45: the slopes of the official ViT-B configs), FIRE in 2D (visionpe's definition)
+    "alibi2d": [("alibi2d", {})],
+    "lookhere": [("lookhere", _lookhere("halves-diagonals-none"))],
+    "lookhere_90": [("lookhere", _lookhere("corners-triangles-none"))],
+    "lookhere_45": [("lookhere", _lookhere("eighths1-eighths2-none"))],
+    "fire2d": [("fire2d", {})],
 }
 
 PRESET_ALIASES = {"irpe_only": "irpe_k"}  # old names that still resolve
@@ -151,6 +169,11 @@ _COMROPE = Paper(
     "ComRoPE: Scalable and Robust Rotary Position Embedding Parameterized by Trainable Commuting Angle Matrices",
     "https://github.com/Longin-Yu/ComRoPE",
 )
+_LOOKHERE = Paper(
+    "2405.13985",
+    "LookHere: Vision Transformers with Directed Attention Generalize and Extrapolate",
+    "https://github.com/GreenCUBIC/lookhere",
+)
 
 PRESET_PAPERS: dict[str, Paper] = {
     "rope2d_dinov3": _DINOV3,
@@ -180,6 +203,13 @@ PRESET_PAPERS: dict[str, Paper] = {
         "HoPE: Hybrid of Position Embedding for Length Generalization in Vision-Language Models",
         "https://github.com/hrlics/HoPE",
     ),
+    "alibi2d": Paper(
+        "2311.00566",
+        "CROMA: Remote Sensing Representations with Contrastive Radar-Optical Masked Autoencoders",
+        "https://github.com/antofuller/CROMA",
+    ),
+    **{name: _LOOKHERE for name in ("lookhere", "lookhere_90", "lookhere_45")},
+    "fire2d": Paper("2310.04418", "Functional Interpolation for Relative Positions Improves Long Context Transformers"),
 }
 
 
