@@ -14,3 +14,15 @@ torch.set_num_threads(int(_threads) if _threads else max(1, min(2, os.cpu_count(
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+def one_per_pe(names: list[str]) -> list[str]:
+    """One name per family x PE (the nano one where it exists). Every size of a PE builds the same model under a
+    family's `tiny` kwargs (they set every dimension a size sets), so the tiny-model tests run each once."""
+    chosen: dict[tuple[str, str], str] = {}
+    for name in names:
+        family, size, *pe = name.split("_")
+        key = (family, "_".join(pe))
+        if key not in chosen or size == "n":
+            chosen[key] = name
+    return sorted(chosen.values())

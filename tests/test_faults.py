@@ -74,7 +74,8 @@ def reference(tmp_path_factory) -> tuple[list[str], dict]:
 def test_kill_at_each_checkpoint_write_phase_then_resume_is_bit_identical(tmp_path, reference, phase):
     common, want = reference
     args = [*common, f"train.output_dir={tmp_path}", "train.run_name=killed"]
-    child = multiprocessing.get_context("fork").Process(target=_train_then_die, args=(args, phase))
+    # spawn, not fork: a worker that ran autograd (or FSDP) before cannot fork safely
+    child = multiprocessing.get_context("spawn").Process(target=_train_then_die, args=(args, phase))
     child.start()
     child.join(120)
     assert child.exitcode == -9  # SIGKILL: no cleanup ran

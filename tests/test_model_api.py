@@ -12,6 +12,7 @@ import copy
 import pytest
 import timm
 import torch
+from conftest import one_per_pe
 
 import visionpe
 from visionpe.zoo import family_of
@@ -42,7 +43,7 @@ def _spatial(fam, inp) -> tuple[int, int]:
     return tuple(x.shape[-2:])
 
 
-@pytest.mark.parametrize("name", ALL_MODELS)
+@pytest.mark.parametrize("name", one_per_pe(ALL_MODELS))
 def test_timm_model_api(name):
     fam = family_of(name)
     torch.manual_seed(0)

@@ -16,6 +16,7 @@ SCRIPTS = {
     "visionpe-train": "visionpe.engine.cli:train_main",
     "visionpe-eval": "visionpe.engine.cli:eval_main",
     "visionpe-bench": "visionpe.bench.__main__:main",
+    "visionpe-export": "visionpe.engine.export:export_main",
 }
 
 

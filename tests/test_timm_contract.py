@@ -11,6 +11,7 @@ import copy
 import pytest
 import timm
 import torch
+from conftest import one_per_pe
 from timm.models._manipulate import reinit_non_persistent_buffers
 
 import visionpe
@@ -42,7 +43,7 @@ def _poison(tensors):
                 t.fill_(float("nan"))
 
 
-@pytest.mark.parametrize("name", ALL_MODELS)
+@pytest.mark.parametrize("name", one_per_pe(ALL_MODELS))
 def test_meta_build_to_empty_init_and_reload(name):
     """Built on meta in float64 through timm's factory kwargs; after to_empty, init_weights leaves nothing
     uninitialised, and load_state_dict + reinit_non_persistent_buffers reproduces the normal model exactly."""

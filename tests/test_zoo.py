@@ -1,6 +1,7 @@
 import pytest
 import timm
 import torch
+from conftest import one_per_pe
 
 import visionpe
 from visionpe.models.vit_zoo import VIT_PES, VIT_SIZES
@@ -43,7 +44,7 @@ def _run(model, inp):
     return model(**inp) if isinstance(inp, dict) else model(inp)
 
 
-@pytest.mark.parametrize("name", ALL_MODELS)
+@pytest.mark.parametrize("name", one_per_pe(ALL_MODELS))
 def test_every_model_runs_forward_and_backward_at_two_resolutions(name):
     fam = family_of(name)
     model = timm.create_model(name, **fam.tiny).train()

@@ -197,6 +197,10 @@ _NOT_RECIPE = {
         "log_every",
         "keep_checkpoints",
         "ckpt_every_steps",
+        # how the run is executed, not what it learns (fsdp = ddp and checkpointed blocks = plain to fp32 precision)
+        "strategy",
+        "fsdp",
+        "activation_checkpointing",
     ),
     "eval": ("resolutions", "every_epochs", "ema"),
 }

@@ -78,7 +78,12 @@ def is_sharded_run(path: str | os.PathLike) -> bool:
     path = Path(path)
     if path.is_dir() and path.name.endswith(SHARDED_SUFFIX):
         return True
-    pointer = _read_pointer(path) if path.is_dir() else None
+    if path.is_dir() and any((path / CKPT_DIR).glob(f"*{SHARDED_SUFFIX}")):
+        return True
+    try:
+        pointer = _read_pointer(path) if path.is_dir() else None
+    except CheckpointError:  # a corrupt pointer: the checkpoint files on disk decide (run_dir.py falls back)
+        return False
     return bool(pointer and pointer.get("sharded"))
 
 

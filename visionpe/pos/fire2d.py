@@ -43,8 +43,8 @@ class _FIREStage(nn.Module):
     def __init__(self, heads: int, hidden: int, init_l: float):
         super().__init__()
         self.mlp = nn.Sequential(nn.Linear(1, hidden), nn.ReLU(), nn.Linear(hidden, heads))
-        self.c = nn.Parameter(torch.empty(()))
-        self.L_multiplier = nn.Parameter(torch.empty(()))
+        self.c = nn.Parameter(torch.empty(1))  # [1], not a scalar: FSDP2 shards only tensors with a dim
+        self.L_multiplier = nn.Parameter(torch.empty(1))
         self.register_buffer("init_L", torch.full((), float(init_l)))
         self.ref_L = float(init_l)
         self.reset()
@@ -62,8 +62,8 @@ class _FIREStage(nn.Module):
 
     def bias(self, d: torch.Tensor, diameter: torch.Tensor) -> torch.Tensor:
         """d [...] distances, diameter [] -> [H, ...]."""
-        c = self.c.abs()
-        threshold = (self.L_multiplier * self.init_L).abs()
+        c = self.c.abs()[0]
+        threshold = (self.L_multiplier[0] * self.init_L).abs()
         norm = torch.log(c * torch.maximum(threshold, diameter) + 1) + EPS
         x = torch.log(c * d + 1) / norm
         return self.mlp(x[..., None]).movedim(-1, 0)
