@@ -20,7 +20,7 @@ from contextlib import nullcontext
 import torch
 from torch import nn
 
-__all__ = ["UnsupportedPool", "factory_kwargs", "not_scriptable", "place_like", "reset_to_defaults"]
+__all__ = ["ContractModel", "UnsupportedPool", "factory_kwargs", "not_scriptable", "place_like", "reset_to_defaults"]
 
 
 class UnsupportedPool(ValueError, AssertionError):
@@ -69,3 +69,22 @@ def not_scriptable(model: nn.Module):
         f"{type(model).__name__} cannot be compiled with TorchScript (its positional encodings build layouts and "
         "closures per input size); use torch.compile(model) or torch.export.export(model, (x,)) instead"
     )
+
+
+class ContractModel(nn.Module):
+    """What every backbone shares of timm's model contract: a full re-init (`init_weights`, also after
+    `to_empty()`: layer defaults, then the model's own `_init_layers`, then the buffers), the PEs' buffers rebuilt
+    (`init_non_persistent_buffers`, which timm's `reinit_non_persistent_buffers` calls), and the TorchScript error."""
+
+    def init_weights(self) -> None:
+        """Every parameter and buffer drawn or computed afresh (also after `to_empty()`)."""
+        reset_to_defaults(self)
+        self._init_layers()
+        self.init_non_persistent_buffers()
+
+    def init_non_persistent_buffers(self) -> None:
+        """The PEs' index / frequency buffers and caches rebuilt (timm's reinit_non_persistent_buffers)."""
+        self.pe.init_non_persistent_buffers()
+
+    def __prepare_scriptable__(self):
+        not_scriptable(self)

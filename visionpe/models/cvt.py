@@ -31,7 +31,7 @@ from ..layers.checks import check_images
 from ..layout import TokenLayout, cell_centre_layout, image_layout
 from ..pos.base import AttnSpec, PEHost
 from ..pos.presets import build_pos_encoding
-from .construction import UnsupportedPool, factory_kwargs, not_scriptable, place_like, reset_to_defaults
+from .construction import ContractModel, UnsupportedPool, factory_kwargs, place_like
 from .cvt_layers import CvtBlock, CvtStage
 from .param_groups import exact_no_weight_decay, pe_block_rules, pe_stem
 
@@ -46,7 +46,7 @@ def _stage_tuple(value, n: int, what: str) -> tuple:
     return (value,) * n
 
 
-class ConvolutionalVisionTransformer(nn.Module):
+class ConvolutionalVisionTransformer(ContractModel):
     @factory_kwargs
     def __init__(
         self,
@@ -157,19 +157,6 @@ class ConvolutionalVisionTransformer(nn.Module):
             raise UnsupportedPool(f"global_pool must be '', 'avg' or 'token', got {global_pool!r}")
         if global_pool == "token" and not cls_token:
             raise UnsupportedPool("global_pool='token' needs cls_token=True; use global_pool='avg' without a CLS token")
-
-    def init_weights(self) -> None:
-        """Every parameter and buffer drawn or computed afresh (also after `to_empty()`)."""
-        reset_to_defaults(self)
-        self._init_layers()
-        self.init_non_persistent_buffers()
-
-    def init_non_persistent_buffers(self) -> None:
-        """The PEs' index / frequency buffers and caches rebuilt (timm's reinit_non_persistent_buffers)."""
-        self.pe.init_non_persistent_buffers()
-
-    def __prepare_scriptable__(self):
-        not_scriptable(self)
 
     def _init_layers(self) -> None:
         """The constructor's init (the draws a seeded model has always made)."""

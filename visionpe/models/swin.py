@@ -34,7 +34,7 @@ from ..layers.checks import check_images
 from ..layout import TokenLayout, image_layout, is_symbolic, window_layout
 from ..pos.base import AttnSpec, PEHost, PosContext, merge_contexts
 from ..pos.presets import build_pos_encoding
-from .construction import UnsupportedPool, factory_kwargs, not_scriptable, reset_to_defaults
+from .construction import ContractModel, UnsupportedPool, factory_kwargs
 from .param_groups import exact_no_weight_decay, pe_block_rules, pe_stem
 from .swin_windows import WindowPlan, plan_windows, window_mask
 
@@ -125,7 +125,7 @@ def _shift_bias(mask: torch.Tensor, batch: int) -> PosContext:
     return PosContext(bias=lambda q, k: full)
 
 
-class SwinTransformer(nn.Module):
+class SwinTransformer(ContractModel):
     output_fmt = "NHWC"  # forward_features returns [B, H, W, C], as timm's Swin
 
     @factory_kwargs
@@ -230,19 +230,6 @@ class SwinTransformer(nn.Module):
             layers=specs,
             stage_starts=tuple(self.stage_starts),
         )
-
-    def init_weights(self) -> None:
-        """Every parameter and buffer drawn or computed afresh (also after `to_empty()`)."""
-        reset_to_defaults(self)
-        self._init_layers()
-        self.init_non_persistent_buffers()
-
-    def init_non_persistent_buffers(self) -> None:
-        """The PEs' index / frequency buffers and caches rebuilt (timm's reinit_non_persistent_buffers)."""
-        self.pe.init_non_persistent_buffers()
-
-    def __prepare_scriptable__(self):
-        not_scriptable(self)
 
     def _init_layers(self) -> None:
         """The constructor's init (the draws a seeded model has always made)."""

@@ -22,7 +22,7 @@ from ..layout import TokenLayout
 from ..pos.base import AttnSpec, PEHost
 from ..pos.mm_positions import segment_layout
 from ..pos.presets import build_pos_encoding
-from .construction import UnsupportedPool, not_scriptable, place_like, reset_to_defaults
+from .construction import ContractModel, UnsupportedPool, place_like
 from .param_groups import exact_no_weight_decay, pe_layer_regex, pe_stem
 
 __all__ = ["TokenEncoder"]
@@ -30,7 +30,7 @@ __all__ = ["TokenEncoder"]
 POOLS = ("", "avg", "token")
 
 
-class TokenEncoder(nn.Module):
+class TokenEncoder(ContractModel):
     def __init__(
         self,
         grid: tuple[int, int],
@@ -107,19 +107,6 @@ class TokenEncoder(nn.Module):
         self.fc_norm = norm_layer(embed_dim) if use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
-
-    def init_weights(self) -> None:
-        """Every parameter and buffer drawn or computed afresh (also after `to_empty()`)."""
-        reset_to_defaults(self)
-        self._init_layers()
-        self.init_non_persistent_buffers()
-
-    def init_non_persistent_buffers(self) -> None:
-        """The PEs' index / frequency buffers and caches rebuilt (timm's reinit_non_persistent_buffers)."""
-        self.pe.init_non_persistent_buffers()
-
-    def __prepare_scriptable__(self):
-        not_scriptable(self)
 
     def _init_layers(self) -> None:
         """The constructor's init (the draws a seeded model has always made)."""
