@@ -34,6 +34,7 @@ __all__ = [
     "load_weights",
     "write_checkpoint",
     "find_checkpoint",
+    "read_pointer",
     "load_training_state",
     "load_into_model",
     "rng_state",
@@ -215,7 +216,7 @@ def write_checkpoint(
             save_weights(ref.ema, ema_state, {**metadata, "ema": "true"})
         path = ref.state
         _atomic(ref.state, lambda tmp: torch.save(train_state, tmp), "state")
-        old = _read_pointer(run_dir) or {}
+        old = read_pointer(run_dir) or {}
         history = [t for t in old.get("history", []) if t != tag] + [tag]
         pointer = {
             **(info or {}),
@@ -229,7 +230,7 @@ def write_checkpoint(
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
-        previous = (_read_pointer(run_dir) or {}).get("weights")
+        previous = (read_pointer(run_dir) or {}).get("weights")
         kept = f"the previous checkpoint {run_dir / previous} is intact" if previous else "no earlier checkpoint"
         raise DiskFullError(
             f"disk full while writing checkpoint {path}; {kept} (checkpoint.json still points to it). Free space "
@@ -244,21 +245,21 @@ def write_checkpoint(
     return ref
 
 
-def _read_pointer(run_dir: Path) -> dict | None:
+def read_pointer(run_dir: Path) -> dict | None:
     path = run_dir / POINTER
     if not path.is_file():
         return None
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path} is corrupt ({e}); point it at a file in {run_dir / CKPT_DIR}") from None
+        raise CheckpointError(f"{path} is corrupt ({e}); point it at a checkpoint in {run_dir / CKPT_DIR}") from None
 
 
 def find_checkpoint(path: str | os.PathLike) -> CheckpointRef | None:
     """The latest checkpoint of a run directory (None if it has none yet), or a given .safetensors file."""
     path = Path(path)
     if path.is_dir():
-        pointer = _read_pointer(path)
+        pointer = read_pointer(path)
         if pointer is None:
             return None
         ref = CheckpointRef(
@@ -284,7 +285,7 @@ def resume_candidates(run_dir: str | os.PathLike) -> list[CheckpointRef]:
     run_dir = Path(run_dir)
     ckpt_dir = run_dir / CKPT_DIR
     try:
-        tags = (_read_pointer(run_dir) or {}).get("history", [])[::-1]
+        tags = (read_pointer(run_dir) or {}).get("history", [])[::-1]
     except CheckpointError as e:
         warnings.warn(f"{e}; looking for checkpoints in {ckpt_dir}", stacklevel=2)
         tags = []

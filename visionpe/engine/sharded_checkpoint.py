@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import signal
-import time
 from pathlib import Path
 
 import torch
@@ -37,6 +36,7 @@ from .checkpoint import (
     CheckpointRef,
     atomic_write_text,
     load_training_state,
+    read_pointer,
     remove_stale_tmp,
     rng_state,
 )
@@ -63,16 +63,6 @@ def _phase(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _read_pointer(run_dir: Path) -> dict | None:
-    path = run_dir / POINTER
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path} is corrupt ({e}); point it at a folder in {run_dir / CKPT_DIR}") from None
-
-
 def is_sharded_run(path: str | os.PathLike) -> bool:
     """Is `path` a run directory whose latest checkpoint is sharded (or a sharded checkpoint folder itself)?"""
     path = Path(path)
@@ -81,7 +71,7 @@ def is_sharded_run(path: str | os.PathLike) -> bool:
     if path.is_dir() and any((path / CKPT_DIR).glob(f"*{SHARDED_SUFFIX}")):
         return True
     try:
-        pointer = _read_pointer(path) if path.is_dir() else None
+        pointer = read_pointer(path) if path.is_dir() else None
     except CheckpointError:  # a corrupt pointer: the checkpoint files on disk decide (run_dir.py falls back)
         return False
     return bool(pointer and pointer.get("sharded"))
@@ -141,7 +131,7 @@ def save_sharded(tr, finished: bool = False) -> None:
     _barrier()
     if tr.ctx.is_main:
         _phase("sharded-tmp")
-        old = _read_pointer(tr.run_dir) or {}
+        old = read_pointer(tr.run_dir) or {}
         if final.exists():  # a tag written again after a resume from an older checkpoint: never the pointed-to one
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -150,14 +140,7 @@ def save_sharded(tr, finished: bool = False) -> None:
         keep = max(tr.cfg.train.keep_checkpoints, 1)
         seconds, cpu_seconds = state["spent"]
         pointer = dict(
-            epoch=tr.epoch,
-            batch=tr.batch,
-            global_step=tr.global_step,
-            finished=finished,
-            seconds=seconds,
-            cpu_seconds=cpu_seconds,
-            model=tr.cfg.model.name,
-            time=time.strftime("%Y-%m-%d %H:%M:%S"),
+            tr.checkpoint_info(finished, seconds, cpu_seconds),
             sharded=str(final.relative_to(tr.run_dir)),
             world_size=tr.ctx.world_size,
             history=history[-keep:],
@@ -174,7 +157,7 @@ def _candidates(run_dir: Path) -> list[Path]:
     """Sharded checkpoint folders, newest first: the pointer's history, then (pointer unreadable) those on disk."""
     ckpt_dir = run_dir / CKPT_DIR
     try:
-        tags = (_read_pointer(run_dir) or {}).get("history", [])[::-1]
+        tags = (read_pointer(run_dir) or {}).get("history", [])[::-1]
     except CheckpointError:
         tags = []
     found = sorted(
@@ -199,7 +182,7 @@ def check_sharded_run_dir(tr, resume: bool) -> tuple:
     """Trainer._check_run_dir for fsdp runs: (checkpoint to resume, (None, None, this rank's training state)) or
     (None, None); a DDP run, an existing run without --resume, or another world size is a CheckpointError."""
     run_dir, ctx = tr.run_dir, tr.ctx
-    pointer = _read_pointer(run_dir) if (run_dir / POINTER).is_file() else None
+    pointer = read_pointer(run_dir) if (run_dir / POINTER).is_file() else None
     if pointer is not None and pointer.get("weights") and not pointer.get("sharded"):
         raise CheckpointError(
             f"{run_dir} was trained with train.strategy=ddp (safetensors checkpoints); continue it with "
@@ -264,7 +247,7 @@ def load_sharded(tr, ref: CheckpointRef) -> None:
 def _sharded_folder(path: Path) -> Path:
     if path.name.endswith(SHARDED_SUFFIX):
         return path
-    pointer = _read_pointer(path) or {}
+    pointer = read_pointer(path) or {}
     folder = path / pointer["sharded"]
     if not folder.is_dir():
         raise CheckpointError(f"{path / POINTER} points to {folder}, which is missing")

@@ -338,6 +338,19 @@ class Trainer:
             meta["class_map"] = json.dumps(self.class_map)
         return meta
 
+    def checkpoint_info(self, finished: bool, seconds, cpu_seconds) -> dict:
+        """What checkpoint.json says of a checkpoint (where the run stood, what it cost, when)."""
+        return dict(
+            epoch=self.epoch,
+            batch=self.batch,
+            global_step=self.global_step,
+            finished=finished,
+            seconds=seconds,
+            cpu_seconds=cpu_seconds,
+            model=self.cfg.model.name,
+            time=time.strftime("%Y-%m-%d %H:%M:%S"),
+        )
+
     def save(self, finished: bool = False) -> None:
         """Every rank calls this (the RNG states of all ranks are gathered); rank 0 writes."""
         if self.sharded:
@@ -359,16 +372,7 @@ class Trainer:
             "train_items": self._num_items(),
             "sched_key": self._sched_key(),
         }
-        info = dict(
-            epoch=self.epoch,
-            batch=self.batch,
-            global_step=self.global_step,
-            finished=finished,
-            seconds=seconds,
-            cpu_seconds=cpu_seconds,
-            model=self.cfg.model.name,
-            time=time.strftime("%Y-%m-%d %H:%M:%S"),
-        )
+        info = self.checkpoint_info(finished, seconds, cpu_seconds)
         write_checkpoint(
             self.run_dir,
             f"e{self.epoch:04d}-b{self.batch:06d}",
