@@ -26,6 +26,8 @@ __all__ = [
     "Config",
     "ModelConfig",
     "DataConfig",
+    "NativeConfig",
+    "native_settings",
     "AugConfig",
     "OptimConfig",
     "TrainConfig",
@@ -46,11 +48,12 @@ class ConfigError(ValueError):
     """A config key or value that cannot be used; the message names the fix."""
 
 
-def setting(default: Any, help: str, **check: Any) -> Any:  # noqa: A002  (help: the one-line help of the key)
+def setting(default: Any, help: str, schema: type | None = None, **check: Any) -> Any:  # noqa: A002
     """A config key: its default, its one-line help and its allowed values, checked whenever a config is read:
     `ge`/`gt`/`le`/`lt` bounds (each item of a list), `choices`. A float must be finite. None passes (where the
-    type allows it: it means the default named in the help)."""
-    meta = {"help": help, "check": check}
+    type allows it: it means the default named in the help). `schema`: a dataclass of settings that the keys of a
+    dict-valued key must be (e.g. data.native.*), each checked as a key of its own; {} means the feature is off."""
+    meta = {"help": help, "check": check, "schema": schema}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
     return field(default=default, metadata=meta)
@@ -74,6 +77,28 @@ class ModelConfig:
 
 
 @dataclass
+class NativeConfig:
+    """data.native.*: native-aspect batches (images resized to a token budget keeping their aspect ratio, several
+    sizes in one batch); see docs/training.md and visionpe/data/native_loader.py."""
+
+    mode: str = setting(
+        "packed", "packed (several images per row, NaViT) or padded (one per row, NaFlex)", choices=("packed", "padded")
+    )
+    patch_size: int | None = setting(None, "patch size in px; null: the model's", ge=1)
+    max_tokens: int = setting(64, "token budget per image (patches): each image is resized to fit it", ge=1)
+    seq_lens: list[int] = setting(
+        [], "if set, budgets drawn instead of max_tokens: per batch (padded) or per image (packed)", ge=1
+    )
+    tokens_per_batch: int = setting(4096, "patch tokens per batch and process (rows x row length)", ge=1)
+    row_tokens: int | None = setting(None, "packed: tokens per row; null: the largest budget", ge=1)
+    buffer: int = setting(256, "packed: images the online packer holds at most while it fills a batch", ge=1)
+    eval_tokens: list[int] = setting([], "budgets evaluated (one image per row); empty: the largest budget", ge=1)
+    loader: str = setting(
+        "visionpe", "visionpe (this packer) or timm (timm's create_naflex_loader, padded)", choices=("visionpe", "timm")
+    )
+
+
+@dataclass
 class DataConfig:
     """The dataset and how it is batched."""
 
@@ -89,6 +114,7 @@ class DataConfig:
     batch_size: int = setting(64, "training batch size per process", ge=1)
     eval_batch_size: int = setting(0, "evaluation batch size per process; 0: 2 x batch_size", ge=0)
     workers: int = setting(0, "data loader worker processes per training process", ge=0)
+    native: dict = setting({}, "native-aspect batches: data.native.<key> (listed below); {}: off", NativeConfig)
 
 
 @dataclass
@@ -360,8 +386,31 @@ def config_from_dict(data: dict | None, where: str = "") -> Config:
             converted[k] = coerce(v, hints[k], f"{section}.{k}")
             meta = fields[k].metadata
             check_value(converted[k], meta.get("check", {}), f"{section}.{k}", meta.get("help", ""))
+            if meta.get("schema") is not None:
+                converted[k] = check_schema(converted[k], meta["schema"], f"{section}.{k}")
         kwargs[section] = cls(**converted)
     return Config(**kwargs)
+
+
+def check_schema(values: dict, schema: type, key: str) -> dict:
+    """The entries of a dict-valued key, each converted and checked as the `schema` dataclass declares it; an
+    unknown entry is an error naming the nearest one."""
+    hints = typing.get_type_hints(schema)
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    out = {}
+    for name, value in values.items():
+        if name not in fields:
+            near = difflib.get_close_matches(str(name), list(fields), n=1, cutoff=0.0)
+            raise ConfigError(f"unknown config key {key}.{name}; did you mean {key}.{near[0]}?")
+        out[name] = coerce(value, hints[name], f"{key}.{name}")
+        meta = fields[name].metadata
+        check_value(out[name], meta.get("check", {}), f"{key}.{name}", meta.get("help", ""))
+    return out
+
+
+def native_settings(cfg: Config) -> NativeConfig | None:
+    """data.native with its defaults filled in; None when it is off (empty)."""
+    return NativeConfig(**cfg.data.native) if cfg.data.native else None
 
 
 def apply_overrides(cfg: Config, overrides: list[str] | tuple[str, ...]) -> Config:
@@ -449,4 +498,11 @@ def format_config_help() -> str:
             value = yaml.safe_dump(getattr(default, f.name), default_flow_style=True).strip().removesuffix("...")
             allowed = describe_check(f.metadata.get("check", {}))
             lines.append(f"  {section}.{f.name} = {value.strip()}{allowed}\n      {f.metadata.get('help', '')}")
+            schema = f.metadata.get("schema")
+            for g in dataclasses.fields(schema) if schema is not None else ():
+                value = yaml.safe_dump(getattr(schema(), g.name), default_flow_style=True).strip().removesuffix("...")
+                allowed = describe_check(g.metadata.get("check", {}))
+                lines.append(
+                    f"    {section}.{f.name}.{g.name} = {value.strip()}{allowed}\n        {g.metadata['help']}"
+                )
     return "\n".join(lines)
