@@ -15,6 +15,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from .multires import ResolutionBatchSampler, collate_to_resolution, eval_batches
+from .native_loader import build_native_train_loader
+from .native_sampler import NativePlan
 from .registry import DatasetInfo, get_dataset_info
 from .seeding import preserved_rngs, seed_rngs
 from .streams import build_stream_eval_loader, build_stream_train_loader, is_stream
@@ -138,9 +140,16 @@ def build_train_loader(
     rank: int = 0,
     world_size: int = 1,
     pin_memory: bool = False,
+    native: NativePlan | None = None,
 ) -> DataLoader:
     """Shuffled batches (per-epoch order from (seed, epoch)) at one resolution per batch; the loader's
-    `batch_sampler` has set_epoch / start_at for resuming (see epoch_batches). Streams go to streams.py."""
+    `batch_sampler` has set_epoch / start_at for resuming (see epoch_batches). Streams go to streams.py;
+    `native`: native-aspect batches of that plan instead (native_loader.py; `resolutions[0]` is the native size of
+    datasets that only draw squares)."""
+    if native is not None:
+        if is_stream(dataset):
+            raise ValueError("native-aspect batches (data.native) need an indexed dataset, not a stream")
+        return build_native_train_loader(dataset, native, resolutions[0], seed, workers, rank, world_size, pin_memory)
     if is_stream(dataset):
         return build_stream_train_loader(dataset, batch_size, resolutions, seed, workers, rank, world_size, pin_memory)
     keyed = KeyedDataset(dataset)

@@ -129,8 +129,9 @@ def to_device(inputs, device: torch.device, non_blocking: bool = False):
 
 
 def run_model(model: nn.Module, inputs) -> torch.Tensor:
-    """model(x) for tensors, model(**x) for dicts of model kwargs (video / image-text sets)."""
-    return model(**inputs) if isinstance(inputs, dict) else model(inputs)
+    """model(x) for tensors and native-aspect batches (a NaFlex dict: "patches", ...), model(**x) for dicts of model
+    kwargs (video / image-text sets)."""
+    return model(**inputs) if isinstance(inputs, dict) and "patches" not in inputs else model(inputs)
 
 
 def _first_readable(ds: Dataset, res: int) -> tuple:

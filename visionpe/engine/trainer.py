@@ -63,6 +63,7 @@ from .evaluate import evaluate_resolutions, format_table, json_safe, write_json
 from .fsdp import ShardedEma, build_sharded_model, check_strategy, gathered
 from .interrupt import StopOnSignal, TrainingInterrupted, diverged, interrupted
 from .metrics_log import METRICS, append_metrics, trim_metrics
+from .native_train import NativeWindow, check_native, native_eval_rows, plan_for
 from .run_dir import CorruptCheckpointWarning, resume_files
 from .runlock import RunLock, writable_run_dir
 from .setup import (
@@ -175,7 +176,7 @@ class Trainer:
         self.num_classes = dataset_num_classes(self.info, self.train_set)
         self.class_map = getattr(self.train_set, "class_to_idx", None)
         self.eval_sets = build_eval_sets(cfg, cfg.eval_resolutions(), self.class_map)
-        if len(train_res) > 1 and not renders_any_resolution(self.train_set):
+        if len(train_res) > 1 and not cfg.data.native and not renders_any_resolution(self.train_set):
             sample = (first_stream_item(self.train_set) if is_stream(self.train_set) else self.train_set[0])[0]
             if not isinstance(sample, torch.Tensor):
                 raise ConfigError(
@@ -195,7 +196,13 @@ class Trainer:
             self.model = build_model(cfg, self.num_classes, self.info.in_chans).to(self.device)
             if cfg.train.activation_checkpointing:
                 self.model.set_grad_checkpointing(True)
-        check_resolutions(self.model, cfg.model.name, {r: self.train_set for r in train_res}, self.device, self.amp)
+        self.plan = plan_for(cfg, self.model)  # data.native: native-aspect batches (native_train.py)
+        if self.plan is None:
+            check_resolutions(self.model, cfg.model.name, {r: self.train_set for r in train_res}, self.device, self.amp)
+        else:
+            check_native(
+                self.model, cfg.model.name, self.train_set, self.plan, cfg.data.resolution, self.device, self.amp
+            )
         check_resolutions(self.model, cfg.model.name, self.eval_sets, self.device, self.amp)
         self.ema = None
         if cfg.train.ema and self.sharded:
@@ -221,6 +228,7 @@ class Trainer:
             ctx.rank,
             ctx.world_size,
             pin_memory=self.device.type == "cuda",
+            native=self.plan,
         )
         self.batches = epoch_batches(self.loader)
         full = self.batches.num_batches()
@@ -501,6 +509,7 @@ class Trainer:
         bar.set_description(f"epoch {self.epoch + 1}/{self.epochs}")
         window_loss, window_n, window_images, t0 = torch.zeros((), device=self.device), 0, 0, time.perf_counter()
         epoch_loss, epoch_n, skipped, t_epoch = 0.0, 0, [], time.perf_counter()
+        native = NativeWindow(self.device) if self.plan is not None else None
         for batch in self.loader:
             if self.batch >= self.steps_per_epoch:
                 break
@@ -511,11 +520,15 @@ class Trainer:
             window_loss += loss.detach()
             window_n += 1
             window_images += len(batch.targets) * ctx.world_size
+            if native is not None:
+                native.add(batch)
             bar.update(1)
             if window_n == cfg.train.log_every or self.batch == self.steps_per_epoch:
                 mean = all_reduce_sum(window_loss.float().clone(), ctx).item() / (window_n * ctx.world_size)
                 if not math.isfinite(mean):
                     raise self._diverged(f"loss became {mean} by step {self.global_step}")
+                extra = native.row(ctx) if native is not None else {}  # padding, images and tokens per batch
+                window_images = extra.pop("images", window_images)
                 rate = window_images / max(time.perf_counter() - t0, 1e-9)
                 lr = self.optimizer.param_groups[0]["lr"]
                 bar.set_postfix(loss=f"{mean:.4f}", lr=f"{lr:.2e}", img_s=f"{rate:.0f}")
@@ -527,6 +540,7 @@ class Trainer:
                     lr=lr,
                     img_per_s=rate,
                     resolution=batch.resolution,
+                    **extra,
                 )
                 epoch_loss, epoch_n = epoch_loss + mean * window_n, epoch_n + window_n
                 window_loss.zero_()
@@ -587,24 +601,23 @@ class Trainer:
             self.first_loss = float(loss.detach())
         return loss
 
+    def _eval_rows(self, model: nn.Module, bs: int) -> list[dict]:
+        """A row per eval resolution, then (data.native) per token budget."""
+        cfg, ctx = self.cfg, self.ctx
+        rows = evaluate_resolutions(model, self.eval_sets, bs, cfg.data.workers, ctx, self.amp, cfg.train.progress)
+        if self.plan is not None:
+            val = next(iter(self.eval_sets.values()))
+            rows += native_eval_rows(model, cfg, val, self.plan, ctx, self.amp, bs)
+        return rows
+
     def evaluate(self, log_metrics: bool = True) -> list[dict]:
         cfg, ctx = self.cfg, self.ctx
         bs = cfg.data.eval_batch_size or 2 * cfg.data.batch_size
         with gathered(self.model):  # fsdp: parameters gathered for the whole evaluation (ranks' batches differ)
-            rows = [
-                dict(r, weights="model")
-                for r in evaluate_resolutions(
-                    self.model, self.eval_sets, bs, cfg.data.workers, ctx, self.amp, cfg.train.progress
-                )
-            ]
+            rows = [dict(r, weights="model") for r in self._eval_rows(self.model, bs)]
         if self.ema is not None and cfg.eval.ema:
             with gathered(self.ema.module):
-                rows += [
-                    dict(r, weights="ema")
-                    for r in evaluate_resolutions(
-                        self.ema.module, self.eval_sets, bs, cfg.data.workers, ctx, self.amp, cfg.train.progress
-                    )
-                ]
+                rows += [dict(r, weights="ema") for r in self._eval_rows(self.ema.module, bs)]
         for r in rows if log_metrics else ():
             self._metrics(kind="eval", epoch=self.epoch + 1, global_step=self.global_step, **r)
         summary = ", ".join(

@@ -1,0 +1,102 @@
+"""The loaders of native-aspect training and evaluation (`data.native`): NaFlex dicts, packed or padded.
+
+    plan = native_plan(settings, patch=4)                 # settings: data.native (engine/config.py NativeConfig)
+    loader = build_native_train_loader(train_set, plan, resolution=32, seed=0)
+    for batch in loader: batch.inputs  # {"patches", "patch_coord", "patch_valid"[, "image_ids"]}
+
+Training batches come from `NativeBatchSampler` (native_sampler.py) over this rank's DistributedSampler shard, so
+each rank packs its own rows, and resume at any batch is exact (`set_epoch` / `start_at`, as for square batches).
+Evaluation: this rank's contiguous shard in order, one image per row padded to the budget.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from .native_collate import collate_native
+from .native_items import NativeDataset, native_sizes
+from .native_resize import budget_size
+from .native_sampler import NativeBatchSampler, NativeKey, NativePlan
+
+__all__ = ["native_plan", "build_native_train_loader", "build_native_eval_loader"]
+
+
+def native_plan(settings, patch: int) -> NativePlan:
+    """The NativePlan of data.native settings (a NativeConfig) for a model of `patch` px patches; a row too short
+    for the largest budget or a batch shorter than a row is a one-line error."""
+    budgets = tuple(int(b) for b in settings.seq_lens) or (int(settings.max_tokens),)
+    row = int(settings.row_tokens or max(budgets))
+    if settings.mode == "packed" and row < max(budgets):
+        raise ValueError(
+            f"data.native.row_tokens={row} cannot hold an image at the largest budget ({max(budgets)} tokens); "
+            f"raise it to at least {max(budgets)} or lower the budgets"
+        )
+    if settings.tokens_per_batch < (row if settings.mode == "packed" else max(budgets)):
+        raise ValueError(
+            f"data.native.tokens_per_batch={settings.tokens_per_batch} is less than one row "
+            f"({row if settings.mode == 'packed' else max(budgets)} tokens); raise it"
+        )
+    return NativePlan(int(patch), settings.mode, budgets, int(settings.tokens_per_batch), row, int(settings.buffer))
+
+
+def _loader(dataset: NativeDataset, batch_sampler, workers: int, pin_memory: bool) -> DataLoader:
+    return DataLoader(
+        dataset,
+        batch_sampler=batch_sampler,
+        num_workers=workers,
+        collate_fn=collate_native,
+        pin_memory=pin_memory,
+        generator=torch.Generator(),  # keeps the loader from drawing from the global RNG (exact resume)
+    )
+
+
+def build_native_train_loader(
+    dataset: Dataset,
+    plan: NativePlan,
+    resolution: int,
+    seed: int = 0,
+    workers: int = 0,
+    rank: int = 0,
+    world_size: int = 1,
+    pin_memory: bool = False,
+) -> DataLoader:
+    """Shuffled native-aspect batches; `resolution`: the native size of datasets that only draw squares."""
+    shard = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
+    batches = NativeBatchSampler(shard, native_sizes(dataset, resolution), plan, seed)
+    return _loader(NativeDataset(dataset, plan.patch), batches, workers, pin_memory)
+
+
+def eval_keys(sizes, indices, plan: NativePlan, budget: int, batch_size: int) -> list[list[NativeKey]]:
+    """Ordered batches of keys: `batch_size` images per batch, each alone in a row of `budget` tokens."""
+    idx = list(indices)
+    out = []
+    for s in range(0, len(idx), batch_size):
+        chunk = idx[s : s + batch_size]
+        out.append(
+            [
+                NativeKey(i, budget_size(sizes(i), plan.patch, budget), None, r, budget, len(chunk), False)
+                for r, i in enumerate(chunk)
+            ]
+        )
+    return out
+
+
+def build_native_eval_loader(
+    dataset: Dataset,
+    plan: NativePlan,
+    budget: int,
+    batch_size: int,
+    resolution: int,
+    workers: int = 0,
+    rank: int = 0,
+    world_size: int = 1,
+    pin_memory: bool = False,
+) -> DataLoader:
+    """This rank's contiguous shard at a token budget of `budget` per image (no padding duplicates: sums over ranks
+    are exact)."""
+    n = len(dataset)
+    per = -(-n // world_size)
+    indices = range(rank * per, min(n, (rank + 1) * per))
+    keys = eval_keys(native_sizes(dataset, resolution), indices, plan, budget, batch_size)
+    return _loader(NativeDataset(dataset, plan.patch), keys, workers, pin_memory)

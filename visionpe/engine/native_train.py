@@ -1,0 +1,113 @@
+"""What the trainer does differently under `data.native` (native-aspect batches, see data/native_loader.py): the
+plan from the settings and the model's patch size, a trial forward pass, the batch statistics of the metrics
+lines (padding fraction, images and tokens per batch, summed over ranks) and the evaluation at token budgets."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from ..data.native_loader import build_native_eval_loader, native_plan
+from ..data.native_sampler import NativePlan
+from .config import Config, ConfigError, native_settings
+from .distributed import DistContext, all_reduce_sum
+from .setup import autocast, run_model, to_device
+
+__all__ = ["plan_for", "check_native", "NativeWindow", "native_eval_rows"]
+
+
+def model_patch_size(model: nn.Module) -> int | None:
+    embed = getattr(model, "patch_embed", None)
+    size = getattr(embed, "patch_size", None)
+    return int(size[0] if isinstance(size, (tuple, list)) else size) if size is not None else None
+
+
+def plan_for(cfg: Config, model: nn.Module) -> NativePlan | None:
+    """The NativePlan of cfg.data.native for `model` (None when native batches are off); the checks across keys."""
+    settings = native_settings(cfg)
+    if settings is None:
+        return None
+    if cfg.aug.mixup > 0 or cfg.aug.cutmix > 0:
+        raise ConfigError("mixup/cutmix mix images of one size; turn them off with data.native (aug.mixup=0)")
+    if settings.loader == "timm" and settings.mode != "padded":
+        raise ConfigError("data.native.loader=timm pads (timm's NaFlex loader); set data.native.mode=padded")
+    patch = model_patch_size(model)
+    if settings.patch_size is not None and patch is not None and settings.patch_size != patch:
+        raise ConfigError(
+            f"data.native.patch_size={settings.patch_size} but {cfg.model.name} has {patch} px patches; "
+            f"drop the key (it defaults to the model's) or set it to {patch}"
+        )
+    patch = settings.patch_size or patch
+    if patch is None:
+        raise ConfigError(f"{cfg.model.name} has no patch_embed.patch_size; set data.native.patch_size")
+    try:
+        return native_plan(settings, patch)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def eval_budgets(cfg: Config, plan: NativePlan) -> list[int]:
+    return list(native_settings(cfg).eval_tokens) or [max(plan.budgets)]
+
+
+@torch.no_grad()
+def check_native(model: nn.Module, name: str, dataset: Dataset, plan: NativePlan, resolution: int, device, amp) -> None:
+    """One forward pass of a native batch (two images at the largest budget, padded, and packed when packing), so
+    that a model without native batches fails now with one line."""
+    was_training = model.training
+    model.eval()
+    try:
+        batch = next(iter(build_native_eval_loader(dataset, plan, max(plan.budgets), 2, resolution)))
+        inputs = dict(batch.inputs)
+        try:
+            with autocast(device, amp):
+                out = run_model(model, to_device(inputs, device))
+                if plan.mode == "packed":
+                    inputs["image_ids"] = torch.where(inputs["patch_valid"], 0, -1)
+                    out = run_model(model, to_device(inputs, device))
+        except (RuntimeError, ValueError, TypeError, AssertionError) as e:
+            raise ValueError(f"model {name!r} cannot take native-aspect batches (data.native): {e}") from None
+        if out.shape[0] != batch.images:
+            raise ValueError(f"model {name!r} gave {out.shape[0]} outputs for {batch.images} images of a native batch")
+    finally:
+        model.train(was_training)
+
+
+class NativeWindow:
+    """Images, valid tokens and token slots of the batches since the last metrics line, summed over ranks."""
+
+    def __init__(self, device):
+        self.sums = torch.zeros(4, dtype=torch.float64)  # batches, images, tokens, slots
+        self.device = device
+
+    def add(self, batch) -> None:
+        self.sums += torch.tensor([1, batch.images, batch.tokens, batch.slots], dtype=torch.float64)
+
+    def row(self, ctx: DistContext) -> dict:
+        """The metrics of the window (over every rank), then a new window."""
+        s = all_reduce_sum(self.sums.to(self.device), ctx).cpu()
+        self.sums.zero_()
+        batches = max(float(s[0]), 1.0)
+        return dict(
+            images_per_batch=float(s[1]) / batches,
+            tokens_per_batch=float(s[2]) / batches,
+            padding=1.0 - float(s[2]) / max(float(s[3]), 1.0),
+            images=int(s[1]),
+        )
+
+
+def native_eval_rows(
+    model: nn.Module, cfg: Config, dataset: Dataset, plan: NativePlan, ctx: DistContext, amp, batch_size: int
+) -> list[dict]:
+    """One row per evaluation budget (resolution '<budget>tok'): each image at its aspect ratio, alone in a row."""
+    from .evaluate import evaluate_loader
+
+    rows = []
+    for budget in eval_budgets(cfg, plan):
+        loader = build_native_eval_loader(
+            dataset, plan, budget, batch_size, cfg.data.resolution, cfg.data.workers, ctx.rank, ctx.world_size
+        )
+        where = f"{cfg.data.val_split} at {budget} tokens"
+        rows.append({"resolution": f"{budget}tok", **evaluate_loader(model, loader, ctx, amp, where, False)})
+    return rows
