@@ -5,19 +5,27 @@ Input format (a dict; the same keys and layout as timm 1.0.31's NaFlex, so `timm
 `NaFlexCollator` feed the models unchanged):
 
     patches      float [B, N, P*P*C]  flattened patches, each in (ph, pw, c) order (timm's Patchify,
-                                      channels last); P the model's patch size, C its input channels
+                                      channels last); P the model's patch size, C its input channels;
+                                      [B, N, P, P, C] (timm's unflattened patches) is flattened
     patch_coord  int   [B, N, 2]      (y, x) patch coordinates within the patch's own image
     patch_valid  bool  [B, N]         True for a patch, False for padding (anywhere in the row)
     image_ids    int   [B, N]         optional (packed rows): the image each patch belongs to within its row,
                                       0, 1, ... (-1 for padding); absent: one image per row (padded)
 
+Other keys: `seq_len` (timm's collator) is ignored; anything else is an error.
 Each image must come whole: its patches cover the full grid (max y + 1) x (max x + 1) exactly once, in any order.
 Every row of a padded batch holds one image; a packed row holds any number (possibly none).
 
-Outputs (see `visionpe.models.native_batch`): one row per image, in row order, then image-id order. Inside the
-model the tokens of a batch are [B, L, C] with L = K * Pfx + N: K = the most images a row holds, Pfx = the model's
-prefix tokens (CLS, registers); image j of a row has its prefix tokens at [j * Pfx, (j + 1) * Pfx) and its patches
-where the input put them (K * Pfx + n). Attention is blocked between images; the padding of a row attends to itself.
+Outputs (every vit model): `forward` gives logits [I, classes], one row per image in row order, then image-id order;
+`forward_features` a dict (patches: tokens [B, L, C] after the final norm, patch_valid: bool [B, L] the tokens of
+an image, layout: the BatchLayout) that `forward_head` pools per image, padding excluded; `forward_intermediates`
+takes output_fmt='NLC' only and gives [B, N, C] at the input's patch positions (prefix tokens [B, K * Pfx, C]),
+padding zero. `pack_images` builds such a dict from image tensors (timm's own patchify).
+
+Inside the model the tokens of a batch are [B, L, C] with L = K * Pfx + N: K = the most images a row holds, Pfx =
+the model's prefix tokens (CLS, registers); image j of a row has its prefix tokens at [j * Pfx, (j + 1) * Pfx) and
+its patches where the input put them (K * Pfx + n). Attention is blocked between images; the padding of a row
+attends to itself.
 """
 
 from __future__ import annotations
@@ -31,7 +39,16 @@ import torch
 from .attn_mask import AttnMask
 from .layout import TokenLayout
 
-__all__ = ["NATIVE_KEYS", "ImageGroup", "BatchLayout", "check_native", "is_native_batch", "native_layout", "regrid_layout"]
+__all__ = [
+    "NATIVE_KEYS",
+    "ImageGroup",
+    "BatchLayout",
+    "check_native",
+    "is_native_batch",
+    "native_layout",
+    "pack_images",
+    "regrid_layout",
+]
 
 NATIVE_KEYS = ("patches", "patch_coord", "patch_valid", "image_ids")
 
@@ -109,6 +126,36 @@ class BatchLayout:
         return x
 
 
+def pack_images(rows: list, patch_size: int, length: int | None = None) -> dict:
+    """A native batch from images [C, H, W]: `rows` a list of images (padded: one per row) or of lists of images
+    (packed: `image_ids` added). Patches as timm's Patchify makes them (sizes padded up to whole patches); length:
+    the row length N (default the longest row)."""
+    from timm.data.naflex_transforms import patchify_image
+
+    packed = any(isinstance(r, (list, tuple)) for r in rows)
+    rows = [list(r) if isinstance(r, (list, tuple)) else [r] for r in rows]
+    per_row = [[patchify_image(img, (patch_size, patch_size)) for img in row] for row in rows]
+    sizes = [sum(p[0].shape[0] for p in row) for row in per_row]
+    n = max(sizes, default=0) if length is None else length
+    if n < max(sizes, default=0):
+        raise ValueError(f"pack_images: a row needs {max(sizes)} patches, more than length={n}")
+    dim = per_row[0][0][0].shape[1] if per_row and per_row[0] else 0
+    out = dict(
+        patches=torch.zeros(len(rows), n, dim),
+        patch_coord=torch.zeros(len(rows), n, 2, dtype=torch.long),
+        patch_valid=torch.zeros(len(rows), n, dtype=torch.bool),
+    )
+    ids = torch.full((len(rows), n), -1, dtype=torch.long)
+    for b, row in enumerate(per_row):
+        start = 0
+        for j, (patches, coord, _) in enumerate(row):
+            stop = start + patches.shape[0]
+            out["patches"][b, start:stop], out["patch_coord"][b, start:stop] = patches, coord
+            out["patch_valid"][b, start:stop], ids[b, start:stop] = True, j
+            start = stop
+    return {**out, "image_ids": ids} if packed else out
+
+
 def _tensor(batch: dict, key: str, ndim: int, shape: tuple) -> torch.Tensor:
     t = batch.get(key)
     if not isinstance(t, torch.Tensor) or t.ndim != ndim or tuple(t.shape[: len(shape)]) != shape:
@@ -119,10 +166,13 @@ def _tensor(batch: dict, key: str, ndim: int, shape: tuple) -> torch.Tensor:
 
 def check_native(batch: dict, patch_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Validate a NaFlex dict; returns (patches [B, N, D], coords long [B, N, 2], ids long [B, N] with -1 padding)."""
-    unknown = set(batch) - set(NATIVE_KEYS) - {"attn_mask"}
+    unknown = set(batch) - set(NATIVE_KEYS) - {"seq_len"}  # timm's NaFlexCollator adds seq_len (an int)
     if unknown:
-        raise ValueError(f"native batch: unknown keys {sorted(unknown)}; expected {', '.join(NATIVE_KEYS)}")
+        why = "; the mask comes from patch_valid / image_ids" if "attn_mask" in unknown else ""
+        raise ValueError(f"native batch: unknown keys {sorted(unknown)}; expected {', '.join(NATIVE_KEYS)}{why}")
     patches = batch.get("patches")
+    if isinstance(patches, torch.Tensor) and patches.ndim == 5:  # timm's unflattened [B, N, Ph, Pw, C]
+        patches = patches.flatten(2)
     if not isinstance(patches, torch.Tensor) or patches.ndim != 3 or patches.shape[-1] != patch_dim:
         got = tuple(patches.shape) if isinstance(patches, torch.Tensor) else type(patches).__name__
         raise ValueError(f"native batch: 'patches' must be [B, N, {patch_dim}] (P*P*C, flattened), got {got}")
