@@ -1,8 +1,12 @@
 """One entry point for scaled dot-product attention: `attend(q, k, v, bias=None, scale=None)`.
 
-Backends: xformers' memory-efficient kernel (CUDA), PyTorch SDPA, and an explicit `math` reference. `auto` picks the
-fastest that supports the call and falls back silently; naming a backend that cannot run the call raises.
-Select with the environment variable VISIONPE_ATTN=auto|xformers|sdpa|math or `set_attn_backend(...)`.
+Backends: xformers' memory-efficient kernel (CUDA), PyTorch SDPA, flex attention (masked calls), and an explicit
+`math` reference. `auto` picks the fastest that supports the call and falls back silently; naming a backend that
+cannot run the call raises. Select with VISIONPE_ATTN=auto|xformers|sdpa|flex|math or `set_attn_backend(...)`.
+
+`mask=` (a `visionpe.attn_mask.AttnMask`) blocks attention between the images of a padded or packed batch: SDPA
+takes it as a boolean mask, math as -inf logits, flex as a BlockMask (auto's choice on CUDA for a masked call without
+a bias), xformers as a BlockDiagonalMask when every segment is contiguous.
 
 `attend_rows` runs attention a block of query rows at a time with position terms that can be produced per block
 (`RowBias`, `RowValue`, e.g. iRPE's bucketed terms): peak memory O(rows x M) instead of O(N x M), and the bias-only case
@@ -20,6 +24,7 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
+from .attn_mask import AttnMask, flex_attend, flex_available, xformers_block_attend
 from .fx import is_fx_tracing
 
 __all__ = [
@@ -36,12 +41,12 @@ __all__ = [
     "ROW_BLOCK_ELEMENTS",
 ]
 
-BACKENDS = ("auto", "xformers", "sdpa", "math")
+BACKENDS = ("auto", "xformers", "sdpa", "flex", "math")
 _backend: str | None = None  # None: read VISIONPE_ATTN
 
 
 def set_attn_backend(name: str) -> None:
-    """Choose the attention backend for every later call ('auto', 'xformers', 'sdpa' or 'math')."""
+    """Choose the attention backend for every later call ('auto', 'xformers', 'sdpa', 'flex' or 'math')."""
     global _backend
     if name not in BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; choose one of {', '.join(BACKENDS)}")
@@ -60,6 +65,8 @@ def check_attn_backend(device: torch.device) -> str:
     xformers where it cannot run, is a ValueError naming the setting."""
     name = get_attn_backend()
     where = "VISIONPE_ATTN" if _backend is None else "set_attn_backend"
+    if name == "flex" and not flex_available():
+        raise ValueError(f"{where}=flex but this PyTorch has no flex attention; use auto or sdpa")
     if name == "xformers":
         if not xformers_available():
             raise ValueError(f"{where}=xformers but xformers is not installed; use auto or sdpa")
@@ -105,17 +112,21 @@ def xformers_supports(q: torch.Tensor, bias: torch.Tensor | None) -> tuple[bool,
 # -------------------------------------------------------------------------------------------------------- backends
 
 
-def _math(q, k, v, bias, scale):
+def _math(q, k, v, bias, scale, mask: AttnMask | None = None):
     attn = (q * scale) @ k.transpose(-2, -1)
     if bias is not None:
         attn = attn + bias.to(attn.dtype)  # as SDPA does: an fp32 bias on a bf16 model
+    if mask is not None:
+        attn = mask.apply(attn)
     probs = attn.softmax(dim=-1)
     return probs @ v, probs
 
 
-def _sdpa(q, k, v, bias, scale):
+def _sdpa(q, k, v, bias, scale, mask: AttnMask | None = None):
     if bias is not None:
         bias = bias.to(q.dtype)
+    if mask is not None:
+        bias = mask.dense() if bias is None else mask.apply(bias)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
 
 
@@ -129,11 +140,16 @@ def _aligned_bias(bias: torch.Tensor, shape: tuple[int, int, int, int], dtype: t
     return aligned
 
 
-def _xformers(q, k, v, bias, scale):
+def _xformers(q, k, v, bias, scale, mask: AttnMask | None = None):
     import xformers.ops as xops
 
     b, h, n, _ = q.shape
     m = k.shape[-2]
+    if mask is not None:
+        seqlens = mask.seqlens() if bias is None else None
+        if seqlens is not None:
+            return xformers_block_attend(q, k, v, scale, seqlens)
+        bias = mask.apply(torch.zeros((), dtype=q.dtype, device=q.device) if bias is None else bias.to(q.dtype))
     if bias is not None:
         bias = _aligned_bias(bias, (b, h, n, m), q.dtype)
     # xformers takes [B, M, H, K] (tokens before heads)
@@ -143,13 +159,29 @@ def _xformers(q, k, v, bias, scale):
     return out.transpose(1, 2)
 
 
-def resolve_backend(q: torch.Tensor, bias: torch.Tensor | None) -> str:
+def on_cuda(q: torch.Tensor) -> bool:
+    """Whether a call runs on CUDA (a function, so tests can pretend)."""
+    return q.is_cuda
+
+
+def resolve_backend(q: torch.Tensor, bias: torch.Tensor | None, mask: AttnMask | None = None) -> str:
     """The backend that will run this call under the current selection."""
     name = get_attn_backend()
     if name == "auto":
         if is_fx_tracing():  # an FX graph keeps PyTorch's kernel (the tensors' device is not known while tracing)
             return "sdpa"
+        if mask is not None:
+            if bias is None and on_cuda(q) and flex_available():
+                return "flex"  # block-sparse: skips the blocks between images
+            if bias is None and xformers_supports(q, bias)[0] and mask.seqlens() is not None:
+                return "xformers"  # contiguous segments: a BlockDiagonalMask
+            return "sdpa"  # a dense mask (xformers would need it as an aligned bias)
         return "xformers" if xformers_supports(q, bias)[0] else "sdpa"
+    if name == "flex":
+        if not flex_available():
+            raise RuntimeError("attention backend 'flex' cannot run this call: no flex attention in this PyTorch")
+        if mask is None:
+            return "sdpa"  # flex only changes masked calls
     if name == "xformers":
         ok, why = xformers_supports(q, bias)
         if not ok:
@@ -158,26 +190,39 @@ def resolve_backend(q: torch.Tensor, bias: torch.Tensor | None) -> str:
 
 
 def attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None, scale: float | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    scale: float | None = None,
+    mask: AttnMask | None = None,
 ) -> torch.Tensor:
-    """softmax(q k^T * scale + bias) v for q [B, H, N, d], k/v [B, H, M, d], bias broadcastable to [B, H, N, M]."""
+    """softmax(q k^T * scale + bias) v for q [B, H, N, d], k/v [B, H, M, d], bias broadcastable to [B, H, N, M];
+    mask: an AttnMask over the N = M tokens (attention only within each segment)."""
     if scale is None:
         scale = q.shape[-1] ** -0.5
-    backend = resolve_backend(q, bias)
+    backend = resolve_backend(q, bias, mask)
     if backend == "xformers":
-        return _xformers(q, k, v, bias, scale)
+        return _xformers(q, k, v, bias, scale, mask)
     if backend == "sdpa":
-        return _sdpa(q, k, v, bias, scale)
-    return _math(q, k, v, bias, scale)[0]
+        return _sdpa(q, k, v, bias, scale, mask)
+    if backend == "flex":
+        return flex_attend(q, k, v, bias, scale, mask)
+    return _math(q, k, v, bias, scale, mask)[0]
 
 
 def attend_with_probs(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None, scale: float | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    scale: float | None = None,
+    mask: AttnMask | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Like `attend`, also returning the attention probabilities [B, H, N, M] (always the math path)."""
     if scale is None:
         scale = q.shape[-1] ** -0.5
-    return _math(q, k, v, bias, scale)
+    return _math(q, k, v, bias, scale, mask)
 
 
 # ------------------------------------------------------------------------------------------------ row-block terms

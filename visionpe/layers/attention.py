@@ -15,19 +15,21 @@ __all__ = ["Attention", "attention_core"]
 def attention_core(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: PosContext | None, scale: float | None = None
 ) -> torch.Tensor:
-    """q [B, H, N, d], k/v [B, H, M, d] -> [B, H, N, d] with the PE sites qk, logits and values applied."""
+    """q [B, H, N, d], k/v [B, H, M, d] -> [B, H, N, d] with the PE sites qk, logits and values applied.
+    A context with a `mask` (visionpe.models.native_batch: several images in a batch) passes it to attention."""
     if ctx is None:
         return attend(q, k, v, scale=scale)
+    mask = getattr(ctx, "mask", None)
     if ctx.rotate is not None:
         q, k = ctx.rotate(q, k)
-    if _row_terms(ctx) and get_attn_backend() != "math":  # math keeps the whole-matrix reference path
+    if mask is None and _row_terms(ctx) and get_attn_backend() != "math":  # math: the whole-matrix reference
         return attend_rows(q, k, v, ctx.bias, ctx.value, scale)
     bias = ctx.bias(q, k) if ctx.bias is not None else None
     probs = None
     if ctx.needs_probs:
-        out, probs = attend_with_probs(q, k, v, bias, scale)
+        out, probs = attend_with_probs(q, k, v, bias, scale, mask=mask)
     else:
-        out = attend(q, k, v, bias, scale)
+        out = attend(q, k, v, bias, scale, mask=mask)
     if ctx.value is not None:
         out = ctx.value(v, out, probs)
     return out

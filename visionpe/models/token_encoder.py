@@ -19,10 +19,12 @@ from torch.utils.checkpoint import checkpoint
 
 from ..layers import Block
 from ..layout import TokenLayout
+from ..native import BatchLayout
 from ..pos.base import AttnSpec, PEHost
 from ..pos.mm_positions import segment_layout
 from ..pos.presets import build_pos_encoding
 from .construction import ContractModel, UnsupportedPool, place_like
+from .native_batch import NativeSites, masked_tokens, pool_images
 from .param_groups import exact_no_weight_decay, pe_layer_regex, pe_stem
 
 __all__ = ["TokenEncoder"]
@@ -163,17 +165,22 @@ class TokenEncoder(ContractModel):
         prefix = [p.expand(x.shape[0], -1, -1) for p in (self.cls_token, self.reg_token) if p is not None]
         return torch.cat([*prefix, x], dim=1) if prefix else x
 
-    def run_block(self, i: int, x: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
-        ctx = self.pe.context(i, layout)
+    def sites(self, layout: TokenLayout | BatchLayout):
+        """What runs the PE sites for a layout: the PE itself, or per image for a batch of several (native)."""
+        return NativeSites(self.pe) if isinstance(layout, BatchLayout) else self.pe
+
+    def run_block(self, i: int, x: torch.Tensor, layout: TokenLayout | BatchLayout) -> torch.Tensor:
+        sites = self.sites(layout)
+        ctx = sites.context(i, layout)
         if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
             x = checkpoint(self.blocks[i], x, ctx, use_reentrant=False)
         else:
             x = self.blocks[i](x, ctx)
-        return self.pe.block(i, x, layout)
+        return sites.block(i, x, layout)
 
-    def run_blocks(self, x: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
+    def run_blocks(self, x: torch.Tensor, layout: TokenLayout | BatchLayout) -> torch.Tensor:
         """Token-site PEs, every block, the final norm: [B, P + N, C] -> [B, P + N, C]."""
-        x = self.pe.tokens(x, layout)
+        x = self.sites(layout).tokens(x, layout)
         for i in range(len(self.blocks)):
             x = self.run_block(i, x, layout)
         return self.norm(x)
@@ -185,8 +192,18 @@ class TokenEncoder(ContractModel):
             return x[:, 0]
         return x
 
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        x = self.head_drop(self.fc_norm(self.pool(x)))
+    def native_features(self, x: torch.Tensor, layout: BatchLayout) -> dict:
+        """forward_features of a native batch (visionpe.native): tokens [B, L, C] after the final norm, which tokens
+        are an image's (patch_valid [B, L]) and the BatchLayout, for forward_head."""
+        return dict(patches=self.run_blocks(x, layout), patch_valid=layout.valid, layout=layout)
+
+    def forward_head(self, x: torch.Tensor | dict, pre_logits: bool = False) -> torch.Tensor:
+        """Pooled features -> logits; a native batch's features (a dict) give one row per image."""
+        if isinstance(x, dict):
+            x = pool_images(x["patches"], x["layout"], self.global_pool) if self.global_pool else x["patches"]
+        else:
+            x = self.pool(x)
+        x = self.head_drop(self.fc_norm(x))
         return x if pre_logits else self.head(x)
 
     def intermediates(
@@ -203,18 +220,23 @@ class TokenEncoder(ContractModel):
     ):
         """timm's forward_intermediates over embedded tokens, optionally with the prefix tokens. output_fmt 'NLC':
         all non-prefix tokens; 'NCTHW' / 'NCHW': the visual tokens as maps [B, C, T, H, W] / [B, C, H, W] (T = 1).
-        visual: (offset among the non-prefix tokens, (T, H, W)) of the visual tokens; default the layout's grid."""
-        start, grid = visual if visual is not None else (0, layout.grid)
+        visual: (offset among the non-prefix tokens, (T, H, W)) of the visual tokens; default the layout's grid.
+        A native batch (BatchLayout): 'NLC' only, the padding (and unused prefix slots) zero."""
+        native = isinstance(layout, BatchLayout)
+        if native and output_fmt != "NLC":
+            raise ValueError(f"a native batch has no common grid: use output_fmt='NLC', not {output_fmt!r}")
+        start, grid = visual if visual is not None or native else (0, layout.grid)
         if output_fmt == "NCHW" and grid[0] != 1:
             raise ValueError(f"output_fmt='NCHW' needs a single-frame grid, got (T, H, W) = {grid}; use 'NCTHW'")
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
-        x = self.pe.tokens(x, layout)
+        x = self.sites(layout).tokens(x, layout)
         out = []
         for i in range(max_index + 1 if stop_early else len(self.blocks)):
             x = self.run_block(i, x, layout)
             if i in take_indices:
-                out.append(self.norm(x) if norm else x)
-        p = self.num_prefix_tokens
+                y = self.norm(x) if norm else x
+                out.append(masked_tokens(y, layout) if native else y)
+        p = layout.prefix_length if native else self.num_prefix_tokens
         prefix = [y[:, :p] for y in out]
         out = [y[:, p:] for y in out]
         if output_fmt != "NLC":
@@ -225,7 +247,8 @@ class TokenEncoder(ContractModel):
             out = list(zip(out, prefix))
         if intermediates_only:
             return out
-        return self.norm(x), out
+        x = self.norm(x)
+        return (dict(patches=x, patch_valid=layout.valid, layout=layout) if native else x), out
 
     def prune_intermediate_layers(self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head=True):
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)

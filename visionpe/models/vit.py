@@ -17,7 +17,9 @@ from ..fx import is_fx_tracing
 from ..layers.checks import check_images, patch_grid
 from ..layers.token_merger import AdaptiveTokenMerger
 from ..layout import TokenLayout, image_layout
+from ..native import is_native_batch
 from .construction import factory_kwargs
+from .native_batch import embed_patches
 from .token_encoder import TokenEncoder
 
 __all__ = ["VisionTransformer"]
@@ -151,10 +153,15 @@ class VisionTransformer(TokenEncoder):
             (Hp, Wp), device = self.pe_grid, next(self.parameters()).device
         return self.add_prefix(x.reshape(B, Hp * Wp, C)), self.layout((Hp, Wp), device)
 
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+    def forward_features(self, x: torch.Tensor | dict) -> torch.Tensor | dict:
+        """Images [B, C, H, W] -> tokens [B, P + N, C]; a native batch (a NaFlex dict, visionpe.native) -> a dict
+        with the tokens of every image, for forward_head."""
+        if is_native_batch(x):
+            return self.native_features(*embed_patches(self, x))
         return self.run_blocks(*self.embed(x))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | dict) -> torch.Tensor:
+        """Logits [B, classes]; for a native batch one row per image (row order, then image order)."""
         return self.forward_head(self.forward_features(x))
 
     def forward_intermediates(
@@ -170,7 +177,7 @@ class VisionTransformer(TokenEncoder):
         """Features of the chosen blocks (timm's API): NCHW maps or NLC tokens, optionally with prefix tokens."""
         if output_fmt not in ("NCHW", "NLC"):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
-        x, layout = self.embed(x)
+        x, layout = embed_patches(self, x) if is_native_batch(x) else self.embed(x)
         return self.intermediates(
             x, layout, indices, return_prefix_tokens, norm, stop_early, output_fmt, intermediates_only
         )

@@ -1,0 +1,187 @@
+"""Native-resolution batches through a token-encoder model: the PE sites per image, the masked context, pooling.
+
+The generic route, correct for every PE: each group of images with the same grid is gathered into an ordinary batch
+[G, Pfx + H*W, C] with the layout the model gives such an image alone, the PE's site functions run on it as they do
+on an image tensor, and the results are scattered back. Attention contexts do the same per group (rotations and
+value terms on the group's tokens; logits biases placed block-diagonally into one [B, H, L, L] bias) and carry the
+batch's `AttnMask`, so attention never mixes images. Batch format: `visionpe.native`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..attention import RowValue
+from ..attn_mask import AttnMask
+from ..native import BatchLayout, ImageGroup, check_native, native_layout, regrid_layout
+from ..pos.base import PosContext, PosEncoding, PosStack
+
+__all__ = ["NativeContext", "NativeSites", "embed_patches", "pool_images", "masked_tokens"]
+
+
+@dataclass
+class NativeContext(PosContext):
+    """A PosContext over a batch of several images: attention applies `mask` (visionpe.attn_mask)."""
+
+    mask: AttnMask | None = None
+
+
+def _acts(pe: PosEncoding, site: str) -> bool:
+    """Whether a PE (or any PE of a stack) overrides a token site ('tokens' or 'block')."""
+    parts = pe.encodings.values() if isinstance(pe, PosStack) else [pe]
+    return any(getattr(type(p), site) is not getattr(PosEncoding, site) for p in parts)
+
+
+def _heads_gather(layout: BatchLayout, t: torch.Tensor, group: ImageGroup) -> torch.Tensor:
+    """t [B, H, L, d] -> [G, H, S, d]."""
+    return layout.gather(t.transpose(1, 2), group).transpose(1, 2)
+
+
+def _heads_scatter(layout: BatchLayout, t: torch.Tensor, group: ImageGroup, values: torch.Tensor) -> torch.Tensor:
+    return layout.scatter(t.transpose(1, 2).contiguous(), group, values.transpose(1, 2)).transpose(1, 2)
+
+
+def _local(layout: BatchLayout, group: ImageGroup) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(rows [G, 1, 1], query index [G, S, 1], key index [G, 1, S]) of a group's block in a [B, L, L] matrix."""
+    local = group.index - group.rows[:, None] * layout.length
+    return group.rows[:, None, None], local[:, :, None], local[:, None, :]
+
+
+class _Segmented:
+    """The sites qk / logits / values of one layer, run per group of images (one context per group)."""
+
+    def __init__(self, layout: BatchLayout, contexts: list[PosContext | None]):
+        self.layout = layout
+        self.parts = [(g, c) for g, c in zip(layout.groups, contexts) if c is not None]
+
+    def rotate(self, q, k):
+        for group, ctx in self.parts:
+            if ctx.rotate is not None:
+                qg, kg = ctx.rotate(_heads_gather(self.layout, q, group), _heads_gather(self.layout, k, group))
+                q = _heads_scatter(self.layout, q, group, qg)
+                k = _heads_scatter(self.layout, k, group, kg)
+        return q, k
+
+    def bias(self, q, k):
+        """The groups' biases block-diagonally in one [B, H, L, L] (0 elsewhere; the mask blocks it)."""
+        b, h, n, _ = q.shape
+        out = None
+        for group, ctx in self.parts:
+            if ctx.bias is None:
+                continue
+            bg = ctx.bias(_heads_gather(self.layout, q, group), _heads_gather(self.layout, k, group))
+            s = group.index.shape[1]
+            bg = bg.expand(group.index.shape[0], h, s, s).permute(0, 2, 3, 1)
+            if out is None:
+                out = q.new_zeros(b, n, n, h, dtype=bg.dtype)
+            out = out.index_put(_local(self.layout, group), bg.to(out.dtype))
+        return out.permute(0, 3, 1, 2)
+
+    def value(self, v, out, probs):
+        for group, ctx in self.parts:
+            if ctx.value is None:
+                continue
+            pg = None
+            if probs is not None:
+                pg = probs.permute(0, 2, 3, 1)[_local(self.layout, group)].permute(0, 3, 1, 2)
+            og = ctx.value(_heads_gather(self.layout, v, group), _heads_gather(self.layout, out, group), pg)
+            out = _heads_scatter(self.layout, out, group, og)
+        return out
+
+
+def _segmented_context(layout: BatchLayout, contexts: list[PosContext | None]) -> NativeContext:
+    seg = _Segmented(layout, contexts)
+    parts = [c for _, c in seg.parts]
+    return NativeContext(
+        rotate=seg.rotate if any(c.rotate is not None for c in parts) else None,
+        bias=seg.bias if any(c.bias is not None for c in parts) else None,
+        value=seg.value if any(c.value is not None for c in parts) else None,
+        needs_probs=any(c.needs_probs or isinstance(c.value, RowValue) for c in parts),
+        mask=layout.mask,
+    )
+
+
+class NativeSites:
+    """A model's PE sites over a BatchLayout, with the signatures of PosEncoding's (the layout argument is the
+    BatchLayout itself)."""
+
+    def __init__(self, pe: PosEncoding):
+        self.pe = pe
+
+    def tokens(self, x: torch.Tensor, layout: BatchLayout) -> torch.Tensor:
+        return layout.map_images(x, self.pe.tokens) if _acts(self.pe, "tokens") else x
+
+    def block(self, i: int, x: torch.Tensor, layout: BatchLayout) -> torch.Tensor:
+        if not _acts(self.pe, "block"):
+            return x
+        return layout.map_images(x, lambda xg, lg: self.pe.block(i, xg, lg))
+
+    def context(self, i: int, layout: BatchLayout) -> NativeContext:
+        contexts = [self.pe.context(i, group.layout) for group in layout.groups]
+        if all(c is None for c in contexts):
+            return NativeContext(mask=layout.mask)
+        return _segmented_context(layout, contexts)
+
+
+# --------------------------------------------------------------------------------------------------------- stem
+
+
+def _patch_weight(proj: torch.nn.Conv2d) -> torch.Tensor:
+    """The patch conv [E, C, P, P] as a linear map of patches flattened in (ph, pw, c) order: [E, P*P*C]."""
+    return proj.weight.permute(0, 2, 3, 1).flatten(1)
+
+
+def embed_patches(model, batch: dict) -> tuple[torch.Tensor, BatchLayout]:
+    """A NaFlex dict -> tokens [B, L, C] (prefix tokens in their slots, padding zero, before the token-site PEs)
+    and their BatchLayout, for a ViT (`patch_embed`, optional `token_merger`, `add_prefix`, `layout`)."""
+    pe = model.patch_embed
+    p = pe.patch_size[0]
+    patches, coords, ids = check_native(batch, p * p * model.in_chans)
+    layout = native_layout(coords, ids, model.num_prefix_tokens, lambda g: model.layout(g, patches.device))
+    w = _patch_weight(pe.proj)
+    e = pe.norm(F.linear(patches.to(w.dtype), w, pe.proj.bias))  # [B, N, C]
+    x = torch.cat([e.new_zeros(e.shape[0], layout.prefix_length, e.shape[-1]), e], dim=1)
+    x = x * layout.valid[..., None].to(x.dtype)  # padding patches carry nothing
+    if model.token_merger is not None:
+        x, layout = _merge(model, x, layout)
+    p = model.num_prefix_tokens
+    for group in layout.groups:  # CLS and registers of every image
+        cells = layout.gather(x, group)[:, p:]
+        x = layout.scatter(x, group, model.add_prefix(cells))
+    return x, layout
+
+
+def _merge(model, x: torch.Tensor, layout: BatchLayout) -> tuple[torch.Tensor, BatchLayout]:
+    """ViTAR's token merger per group of images: every image down to the merger grid."""
+    grid = model.pe_grid
+    merged = regrid_layout(layout, grid, lambda g: model.layout(g, x.device))
+    (target,) = merged.groups
+    out = x.new_zeros(merged.batch, merged.length, x.shape[-1])
+    p = layout.num_prefix
+    for group in layout.groups:
+        cells = layout.gather(x, group)[:, p:].unflatten(1, group.grid)  # [G, h, w, C]
+        tokens = model.token_merger(cells).flatten(1, 2)  # [G, gh * gw, C]
+        index = target.index[group.images][:, p:]
+        out = out.flatten(0, 1).index_copy(0, index.flatten(), tokens.flatten(0, 1)).view_as(out)
+    return out, merged
+
+
+# --------------------------------------------------------------------------------------------------------- head
+
+
+def pool_images(x: torch.Tensor, layout: BatchLayout, global_pool: str) -> torch.Tensor:
+    """Tokens [B, L, C] -> one row per image [I, C]: its CLS token ('token') or the mean of its patches ('avg')."""
+    out = x.new_zeros(layout.num_images, x.shape[-1])
+    p = layout.num_prefix
+    for group in layout.groups:
+        t = layout.gather(x, group)
+        out = out.index_copy(0, group.images, t[:, p:].mean(1) if global_pool == "avg" else t[:, 0])
+    return out
+
+
+def masked_tokens(x: torch.Tensor, layout: BatchLayout) -> torch.Tensor:
+    """x [B, L, C] with the padding tokens (and unused prefix slots) set to zero."""
+    return x * layout.valid[..., None].to(x.dtype)
