@@ -86,7 +86,7 @@ class NativeWindow:
 
     def row(self, ctx: DistContext) -> dict:
         """The metrics of the window (over every rank), then a new window."""
-        s = all_reduce_sum(self.sums.to(self.device), ctx).cpu()
+        s = all_reduce_sum(self.sums.to(self.device, copy=True), ctx).cpu()
         self.sums.zero_()
         batches = max(float(s[0]), 1.0)
         return dict(
