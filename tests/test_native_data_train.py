@@ -1,0 +1,109 @@
+"""Native-aspect training end to end (data.native): metrics, evaluation at token budgets, exact resume after a kill,
+one-line errors for bad settings."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from tiny_runs import tiny_run
+
+from visionpe.engine import train
+from visionpe.engine.checkpoint import find_checkpoint, load_weights
+from visionpe.engine.config import ConfigError
+
+DATA = [
+    "data.name=fashion-mnist-native",
+    "data.options.num_train=96",
+    "data.options.num_val=32",
+    "data.options.side=32",
+    "data.options.item=16",
+    "data.native.max_tokens=16",
+    "data.native.seq_lens=8,16",
+    "data.native.row_tokens=48",
+    "data.native.tokens_per_batch=192",
+    "data.native.eval_tokens=16,32",
+    "model.kwargs.patch_size=4",
+]
+
+
+def _common(tmp_path, *extra):
+    return tiny_run(tmp_path, DATA, "train.log_every=2", *extra)
+
+
+def _lines(run, kind):
+    rows = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if r["kind"] == kind]
+
+
+@pytest.mark.parametrize("mode", ["packed", "padded"])
+def test_native_training_logs_batch_statistics_and_evaluates_at_budgets(tmp_path, mode):
+    run = train(None, _common(tmp_path, f"data.native.mode={mode}", f"train.run_name={mode}"))
+    rows = _lines(run, "train")
+    assert rows and all(0 <= r["padding"] < 0.5 and r["images_per_batch"] >= 1 for r in rows)
+    assert all(r["tokens_per_batch"] <= 192 for r in rows)
+    if mode == "packed":  # several images per row of 48 tokens: more images per batch than rows
+        assert all(r["images_per_batch"] > 4 for r in rows)
+    results = {r["resolution"] for r in json.loads((run / "results.json").read_text())}
+    assert results == {16, "16tok", "32tok"}
+
+
+KILLER = textwrap.dedent(
+    """
+    import os, signal, sys
+    from visionpe.engine import trainer as engine
+
+    kill_at = int(sys.argv[1])
+    step = engine.Trainer.step
+
+    def step_then_die(self, net, batch):
+        if self.global_step == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return step(self, net, batch)
+
+    engine.Trainer.step = step_then_die
+    engine.train(None, sys.argv[2:])
+    """
+)
+
+
+def test_native_training_resumes_bit_identically_after_a_kill(tmp_path):
+    common = _common(tmp_path, "train.epochs=2", "train.ckpt_every_steps=2", "model.kwargs.drop_path_rate=0.1")
+    reference = train(None, [*common, "train.run_name=reference"])
+    steps = _lines(reference, "train")[-1]["global_step"]
+    kill_at = steps // 2 + 1  # mid-epoch 2 when an epoch has few steps, else mid-epoch 1
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLER, str(kill_at), *common, "train.run_name=killed"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    run = tmp_path / "killed"
+    assert 0 < json.loads((run / "checkpoint.json").read_text())["global_step"] < steps
+    train(None, [*common, "train.run_name=killed"], resume=True)
+    a, b = load_weights(find_checkpoint(reference).weights)[0], load_weights(find_checkpoint(run).weights)[0]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert json.loads((reference / "results.json").read_text()) == json.loads((run / "results.json").read_text())
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("data.native.row_tokens=8", "cannot hold an image at the largest budget"),
+        ("data.native.patch_size=8", "has 4 px patches"),
+        ("data.native.tokens_per_batch=16", "less than one row"),
+    ],
+)
+def test_bad_native_settings_are_one_line_errors(tmp_path, override, message):
+    with pytest.raises(ConfigError, match=message) as e:
+        train(None, _common(tmp_path, override, "train.run_name=bad"))
+    assert "\n" not in str(e.value)
