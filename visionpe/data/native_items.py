@@ -39,10 +39,11 @@ def native_sizes(dataset: Dataset, resolution: int) -> Callable[[int], tuple[int
 
 
 class NativeDataset(Dataset):
-    """NativeKey -> (patch dict of timm's Patchify, target, key); items seeded per key, the global RNGs kept."""
+    """NativeKey -> (patch dict of timm's Patchify, target, key), or (image, target, key) when `patch` is None;
+    items seeded per key, the global RNGs kept."""
 
-    def __init__(self, dataset: Dataset, patch: int):
-        self.dataset, self.patch = dataset, int(patch)
+    def __init__(self, dataset: Dataset, patch: int | None):
+        self.dataset, self.patch = dataset, patch
         self.render_size = getattr(dataset, "render_size", None)
         self.render = getattr(dataset, "render", None)
 
@@ -63,7 +64,8 @@ class NativeDataset(Dataset):
         image, target = self._draw(key)
         if not isinstance(image, torch.Tensor) or image.ndim != 3:
             raise TypeError(f"native-aspect items must be images [C, H, W], got {type(image).__name__}")
-        return patchify(resize_hw(image, key.size), self.patch), target, key
+        image = resize_hw(image, key.size)
+        return (patchify(image, self.patch) if self.patch else image), target, key
 
     def __getitem__(self, key: NativeKey):
         return self.__getitems__([key])[0]

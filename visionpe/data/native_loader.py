@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from .native_buckets import DEFAULT_ASPECTS, AspectBucketSampler, bucket_sizes, collate_buckets, nearest_bucket
 from .native_collate import collate_native
 from .native_items import NativeDataset, native_sizes
 from .native_resize import budget_size
@@ -37,7 +38,9 @@ def native_plan(settings, patch: int) -> NativePlan:
             f"data.native.tokens_per_batch={settings.tokens_per_batch} is less than one row "
             f"({row if settings.mode == 'packed' else max(budgets)} tokens); raise it"
         )
-    return NativePlan(int(patch), settings.mode, budgets, int(settings.tokens_per_batch), row, int(settings.buffer))
+    aspects = tuple(float(a) for a in settings.aspects) or DEFAULT_ASPECTS
+    tpb, buffer = int(settings.tokens_per_batch), int(settings.buffer)
+    return NativePlan(int(patch), settings.mode, budgets, tpb, row, buffer, aspects)
 
 
 def _loader(dataset: NativeDataset, batch_sampler, workers: int, pin_memory: bool) -> DataLoader:
@@ -45,7 +48,7 @@ def _loader(dataset: NativeDataset, batch_sampler, workers: int, pin_memory: boo
         dataset,
         batch_sampler=batch_sampler,
         num_workers=workers,
-        collate_fn=collate_native,
+        collate_fn=collate_native if dataset.patch else collate_buckets,
         pin_memory=pin_memory,
         generator=torch.Generator(),  # keeps the loader from drawing from the global RNG (exact resume)
     )
@@ -63,7 +66,12 @@ def build_native_train_loader(
 ) -> DataLoader:
     """Shuffled native-aspect batches; `resolution`: the native size of datasets that only draw squares."""
     shard = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
-    batches = NativeBatchSampler(shard, native_sizes(dataset, resolution), plan, seed)
+    sizes = native_sizes(dataset, resolution)
+    if plan.mode == "buckets":
+        budget, tpb = max(plan.budgets), plan.tokens_per_batch
+        batches = AspectBucketSampler(shard, sizes, plan.aspects, budget, plan.patch, tpb, seed)
+        return _loader(NativeDataset(dataset, None), batches, workers, pin_memory)
+    batches = NativeBatchSampler(shard, sizes, plan, seed)
     return _loader(NativeDataset(dataset, plan.patch), batches, workers, pin_memory)
 
 
@@ -79,6 +87,20 @@ def eval_keys(sizes, indices, plan: NativePlan, budget: int, batch_size: int) ->
                 for r, i in enumerate(chunk)
             ]
         )
+    return out
+
+
+def bucket_eval_keys(sizes, indices, plan: NativePlan, budget: int, batch_size: int) -> list[list[NativeKey]]:
+    """Batches of keys, each image at its bucket's size (at `budget`): bucket by bucket, in index order within."""
+    shapes = bucket_sizes(plan.aspects, budget, plan.patch)
+    groups: dict[int, list[int]] = {}
+    for i in indices:
+        groups.setdefault(nearest_bucket(sizes(i), plan.aspects), []).append(i)
+    out = []
+    for b, group in sorted(groups.items()):
+        for s in range(0, len(group), batch_size):
+            chunk = group[s : s + batch_size]
+            out.append([NativeKey(i, shapes[b], None, r, 0, len(chunk), False) for r, i in enumerate(chunk)])
     return out
 
 
@@ -98,5 +120,9 @@ def build_native_eval_loader(
     n = len(dataset)
     per = -(-n // world_size)
     indices = range(rank * per, min(n, (rank + 1) * per))
-    keys = eval_keys(native_sizes(dataset, resolution), indices, plan, budget, batch_size)
+    sizes = native_sizes(dataset, resolution)
+    if plan.mode == "buckets":
+        keys = bucket_eval_keys(sizes, indices, plan, budget, batch_size)
+        return _loader(NativeDataset(dataset, None), keys, workers, pin_memory)
+    keys = eval_keys(sizes, indices, plan, budget, batch_size)
     return _loader(NativeDataset(dataset, plan.patch), keys, workers, pin_memory)

@@ -42,11 +42,12 @@ class NativePlan:
     """How batches are formed (the resolved data.native settings)."""
 
     patch: int
-    mode: str  # packed | padded
+    mode: str  # packed | padded | buckets (native_buckets.py)
     budgets: tuple[int, ...]  # per-image (packed) or per-batch (padded) token budgets
     tokens_per_batch: int
     row_tokens: int  # packed: tokens per row
     buffer: int
+    aspects: tuple[float, ...] = ()  # buckets: aspect ratios W / H
 
     @property
     def rows(self) -> int:

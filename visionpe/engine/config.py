@@ -82,7 +82,9 @@ class NativeConfig:
     sizes in one batch); see docs/training.md and visionpe/data/native_loader.py."""
 
     mode: str = setting(
-        "packed", "packed (several images per row, NaViT) or padded (one per row, NaFlex)", choices=("packed", "padded")
+        "packed",
+        "packed (several images per row, NaViT), padded (one per row, NaFlex) or buckets (one size per batch)",
+        choices=("packed", "padded", "buckets"),
     )
     patch_size: int | None = setting(None, "patch size in px; null: the model's", ge=1)
     max_tokens: int = setting(64, "token budget per image (patches): each image is resized to fit it", ge=1)
@@ -92,6 +94,9 @@ class NativeConfig:
     tokens_per_batch: int = setting(4096, "patch tokens per batch and process (rows x row length)", ge=1)
     row_tokens: int | None = setting(None, "packed: tokens per row; null: the largest budget", ge=1)
     buffer: int = setting(256, "packed: images the online packer holds at most while it fills a batch", ge=1)
+    aspects: list[float] = setting(
+        [], "buckets: the buckets' aspect ratios W / H; empty: 1:3, 1:2, 3:4, 1, 4:3, 2, 3", gt=0
+    )
     eval_tokens: list[int] = setting([], "budgets evaluated (one image per row); empty: the largest budget", ge=1)
     loader: str = setting(
         "visionpe", "visionpe (this packer) or timm (timm's create_naflex_loader, padded)", choices=("visionpe", "timm")

@@ -8,8 +8,10 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from ..data.native_buckets import bucket_sizes, collate_buckets
+from ..data.native_items import NativeDataset
 from ..data.native_loader import build_native_eval_loader, native_plan
-from ..data.native_sampler import NativePlan
+from ..data.native_sampler import NativeKey, NativePlan
 from .config import Config, ConfigError, native_settings
 from .distributed import DistContext, all_reduce_sum
 from .setup import autocast, run_model, to_device
@@ -58,6 +60,8 @@ def check_native(model: nn.Module, name: str, dataset: Dataset, plan: NativePlan
     was_training = model.training
     model.eval()
     try:
+        if plan.mode == "buckets":
+            return _check_buckets(model, name, plan, dataset, resolution, device, amp)
         batch = next(iter(build_native_eval_loader(dataset, plan, max(plan.budgets), 2, resolution)))
         inputs = dict(batch.inputs)
         try:
@@ -74,15 +78,32 @@ def check_native(model: nn.Module, name: str, dataset: Dataset, plan: NativePlan
         model.train(was_training)
 
 
+def _check_buckets(model: nn.Module, name: str, plan: NativePlan, dataset, resolution, device, amp) -> None:
+    """A forward pass at every bucket size (one image of the dataset drawn at each)."""
+    for H, W in bucket_sizes(plan.aspects, max(plan.budgets), plan.patch):
+        image = collate_buckets([NativeDataset(dataset, None)._item(NativeKey(0, (H, W), None, 0, 0, 1, False))])
+        try:
+            with autocast(device, amp):
+                run_model(model, image.inputs.to(device))
+        except (RuntimeError, ValueError, TypeError, AssertionError) as e:
+            raise ValueError(f"model {name!r} cannot take the {H} x {W} px bucket of data.native: {e}") from None
+
+
 class NativeWindow:
     """Images, valid tokens and token slots of the batches since the last metrics line, summed over ranks."""
 
-    def __init__(self, device):
+    def __init__(self, device, patch: int):
         self.sums = torch.zeros(4, dtype=torch.float64)  # batches, images, tokens, slots
-        self.device = device
+        self.device, self.patch = device, patch
 
     def add(self, batch) -> None:
-        self.sums += torch.tensor([1, batch.images, batch.tokens, batch.slots], dtype=torch.float64)
+        """A NativeBatch, or a Batch of one bucket's images (no padding: all its slots are tokens)."""
+        images = len(batch.targets)
+        tokens = getattr(batch, "tokens", None)
+        if tokens is None:
+            tokens = images * batch.resolution[0] * batch.resolution[1] // self.patch**2
+        slots = getattr(batch, "slots", tokens)
+        self.sums += torch.tensor([1, images, tokens, slots], dtype=torch.float64)
 
     def row(self, ctx: DistContext) -> dict:
         """The metrics of the window (over every rank), then a new window."""

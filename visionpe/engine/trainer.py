@@ -509,7 +509,7 @@ class Trainer:
         bar.set_description(f"epoch {self.epoch + 1}/{self.epochs}")
         window_loss, window_n, window_images, t0 = torch.zeros((), device=self.device), 0, 0, time.perf_counter()
         epoch_loss, epoch_n, skipped, t_epoch = 0.0, 0, [], time.perf_counter()
-        native = NativeWindow(self.device) if self.plan is not None else None
+        native = NativeWindow(self.device, self.plan.patch) if self.plan is not None else None
         for batch in self.loader:
             if self.batch >= self.steps_per_epoch:
                 break
