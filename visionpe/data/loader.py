@@ -141,15 +141,17 @@ def build_train_loader(
     world_size: int = 1,
     pin_memory: bool = False,
     native: NativePlan | None = None,
+    aug: dict | None = None,
 ) -> DataLoader:
     """Shuffled batches (per-epoch order from (seed, epoch)) at one resolution per batch; the loader's
     `batch_sampler` has set_epoch / start_at for resuming (see epoch_batches). Streams go to streams.py;
     `native`: native-aspect batches of that plan instead (native_loader.py; `resolutions[0]` is the native size of
-    datasets that only draw squares)."""
+    datasets that only draw squares; `aug`: the augmentation settings, for timm's NaFlex loader)."""
     if native is not None:
         if is_stream(dataset):
             raise ValueError("native-aspect batches (data.native) need an indexed dataset, not a stream")
-        return build_native_train_loader(dataset, native, resolutions[0], seed, workers, rank, world_size, pin_memory)
+        args = (resolutions[0], seed, workers, rank, world_size, pin_memory, aug)
+        return build_native_train_loader(dataset, native, *args)
     if is_stream(dataset):
         return build_stream_train_loader(dataset, batch_size, resolutions, seed, workers, rank, world_size, pin_memory)
     keyed = KeyedDataset(dataset)

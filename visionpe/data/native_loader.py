@@ -19,6 +19,7 @@ from .native_collate import collate_native
 from .native_items import NativeDataset, native_sizes
 from .native_resize import budget_size
 from .native_sampler import NativeBatchSampler, NativeKey, NativePlan
+from .native_timm import TimmNaflexBatches
 
 __all__ = ["native_plan", "build_native_train_loader", "build_native_eval_loader"]
 
@@ -40,7 +41,7 @@ def native_plan(settings, patch: int) -> NativePlan:
         )
     aspects = tuple(float(a) for a in settings.aspects) or DEFAULT_ASPECTS
     tpb, buffer = int(settings.tokens_per_batch), int(settings.buffer)
-    return NativePlan(int(patch), settings.mode, budgets, tpb, row, buffer, aspects)
+    return NativePlan(int(patch), settings.mode, budgets, tpb, row, buffer, aspects, settings.loader)
 
 
 def _loader(dataset: NativeDataset, batch_sampler, workers: int, pin_memory: bool) -> DataLoader:
@@ -63,8 +64,12 @@ def build_native_train_loader(
     rank: int = 0,
     world_size: int = 1,
     pin_memory: bool = False,
+    aug: dict | None = None,
 ) -> DataLoader:
-    """Shuffled native-aspect batches; `resolution`: the native size of datasets that only draw squares."""
+    """Shuffled native-aspect batches; `resolution`: the native size of datasets that only draw squares; `aug`: the
+    augmentation settings timm's loader applies (plan.loader == "timm", native_timm.py)."""
+    if plan.loader == "timm":
+        return TimmNaflexBatches(dataset, plan, aug or {}, seed, workers, rank, world_size)
     shard = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
     sizes = native_sizes(dataset, resolution)
     if plan.mode == "buckets":

@@ -48,6 +48,7 @@ class NativePlan:
     row_tokens: int  # packed: tokens per row
     buffer: int
     aspects: tuple[float, ...] = ()  # buckets: aspect ratios W / H
+    loader: str = "visionpe"  # or timm (native_timm.py)
 
     @property
     def rows(self) -> int:

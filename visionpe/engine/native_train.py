@@ -33,7 +33,7 @@ def plan_for(cfg: Config, model: nn.Module) -> NativePlan | None:
     if cfg.aug.mixup > 0 or cfg.aug.cutmix > 0:
         raise ConfigError("mixup/cutmix mix images of one size; turn them off with data.native (aug.mixup=0)")
     if settings.loader == "timm" and settings.mode != "padded":
-        raise ConfigError("data.native.loader=timm pads (timm's NaFlex loader); set data.native.mode=padded")
+        raise ConfigError("data.native.loader=timm pads every image to its batch's length; set data.native.mode=padded")
     patch = model_patch_size(model)
     if settings.patch_size is not None and patch is not None and settings.patch_size != patch:
         raise ConfigError(

@@ -229,6 +229,7 @@ class Trainer:
             ctx.world_size,
             pin_memory=self.device.type == "cuda",
             native=self.plan,
+            aug=dataclasses.asdict(cfg.aug),
         )
         self.batches = epoch_batches(self.loader)
         full = self.batches.num_batches()

@@ -1,0 +1,72 @@
+"""timm's own NaFlex loader as the training loader of `data.native.loader=timm` (padded batches only).
+
+`timm.data.create_naflex_loader` draws a sequence length per batch from `seq_lens` (or the one `max_tokens`), resizes
+with its `RandomResizedCropToSequence` (aug.scale / aug.ratio / aug.hflip / aug.color_jitter) and pads every image
+to the batch's length with its NaFlexCollator. Our datasets give normalised tensors, so timm's normalisation is
+the identity (mean 0, std 1). Its batches become NativeBatch; `start_at` skips batches by reading them (timm's
+augmentation draws from the process's RNG, so a mid-epoch resume gets the right images, not the same crops).
+"""
+
+from __future__ import annotations
+
+from timm.data import create_naflex_loader
+from torch.utils.data import Dataset
+
+from .native_collate import NativeBatch
+from .native_sampler import NativePlan
+
+__all__ = ["TimmNaflexBatches"]
+
+
+class TimmNaflexBatches:
+    """Iterates NativeBatch from timm's NaFlex loader; set_epoch / start_at / num_batches as our samplers."""
+
+    def __init__(self, dataset: Dataset, plan: NativePlan, aug: dict, seed: int, workers: int, rank: int, world: int):
+        if plan.mode != "padded":
+            raise ValueError("data.native.loader=timm pads every image to its batch's length: use mode=padded")
+        channels = int(dataset[0][0].shape[0])
+        self.loader = create_naflex_loader(
+            dataset,
+            patch_size=plan.patch,
+            train_seq_lens=plan.budgets,
+            max_seq_len=max(plan.budgets),
+            batch_size=max(1, plan.tokens_per_batch // max(plan.budgets)),
+            is_training=True,
+            scale=tuple(aug.get("scale", (0.08, 1.0))),
+            ratio=tuple(aug.get("ratio", (3 / 4, 4 / 3))),
+            hflip=float(aug.get("hflip", 0.5)),
+            color_jitter=float(aug.get("color_jitter", 0.0)),
+            interpolation="bilinear",
+            mean=(0.0,) * channels,
+            std=(1.0,) * channels,
+            channels=channels,
+            num_workers=workers,
+            distributed=world > 1,
+            rank=rank,
+            world_size=world,
+            seed=seed,
+            use_prefetcher=False,
+            pin_memory=False,
+        )
+        self.batch_sampler = self  # what the trainer steers (loader.epoch_batches)
+        self.start = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.loader.dataset.set_epoch(epoch)
+
+    def start_at(self, batch: int) -> None:
+        self.start = batch
+
+    def num_batches(self) -> int:
+        return len(self.loader.dataset)
+
+    def __len__(self) -> int:
+        return max(self.num_batches() - self.start, 0)
+
+    def __iter__(self):
+        for b, (inputs, targets) in enumerate(self.loader):
+            if b < self.start:
+                continue
+            inputs = {k: v for k, v in inputs.items() if k != "seq_len"}
+            valid = inputs["patch_valid"]
+            yield NativeBatch(inputs, targets, None, (), int(valid.sum()), valid.numel(), len(targets))
