@@ -107,3 +107,22 @@ def test_bad_native_settings_are_one_line_errors(tmp_path, override, message):
     with pytest.raises(ConfigError, match=message) as e:
         train(None, _common(tmp_path, override, "train.run_name=bad"))
     assert "\n" not in str(e.value)
+
+
+def test_timm_naflex_loader_trains_as_the_loader(tmp_path):
+    run = train(
+        None,
+        _common(
+            tmp_path, "data.native.mode=padded", "data.native.loader=timm", "aug.scale=0.5,1", "train.run_name=timm"
+        ),
+    )
+    rows = _lines(run, "train")
+    assert rows and all(
+        0 <= r["padding"] < 0.5 and 8 <= r["images_per_batch"] <= 24 for r in rows
+    )  # timm: multiples of 8
+    assert {r["resolution"] for r in json.loads((run / "results.json").read_text())} == {16, "16tok", "32tok"}
+
+
+def test_timm_loader_refuses_packing(tmp_path):
+    with pytest.raises(ConfigError, match="mode=padded"):
+        train(None, _common(tmp_path, "data.native.loader=timm", "train.run_name=bad"))
