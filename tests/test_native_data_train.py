@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -93,6 +94,22 @@ def test_native_training_resumes_bit_identically_after_a_kill(tmp_path):
     a, b = load_weights(find_checkpoint(reference).weights)[0], load_weights(find_checkpoint(run).weights)[0]
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert json.loads((reference / "results.json").read_text()) == json.loads((run / "results.json").read_text())
+
+
+def test_native_training_runs_under_ddp_each_rank_packing_its_own_rows(tmp_path):
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "VISIONPE_ATTN": "sdpa", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(repo)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    cmd += [str(repo / "train.py"), *_common(tmp_path, "train.epochs=1", "train.run_name=ddp")]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = tmp_path / "ddp"
+    single = train(None, _common(tmp_path, "train.epochs=1", "train.run_name=single"))
+    ddp_rows, one_rows = _lines(run, "train"), _lines(single, "train")
+    # each rank packs half the images into the same number of batches of the same size: half the steps
+    assert ddp_rows[-1]["global_step"] in (one_rows[-1]["global_step"] // 2, one_rows[-1]["global_step"] // 2 + 1)
+    assert all(r["padding"] < 0.5 for r in ddp_rows)
+    assert all(r["images"] == 32 for r in _lines(run, "eval"))  # each evaluated image counted once
 
 
 @pytest.mark.parametrize(
