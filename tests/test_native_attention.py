@@ -13,6 +13,7 @@ from visionpe.attention import attend, attn_backend
 from visionpe.attn_mask import AttnMask
 from visionpe.models.vit_zoo import VIT
 from visionpe.native import pack_images
+from visionpe.native_check import check_masked_backend, packed_segment_ids
 
 # row 0: two images and padding; row 1: one image filling the row; row 2: only padding; row 3: interleaved segments
 IDS = torch.tensor(
@@ -140,3 +141,14 @@ def test_models_run_native_batches_on_every_backend(name, backend):
         got = m(pack_images([images[:2], images[2:]], 8))
         want = torch.cat([m(img[None]) for img in images])
     assert float((got - want).abs().max() / want.abs().max()) < 1e-5
+
+
+@pytest.mark.parametrize("backend,with_bias", [("sdpa", False), ("flex", True)])
+def test_backend_check_against_the_math_reference(backend, with_bias):
+    r = check_masked_backend(
+        backend, "cpu", rows=2, length=64, images_per_row=3, heads=2, head_dim=8, with_bias=with_bias, reps=1
+    )
+    assert r["fp32_ok"] and r["bf16_ok"], r
+    assert r["fp32_max_rel_err"] < 1e-5 and r["images"] == 6 and r["fp32_images_per_s"] > 0
+    ids = packed_segment_ids(2, 64, 3)
+    assert sorted(ids[0].unique().tolist()) == [-1, 0, 1, 2] and (ids[:, 0] == 0).all()
