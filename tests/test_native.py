@@ -9,6 +9,7 @@ from timm.data.naflex_dataset import NaFlexCollator
 from timm.data.naflex_transforms import Patchify
 
 import visionpe
+from visionpe.models import native_batch
 from visionpe.models.vit_zoo import VIT
 from visionpe.native import pack_images
 
@@ -41,8 +42,16 @@ def _close(got, want):
     return float((got - want).abs().max() / want.abs().max())
 
 
+@pytest.fixture(params=["images", "mask"])
+def native_attention(request):
+    """Both routes of attention over a native batch: per group of images, and masked over the whole batch."""
+    native_batch.set_native_attention(request.param)
+    yield request.param
+    native_batch.set_native_attention("auto")
+
+
 @pytest.mark.parametrize("name", VITS)
-def test_each_image_in_a_batch_matches_it_alone(name):
+def test_each_image_in_a_batch_matches_it_alone(name, native_attention):
     m = _model(name)
     images = _images(m)
     want = _alone(m, images)
@@ -60,7 +69,7 @@ def test_each_image_in_a_batch_matches_it_alone(name):
 
 
 @pytest.mark.parametrize("name", ["vit_n_rope2d", "vit_n_irpe", "vit_n_lepe", "vit_n_cpe"])
-def test_registers_and_interpolate_mode(name):
+def test_registers_and_interpolate_mode(name, native_attention):
     m = _model(name, reg_tokens=2, position_mode="interpolate")
     images = _images(m)[:4]
     want = _alone(m, images)
@@ -106,7 +115,7 @@ def test_patch_order_within_a_row_does_not_matter():
         assert _close(m(shuffled), _alone(m, images)) < 1e-5
 
 
-def test_gradients_of_a_packed_batch_are_those_of_each_image():
+def test_gradients_of_a_packed_batch_are_those_of_each_image(native_attention):
     m = _model("vit_n_irpe").train()
     images = _images(m)[:3]
     m.zero_grad()
@@ -133,6 +142,8 @@ def test_rows_without_images_and_empty_prefix_slots():
 
 
 def test_bad_native_batches_are_clear_errors():
+    with pytest.raises(ValueError, match="native attention mode"):
+        native_batch.set_native_attention("dense")
     m = _model("vit_n_rope2d")
     good = pack_images(_images(m)[:2], 8)
     with pytest.raises(ValueError, match=r"\[B, N, 192\]"):
