@@ -22,6 +22,9 @@ an image, layout: the BatchLayout) that `forward_head` pools per image, padding 
 takes output_fmt='NLC' only and gives [B, N, C] at the input's patch positions (prefix tokens [B, K * Pfx, C]),
 padding zero. `pack_images` builds such a dict from image tensors (timm's own patchify).
 
+Clips (video ViTs): the same keys, `patches` [B, N, Tt*P*P*C] tubelets flattened in (pt, ph, pw, c) order and
+`patch_coord` [B, N, 3] (t, y, x) (`patchify_clip`, `pack_images(..., tubelet=)`).
+
 Inside the model the tokens of a batch are [B, L, C] with L = K * Pfx + N: K = the most images a row holds, Pfx =
 the model's prefix tokens (CLS, registers); image j of a row has its prefix tokens at [j * Pfx, (j + 1) * Pfx) and
 its patches where the input put them (K * Pfx + n). Attention is blocked between images; the padding of a row
@@ -36,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from .attn_mask import AttnMask
 from .layout import TokenLayout
@@ -128,15 +132,31 @@ class BatchLayout:
         return x
 
 
-def pack_images(rows: list, patch_size: int, length: int | None = None) -> dict:
+def patchify_clip(clip: torch.Tensor, tubelet: int, patch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A clip [C, T, H, W] -> tubelets [N, tubelet * patch * patch * C] flattened in (pt, ph, pw, c) order and their
+    (t, y, x) coordinates [N, 3], raster order; T, H, W padded with zeros up to whole tubelets."""
+    c, t, h, w = clip.shape
+    gt, gh, gw = -(-t // tubelet), -(-h // patch), -(-w // patch)
+    clip = F.pad(clip, (0, gw * patch - w, 0, gh * patch - h, 0, gt * tubelet - t))
+    cells = clip.reshape(c, gt, tubelet, gh, patch, gw, patch).permute(1, 3, 5, 2, 4, 6, 0)
+    coords = torch.stack(torch.meshgrid(torch.arange(gt), torch.arange(gh), torch.arange(gw), indexing="ij"), -1)
+    return cells.reshape(gt * gh * gw, -1), coords.reshape(-1, 3)
+
+
+def pack_images(rows: list, patch_size: int, length: int | None = None, tubelet: int | None = None) -> dict:
     """A native batch from images [C, H, W]: `rows` a list of images (padded: one per row) or of lists of images
     (packed: `image_ids` added). Patches as timm's Patchify makes them (sizes padded up to whole patches); length:
-    the row length N (default the longest row)."""
+    the row length N (default the longest row). tubelet: the items are clips [C, T, H, W] (`patchify_clip`)."""
     from timm.data.naflex_transforms import patchify_image
+
+    def patchify(item):
+        if tubelet is None:
+            return patchify_image(item, (patch_size, patch_size))[:2]
+        return patchify_clip(item, tubelet, patch_size)
 
     packed = any(isinstance(r, (list, tuple)) for r in rows)
     rows = [list(r) if isinstance(r, (list, tuple)) else [r] for r in rows]
-    per_row = [[patchify_image(img, (patch_size, patch_size)) for img in row] for row in rows]
+    per_row = [[patchify(img) for img in row] for row in rows]
     sizes = [sum(p[0].shape[0] for p in row) for row in per_row]
     n = max(sizes, default=0) if length is None else length
     if n < max(sizes, default=0):
@@ -144,13 +164,13 @@ def pack_images(rows: list, patch_size: int, length: int | None = None) -> dict:
     dim = per_row[0][0][0].shape[1] if per_row and per_row[0] else 0
     out = dict(
         patches=torch.zeros(len(rows), n, dim),
-        patch_coord=torch.zeros(len(rows), n, 2, dtype=torch.long),
+        patch_coord=torch.zeros(len(rows), n, 2 if tubelet is None else 3, dtype=torch.long),
         patch_valid=torch.zeros(len(rows), n, dtype=torch.bool),
     )
     ids = torch.full((len(rows), n), -1, dtype=torch.long)
     for b, row in enumerate(per_row):
         start = 0
-        for j, (patches, coord, _) in enumerate(row):
+        for j, (patches, coord) in enumerate(row):
             stop = start + patches.shape[0]
             out["patches"][b, start:stop], out["patch_coord"][b, start:stop] = patches, coord
             out["patch_valid"][b, start:stop], ids[b, start:stop] = True, j
@@ -158,11 +178,11 @@ def pack_images(rows: list, patch_size: int, length: int | None = None) -> dict:
     return {**out, "image_ids": ids} if packed else out
 
 
-def _tensor(batch: dict, key: str, ndim: int, shape: tuple) -> torch.Tensor:
+def _tensor(batch: dict, key: str, shape: tuple, names: str) -> torch.Tensor:
     t = batch.get(key)
-    if not isinstance(t, torch.Tensor) or t.ndim != ndim or tuple(t.shape[: len(shape)]) != shape:
+    if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape:
         got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-        raise ValueError(f"native batch: {key!r} must be a tensor of shape {list(shape)} + ..., got {got}")
+        raise ValueError(f"native batch: {key!r} must be {names} = {list(shape)} (patches [B, N, D]), got {got}")
     return t
 
 
@@ -180,10 +200,14 @@ def check_native(batch: dict, patch_dim: int, dims: int = 2) -> tuple[torch.Tens
         got = tuple(patches.shape) if isinstance(patches, torch.Tensor) else type(patches).__name__
         raise ValueError(f"native batch: 'patches' must be [B, N, {patch_dim}] (P*P*C, flattened), got {got}")
     b, n = patches.shape[:2]
-    coords = _tensor(batch, "patch_coord", 3, (b, n, dims)).long()
-    valid = _tensor(batch, "patch_valid", 2, (b, n)).bool()
+    coords = _tensor(batch, "patch_coord", (b, n, dims), f"[B, N, {dims}]").long()
+    valid = _tensor(batch, "patch_valid", (b, n), "[B, N]").bool()
     ids = batch.get("image_ids")
-    ids = torch.zeros_like(valid, dtype=torch.long) if ids is None else _tensor(batch, "image_ids", 2, (b, n)).long()
+    ids = (
+        torch.zeros_like(valid, dtype=torch.long)
+        if ids is None
+        else _tensor(batch, "image_ids", (b, n), "[B, N]").long()
+    )
     if bool((valid & (ids < 0)).any()):
         raise ValueError("native batch: a valid patch has image_ids < 0; use 0, 1, ... for images, -1 for padding")
     ids = torch.where(valid, ids, -1)

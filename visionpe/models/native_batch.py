@@ -23,7 +23,15 @@ from ..layers.attention import attention_core
 from ..native import BatchLayout, ImageGroup, check_native, native_layout, regrid_layout
 from ..pos.base import PosContext, PosEncoding, PosStack
 
-__all__ = ["NativeContext", "NativeSites", "embed_patches", "pool_images", "masked_tokens", "set_native_attention"]
+__all__ = [
+    "NativeContext",
+    "NativeSites",
+    "embed_patches",
+    "pool_images",
+    "masked_tokens",
+    "set_native_attention",
+    "embed_tubelets",
+]
 
 
 NATIVE_ATTENTION = ("auto", "images", "mask")
@@ -184,29 +192,43 @@ class NativeSites:
 # --------------------------------------------------------------------------------------------------------- stem
 
 
-def _patch_weight(proj: torch.nn.Conv2d) -> torch.Tensor:
-    """The patch conv [E, C, P, P] as a linear map of patches flattened in (ph, pw, c) order: [E, P*P*C]."""
-    return proj.weight.permute(0, 2, 3, 1).flatten(1)
+def _native_tokens(model, batch: dict, weight: torch.Tensor, bias, dims: int) -> tuple[torch.Tensor, BatchLayout]:
+    """Flattened patches (tubelets) [B, N, D] through the stem's linear map -> tokens [B, L, C] with zero prefix
+    slots and padding, and the BatchLayout."""
+    patches, coords, ids = check_native(batch, weight.shape[1], dims)
+    layout = native_layout(coords, ids, model.num_prefix_tokens, lambda g: model.layout(g, patches.device))
+    e = F.linear(patches.to(weight.dtype), weight, bias)  # [B, N, C]
+    x = torch.cat([e.new_zeros(e.shape[0], layout.prefix_length, e.shape[-1]), e], dim=1)
+    return x * layout.valid[..., None].to(x.dtype), layout  # padding patches carry nothing
+
+
+def _with_prefix(model, x: torch.Tensor, layout: BatchLayout) -> torch.Tensor:
+    """The CLS and register tokens of every image in their slots."""
+    p = model.num_prefix_tokens
+    for group in layout.groups:
+        x = layout.scatter(x, group, model.add_prefix(layout.gather(x, group)[:, p:]))
+    return x
 
 
 def embed_patches(model, batch: dict) -> tuple[torch.Tensor, BatchLayout]:
     """A NaFlex dict -> tokens [B, L, C] (prefix tokens in their slots, padding zero, before the token-site PEs)
     and their BatchLayout, for a ViT (`patch_embed`, optional `token_merger`, `add_prefix`, `layout`)."""
-    pe = model.patch_embed
-    p = pe.patch_size[0]
-    patches, coords, ids = check_native(batch, p * p * model.in_chans)
-    layout = native_layout(coords, ids, model.num_prefix_tokens, lambda g: model.layout(g, patches.device))
-    w = _patch_weight(pe.proj)
-    e = pe.norm(F.linear(patches.to(w.dtype), w, pe.proj.bias))  # [B, N, C]
-    x = torch.cat([e.new_zeros(e.shape[0], layout.prefix_length, e.shape[-1]), e], dim=1)
-    x = x * layout.valid[..., None].to(x.dtype)  # padding patches carry nothing
+    stem = model.patch_embed
+    weight = stem.proj.weight.permute(0, 2, 3, 1).flatten(1)  # the patch conv on (ph, pw, c)-flattened patches
+    x, layout = _native_tokens(model, batch, weight, stem.proj.bias, 2)
+    x = stem.norm(x)
     if model.token_merger is not None:
         x, layout = _merge(model, x, layout)
-    p = model.num_prefix_tokens
-    for group in layout.groups:  # CLS and registers of every image
-        cells = layout.gather(x, group)[:, p:]
-        x = layout.scatter(x, group, model.add_prefix(cells))
-    return x, layout
+    return _with_prefix(model, x, layout), layout
+
+
+def embed_tubelets(model, batch: dict) -> tuple[torch.Tensor, BatchLayout]:
+    """A native batch of clips (tubelets flattened in (pt, ph, pw, c) order, patch_coord (t, y, x)) -> tokens
+    [B, L, C] and their BatchLayout, for a video ViT (`patch_embed.proj` a Conv3d)."""
+    proj = model.patch_embed.proj
+    weight = proj.weight.permute(0, 2, 3, 4, 1).flatten(1)
+    x, layout = _native_tokens(model, batch, weight, proj.bias, 3)
+    return _with_prefix(model, x, layout), layout
 
 
 def _merge(model, x: torch.Tensor, layout: BatchLayout) -> tuple[torch.Tensor, BatchLayout]:
