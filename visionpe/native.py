@@ -22,6 +22,9 @@ an image, layout: the BatchLayout) that `forward_head` pools per image, padding 
 takes output_fmt='NLC' only and gives [B, N, C] at the input's patch positions (prefix tokens [B, K * Pfx, C]),
 padding zero. `pack_images` builds such a dict from image tensors (timm's own patchify).
 
+Clips (video ViTs): the same keys, `patches` [B, N, Tt*P*P*C] tubelets flattened in (pt, ph, pw, c) order and
+`patch_coord` [B, N, 3] (t, y, x) (`patchify_clip`, `pack_images(..., tubelet=)`).
+
 Inside the model the tokens of a batch are [B, L, C] with L = K * Pfx + N: K = the most images a row holds, Pfx =
 the model's prefix tokens (CLS, registers); image j of a row has its prefix tokens at [j * Pfx, (j + 1) * Pfx) and
 its patches where the input put them (K * Pfx + n). Attention is blocked between images; the padding of a row
@@ -31,10 +34,12 @@ attends to itself.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from .attn_mask import AttnMask
 from .layout import TokenLayout
@@ -62,11 +67,12 @@ def is_native_batch(x) -> bool:
 class ImageGroup:
     """Images of one batch that share a token grid.
 
-    grid: (H, W) of their tokens; layout: the TokenLayout the model gives one such image alone (prefix included);
-    index: long [G, Pfx + H*W] flat indices into the batch's [B * L] tokens (prefix, then patches in raster order);
-    images: long [G] the output rows of these images; rows / slots: long [G] their batch row and image id."""
+    grid: (H, W) of their tokens ((T, H, W) for clips); layout: the TokenLayout the model gives one such image
+    alone (prefix included); index: long [G, Pfx + H*W] flat indices into the batch's [B * L] tokens (prefix,
+    then patches in raster order); images: long [G] the output rows of these images; rows / slots: long [G] their
+    batch row and image id."""
 
-    grid: tuple[int, int]
+    grid: tuple[int, ...]
     layout: TokenLayout
     index: torch.Tensor
     images: torch.Tensor
@@ -126,15 +132,31 @@ class BatchLayout:
         return x
 
 
-def pack_images(rows: list, patch_size: int, length: int | None = None) -> dict:
+def patchify_clip(clip: torch.Tensor, tubelet: int, patch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A clip [C, T, H, W] -> tubelets [N, tubelet * patch * patch * C] flattened in (pt, ph, pw, c) order and their
+    (t, y, x) coordinates [N, 3], raster order; T, H, W padded with zeros up to whole tubelets."""
+    c, t, h, w = clip.shape
+    gt, gh, gw = -(-t // tubelet), -(-h // patch), -(-w // patch)
+    clip = F.pad(clip, (0, gw * patch - w, 0, gh * patch - h, 0, gt * tubelet - t))
+    cells = clip.reshape(c, gt, tubelet, gh, patch, gw, patch).permute(1, 3, 5, 2, 4, 6, 0)
+    coords = torch.stack(torch.meshgrid(torch.arange(gt), torch.arange(gh), torch.arange(gw), indexing="ij"), -1)
+    return cells.reshape(gt * gh * gw, -1), coords.reshape(-1, 3)
+
+
+def pack_images(rows: list, patch_size: int, length: int | None = None, tubelet: int | None = None) -> dict:
     """A native batch from images [C, H, W]: `rows` a list of images (padded: one per row) or of lists of images
     (packed: `image_ids` added). Patches as timm's Patchify makes them (sizes padded up to whole patches); length:
-    the row length N (default the longest row)."""
+    the row length N (default the longest row). tubelet: the items are clips [C, T, H, W] (`patchify_clip`)."""
     from timm.data.naflex_transforms import patchify_image
+
+    def patchify(item):
+        if tubelet is None:
+            return patchify_image(item, (patch_size, patch_size))[:2]
+        return patchify_clip(item, tubelet, patch_size)
 
     packed = any(isinstance(r, (list, tuple)) for r in rows)
     rows = [list(r) if isinstance(r, (list, tuple)) else [r] for r in rows]
-    per_row = [[patchify_image(img, (patch_size, patch_size)) for img in row] for row in rows]
+    per_row = [[patchify(img) for img in row] for row in rows]
     sizes = [sum(p[0].shape[0] for p in row) for row in per_row]
     n = max(sizes, default=0) if length is None else length
     if n < max(sizes, default=0):
@@ -142,13 +164,13 @@ def pack_images(rows: list, patch_size: int, length: int | None = None) -> dict:
     dim = per_row[0][0][0].shape[1] if per_row and per_row[0] else 0
     out = dict(
         patches=torch.zeros(len(rows), n, dim),
-        patch_coord=torch.zeros(len(rows), n, 2, dtype=torch.long),
+        patch_coord=torch.zeros(len(rows), n, 2 if tubelet is None else 3, dtype=torch.long),
         patch_valid=torch.zeros(len(rows), n, dtype=torch.bool),
     )
     ids = torch.full((len(rows), n), -1, dtype=torch.long)
     for b, row in enumerate(per_row):
         start = 0
-        for j, (patches, coord, _) in enumerate(row):
+        for j, (patches, coord) in enumerate(row):
             stop = start + patches.shape[0]
             out["patches"][b, start:stop], out["patch_coord"][b, start:stop] = patches, coord
             out["patch_valid"][b, start:stop], ids[b, start:stop] = True, j
@@ -156,31 +178,36 @@ def pack_images(rows: list, patch_size: int, length: int | None = None) -> dict:
     return {**out, "image_ids": ids} if packed else out
 
 
-def _tensor(batch: dict, key: str, ndim: int, shape: tuple) -> torch.Tensor:
+def _tensor(batch: dict, key: str, shape: tuple, names: str) -> torch.Tensor:
     t = batch.get(key)
-    if not isinstance(t, torch.Tensor) or t.ndim != ndim or tuple(t.shape[: len(shape)]) != shape:
+    if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape:
         got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-        raise ValueError(f"native batch: {key!r} must be a tensor of shape {list(shape)} + ..., got {got}")
+        raise ValueError(f"native batch: {key!r} must be {names} = {list(shape)} (patches [B, N, D]), got {got}")
     return t
 
 
-def check_native(batch: dict, patch_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Validate a NaFlex dict; returns (patches [B, N, D], coords long [B, N, 2], ids long [B, N] with -1 padding)."""
+def check_native(batch: dict, patch_dim: int, dims: int = 2) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Validate a NaFlex dict; returns (patches [B, N, D], coords long [B, N, dims], ids long [B, N], -1 padding).
+    dims: 2 for (y, x) image patches, 3 for (t, y, x) video tubelets."""
     unknown = set(batch) - set(NATIVE_KEYS) - {"seq_len"}  # timm's NaFlexCollator adds seq_len (an int)
     if unknown:
         why = "; the mask comes from patch_valid / image_ids" if "attn_mask" in unknown else ""
         raise ValueError(f"native batch: unknown keys {sorted(unknown)}; expected {', '.join(NATIVE_KEYS)}{why}")
     patches = batch.get("patches")
-    if isinstance(patches, torch.Tensor) and patches.ndim == 5:  # timm's unflattened [B, N, Ph, Pw, C]
+    if isinstance(patches, torch.Tensor) and patches.ndim == 3 + dims:  # timm's unflattened [B, N, Ph, Pw, C]
         patches = patches.flatten(2)
     if not isinstance(patches, torch.Tensor) or patches.ndim != 3 or patches.shape[-1] != patch_dim:
         got = tuple(patches.shape) if isinstance(patches, torch.Tensor) else type(patches).__name__
         raise ValueError(f"native batch: 'patches' must be [B, N, {patch_dim}] (P*P*C, flattened), got {got}")
     b, n = patches.shape[:2]
-    coords = _tensor(batch, "patch_coord", 3, (b, n, 2)).long()
-    valid = _tensor(batch, "patch_valid", 2, (b, n)).bool()
+    coords = _tensor(batch, "patch_coord", (b, n, dims), f"[B, N, {dims}]").long()
+    valid = _tensor(batch, "patch_valid", (b, n), "[B, N]").bool()
     ids = batch.get("image_ids")
-    ids = torch.zeros_like(valid, dtype=torch.long) if ids is None else _tensor(batch, "image_ids", 2, (b, n)).long()
+    ids = (
+        torch.zeros_like(valid, dtype=torch.long)
+        if ids is None
+        else _tensor(batch, "image_ids", (b, n), "[B, N]").long()
+    )
     if bool((valid & (ids < 0)).any()):
         raise ValueError("native batch: a valid patch has image_ids < 0; use 0, 1, ... for images, -1 for padding")
     ids = torch.where(valid, ids, -1)
@@ -193,60 +220,66 @@ def check_native(batch: dict, patch_dim: int) -> tuple[torch.Tensor, torch.Tenso
 
 
 def native_layout(
-    coords: torch.Tensor, ids: torch.Tensor, num_prefix: int, image_layout: Callable[[tuple[int, int]], TokenLayout]
+    coords: torch.Tensor, ids: torch.Tensor, num_prefix: int, image_layout: Callable[[tuple], TokenLayout]
 ) -> BatchLayout:
-    """The BatchLayout of checked coords [B, N, 2] and ids [B, N]; image_layout(grid) gives one image's layout."""
+    """The BatchLayout of checked coords [B, N, D] ((y, x) or (t, y, x)) and ids [B, N]; image_layout(grid) gives
+    the layout of one image (clip) of that grid alone."""
     b, n = ids.shape
     device = ids.device
     k = int(ids.max()) + 1 if ids.numel() else 0
     length = k * num_prefix + n
     valid = ids >= 0
     key = (torch.arange(b, device=device)[:, None] * k + ids)[valid]  # image key b * K + j of each valid patch
-    y, x = coords[..., 0][valid], coords[..., 1][valid]
+    pos = [coords[..., axis][valid] for axis in range(coords.shape[-1])]
     size = max(b * k, 1)
     count = torch.bincount(key, minlength=size)
-    hmax = torch.zeros(size, dtype=torch.long, device=device).scatter_reduce(0, key, y, "amax")
-    wmax = torch.zeros(size, dtype=torch.long, device=device).scatter_reduce(0, key, x, "amax")
     present = count > 0
     keys = present.nonzero().flatten()  # sorted: row order, then image order
-    h, w = (hmax[keys] + 1), (wmax[keys] + 1)
-    bad = (count[keys] != h * w).nonzero().flatten()
+    zeros = torch.zeros(size, dtype=torch.long, device=device)
+    extent = torch.stack([zeros.scatter_reduce(0, key, c, "amax")[keys] + 1 for c in pos], dim=1)  # [I, D]
+    cells = extent.prod(dim=1)
+    bad = (count[keys] != cells).nonzero().flatten()
     if bad.numel():
         i = int(keys[bad[0]])
+        grid = " x ".join(str(int(e)) for e in extent[bad[0]])
         raise ValueError(
-            f"native batch: image {i % k} of row {i // k} has {int(count[i])} patches, not a full "
-            f"{int(h[bad[0]])} x {int(w[bad[0]])} grid (max y + 1 by max x + 1)"
+            f"native batch: image {i % k} of row {i // k} has {int(count[i])} patches, not a full {grid} grid "
+            "(max coordinate + 1 along each axis)"
         )
     out_index = torch.full((size,), -1, dtype=torch.long, device=device)
     out_index[keys] = torch.arange(keys.numel(), device=device)
     img = out_index[key]  # output row of each valid patch
-    cells = int((h * w).max()) if keys.numel() else 0
-    table = torch.full((keys.numel(), max(cells, 1)), -1, dtype=torch.long, device=device)
+    raster = torch.zeros_like(key)
+    for axis, c in enumerate(pos):  # row-major cell index, the last axis (x) fastest
+        raster = raster * extent[img, axis] + c
+    table = torch.full(
+        (keys.numel(), max(int(cells.max()) if keys.numel() else 0, 1)), -1, dtype=torch.long, device=device
+    )
     token = (torch.arange(b, device=device)[:, None] * length + k * num_prefix + torch.arange(n, device=device))[valid]
-    table[img, y * w[img] + x] = token
-    groups = _groups(keys, h, w, table, k, length, num_prefix, image_layout)
+    table[img, raster] = token
+    groups = _groups(keys, extent, table, k, length, num_prefix, image_layout)
     slot_ids = torch.arange(k, device=device).repeat_interleave(num_prefix).expand(b, -1)
     has = present.view(b, k) if k else present[:0].view(b, 0)
     slot_ids = torch.where(has.repeat_interleave(num_prefix, dim=1), slot_ids, -1)
     return BatchLayout(num_prefix, k, torch.cat([slot_ids, ids], dim=1), groups, keys.numel())
 
 
-def _groups(keys, h, w, table, k, length, num_prefix, image_layout) -> tuple[ImageGroup, ...]:
+def _groups(keys, extent, table, k, length, num_prefix, image_layout) -> tuple[ImageGroup, ...]:
     """Images grouped by grid, each group's flat token indices (prefix slots, then raster cells)."""
     device = table.device
-    by_grid: dict[tuple[int, int], list[int]] = {}
-    for i, grid in enumerate(zip(h.tolist(), w.tolist())):
+    by_grid: dict[tuple[int, ...], list[int]] = {}
+    for i, grid in enumerate(map(tuple, extent.tolist())):
         by_grid.setdefault(grid, []).append(i)
     groups = []
-    for (gh, gw), images in by_grid.items():
+    for grid, images in by_grid.items():
         images = torch.tensor(images, dtype=torch.long, device=device)
-        cells = table[images, : gh * gw]
+        cells = table[images, : math.prod(grid)]
         if bool((cells < 0).any()):
-            raise ValueError(f"native batch: an image of grid {gh} x {gw} repeats a patch coordinate")
+            raise ValueError(f"native batch: an image of grid {' x '.join(map(str, grid))} repeats a coordinate")
         row, slot = keys[images] // k, keys[images] % k
         prefix = row[:, None] * length + slot[:, None] * num_prefix + torch.arange(num_prefix, device=device)
         index = torch.cat([prefix, cells], dim=1)
-        groups.append(ImageGroup((gh, gw), image_layout((gh, gw)), index, images, row, slot))
+        groups.append(ImageGroup(grid, image_layout(grid), index, images, row, slot))
     return tuple(groups)
 
 

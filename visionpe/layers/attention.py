@@ -16,9 +16,13 @@ def attention_core(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: PosContext | None, scale: float | None = None
 ) -> torch.Tensor:
     """q [B, H, N, d], k/v [B, H, M, d] -> [B, H, N, d] with the PE sites qk, logits and values applied.
-    A context with a `mask` (visionpe.models.native_batch: several images in a batch) passes it to attention."""
+    A context over several images in a batch (visionpe.models.native_batch) runs attention itself (`images`), or
+    has a `mask` for attention."""
     if ctx is None:
         return attend(q, k, v, scale=scale)
+    images = getattr(ctx, "images", None)
+    if images is not None:
+        return images(q, k, v, scale)
     mask = getattr(ctx, "mask", None)
     if ctx.rotate is not None:
         q, k = ctx.rotate(q, k)

@@ -2,31 +2,65 @@
 
 The generic route, correct for every PE: each group of images with the same grid is gathered into an ordinary batch
 [G, Pfx + H*W, C] with the layout the model gives such an image alone, the PE's site functions run on it as they do
-on an image tensor, and the results are scattered back. Attention contexts do the same per group (rotations and
-value terms on the group's tokens; logits biases placed block-diagonally into one [B, H, L, L] bias) and carry the
-batch's `AttnMask`, so attention never mixes images. Batch format: `visionpe.native`.
+on an image tensor, and the results are scattered back. Attention runs either per group the same way (each group's
+q / k / v through `attention_core` with its own context: the work of the images alone) or over the whole batch with
+the batch's `AttnMask` (rotations and value terms per group, logits biases placed block-diagonally into one
+[B, H, L, L] bias): one masked kernel, which flex attention makes block-sparse on CUDA. Batch format:
+`visionpe.native`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from ..attention import RowValue
+from ..attention import RowValue, resolve_backend
 from ..attn_mask import AttnMask
+from ..layers.attention import attention_core
 from ..native import BatchLayout, ImageGroup, check_native, native_layout, regrid_layout
 from ..pos.base import PosContext, PosEncoding, PosStack
 
-__all__ = ["NativeContext", "NativeSites", "embed_patches", "pool_images", "masked_tokens"]
+__all__ = [
+    "NativeContext",
+    "NativeSites",
+    "embed_patches",
+    "pool_images",
+    "masked_tokens",
+    "set_native_attention",
+    "embed_tubelets",
+]
+
+
+NATIVE_ATTENTION = ("auto", "images", "mask")
+_native_attention = "auto"
+
+
+def set_native_attention(mode: str) -> None:
+    """How attention runs over a native batch: 'images' (each group of same-grid images as an ordinary batch: the
+    work of the images alone, no padding), 'mask' (the whole [B, L] batch with the block-diagonal mask: one kernel,
+    block-sparse with flex attention on CUDA), or 'auto' ('mask' where flex attention runs it, else 'images')."""
+    global _native_attention
+    if mode not in NATIVE_ATTENTION:
+        raise ValueError(f"native attention mode must be one of {NATIVE_ATTENTION}, got {mode!r}")
+    _native_attention = mode
+
+
+def _use_mask(q: torch.Tensor, mask: AttnMask) -> bool:
+    if _native_attention != "auto":
+        return _native_attention == "mask"
+    return resolve_backend(q, None, mask) == "flex"
 
 
 @dataclass
 class NativeContext(PosContext):
-    """A PosContext over a batch of several images: attention applies `mask` (visionpe.attn_mask)."""
+    """A PosContext over a batch of several images: `images(q, k, v, scale)` runs the layer's attention (per group
+    of images, or masked over the batch); `mask` (visionpe.attn_mask) blocks attention between images."""
 
     mask: AttnMask | None = None
+    images: Callable | None = None
 
 
 def _acts(pe: PosEncoding, site: str) -> bool:
@@ -35,13 +69,24 @@ def _acts(pe: PosEncoding, site: str) -> bool:
     return any(getattr(type(p), site) is not getattr(PosEncoding, site) for p in parts)
 
 
-def _heads_gather(layout: BatchLayout, t: torch.Tensor, group: ImageGroup) -> torch.Tensor:
-    """t [B, H, L, d] -> [G, H, S, d]."""
-    return layout.gather(t.transpose(1, 2), group).transpose(1, 2)
+def _tokens_first(t: torch.Tensor) -> torch.Tensor:
+    """[B, H, L, d] -> [B * L, H, d] (a view for the attention layer's q / k / v)."""
+    return t.transpose(1, 2).reshape(-1, t.shape[1], t.shape[3])
 
 
-def _heads_scatter(layout: BatchLayout, t: torch.Tensor, group: ImageGroup, values: torch.Tensor) -> torch.Tensor:
-    return layout.scatter(t.transpose(1, 2).contiguous(), group, values.transpose(1, 2)).transpose(1, 2)
+def _heads_gather(flat: torch.Tensor, group: ImageGroup) -> torch.Tensor:
+    """flat [B * L, H, d] -> the group's [G, H, S, d]."""
+    return flat[group.index].transpose(1, 2)
+
+
+def _scatter_heads(base: torch.Tensor, shape, parts: list[tuple[ImageGroup, torch.Tensor]]) -> torch.Tensor:
+    """base [B * L, H, d] with each group's [G, H, S, d] values in place (one index_copy), as [B, H, L, d]."""
+    b, h, n, d = shape
+    if parts:
+        index = torch.cat([g.index.flatten() for g, _ in parts])
+        values = torch.cat([t.transpose(1, 2).flatten(0, 1) for _, t in parts]).to(base.dtype)
+        base = base.index_copy(0, index, values)
+    return base.view(b, n, h, d).transpose(1, 2)
 
 
 def _local(layout: BatchLayout, group: ImageGroup) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -51,28 +96,59 @@ def _local(layout: BatchLayout, group: ImageGroup) -> tuple[torch.Tensor, torch.
 
 
 class _Segmented:
-    """The sites qk / logits / values of one layer, run per group of images (one context per group)."""
+    """One layer's attention over a native batch, from one PosContext per group of images."""
 
     def __init__(self, layout: BatchLayout, contexts: list[PosContext | None]):
         self.layout = layout
+        self.contexts = contexts
         self.parts = [(g, c) for g, c in zip(layout.groups, contexts) if c is not None]
 
+    def images(self, q, k, v, scale):
+        """Each group as an ordinary batch (its PE context as for the images alone); padding outputs 0."""
+        if _use_mask(q, self.layout.mask):
+            return attention_core(q, k, v, self.masked(), scale)
+        fq, fk, fv = _tokens_first(q), _tokens_first(k), _tokens_first(v)
+        outs = []
+        for group, ctx in zip(self.layout.groups, self.contexts):
+            qg, kg, vg = (_heads_gather(t, group) for t in (fq, fk, fv))
+            outs.append((group, attention_core(qg, kg, vg, ctx, scale)))
+        b, h, n, _ = q.shape
+        return _scatter_heads(v.new_zeros(b * n, h, v.shape[3]), (b, h, n, v.shape[3]), outs)
+
+    def masked(self) -> NativeContext:
+        """The context of the masked route: the groups' terms assembled over the whole batch."""
+        parts = [c for _, c in self.parts]
+        return NativeContext(
+            rotate=self.rotate if any(c.rotate is not None for c in parts) else None,
+            bias=self.bias if any(c.bias is not None for c in parts) else None,
+            value=self.value if any(c.value is not None for c in parts) else None,
+            needs_probs=any(c.needs_probs or isinstance(c.value, RowValue) for c in parts),
+            mask=self.layout.mask,
+        )
+
+    def _replace(self, t: torch.Tensor, parts: list[tuple[ImageGroup, torch.Tensor]]) -> torch.Tensor:
+        """t [B, H, L, d] with the groups' tokens replaced (out of place)."""
+        return _scatter_heads(_tokens_first(t).clone(), t.shape, parts) if parts else t
+
     def rotate(self, q, k):
+        fq, fk = _tokens_first(q), _tokens_first(k)
+        rq, rk = [], []
         for group, ctx in self.parts:
             if ctx.rotate is not None:
-                qg, kg = ctx.rotate(_heads_gather(self.layout, q, group), _heads_gather(self.layout, k, group))
-                q = _heads_scatter(self.layout, q, group, qg)
-                k = _heads_scatter(self.layout, k, group, kg)
-        return q, k
+                qg, kg = ctx.rotate(_heads_gather(fq, group), _heads_gather(fk, group))
+                rq.append((group, qg))
+                rk.append((group, kg))
+        return self._replace(q, rq), self._replace(k, rk)
 
     def bias(self, q, k):
         """The groups' biases block-diagonally in one [B, H, L, L] (0 elsewhere; the mask blocks it)."""
         b, h, n, _ = q.shape
+        fq, fk = _tokens_first(q), _tokens_first(k)
         out = None
         for group, ctx in self.parts:
             if ctx.bias is None:
                 continue
-            bg = ctx.bias(_heads_gather(self.layout, q, group), _heads_gather(self.layout, k, group))
+            bg = ctx.bias(_heads_gather(fq, group), _heads_gather(fk, group))
             s = group.index.shape[1]
             bg = bg.expand(group.index.shape[0], h, s, s).permute(0, 2, 3, 1)
             if out is None:
@@ -81,27 +157,16 @@ class _Segmented:
         return out.permute(0, 3, 1, 2)
 
     def value(self, v, out, probs):
+        fv, fo = _tokens_first(v), _tokens_first(out)
+        parts = []
         for group, ctx in self.parts:
             if ctx.value is None:
                 continue
             pg = None
             if probs is not None:
                 pg = probs.permute(0, 2, 3, 1)[_local(self.layout, group)].permute(0, 3, 1, 2)
-            og = ctx.value(_heads_gather(self.layout, v, group), _heads_gather(self.layout, out, group), pg)
-            out = _heads_scatter(self.layout, out, group, og)
-        return out
-
-
-def _segmented_context(layout: BatchLayout, contexts: list[PosContext | None]) -> NativeContext:
-    seg = _Segmented(layout, contexts)
-    parts = [c for _, c in seg.parts]
-    return NativeContext(
-        rotate=seg.rotate if any(c.rotate is not None for c in parts) else None,
-        bias=seg.bias if any(c.bias is not None for c in parts) else None,
-        value=seg.value if any(c.value is not None for c in parts) else None,
-        needs_probs=any(c.needs_probs or isinstance(c.value, RowValue) for c in parts),
-        mask=layout.mask,
-    )
+            parts.append((group, ctx.value(_heads_gather(fv, group), _heads_gather(fo, group), pg)))
+        return self._replace(out, parts)
 
 
 class NativeSites:
@@ -120,38 +185,50 @@ class NativeSites:
         return layout.map_images(x, lambda xg, lg: self.pe.block(i, xg, lg))
 
     def context(self, i: int, layout: BatchLayout) -> NativeContext:
-        contexts = [self.pe.context(i, group.layout) for group in layout.groups]
-        if all(c is None for c in contexts):
-            return NativeContext(mask=layout.mask)
-        return _segmented_context(layout, contexts)
+        seg = _Segmented(layout, [self.pe.context(i, group.layout) for group in layout.groups])
+        return NativeContext(images=seg.images, mask=layout.mask)
 
 
 # --------------------------------------------------------------------------------------------------------- stem
 
 
-def _patch_weight(proj: torch.nn.Conv2d) -> torch.Tensor:
-    """The patch conv [E, C, P, P] as a linear map of patches flattened in (ph, pw, c) order: [E, P*P*C]."""
-    return proj.weight.permute(0, 2, 3, 1).flatten(1)
+def _native_tokens(model, batch: dict, weight: torch.Tensor, bias, dims: int) -> tuple[torch.Tensor, BatchLayout]:
+    """Flattened patches (tubelets) [B, N, D] through the stem's linear map -> tokens [B, L, C] with zero prefix
+    slots and padding, and the BatchLayout."""
+    patches, coords, ids = check_native(batch, weight.shape[1], dims)
+    layout = native_layout(coords, ids, model.num_prefix_tokens, lambda g: model.layout(g, patches.device))
+    e = F.linear(patches.to(weight.dtype), weight, bias)  # [B, N, C]
+    x = torch.cat([e.new_zeros(e.shape[0], layout.prefix_length, e.shape[-1]), e], dim=1)
+    return x * layout.valid[..., None].to(x.dtype), layout  # padding patches carry nothing
+
+
+def _with_prefix(model, x: torch.Tensor, layout: BatchLayout) -> torch.Tensor:
+    """The CLS and register tokens of every image in their slots."""
+    p = model.num_prefix_tokens
+    for group in layout.groups:
+        x = layout.scatter(x, group, model.add_prefix(layout.gather(x, group)[:, p:]))
+    return x
 
 
 def embed_patches(model, batch: dict) -> tuple[torch.Tensor, BatchLayout]:
     """A NaFlex dict -> tokens [B, L, C] (prefix tokens in their slots, padding zero, before the token-site PEs)
     and their BatchLayout, for a ViT (`patch_embed`, optional `token_merger`, `add_prefix`, `layout`)."""
-    pe = model.patch_embed
-    p = pe.patch_size[0]
-    patches, coords, ids = check_native(batch, p * p * model.in_chans)
-    layout = native_layout(coords, ids, model.num_prefix_tokens, lambda g: model.layout(g, patches.device))
-    w = _patch_weight(pe.proj)
-    e = pe.norm(F.linear(patches.to(w.dtype), w, pe.proj.bias))  # [B, N, C]
-    x = torch.cat([e.new_zeros(e.shape[0], layout.prefix_length, e.shape[-1]), e], dim=1)
-    x = x * layout.valid[..., None].to(x.dtype)  # padding patches carry nothing
+    stem = model.patch_embed
+    weight = stem.proj.weight.permute(0, 2, 3, 1).flatten(1)  # the patch conv on (ph, pw, c)-flattened patches
+    x, layout = _native_tokens(model, batch, weight, stem.proj.bias, 2)
+    x = stem.norm(x)
     if model.token_merger is not None:
         x, layout = _merge(model, x, layout)
-    p = model.num_prefix_tokens
-    for group in layout.groups:  # CLS and registers of every image
-        cells = layout.gather(x, group)[:, p:]
-        x = layout.scatter(x, group, model.add_prefix(cells))
-    return x, layout
+    return _with_prefix(model, x, layout), layout
+
+
+def embed_tubelets(model, batch: dict) -> tuple[torch.Tensor, BatchLayout]:
+    """A native batch of clips (tubelets flattened in (pt, ph, pw, c) order, patch_coord (t, y, x)) -> tokens
+    [B, L, C] and their BatchLayout, for a video ViT (`patch_embed.proj` a Conv3d)."""
+    proj = model.patch_embed.proj
+    weight = proj.weight.permute(0, 2, 3, 4, 1).flatten(1)
+    x, layout = _native_tokens(model, batch, weight, proj.bias, 3)
+    return _with_prefix(model, x, layout), layout
 
 
 def _merge(model, x: torch.Tensor, layout: BatchLayout) -> tuple[torch.Tensor, BatchLayout]:

@@ -225,7 +225,7 @@ class TokenEncoder(ContractModel):
         native = isinstance(layout, BatchLayout)
         if native and output_fmt != "NLC":
             raise ValueError(f"a native batch has no common grid: use output_fmt='NLC', not {output_fmt!r}")
-        start, grid = visual if visual is not None or native else (0, layout.grid)
+        start, grid = visual if visual is not None else (0, (1, 1, 1) if native else layout.grid)
         if output_fmt == "NCHW" and grid[0] != 1:
             raise ValueError(f"output_fmt='NCHW' needs a single-frame grid, got (T, H, W) = {grid}; use 'NCTHW'")
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)

@@ -13,7 +13,9 @@ from torch import nn
 
 from ..fx import fx_unsupported, is_fx_tracing
 from ..layout import TokenLayout
+from ..native import is_native_batch
 from .construction import factory_kwargs
+from .native_batch import embed_tubelets
 from .token_encoder import TokenEncoder
 
 __all__ = ["TubeletEmbed", "VideoViT", "check_clip"]
@@ -142,11 +144,16 @@ class VideoViT(TokenEncoder):
         x, grid = self.patch_embed(x)
         return self.add_prefix(x), self.layout(grid, x.device)
 
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+    def forward_features(self, x: torch.Tensor | dict) -> torch.Tensor | dict:
+        """Clips [B, C, T, H, W] -> tokens [B, P + N, D]; a native batch of clips of different lengths and sizes
+        (visionpe.native: tubelets with (t, y, x) coordinates) -> a dict of every clip's tokens, for forward_head."""
+        if is_native_batch(x):
+            return self.native_features(*embed_tubelets(self, x))
         x, layout = self.embed(x)
         return self.run_blocks(x, layout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | dict) -> torch.Tensor:
+        """Logits [B, classes]; for a native batch one row per clip (row order, then clip order)."""
         return self.forward_head(self.forward_features(x))
 
     def forward_intermediates(
@@ -163,7 +170,7 @@ class VideoViT(TokenEncoder):
         optionally with prefix tokens."""
         if output_fmt not in VISUAL_FORMATS:
             raise ValueError(f"output_fmt must be one of {VISUAL_FORMATS}, got {output_fmt!r}")
-        x, layout = self.embed(x)
+        x, layout = embed_tubelets(self, x) if is_native_batch(x) else self.embed(x)
         return self.intermediates(
             x, layout, indices, return_prefix_tokens, norm, stop_early, output_fmt, intermediates_only
         )

@@ -100,7 +100,7 @@ class FixedCosSinCache:
     Bypassed while tracing: under torch.compile a Python cache would be guarded on and recompile, so the graph
     computes them. Entries hold their positions tensor, so its identity is never reused."""
 
-    def __init__(self, size: int = 4):
+    def __init__(self, size: int = 32):  # a native batch (visionpe.native) holds many grids at once
         self.size = size
         self._entries: list = []  # [(pos tensor, key, (cos, sin))]
 

@@ -1,0 +1,83 @@
+"""Check a masked attention backend (native-resolution batches) against the math reference: output agreement in
+fp32 and bf16, images/s and peak memory. `check_masked_backend` returns a dict a report (e.g. `visionpe-bench
+gpu-check`) can print; it runs on any device (on CPU: sdpa, flex in eager mode, math)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .attention import attend, attn_backend
+from .attn_mask import AttnMask
+
+__all__ = ["packed_segment_ids", "check_masked_backend", "TOLERANCE"]
+
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2}  # max error relative to the output's scale
+
+
+def packed_segment_ids(rows: int, length: int, images_per_row: int, seed: int = 0) -> torch.Tensor:
+    """long [rows, length]: each row packed with `images_per_row` segments of random lengths, then padding (-1)."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.full((rows, length), -1, dtype=torch.long)
+    for r in range(rows):
+        cuts = torch.randperm(length - 1, generator=gen)[:images_per_row].add(1).sort().values.tolist()
+        bounds = [0, *cuts]
+        for j in range(images_per_row):  # the last cut starts the padding
+            ids[r, bounds[j] : bounds[j + 1]] = j
+    return ids
+
+
+def _timed(fn, device: torch.device, reps: int) -> float:
+    """Seconds per call (after one warm-up call: compilation, caches)."""
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return (time.perf_counter() - start) / reps
+
+
+def check_masked_backend(
+    backend: str,
+    device: str | torch.device = "cuda",
+    rows: int = 8,
+    length: int = 1024,
+    images_per_row: int = 4,
+    heads: int = 6,
+    head_dim: int = 64,
+    with_bias: bool = False,
+    reps: int = 10,
+) -> dict:
+    """Masked attention of one packed batch on `backend` against the math reference (fp64 on CPU; fp32 where
+    float64 is slow, i.e. CUDA): per dtype the max error relative to the output's scale and whether it is within
+    TOLERANCE, images/s (segments per second, padding excluded) and peak memory of the backend's call (CUDA)."""
+    device = torch.device(device)
+    ids = packed_segment_ids(rows, length, images_per_row).to(device)
+    mask = AttnMask(ids)
+    gen = torch.Generator(device=device).manual_seed(0)
+    q, k, v = (torch.randn(rows, heads, length, head_dim, device=device, generator=gen) for _ in range(3))
+    bias = torch.randn(1, heads, length, length, device=device, generator=gen) if with_bias else None
+    ref_dtype = torch.float64 if device.type == "cpu" else torch.float32
+    with attn_backend("math"):
+        cast = [t.to(ref_dtype) if t is not None else None for t in (q, k, v, bias)]
+        ref = attend(*cast[:3], cast[3], mask=AttnMask(ids)).float()
+    result = dict(backend=backend, device=str(device), rows=rows, length=length, images=rows * images_per_row)
+    for dtype in (torch.float32, torch.bfloat16):
+        args = [t.to(dtype) if t is not None else None for t in (q, k, v, bias)]
+        with attn_backend(backend):
+            out = attend(*args[:3], args[3], mask=mask).float()
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            seconds = _timed(lambda a=args: attend(*a[:3], a[3], mask=mask), device, reps)
+        name = "fp32" if dtype == torch.float32 else "bf16"
+        err = float((out - ref).abs().max() / ref.abs().max())
+        result[f"{name}_max_rel_err"] = err
+        result[f"{name}_ok"] = bool(torch.isfinite(out).all()) and err <= TOLERANCE[dtype]
+        result[f"{name}_images_per_s"] = rows * images_per_row / seconds
+        if device.type == "cuda":
+            result[f"{name}_peak_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
+    return result
