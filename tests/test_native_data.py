@@ -158,3 +158,19 @@ def test_native_dataset_items_are_seeded_and_leave_the_global_rng_alone():
     a, b = ds.__getitems__([key]), ds.__getitems__([key])
     assert torch.equal(torch.get_rng_state(), state)
     assert torch.equal(a[0][0]["patches"], b[0][0]["patches"]) and a[0][0]["patches"].shape == (6, 16)
+
+
+def test_speed_arms_share_the_token_slots_and_packing_pads_least():
+    from visionpe.data.native_speed import arm_batches, image_sizes
+
+    sizes = image_sizes(200, 4, [16, 36, 64], 3.0, seed=0)
+    assert all(h / 4 * w / 4 <= 64 for h, w in sizes)
+    arms = {arm: arm_batches(arm, sizes, 4, 8, 64, chans=1, steps=3) for arm in ("square", "padded", "packed")}
+    slots = {
+        arm: [x["patches"].shape[:2].numel() if isinstance(x, dict) else 8 * 64 for x, _, _ in b]
+        for arm, b in arms.items()
+    }
+    assert all(s == 8 * 64 for v in slots.values() for s in v)
+    pad = {arm: sum(p for _, _, p in b) / len(b) for arm, b in arms.items()}
+    assert pad["square"] == 0 and pad["packed"] < 0.1 < pad["padded"]
+    assert sum(n for _, n, _ in arms["packed"]) > sum(n for _, n, _ in arms["padded"])
