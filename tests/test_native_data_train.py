@@ -14,9 +14,13 @@ import pytest
 import torch
 from tiny_runs import tiny_run
 
+from visionpe.data import build_dataset
+from visionpe.data.native_loader import build_native_train_loader, native_plan
 from visionpe.engine import train
 from visionpe.engine.checkpoint import find_checkpoint, load_weights
-from visionpe.engine.config import ConfigError
+from visionpe.engine.config import ConfigError, NativeConfig
+from visionpe.engine.distributed import DistContext
+from visionpe.engine.evaluate import evaluate_checkpoint
 
 DATA = [
     "data.name=fashion-mnist-native",
@@ -50,8 +54,20 @@ def test_native_training_logs_batch_statistics_and_evaluates_at_budgets(tmp_path
     assert all(r["tokens_per_batch"] <= 192 for r in rows)
     if mode == "packed":  # several images per row of 48 tokens: more images per batch than rows
         assert all(r["images_per_batch"] > 4 for r in rows)
-    results = {r["resolution"] for r in json.loads((run / "results.json").read_text())}
-    assert results == {16, "16tok", "32tok"}
+    results = json.loads((run / "results.json").read_text())
+    assert {r["resolution"] for r in results} == {16, "16tok", "32tok"}
+    again = evaluate_checkpoint(run, ctx=DistContext())  # visionpe-eval: the same rows from the checkpoint
+    assert [(r["resolution"], r["images"]) for r in again] == [(r["resolution"], r["images"]) for r in results]
+    assert all(abs(r["loss"] - q["loss"]) < 1e-5 for r, q in zip(again, results))
+
+
+def test_native_batches_are_the_same_with_loader_workers():
+    ds = build_dataset("fashion-mnist-native", "train", 16, options=dict(num_train=64, side=32, item=16), training=True)
+    plan = native_plan(NativeConfig(seq_lens=[8, 16], row_tokens=48, tokens_per_batch=192), 4)
+    a, b = (list(build_native_train_loader(ds, plan, 16, seed=1, workers=w)) for w in (0, 1))
+    assert len(a) == len(b) > 1
+    for x, y in zip(a, b):
+        assert all(torch.equal(x.inputs[k], y.inputs[k]) for k in x.inputs) and torch.equal(x.targets, y.targets)
 
 
 KILLER = textwrap.dedent(

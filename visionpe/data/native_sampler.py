@@ -12,6 +12,7 @@ at any batch (`start_at`) with the same batches.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -102,7 +103,7 @@ class NativeBatchSampler(Sampler):
         order = list(self.sampler)
         if not order:
             raise ValueError("this process's share of the training set is empty; use more data or fewer processes")
-        for passes in range(1 << 62):
+        for passes in itertools.count():
             for i in order:
                 yield i, passes
 

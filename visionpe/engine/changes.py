@@ -40,6 +40,7 @@ FREE_KEYS = frozenset(
         "eval.resolutions",
         "eval.every_epochs",
         "eval.ema",
+        "data.native.eval_tokens",  # what is evaluated, as eval.resolutions
         "data.workers",  # items are seeded per (seed, epoch, index): the same with any worker count
         "data.eval_batch_size",
     }

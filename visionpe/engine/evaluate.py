@@ -30,6 +30,7 @@ from ..data.loader import build_eval_loader, dataset_num_classes
 from .checkpoint import CheckpointError, find_checkpoint, load_into_model, load_weights
 from .config import Config, apply_overrides, config_from_dict
 from .distributed import DistContext, all_reduce_sum, init_distributed
+from .native_train import native_eval_rows, plan_for
 from .setup import (
     autocast,
     build_eval_sets,
@@ -233,7 +234,11 @@ def evaluate_checkpoint(
     amp = resolve_amp(cfg.train.amp, ctx.device)
     check_resolutions(model, cfg.model.name, datasets, ctx.device, amp)
     bs = cfg.data.eval_batch_size or 2 * cfg.data.batch_size
-    return evaluate_resolutions(model, datasets, bs, cfg.data.workers, ctx, amp, cfg.train.progress)
+    rows = evaluate_resolutions(model, datasets, bs, cfg.data.workers, ctx, amp, cfg.train.progress)
+    plan = plan_for(cfg, model)  # data.native: also at its token budgets (native_train.py)
+    if plan is not None:
+        rows += native_eval_rows(model, cfg, next(iter(datasets.values())), plan, ctx, amp, bs)
+    return rows
 
 
 def format_table(rows: list[dict], title: str | None = None) -> str:
