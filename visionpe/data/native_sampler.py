@@ -88,12 +88,12 @@ class NativeBatchSampler(Sampler):
         """Batches per epoch and rank: this shard's images at the sampled images' mean tokens (packed) or mean
         images per batch (padded); the same on every rank (the shards are of equal length)."""
         n, p = len(self.sampler), self.plan
-        total = len(self.sampler.dataset) if hasattr(self.sampler, "dataset") else n
-        step = max(1, total // SIZE_SAMPLE)
-        sample = [self.sizes(i) for i in range(0, total, step)[:SIZE_SAMPLE]]
         if p.mode == "padded":
             per_batch = sum(max(1, p.tokens_per_batch // b) for b in p.budgets) / len(p.budgets)
             return max(1, int(n // per_batch))
+        total = len(self.sampler.dataset) if hasattr(self.sampler, "dataset") else n
+        step = max(1, total // SIZE_SAMPLE)
+        sample = [self.sizes(i) for i in range(0, total, step)[:SIZE_SAMPLE]]
         mean = sum(p.tokens(budget_size(s, p.patch, b)) for s in sample for b in p.budgets)
         mean /= len(sample) * len(p.budgets)
         return max(1, int(n * mean // (p.rows * p.row_tokens)))
