@@ -152,3 +152,29 @@ def test_backend_check_against_the_math_reference(backend, with_bias):
     assert r["fp32_max_rel_err"] < 1e-5 and r["images"] == 6 and r["fp32_images_per_s"] > 0
     ids = packed_segment_ids(2, 64, 3)
     assert sorted(ids[0].unique().tolist()) == [-1, 0, 1, 2] and (ids[:, 0] == 0).all()
+
+
+def test_auto_route_on_cuda_masks_rotary_pes_and_runs_bias_pes_per_image(monkeypatch):
+    """On CUDA (pretended) auto takes one flex call over the batch for a rotary PE, and the per-image route for a
+    PE with a logits bias (a dense [B, H, L, L] bias would be needed otherwise)."""
+    flex_calls = []
+
+    def kernel(q, k, v, score_mod=None, block_mask=None, scale=None):
+        from torch.nn.attention.flex_attention import flex_attention
+
+        flex_calls.append(q.shape)
+        return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+
+    monkeypatch.setattr(attention, "on_cuda", lambda q: True)
+    monkeypatch.setattr(attn_mask, "flex_kernel", lambda device: kernel)
+    images = [torch.randn(3, 16, 40), torch.randn(3, 32, 24), torch.randn(3, 8, 8)]
+    batch = pack_images([images[:2], images[2:]], 8)
+    for name, calls in (("vit_n_rope2d", 2), ("vit_n_alibi2d", 0)):
+        m = timm.create_model(name, **dict(VIT.tiny)).eval()
+        flex_calls.clear()
+        with torch.no_grad():
+            got = m(batch)
+            want = torch.cat([m(img[None]) for img in images])
+        assert len(flex_calls) == calls  # one per block (depth 2), over the whole [B, L] batch
+        assert all(s[2] == batch["patches"].shape[1] + 2 for s in flex_calls)
+        assert float((got - want).abs().max() / want.abs().max()) < 1e-5
