@@ -162,3 +162,19 @@ def test_bad_native_batches_are_clear_errors():
         m({**good, "attn_mask": None})
     with pytest.raises(ValueError, match="image_ids < 0"):
         m({**good, "image_ids": torch.full_like(good["patch_valid"], -2, dtype=torch.long)})
+
+
+def test_training_with_grad_checkpointing_and_bf16_autocast():
+    m = _model("vit_n_rope2d_mixed_ape", drop_path_rate=0.1)
+    images = _images(m)[:4]
+    batch = pack_images([images[:2], images[2:]], 8)
+    m.train().set_grad_checkpointing(True)
+    m(batch).logsumexp(-1).sum().backward()
+    grads = [p.grad for p in m.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+    m.eval().set_grad_checkpointing(False)
+    with torch.no_grad():
+        want = m(batch)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = m(batch)
+    assert got.dtype == torch.bfloat16 and _close(got.float(), want) < 5e-2  # bf16: 8 mantissa bits, 2 blocks
