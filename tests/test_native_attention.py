@@ -13,7 +13,7 @@ from visionpe.attention import attend, attn_backend
 from visionpe.attn_mask import AttnMask
 from visionpe.models.vit_zoo import VIT
 from visionpe.native import pack_images
-from visionpe.native_check import check_masked_backend, packed_segment_ids
+from visionpe.native_check import check_masked_backend, check_native_model, packed_segment_ids
 
 # row 0: two images and padding; row 1: one image filling the row; row 2: only padding; row 3: interleaved segments
 IDS = torch.tensor(
@@ -178,3 +178,9 @@ def test_auto_route_on_cuda_masks_rotary_pes_and_runs_bias_pes_per_image(monkeyp
         assert len(flex_calls) == calls  # one per block (depth 2), over the whole [B, L] batch
         assert all(s[2] == batch["patches"].shape[1] + 2 for s in flex_calls)
         assert float((got - want).abs().max() / want.abs().max()) < 1e-5
+
+
+def test_model_check_of_a_backend_on_a_packed_batch():
+    m = timm.create_model("vit_n_rope2d_mixed", **dict(VIT.tiny))
+    r = check_native_model(m, "sdpa", "cpu", reps=1)
+    assert r["fp32_ok"] and r["fp32_max_rel_err"] < 1e-5 and r["images"] == 8, r
