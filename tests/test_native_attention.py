@@ -184,3 +184,22 @@ def test_model_check_of_a_backend_on_a_packed_batch():
     m = timm.create_model("vit_n_rope2d_mixed", **dict(VIT.tiny))
     r = check_native_model(m, "sdpa", "cpu", reps=1)
     assert r["fp32_ok"] and r["fp32_max_rel_err"] < 1e-5 and r["images"] == 8, r
+
+
+def test_auto_falls_back_to_sdpa_when_flex_fails(monkeypatch):
+    def broken(device):
+        def kernel(*args, **kwargs):
+            raise RuntimeError("no triton")
+
+        return kernel
+
+    monkeypatch.setattr(attention, "on_cuda", lambda q: True)
+    monkeypatch.setattr(attn_mask, "flex_kernel", broken)
+    monkeypatch.setattr(attn_mask, "_flex_error", None)
+    q, k, v = _qkv()
+    with pytest.warns(UserWarning, match="falls back to SDPA"):
+        got = attend(q, k, v, mask=AttnMask(IDS))
+    torch.testing.assert_close(got, _reference(q, k, v, IDS), rtol=1e-5, atol=1e-5)
+    assert attention.resolve_backend(q, None, AttnMask(IDS)) == "sdpa"  # not chosen again
+    with attn_backend("flex"), pytest.raises(RuntimeError, match="no triton"):  # named: the error surfaces
+        attend(q, k, v, mask=AttnMask(IDS))
