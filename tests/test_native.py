@@ -162,3 +162,40 @@ def test_bad_native_batches_are_clear_errors():
         m({**good, "attn_mask": None})
     with pytest.raises(ValueError, match="image_ids < 0"):
         m({**good, "image_ids": torch.full_like(good["patch_valid"], -2, dtype=torch.long)})
+
+
+def test_training_with_grad_checkpointing_and_bf16_autocast():
+    m = _model("vit_n_rope2d_mixed_ape", drop_path_rate=0.1)
+    images = _images(m)[:4]
+    batch = pack_images([images[:2], images[2:]], 8)
+    m.train().set_grad_checkpointing(True)
+    m(batch).logsumexp(-1).sum().backward()
+    grads = [p.grad for p in m.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+    m.eval().set_grad_checkpointing(False)
+    with torch.no_grad():
+        want = m(batch)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = m(batch)
+    assert got.dtype == torch.bfloat16 and _close(got.float(), want) < 5e-2  # bf16: 8 mantissa bits, 2 blocks
+
+
+def test_batch_layout_of_a_packed_batch():
+    from visionpe.layout import image_layout
+    from visionpe.native import check_native, native_layout
+
+    # row 0: image 0 (2 x 3, patches in raster order), image 1 (1 x 2); row 1: image 0 (2 x 1) in reverse order
+    coords = torch.tensor(
+        [[[0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [1, 2], [0, 0], [0, 1]], [[1, 0], [0, 0]] + [[0, 0]] * 6]
+    )
+    ids = torch.tensor([[0, 0, 0, 0, 0, 0, 1, 1], [0, 0, -1, -1, -1, -1, -1, -1]])
+    batch = dict(patches=torch.zeros(2, 8, 4), patch_coord=coords, patch_valid=ids >= 0, image_ids=ids)
+    _, c, i = check_native(batch, 4)
+    layout = native_layout(c, i, 1, lambda g: image_layout(*g, 1))
+    assert layout.slots == 2 and layout.length == 10 and layout.num_images == 3
+    assert layout.ids.tolist() == [[0, 1, 0, 0, 0, 0, 0, 0, 1, 1], [0, -1, 0, 0, -1, -1, -1, -1, -1, -1]]
+    groups = {g.grid: g for g in layout.groups}
+    assert groups[(2, 3)].index.tolist() == [[0, 2, 3, 4, 5, 6, 7]] and groups[(2, 3)].images.tolist() == [0]
+    assert groups[(1, 2)].index.tolist() == [[1, 8, 9]] and groups[(1, 2)].images.tolist() == [1]
+    assert groups[(2, 1)].index.tolist() == [[10, 13, 12]] and groups[(2, 1)].images.tolist() == [2]  # raster order
+    assert layout.mask.seqlens() is None  # the prefix slots sit apart from their patches

@@ -13,7 +13,7 @@ from visionpe.attention import attend, attn_backend
 from visionpe.attn_mask import AttnMask
 from visionpe.models.vit_zoo import VIT
 from visionpe.native import pack_images
-from visionpe.native_check import check_masked_backend, packed_segment_ids
+from visionpe.native_check import check_masked_backend, check_native_model, packed_segment_ids
 
 # row 0: two images and padding; row 1: one image filling the row; row 2: only padding; row 3: interleaved segments
 IDS = torch.tensor(
@@ -152,3 +152,54 @@ def test_backend_check_against_the_math_reference(backend, with_bias):
     assert r["fp32_max_rel_err"] < 1e-5 and r["images"] == 6 and r["fp32_images_per_s"] > 0
     ids = packed_segment_ids(2, 64, 3)
     assert sorted(ids[0].unique().tolist()) == [-1, 0, 1, 2] and (ids[:, 0] == 0).all()
+
+
+def test_auto_route_on_cuda_masks_rotary_pes_and_runs_bias_pes_per_image(monkeypatch):
+    """On CUDA (pretended) auto takes one flex call over the batch for a rotary PE, and the per-image route for a
+    PE with a logits bias (a dense [B, H, L, L] bias would be needed otherwise)."""
+    flex_calls = []
+
+    def kernel(q, k, v, score_mod=None, block_mask=None, scale=None):
+        from torch.nn.attention.flex_attention import flex_attention
+
+        flex_calls.append(q.shape)
+        return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+
+    monkeypatch.setattr(attention, "on_cuda", lambda q: True)
+    monkeypatch.setattr(attn_mask, "flex_kernel", lambda device: kernel)
+    images = [torch.randn(3, 16, 40), torch.randn(3, 32, 24), torch.randn(3, 8, 8)]
+    batch = pack_images([images[:2], images[2:]], 8)
+    for name, calls in (("vit_n_rope2d", 2), ("vit_n_alibi2d", 0)):
+        m = timm.create_model(name, **dict(VIT.tiny)).eval()
+        flex_calls.clear()
+        with torch.no_grad():
+            got = m(batch)
+            want = torch.cat([m(img[None]) for img in images])
+        assert len(flex_calls) == calls  # one per block (depth 2), over the whole [B, L] batch
+        assert all(s[2] == batch["patches"].shape[1] + 2 for s in flex_calls)
+        assert float((got - want).abs().max() / want.abs().max()) < 1e-5
+
+
+def test_model_check_of_a_backend_on_a_packed_batch():
+    m = timm.create_model("vit_n_rope2d_mixed", **dict(VIT.tiny))
+    r = check_native_model(m, "sdpa", "cpu", reps=1)
+    assert r["fp32_ok"] and r["fp32_max_rel_err"] < 1e-5 and r["images"] == 8, r
+
+
+def test_auto_falls_back_to_sdpa_when_flex_fails(monkeypatch):
+    def broken(device):
+        def kernel(*args, **kwargs):
+            raise RuntimeError("no triton")
+
+        return kernel
+
+    monkeypatch.setattr(attention, "on_cuda", lambda q: True)
+    monkeypatch.setattr(attn_mask, "flex_kernel", broken)
+    monkeypatch.setattr(attn_mask, "_flex_error", None)
+    q, k, v = _qkv()
+    with pytest.warns(UserWarning, match="falls back to SDPA"):
+        got = attend(q, k, v, mask=AttnMask(IDS))
+    torch.testing.assert_close(got, _reference(q, k, v, IDS), rtol=1e-5, atol=1e-5)
+    assert attention.resolve_backend(q, None, AttnMask(IDS)) == "sdpa"  # not chosen again
+    with attn_backend("flex"), pytest.raises(RuntimeError, match="no triton"):  # named: the error surfaces
+        attend(q, k, v, mask=AttnMask(IDS))

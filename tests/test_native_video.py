@@ -1,5 +1,5 @@
-"""Native batches of clips (tubelets with (t, y, x) coordinates) on every video ViT preset: each clip's logits in a
-padded or packed batch equal its logits alone."""
+"""Native batches of clips (tubelets with (t, y, x) coordinates) on every video ViT and multimodal preset: each
+clip's logits in a padded (or, for the video ViT, packed) batch equal its logits alone."""
 
 import pytest
 import timm
@@ -7,10 +7,12 @@ import torch
 from conftest import one_per_pe
 
 import visionpe
+from visionpe.models.multimodal_zoo import MM
 from visionpe.models.video_zoo import VIDEO
 from visionpe.native import pack_images, patchify_clip
 
 VIVITS = one_per_pe(visionpe.list_visionpe_models("vivit_*"))
+MMS = one_per_pe(visionpe.list_visionpe_models("mm_*"))
 # (T, H, W): frames of the reference, fewer and more frames, a 1 x 3 grid per frame, non-square (tubelet 2, patch 8)
 CLIPS = [(4, 32, 32), (2, 16, 40), (6, 8, 24), (4, 24, 16)]
 
@@ -52,3 +54,28 @@ def test_native_clip_intermediates_are_nlc_only():
         m.forward_intermediates(batch, output_fmt="NCTHW")
     with pytest.raises(ValueError, match=r"\[B, N, 3\]"):
         m({**batch, "patch_coord": batch["patch_coord"][..., :2]})
+
+
+@pytest.mark.parametrize("name", MMS)
+def test_each_clip_with_its_text_matches_it_alone(name):
+    m = timm.create_model(name, **dict(MM.tiny), num_classes=10).eval()
+    clips = [torch.randn(3, *shape) for shape in CLIPS]
+    text = torch.randint(0, 32, (len(clips), 5))
+    batch = pack_images(clips, 8, tubelet=2)
+    with torch.no_grad():
+        for split in (None, 0, 3):
+            want = torch.cat([m(c[None], text[i : i + 1], split) for i, c in enumerate(clips)])
+            feats = m.forward_features(batch, text, split)
+            assert torch.isfinite(feats["patches"]).all()
+            assert _close(m.forward_head(feats), want) < 1e-5
+
+
+def test_multimodal_image_as_a_one_tubelet_clip_and_errors():
+    m = timm.create_model("mm_n_mrope", **dict(MM.tiny), num_classes=10).eval()
+    images = [torch.randn(3, 16, 40), torch.randn(3, 32, 32)]
+    clips = [img.unsqueeze(1).expand(-1, 2, -1, -1) for img in images]  # the encoder repeats an image to a tubelet
+    with torch.no_grad():
+        want = torch.cat([m(img[None]) for img in images])
+        assert _close(m(pack_images(clips, 8, tubelet=2)), want) < 1e-5
+    with pytest.raises(ValueError, match="one visual input per row"):
+        m(pack_images([clips], 8, tubelet=2))

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
-from .attn_mask import AttnMask, flex_attend, flex_available, xformers_block_attend
+from .attn_mask import AttnMask, flex_attend, flex_available, flex_failed, flex_usable, xformers_block_attend
 from .fx import is_fx_tracing
 
 __all__ = [
@@ -171,7 +171,7 @@ def resolve_backend(q: torch.Tensor, bias: torch.Tensor | None, mask: AttnMask |
         if is_fx_tracing():  # an FX graph keeps PyTorch's kernel (the tensors' device is not known while tracing)
             return "sdpa"
         if mask is not None:
-            if bias is None and on_cuda(q) and flex_available():
+            if bias is None and on_cuda(q) and flex_usable():
                 return "flex"  # block-sparse: skips the blocks between images
             if bias is None and xformers_supports(q, bias)[0] and mask.seqlens() is not None:
                 return "xformers"  # contiguous segments: a BlockDiagonalMask
@@ -207,7 +207,13 @@ def attend(
     if backend == "sdpa":
         return _sdpa(q, k, v, bias, scale, mask)
     if backend == "flex":
-        return flex_attend(q, k, v, bias, scale, mask)
+        if get_attn_backend() != "auto":
+            return flex_attend(q, k, v, bias, scale, mask)
+        try:  # auto falls back silently: a flex kernel that does not compile here (e.g. no Triton) is not used again
+            return flex_attend(q, k, v, bias, scale, mask)
+        except Exception as error:  # noqa: BLE001
+            flex_failed(error)
+            return _sdpa(q, k, v, bias, scale, mask)
     return _math(q, k, v, bias, scale, mask)[0]
 
 

@@ -106,7 +106,7 @@ class BatchLayout:
         """Tokens before the patches of every row (K prefix slots)."""
         return self.slots * self.num_prefix
 
-    @property
+    @functools.cached_property
     def valid(self) -> torch.Tensor:
         """bool [B, L]: tokens that belong to an image."""
         return self.ids >= 0

@@ -1,6 +1,7 @@
 """Check a masked attention backend (native-resolution batches) against the math reference: output agreement in
-fp32 and bf16, images/s and peak memory. `check_masked_backend` returns a dict a report (e.g. `visionpe-bench
-gpu-check`) can print; it runs on any device (on CPU: sdpa, flex in eager mode, math)."""
+fp32 and bf16, images/s and peak memory. `check_masked_backend` (one attention call) and `check_native_model` (a
+model on a packed batch against each image alone) return dicts a report (e.g. `visionpe-bench gpu-check`) can print;
+both run on any device (on CPU: sdpa, flex in eager mode, math)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import torch
 
 from .attention import attend, attn_backend
 from .attn_mask import AttnMask
+from .native import pack_images
 
-__all__ = ["packed_segment_ids", "check_masked_backend", "TOLERANCE"]
+__all__ = ["packed_segment_ids", "check_masked_backend", "check_native_model", "TOLERANCE", "MODEL_TOLERANCE"]
 
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2}  # max error relative to the output's scale
 
@@ -80,4 +82,39 @@ def check_masked_backend(
         result[f"{name}_images_per_s"] = rows * images_per_row / seconds
         if device.type == "cuda":
             result[f"{name}_peak_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
+    return result
+
+
+MODEL_TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 6e-2}  # logits, relative to their scale (a few blocks)
+GRIDS = [(6, 18), (18, 6), (10, 10), (8, 12), (12, 8), (1, 16), (16, 16), (7, 14)]  # aspect ratios 1:3 to 3:1
+
+
+def check_native_model(model, backend: str, device: str | torch.device = "cuda", reps: int = 3) -> dict:
+    """A ViT (eval mode) on a packed batch of images of the GRIDS sizes, two per row, under `backend`, against each
+    image alone on the math backend in fp32: per dtype the logits' max error relative to their scale and whether
+    it is within MODEL_TOLERANCE, and images/s of the packed batch (bf16 on CUDA only)."""
+    device = torch.device(device)
+    model = model.to(device).eval()
+    p = model.patch_embed.patch_size[0]
+    gen = torch.Generator().manual_seed(0)
+    images = [torch.randn(3, h * p, w * p, generator=gen) for h, w in GRIDS]
+    batch = {k: v.to(device) for k, v in pack_images([images[i : i + 2] for i in range(0, len(images), 2)], p).items()}
+    with torch.no_grad(), attn_backend("math"):
+        want = torch.cat([model(img[None].to(device)) for img in images]).float()
+    result = dict(backend=backend, device=str(device), images=len(images))
+    dtypes = (torch.float32, torch.bfloat16) if device.type == "cuda" else (torch.float32,)
+    for dtype in dtypes:
+        name = "fp32" if dtype == torch.float32 else "bf16"
+
+        def run(dtype=dtype):
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+                return model(batch)
+
+        with torch.no_grad(), attn_backend(backend):
+            got = run().float()
+            seconds = _timed(run, device, reps)
+        err = float((got - want).abs().max() / want.abs().max())
+        result[f"{name}_max_rel_err"] = err
+        result[f"{name}_ok"] = bool(torch.isfinite(got).all()) and err <= MODEL_TOLERANCE[dtype]
+        result[f"{name}_images_per_s"] = len(images) / seconds
     return result

@@ -14,7 +14,9 @@ import torch
 from torch import nn
 
 from ..layout import TokenLayout
+from ..native import is_native_batch
 from .construction import factory_kwargs
+from .native_sequence import embed_native_sequence
 from .token_encoder import TokenEncoder
 from .video_vit import VISUAL_FORMATS, TubeletEmbed
 
@@ -141,8 +143,12 @@ class MultimodalEncoder(TokenEncoder):
 
     def forward_features(
         self, pixels: torch.Tensor, text_ids: torch.Tensor | None = None, text_split: int | None = None
-    ) -> torch.Tensor:
-        """Token features [B, P + N, D] of the whole sequence (prefix, text, <img>, visual, </img>, text)."""
+    ) -> torch.Tensor | dict:
+        """Token features [B, P + N, D] of the whole sequence (prefix, text, <img>, visual, </img>, text). A native
+        batch of clips (visionpe.native, one per row; an image is a clip of one tubelet) -> a dict of every row's
+        tokens, for forward_head."""
+        if is_native_batch(pixels):
+            return self.native_features(*embed_native_sequence(self, pixels, text_ids, text_split))
         x, layout = self.embed(pixels, text_ids, text_split)
         return self.run_blocks(x, layout)
 
@@ -175,7 +181,10 @@ class MultimodalEncoder(TokenEncoder):
         one-tubelet clip), or every non-prefix token of the sequence (text included) as NLC."""
         if output_fmt not in VISUAL_FORMATS:
             raise ValueError(f"output_fmt must be one of {VISUAL_FORMATS}, got {output_fmt!r}")
-        x, layout, visual = self.embed_sequence(pixels, text_ids, text_split)
+        if is_native_batch(pixels):
+            (x, layout), visual = embed_native_sequence(self, pixels, text_ids, text_split), None
+        else:
+            x, layout, visual = self.embed_sequence(pixels, text_ids, text_split)
         return self.intermediates(
             x, layout, indices, return_prefix_tokens, norm, stop_early, output_fmt, intermediates_only, visual
         )

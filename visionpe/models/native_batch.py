@@ -41,16 +41,21 @@ _native_attention = "auto"
 def set_native_attention(mode: str) -> None:
     """How attention runs over a native batch: 'images' (each group of same-grid images as an ordinary batch: the
     work of the images alone, no padding), 'mask' (the whole [B, L] batch with the block-diagonal mask: one kernel,
-    block-sparse with flex attention on CUDA), or 'auto' ('mask' where flex attention runs it, else 'images')."""
+    block-sparse with flex attention on CUDA), or 'auto' ('mask' where flex attention runs it and the PEs add no
+    logits or value terms, else 'images')."""
     global _native_attention
     if mode not in NATIVE_ATTENTION:
         raise ValueError(f"native attention mode must be one of {NATIVE_ATTENTION}, got {mode!r}")
     _native_attention = mode
 
 
-def _use_mask(q: torch.Tensor, mask: AttnMask) -> bool:
+def _use_mask(q: torch.Tensor, mask: AttnMask, contexts: list[PosContext]) -> bool:
+    """auto: the masked route where flex attention runs it and no PE adds a bias or value term (those would need a
+    dense [B, H, L, L] bias; per group they run row-blocked, visionpe.attention.attend_rows)."""
     if _native_attention != "auto":
         return _native_attention == "mask"
+    if any(c.bias is not None or c.value is not None for c in contexts):
+        return False
     return resolve_backend(q, None, mask) == "flex"
 
 
@@ -105,7 +110,7 @@ class _Segmented:
 
     def images(self, q, k, v, scale):
         """Each group as an ordinary batch (its PE context as for the images alone); padding outputs 0."""
-        if _use_mask(q, self.layout.mask):
+        if _use_mask(q, self.layout.mask, [c for _, c in self.parts]):
             return attention_core(q, k, v, self.masked(), scale)
         fq, fk, fv = _tokens_first(q), _tokens_first(k), _tokens_first(v)
         outs = []
