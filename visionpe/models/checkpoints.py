@@ -1,4 +1,4 @@
-"""Helpers shared by the checkpoint filters of every family: one error type, unwrapping, and a guess of what a
+"""Helpers shared by the checkpoint filters of every family: unwrapping, and a guess of what a
 checkpoint is when it does not fit the model it is loaded into (so the error names what to pass instead)."""
 
 from __future__ import annotations
@@ -7,11 +7,9 @@ import re
 
 import torch
 
-__all__ = ["CheckpointMismatch", "describe_checkpoint", "ensure_fits", "unwrap"]
+from ..pos.base import CheckpointMismatch
 
-
-class CheckpointMismatch(ValueError):
-    """The checkpoint does not fit the model it is loaded into (architecture, size or options differ)."""
+__all__ = ["describe_checkpoint", "ensure_fits", "unwrap"]
 
 
 def unwrap(state_dict: dict) -> dict:

@@ -33,7 +33,7 @@ from ..pos.base import AttnSpec, PEHost
 from ..pos.presets import build_pos_encoding
 from .construction import ContractModel, UnsupportedPool, factory_kwargs, place_like
 from .cvt_layers import CvtBlock, CvtStage
-from .param_groups import exact_no_weight_decay, pe_block_rules, pe_stem
+from .param_groups import exact_no_weight_decay, pe_layer_rules, pe_stem, stage_block
 
 __all__ = ["ConvolutionalVisionTransformer"]
 
@@ -339,14 +339,14 @@ class ConvolutionalVisionTransformer(ContractModel):
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict:
         return dict(
-            stem=pe_stem(r"^stages\.0\.patch_embed"),  # per-layer PE parameters go with their block
+            stem=pe_stem(self.pe, r"^stages\.0\.patch_embed"),  # per-layer PE parameters go with their block
             blocks=r"^stages\.(\d+)"
             if coarse
             else [
                 (r"^stages\.(\d+)\.patch_embed", (0,)),
                 (r"^stages\.(\d+)\.cls_token", (0,)),
                 (r"^stages\.(\d+)\.blocks\.(\d+)", None),
-                *pe_block_rules(self.stage_starts, [len(stage.blocks) for stage in self.stages]),
+                *pe_layer_rules(self.pe, stage_block(self.stage_starts)),
                 (r"^norm", (99999,)),
             ],
         )

@@ -35,7 +35,7 @@ from ..layout import TokenLayout, image_layout, is_symbolic, window_layout
 from ..pos.base import AttnSpec, PEHost, PosContext, merge_contexts
 from ..pos.presets import build_pos_encoding
 from .construction import ContractModel, UnsupportedPool, factory_kwargs
-from .param_groups import exact_no_weight_decay, pe_block_rules, pe_stem
+from .param_groups import exact_no_weight_decay, pe_layer_rules, pe_stem, stage_block
 from .swin_windows import WindowPlan, plan_windows, window_mask
 
 __all__ = ["SwinTransformer", "SwinBlock", "SwinStage"]
@@ -362,13 +362,13 @@ class SwinTransformer(ContractModel):
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict:
         return dict(
-            stem=pe_stem(r"^patch_embed"),  # per-layer PE parameters (RPB tables) go with their block
+            stem=pe_stem(self.pe, r"^patch_embed"),  # per-layer PE parameters (RPB tables) go with their block
             blocks=r"^layers\.(\d+)"
             if coarse
             else [
                 (r"^layers\.(\d+).downsample", (0,)),
                 (r"^layers\.(\d+)\.\w+\.(\d+)", None),
-                *pe_block_rules(self.stage_starts, [len(stage.blocks) for stage in self.layers]),
+                *pe_layer_rules(self.pe, stage_block(self.stage_starts)),
                 (r"^norm", (99999,)),
             ],
         )

@@ -1,7 +1,17 @@
 """Positional encodings: one module per PE family, all with the interface in base.py."""
 
 from .absolute import LearnedAPE, SinCos2D
-from .base import AttnSpec, PEHost, PosContext, PosEncoding, PosStack, merge_contexts
+from .base import (
+    EVERY_LAYER,
+    AttnSpec,
+    CheckpointMismatch,
+    CheckpointSource,
+    PEHost,
+    PosContext,
+    PosEncoding,
+    PosStack,
+    merge_contexts,
+)
 from .fuzzy import FuzzyPE
 from .irpe import IRPE, piecewise_index, relative_bucket_ids
 from .lepe import LePE
@@ -10,7 +20,10 @@ from .presets import PE_KINDS, PE_PRESETS, build_pos_encoding
 from .rope2d import RoPE2D
 
 __all__ = [
+    "EVERY_LAYER",
     "AttnSpec",
+    "CheckpointMismatch",
+    "CheckpointSource",
     "FuzzyPE",
     "IRPE",
     "LePE",
