@@ -8,6 +8,7 @@ import re
 import torch
 
 from ..pos.base import CheckpointMismatch
+from .family import FAMILIES
 
 __all__ = ["describe_checkpoint", "ensure_fits", "unwrap"]
 
@@ -67,9 +68,7 @@ def _same(a, b) -> bool:
 
 def _size_name(family: str, dims: dict) -> str | None:
     """The registered size whose table matches the checkpoint's dims (None if no size does)."""
-    from .. import zoo
-
-    fam = zoo.FAMILIES.get(family)
+    fam = FAMILIES.get(family)
     if fam is None:
         return None
     for size, args in fam.sizes.items():

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from .. import zoo
 from .cvt import ConvolutionalVisionTransformer
 from .cvt_weights import checkpoint_filter_fn
+from .family import Family, base_cfg
 
 _NANO_EMBED = dict(patch_size=(3, 3, 3), patch_stride=(2, 2, 2), patch_padding=(1, 1, 1))  # 32 px -> 16, 8, 4
 
@@ -35,13 +35,13 @@ ACT_NOTE = (
     "Attention scale is dim^-0.5 over the full width (official quirk, kept for weight compatibility).",
 )
 
-CVT = zoo.Family(
+CVT = Family(
     name="cvt",
     model_cls=ConvolutionalVisionTransformer,
     module=ConvolutionalVisionTransformer.__module__,
     sizes=CVT_SIZES,
     pes=CVT_PES,
-    cfg=zoo.base_cfg(
+    cfg=base_cfg(
         **CVT_PAPER,
         first_conv="stages.0.patch_embed.proj",
         classifier="head",
@@ -57,7 +57,3 @@ CVT = zoo.Family(
     ),
     test_sizes=(32, 44),
 )
-
-
-def register() -> list[str]:
-    return zoo.register_family(CVT)

@@ -3,7 +3,7 @@
 Each PE says which attention layer each of its parameters serves (`PosEncoding.layer_of`): a parameter of layer i
 lands in the group of block i, as timm's Swin puts its relative position bias table; shared parameters (APE, sin-cos,
 fuzzy tables) stay in the stem group; one tensor for every layer (EVERY_LAYER) is left unmatched, which puts it in
-the top group (lr scale 1, with the head), as timm's eva does for its `rope.freqs`. The rules name each parameter
+the top group (lr scale 1, with the head), as timm's eva does for its RoPE. The rules name each parameter
 exactly, so a backbone's own rules never catch a PE parameter.
 """
 
@@ -51,7 +51,7 @@ def stage_block(stage_starts: list[int] | tuple[int, ...]) -> Callable[[int], tu
 
 
 def exact_no_weight_decay(model: nn.Module, names: Iterable[str]) -> set[str]:
-    """`names` with wildcard entries (`pe.encodings.irpe.tables.*`) expanded to the exact parameter names, so the
+    """`names` with wildcard entries (a PE's `tables.*`) expanded to the exact parameter names, so the
     set works with any timm version (wildcards in no_weight_decay need timm >= 1.0.21)."""
     params = [n for n, _ in model.named_parameters()]
     out: set[str] = set()

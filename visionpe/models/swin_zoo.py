@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .. import zoo
+from .family import Family, base_cfg
 from .swin import SwinTransformer
 from .swin_weights import checkpoint_filter_fn
 
@@ -31,13 +31,13 @@ SWIN_PAPER = dict(
     paper_ids="arXiv:2103.14030", paper_name="Swin Transformer: Hierarchical Vision Transformer using Shifted Windows"
 )
 
-SWIN = zoo.Family(
+SWIN = Family(
     name="swin",
     model_cls=SwinTransformer,
     module=SwinTransformer.__module__,
     sizes=SWIN_SIZES,
     pes=SWIN_PES,
-    cfg=zoo.base_cfg(
+    cfg=base_cfg(
         **SWIN_PAPER,
         crop_pct=0.9,
         classifier="head.fc",
@@ -51,7 +51,3 @@ SWIN = zoo.Family(
     tiny=dict(embed_dim=16, depths=(2, 2), num_heads=(1, 2), window_size=4, patch_size=2, img_size=32, num_classes=10),
     test_sizes=(32, 44),
 )
-
-
-def register() -> list[str]:
-    return zoo.register_family(SWIN)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import zoo
+from .family import Family, base_cfg
 from .video_vit import VideoViT
 
 VIDEO_SIZES = {  # DeiT widths; tubelets 2 x 16 x 16 over 16 frames (VideoMAE); n(ano) for CPU experiments
@@ -28,15 +28,13 @@ VIDEO_PES = {
 }
 
 VIVIT = dict(paper_ids="arXiv:2103.15691", paper_name="ViViT: A Video Vision Transformer")
-PE_PAPERS: dict[str, dict] = {}  # kept for imports; papers come from the presets (visionpe.pos.presets)
-
-VIDEO = zoo.Family(
+VIDEO = Family(
     name="vivit",
     model_cls=VideoViT,
     module=VideoViT.__module__,
     sizes=VIDEO_SIZES,
     pes=VIDEO_PES,
-    cfg=zoo.base_cfg(
+    cfg=base_cfg(
         **VIVIT,
         num_classes=400,
         crop_pct=1.0,
@@ -56,7 +54,3 @@ def example_input(size: int | tuple[int, int], batch: int = 2) -> torch.Tensor:
 
 
 VIDEO.example_input = example_input  # read by the generic zoo tests and benchmarks
-
-
-def register() -> list[str]:
-    return zoo.register_family(VIDEO)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .. import zoo
+from .family import Family, base_cfg
 from .vit import VisionTransformer
 from .vit_weights import checkpoint_filter_fn
 
@@ -46,28 +46,15 @@ VIT_PES = {
 }
 
 DEIT = dict(paper_ids="arXiv:2012.12877", paper_name="Training data-efficient image transformers")
-VIT_PE_CFG: dict[str, dict] = {}  # per-PE cfg overrides; papers come from the presets (visionpe.pos.presets)
-
-VIT = zoo.Family(
+VIT = Family(
     name="vit",
     model_cls=VisionTransformer,
     module=VisionTransformer.__module__,
     sizes=VIT_SIZES,
     pes=VIT_PES,
-    cfg=zoo.base_cfg(**DEIT),
+    cfg=base_cfg(**DEIT),
     size_cfg={"n": dict(input_size=(3, 32, 32), crop_pct=1.0)},
-    pe_cfg=VIT_PE_CFG,
     filter_fn=checkpoint_filter_fn,
     tiny=dict(embed_dim=32, depth=2, num_heads=2, patch_size=8, img_size=32, num_classes=10),
     test_sizes=(32, 40),
 )
-
-
-def add_vit_pes(pes: dict[str, dict], pe_cfg: dict[str, dict] | None = None) -> None:
-    """Let other PE families add their ViT presets before registration (see register())."""
-    VIT_PES.update(pes)
-    VIT_PE_CFG.update(pe_cfg or {})
-
-
-def register() -> list[str]:
-    return zoo.register_family(VIT)

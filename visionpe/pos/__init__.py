@@ -12,23 +12,23 @@ from .base import (
     PosStack,
     merge_contexts,
 )
+from .cpe import CPE
 from .fuzzy import FuzzyPE
 from .irpe import IRPE, piecewise_index, relative_bucket_ids
 from .lepe import LePE
-from .peg import PEG
 from .presets import PE_KINDS, PE_PRESETS, build_pos_encoding
 from .rope2d import RoPE2D
 
 __all__ = [
     "EVERY_LAYER",
     "AttnSpec",
+    "CPE",
     "CheckpointMismatch",
     "CheckpointSource",
     "FuzzyPE",
     "IRPE",
     "LePE",
     "LearnedAPE",
-    "PEG",
     "PEHost",
     "PE_KINDS",
     "PE_PRESETS",
