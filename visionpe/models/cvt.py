@@ -336,10 +336,6 @@ class ConvolutionalVisionTransformer(StagedModel):
         )
 
     @torch.jit.ignore
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        self.grad_checkpointing = enable
-
-    @torch.jit.ignore
     def get_classifier(self) -> nn.Module:
         return self.head
 
