@@ -10,7 +10,7 @@ import torch
 from ..pos.base import CheckpointMismatch
 from .family import FAMILIES
 
-__all__ = ["describe_checkpoint", "ensure_fits", "unwrap"]
+__all__ = ["describe_checkpoint", "ensure_fits", "expect_blocks", "unwrap"]
 
 
 def unwrap(state_dict: dict) -> dict:
@@ -19,6 +19,12 @@ def unwrap(state_dict: dict) -> dict:
         if key in state_dict and isinstance(state_dict[key], dict):
             return state_dict[key]
     return state_dict
+
+
+def expect_blocks(state_dict: dict, block_prefix: str, family: str) -> None:
+    """A CheckpointMismatch naming what the checkpoint is unless it has a `block_prefix` key (a `family` one)."""
+    if not any(k.startswith(block_prefix) for k in state_dict):
+        raise CheckpointMismatch(f"this is not a {family} checkpoint but {describe_checkpoint(state_dict)}")
 
 
 def _count(state_dict: dict, pattern: str) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .cvt import ConvolutionalVisionTransformer
 from .cvt_weights import checkpoint_filter_fn
-from .family import Family, base_cfg
+from .family import Family, base_cfg, same_name
 
 _NANO_EMBED = dict(patch_size=(3, 3, 3), patch_stride=(2, 2, 2), patch_padding=(1, 1, 1))  # 32 px -> 16, 8, 4
 
@@ -15,17 +15,13 @@ CVT_SIZES = {  # paper dims; n(ano) is for CPU experiments on small images
     "w24": dict(embed_dims=(192, 768, 1024), num_heads=(3, 12, 16), depths=(2, 2, 20)),
 }
 
+# keys / values at their cell centres (LieRE normalised by the query grid); a CPE after the first block of a stage
 CVT_PES = {
     "": dict(pe="nope"),  # the paper's models
     "rope2d": dict(pe="rope2d"),
     "rope2d_mixed": dict(pe="rope2d_mixed"),
     "irpe": dict(pe="irpe_k"),  # iRPE contextual on k (no APE: CvT has none)
-    "cpe": dict(pe="cpe"),  # a CPE after the first block of every stage
-    "liere": dict(pe="liere"),  # keys / values at their cell centres, normalised by the query grid
-    "comrope_ap": dict(pe="comrope_ap"),
-    "comrope_ld": dict(pe="comrope_ld"),
-    "alibi2d": dict(pe="alibi2d"),  # stride-2 keys at their cell centres
-    "fire2d": dict(pe="fire2d"),
+    **same_name("cpe", "liere", "comrope_ap", "comrope_ld", "alibi2d", "fire2d"),
 }
 
 CVT_PAPER = dict(paper_ids="arXiv:2103.15808", paper_name="CvT: Introducing Convolutions to Vision Transformers")

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
-__all__ = ["FAMILIES", "Family", "base_cfg"]
+__all__ = ["FAMILIES", "Family", "base_cfg", "same_name"]
 
 
 @dataclass
@@ -53,3 +53,8 @@ def base_cfg(**kwargs) -> dict:
     )
     cfg.update(kwargs)
     return cfg
+
+
+def same_name(*presets: str) -> dict[str, dict]:
+    """PE table entries whose model-name suffix is the preset's name: {"rope2d": {"pe": "rope2d"}, ...}."""
+    return {name: dict(pe=name) for name in presets}

@@ -11,9 +11,9 @@ import re
 
 from timm.layers import resample_patch_embed
 
-from ..pos.base import CheckpointMismatch, CheckpointSource
+from ..pos.base import CheckpointSource
 from ..pos.checkpoint import split_pe_entries
-from .checkpoints import describe_checkpoint, ensure_fits, unwrap
+from .checkpoints import describe_checkpoint, ensure_fits, expect_blocks, unwrap
 
 __all__ = ["checkpoint_filter_fn"]
 
@@ -34,8 +34,7 @@ def checkpoint_filter_fn(state_dict: dict, model) -> dict:
     original = state_dict = unwrap(state_dict)
     if any(k.startswith("pe.") for k in state_dict):  # already ours
         return state_dict
-    if not any(k.startswith("layers.") for k in state_dict):
-        raise CheckpointMismatch(f"this is not a Swin checkpoint but {describe_checkpoint(state_dict)}")
+    expect_blocks(state_dict, "layers.", "Swin")
     if "layers.0.downsample.reduction.weight" in state_dict:
         state_dict = _official_to_timm(state_dict)
     source = CheckpointSource("swin", model.pe_name, lambda: describe_checkpoint(original))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .family import Family, base_cfg
+from .family import Family, base_cfg, same_name
 from .swin import SwinTransformer
 from .swin_weights import checkpoint_filter_fn
 
@@ -13,18 +13,13 @@ SWIN_SIZES = {  # paper dims; n(ano) is for CPU experiments on small images (32 
     "b": dict(embed_dim=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32), window_size=7, patch_size=4),
 }
 
+# every PE on Swin reads window-local coordinates (LieRE's normalised by the window)
 SWIN_PES = {
     "rpb": dict(pe="rpb"),  # Swin's relative position bias (the paper's model)
     "rope2d": dict(pe="rope2d", pe_kwargs={"rope2d": {"theta": 50.0}}),  # RoPE-ViT's Swin: axial, theta 50
     "rope2d_mixed": dict(pe="rope2d_mixed"),
     "irpe": dict(pe="irpe_k"),  # iRPE contextual on k in place of the bias (no APE: Swin has none)
-    "lepe": dict(pe="lepe"),
-    "liere": dict(pe="liere"),  # window-local coordinates, normalised by the window
-    "comrope_ap": dict(pe="comrope_ap"),
-    "comrope_ld": dict(pe="comrope_ld"),
-    "nope": dict(pe="nope"),
-    "alibi2d": dict(pe="alibi2d"),  # window-local coordinates, as every Swin PE
-    "fire2d": dict(pe="fire2d"),
+    **same_name("lepe", "liere", "comrope_ap", "comrope_ld", "nope", "alibi2d", "fire2d"),
 }
 
 SWIN_PAPER = dict(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .family import Family, base_cfg
+from .family import Family, base_cfg, same_name
 from .video_vit import VideoViT
 
 VIDEO_SIZES = {  # DeiT widths; tubelets 2 x 16 x 16 over 16 frames (VideoMAE); n(ano) for CPU experiments
@@ -16,13 +16,7 @@ VIDEO_SIZES = {  # DeiT widths; tubelets 2 x 16 x 16 over 16 frames (VideoMAE); 
 
 VIDEO_PES = {
     "ape": dict(pe="ape_st"),  # separable space + time, resampled
-    "rope3d": dict(pe="rope3d"),
-    "mrope": dict(pe="mrope"),
-    "videorope": dict(pe="videorope"),
-    "vrope": dict(pe="vrope"),
-    "v2pe": dict(pe="v2pe"),
-    "mrope_interleaved": dict(pe="mrope_interleaved"),
-    "hope": dict(pe="hope"),
+    **same_name("rope3d", "mrope", "videorope", "vrope", "v2pe", "mrope_interleaved", "hope"),
     # learned rotations over (t, y, x)
     **{name: dict(pe=name, pe_kwargs={"lie_rope": {"num_axes": 3}}) for name in ("liere", "comrope_ap", "comrope_ld")},
 }

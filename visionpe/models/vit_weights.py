@@ -13,7 +13,7 @@ import torch
 
 from ..pos.base import CheckpointMismatch, CheckpointSource
 from ..pos.checkpoint import split_pe_entries
-from .checkpoints import describe_checkpoint, ensure_fits, unwrap
+from .checkpoints import describe_checkpoint, ensure_fits, expect_blocks, unwrap
 
 __all__ = ["checkpoint_filter_fn"]
 
@@ -32,8 +32,7 @@ def checkpoint_filter_fn(state_dict: dict, model) -> dict:
     original = state_dict = unwrap(state_dict)
     if any(k.startswith("pe.") for k in state_dict):  # already ours
         return state_dict
-    if not any(k.startswith("blocks.") for k in state_dict):
-        raise CheckpointMismatch(f"this is not a ViT checkpoint but {describe_checkpoint(state_dict)}")
+    expect_blocks(state_dict, "blocks.", "ViT")
     _check_layer_scale(state_dict, model)
     source = CheckpointSource("vit", model.pe_name, lambda: describe_checkpoint(original))
     out, rest = split_pe_entries(model.pe, state_dict, source)
