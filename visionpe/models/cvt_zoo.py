@@ -34,7 +34,6 @@ ACT_NOTE = (
 CVT = Family(
     name="cvt",
     model_cls=ConvolutionalVisionTransformer,
-    module=ConvolutionalVisionTransformer.__module__,
     sizes=CVT_SIZES,
     pes=CVT_PES,
     cfg=base_cfg(

@@ -19,10 +19,10 @@ class Family:
 
     name: str  # e.g. "vit"
     model_cls: type
-    module: str  # module that holds the model class; timm lists the models under it
     sizes: dict[str, dict]  # size -> model kwargs (dims, depth, heads, ...)
     pes: dict[str, dict]  # name suffix -> model kwargs (pe preset and anything it implies); "" means no suffix
     cfg: dict  # base pretrained cfg (paper, mean/std, crop, ...)
+    module: str = ""  # module timm lists the models under; default: the model class's
     size_cfg: dict[str, dict] = field(default_factory=dict)  # per-size cfg overrides (e.g. input size)
     pe_cfg: dict[str, dict] = field(default_factory=dict)  # per-PE cfg overrides (the paper comes from the preset)
     filter_fn: Callable | None = None  # checkpoint filter (published weights -> our names)
@@ -30,6 +30,9 @@ class Family:
     tiny: dict = field(default_factory=dict)  # kwargs for a tiny instance (tests, smoke runs)
     test_sizes: tuple[int, int] = (32, 48)  # two input resolutions a tiny instance must run at
     example_input: Callable | None = None  # (size, batch) -> model input; None: images [B, in_chans, size, size]
+
+    def __post_init__(self):
+        self.module = self.module or self.model_cls.__module__
 
 
 FAMILIES: dict[str, Family] = {}  # name -> Family, in registration order (filled by visionpe.models)

@@ -23,7 +23,6 @@ MM_PES = {
 MM = Family(
     name="mm",
     model_cls=MultimodalEncoder,
-    module=MultimodalEncoder.__module__,
     sizes=MM_SIZES,
     pes=MM_PES,
     cfg=base_cfg(

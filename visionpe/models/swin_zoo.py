@@ -29,7 +29,6 @@ SWIN_PAPER = dict(
 SWIN = Family(
     name="swin",
     model_cls=SwinTransformer,
-    module=SwinTransformer.__module__,
     sizes=SWIN_SIZES,
     pes=SWIN_PES,
     cfg=base_cfg(

@@ -25,7 +25,6 @@ VIVIT = dict(paper_ids="arXiv:2103.15691", paper_name="ViViT: A Video Vision Tra
 VIDEO = Family(
     name="vivit",
     model_cls=VideoViT,
-    module=VideoViT.__module__,
     sizes=VIDEO_SIZES,
     pes=VIDEO_PES,
     cfg=base_cfg(

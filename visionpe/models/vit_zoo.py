@@ -31,7 +31,6 @@ DEIT = dict(paper_ids="arXiv:2012.12877", paper_name="Training data-efficient im
 VIT = Family(
     name="vit",
     model_cls=VisionTransformer,
-    module=VisionTransformer.__module__,
     sizes=VIT_SIZES,
     pes=VIT_PES,
     cfg=base_cfg(**DEIT),
