@@ -3,6 +3,9 @@ class plus a preset, with no backbone change, runs on ViT, Swin and CvT."""
 
 from __future__ import annotations
 
+import math
+
+import pytest
 import timm
 import torch
 
@@ -109,3 +112,53 @@ def _run_on_three_families() -> None:
             model.pe.encodings["gaussbias"].width = float("inf")
             # bias exactly 0 (-0 * d): only the kernel path may differ, fp32 rounding of softmax over <= 65 keys
             torch.testing.assert_close(model.forward_features(x), y0, rtol=1e-5, atol=1e-5)
+
+
+# ---- a PE with parameters owns them end to end: docs/adding_a_pe.md section 2 ---------------------------------------
+class LearnedGaussBias(GaussBias):
+    """GaussBias with a learned log-width per layer (`log_widths.{i}` [heads]); a published ViT layout (invented for
+    the example) stores the widths themselves as `blocks.{i}.attn.gauss_width`."""
+
+    checkpoint_keys = {"vit": r"^blocks\.\d+\.attn\.gauss_width$"}
+
+    def __init__(self, host: PEHost, width: float = 1.0):
+        super().__init__(host, width)
+        self.log_widths = torch.nn.ParameterList(
+            torch.nn.Parameter(torch.zeros(spec.num_heads)) for spec in host.layers
+        )
+
+    def convert_checkpoint(self, entries, source):
+        return {f"log_widths.{key.split('.')[1]}": v.log() for key, v in entries.items()}
+
+
+def test_a_pe_converts_its_checkpoint_entries_and_names_its_layers_without_a_backbone_change():
+    from timm.optim import create_optimizer_v2
+
+    from visionpe.models.vit_weights import checkpoint_filter_fn
+    from visionpe.pos import CheckpointMismatch
+
+    register_pe_kind("learnedgauss", LearnedGaussBias)
+    register_pe_preset("learnedgauss", [("learnedgauss", {})])
+    try:
+        model = timm.create_model("vit_n_nope", **{**family_of("vit_n_nope").tiny, "pe": "learnedgauss"})
+        # layer decay: `log_widths.{i}` goes with block i (the default layer_of reads the index in the name)
+        opt = create_optimizer_v2(model, "adamw", lr=1.0, layer_decay=0.5)
+        scale = {id(p): g["lr_scale"] for g in opt.param_groups for p in g["params"]}
+        params = dict(model.named_parameters())
+        for i in range(2):
+            own = scale[id(params[f"blocks.{i}.norm1.weight"])]
+            assert scale[id(params[f"pe.encodings.learnedgauss.log_widths.{i}"])] == own
+        assert scale[id(params["blocks.0.norm1.weight"])] < scale[id(params["blocks.1.norm1.weight"])]
+        # a published checkpoint: the backbone's own keys plus the PE's, which only the PE knows how to read
+        published = {k: v for k, v in model.state_dict().items() if not k.startswith("pe.")}
+        published |= {f"blocks.{i}.attn.gauss_width": torch.full((2,), 2.0**i) for i in range(2)}
+        converted = checkpoint_filter_fn(published, model)
+        model.load_state_dict(converted)
+        for i in range(2):  # log of the published widths 2^i: i log 2, to float32's ~1e-7
+            want = torch.full((2,), i * math.log(2.0))
+            torch.testing.assert_close(model.pe.encodings["learnedgauss"].log_widths[i].data, want, rtol=0, atol=1e-6)
+        # the same checkpoint into a model without this PE: the PE kind's message, not a generic key error
+        with pytest.raises(CheckpointMismatch, match="LearnedGaussBias"):
+            checkpoint_filter_fn(published, timm.create_model("vit_n_nope", **family_of("vit_n_nope").tiny))
+    finally:
+        PE_KINDS.pop("learnedgauss"), PE_PRESETS.pop("learnedgauss")

@@ -8,7 +8,7 @@ from visionpe.layers.attention import attention_core
 from visionpe.layers.token_merger import AdaptiveTokenMerger, merge_plan
 from visionpe.layout import image_layout, window_layout
 from visionpe.models.vit_zoo import VIT
-from visionpe.pos import PEG, AttnSpec, FuzzyPE, LePE, PEHost
+from visionpe.pos import CPE, AttnSpec, FuzzyPE, LePE, PEHost
 
 TINY = dict(VIT.tiny)
 
@@ -29,13 +29,13 @@ def _zero(module):
 
 
 def test_peg_with_a_zero_conv_is_the_identity():
-    peg = _zero(PEG(_host()))
+    peg = _zero(CPE(_host()))
     x = torch.randn(2, 1 + 64, 16)
     assert torch.equal(peg.block(0, x, image_layout(8, 8, 1)), x)  # exact: x + 0 is x
 
 
 def test_peg_is_x_plus_a_depthwise_conv_and_leaves_prefix_tokens_alone():
-    peg = PEG(_host(prefix=2))
+    peg = CPE(_host(prefix=2))
     x = torch.randn(2, 2 + 48, 16)
     out = peg.block(0, x, image_layout(6, 8, 2))
     assert torch.equal(out[:, :2], x[:, :2])
@@ -48,7 +48,7 @@ def test_peg_is_x_plus_a_depthwise_conv_and_leaves_prefix_tokens_alone():
 
 
 def test_peg_is_translation_equivariant_away_from_borders():
-    peg = PEG(_host(prefix=0))
+    peg = CPE(_host(prefix=0))
     feat = torch.randn(1, 16, 12, 12)
     shifted = torch.roll(feat, shifts=(2, 3), dims=(2, 3))
     layout = image_layout(12, 12)
@@ -64,13 +64,13 @@ def test_peg_is_translation_equivariant_away_from_borders():
 
 
 def test_peg_acts_after_the_configured_blocks_with_each_blocks_width():
-    peg = PEG(_host(dims=[16, 32, 32]), blocks=(0, 2))
+    peg = CPE(_host(dims=[16, 32, 32]), blocks=(0, 2))
     assert sorted(peg.state_dict()) == ["convs.0.bias", "convs.0.weight", "convs.2.bias", "convs.2.weight"]
     assert peg.convs["2"].weight.shape == (32, 1, 3, 3)
     x = torch.randn(1, 17, 32)
     assert torch.equal(peg.block(1, x, image_layout(4, 4, 1)), x)  # exact: block 1 has no conv, x passes through
     with pytest.raises(ValueError, match="blocks"):
-        PEG(_host(depth=2), blocks=(2,))
+        CPE(_host(depth=2), blocks=(2,))
 
 
 def test_cpe_models_use_no_ape_and_cpe_gap_pools_by_average():

@@ -12,7 +12,7 @@ import torch
 from timm.optim import create_optimizer_v2
 
 import visionpe  # noqa: F401  (registers the models)
-from visionpe.models.param_groups import pe_layer_regex
+from visionpe.pos import EVERY_LAYER
 
 DECAY = 0.5  # each group's lr scale is DECAY x the next one's: blocks, stem and head all differ
 
@@ -45,6 +45,8 @@ CASES = [
     ("swin_n_rope2d_mixed", set()),
     ("cvt_n_irpe", set()),
     ("cvt_n_cpe", set()),
+    ("swin_n_fire2d", set()),  # one MLP per stage: the group of the stage's first block
+    ("cvt_n_comrope_ld", set()),
 ]
 
 
@@ -54,7 +56,8 @@ def test_per_layer_pe_parameters_get_their_blocks_lr_scale(name, shared):
     groups = _groups(model)
     scale = {n: g[0] for n, g in groups.items()}
     stem = scale[_stem_param(model)]
-    per_layer = {n: int(m.group(1)) for n in scale if (m := re.match(pe_layer_regex(), n))}
+    layer = {n: model.pe.layer_of(n[len("pe.") :]) for n in scale if n.startswith("pe.")}
+    per_layer = {n: i for n, i in layer.items() if i is not None and i != EVERY_LAYER}
     if name != "vit_n_rope2d_mixed":  # the one model here whose PE keeps all layers in a single tensor
         assert per_layer, f"{name}: no per-layer PE parameters found"
     block_scales = []
@@ -68,7 +71,7 @@ def test_per_layer_pe_parameters_get_their_blocks_lr_scale(name, shared):
     for n in shared:
         assert scale[n] == stem, f"{name}: shared {n} should be in the stem group"
     for n in (n for n in scale if n.startswith("pe.") and n not in per_layer):
-        if n.endswith("rope2d.freqs"):  # RoPE-Mixed, all layers in one tensor: top group, as timm's eva
+        if layer[n] == EVERY_LAYER:  # RoPE-Mixed, all layers in one tensor: top group, as timm's eva
             assert scale[n] == 1.0 and scale[n] > max(scale[b] for b in scale if b.startswith("blocks."))
         else:
             assert scale[n] == stem, f"{name}: {n} is neither per-layer nor in the stem"
@@ -86,3 +89,11 @@ def test_no_weight_decay_is_exact_and_applied(name):
     for n in pe_tables:
         assert groups[n][1] == 0.0, f"{name}: {n} is weight-decayed"
     assert groups[_stem_param(model)][1] == 0.05  # a matrix that is not listed keeps its decay
+
+
+def test_a_stage_shared_pe_goes_with_its_stages_first_block():
+    model = timm.create_model("swin_n_fire2d")  # FIRE: one MLP per stage, for every block of the stage
+    scale = {n: g[0] for n, g in _groups(model).items()}
+    for s, start in enumerate(model.stage_starts):
+        assert model.pe.layer_of(f"encodings.fire2d.stages.{s}.c") == start
+        assert scale[f"pe.encodings.fire2d.stages.{s}.c"] == scale[f"layers.{s}.blocks.0.norm1.weight"]

@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from visionpe.layout import video_layout
-from visionpe.pos.rotary import apply_rotary, rope_frequencies, rotary_angles, rotary_cos_sin
-from visionpe.segments import (
+from visionpe.pos.mm_positions import (
     SCHEMES,
     V2PE_DELTAS,
     frequency_matrix,
@@ -20,6 +19,7 @@ from visionpe.segments import (
     segment_layout,
     stream_of_pairs,
 )
+from visionpe.pos.rotary import apply_rotary, rope_frequencies, rotary_angles, rotary_cos_sin
 
 EXAMPLE = [("text", 3), ("video", (2, 2, 3)), ("text", 2)]
 

@@ -8,9 +8,10 @@ from timm.optim import create_optimizer_v2
 
 import visionpe  # noqa: F401  (registers the models)
 from visionpe.layout import window_layout
-from visionpe.models.swin_weights import CheckpointMismatch, checkpoint_filter_fn
+from visionpe.models.swin_weights import checkpoint_filter_fn
 from visionpe.models.swin_windows import MASK_VALUE, plan_windows, window_mask
 from visionpe.models.swin_zoo import SWIN
+from visionpe.pos import CheckpointMismatch
 
 TINY = dict(SWIN.tiny)
 

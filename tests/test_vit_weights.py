@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import save_file
 
 import visionpe  # noqa: F401
-from visionpe.models.vit_weights import CheckpointMismatch  # the old import path keeps working
+from visionpe.pos import CheckpointMismatch
 
 LS = dict(init_values=1e-5)
 PAIRS = [

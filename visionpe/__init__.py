@@ -4,10 +4,9 @@
 `timm.create_model("vit_b_rope2d")`.
 """
 
-from . import models  # noqa: F401  (registers the zoo with timm)
 from .attention import attend, attn_backend, get_attn_backend, set_attn_backend
 from .layout import TokenLayout, image_layout, video_layout
-from .zoo import create_model, list_visionpe_models
+from .zoo import create_model, list_visionpe_models  # importing the zoo registers every model with timm
 
 __version__ = "0.1.0"
 

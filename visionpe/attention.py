@@ -9,8 +9,9 @@ takes it as a boolean mask, math as -inf logits, flex as a BlockMask (auto's cho
 a bias), xformers as a BlockDiagonalMask when every segment is contiguous.
 
 `attend_rows` runs attention a block of query rows at a time with position terms that can be produced per block
-(`RowBias`, `RowValue`, e.g. iRPE's bucketed terms): peak memory O(rows x M) instead of O(N x M), and the bias-only case
-still runs on the fused backends. The `math` backend keeps the whole-matrix reference path.
+(`RowBias`, `RowValue` of visionpe.pos.rows, e.g. iRPE's bucketed terms): peak memory O(rows x M) instead of
+O(N x M), and the bias-only case still runs on the fused backends. The `math` backend keeps the whole-matrix
+reference path.
 """
 
 from __future__ import annotations
@@ -26,13 +27,12 @@ import torch.nn.functional as F
 
 from .attn_mask import AttnMask, flex_attend, flex_available, flex_failed, flex_usable, xformers_block_attend
 from .fx import is_fx_tracing
+from .pos.rows import RowBias, RowValue
 
 __all__ = [
     "attend",
     "attend_with_probs",
     "attend_rows",
-    "RowBias",
-    "RowValue",
     "set_attn_backend",
     "get_attn_backend",
     "check_attn_backend",
@@ -235,34 +235,6 @@ def attend_with_probs(
 
 ROW_BLOCK_ELEMENTS = 1 << 21  # logits elements per query block ([B, H, rows, M]): 8 MiB in fp32
 ROW_ALIGN = 32  # blocks of more rows are cut to a multiple of this (the CPU flash kernel's query tile)
-
-
-class RowBias:
-    """An additive logits bias that can be produced for a block of query rows. `prepare(q, k)` does the work shared
-    by every block (once per call); `rows(state, start, stop)` returns the bias of query rows [start, stop),
-    broadcastable to [B, H, stop - start, M]. Calling it gives the whole bias (the reference path)."""
-
-    def prepare(self, q: torch.Tensor, k: torch.Tensor) -> object:
-        return q, k
-
-    def rows(self, state: object, start: int, stop: int) -> torch.Tensor:
-        raise NotImplementedError
-
-    def __call__(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-        return self.rows(self.prepare(q, k), 0, q.shape[-2])
-
-
-class RowValue:
-    """A value term that reads the attention probabilities of a block of query rows: `rows(probs, start, stop)`
-    with probs [B, H, stop - start, M] returns what to add to those rows' output. Calling it adds the whole term."""
-
-    def rows(self, probs: torch.Tensor, start: int, stop: int) -> torch.Tensor:
-        raise NotImplementedError
-
-    def __call__(self, v: torch.Tensor, out: torch.Tensor, probs: torch.Tensor | None) -> torch.Tensor:
-        if probs is None:
-            raise RuntimeError("this value term needs the attention probabilities (PosContext.needs_probs)")
-        return out + self.rows(probs, 0, probs.shape[-2])
 
 
 def _block_probs(q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor | None, scale: float) -> torch.Tensor:

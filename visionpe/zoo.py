@@ -1,20 +1,21 @@
 """The model zoo: size tables x PE presets -> pretrained cfgs -> timm registrations.
 
-Every family declares one `Family` (its size table, the PE presets it offers and its base pretrained cfg);
-`register_family` generates `{family}_{size}_{pe}` entrypoints and registers them with timm, so that
-`timm.create_model("vit_b_rope2d")` and `timm.list_models("vit_*")` work. Nothing is written out by hand.
+Every family declares one `Family` (visionpe.models.family: its size table, the PE presets it offers and its base
+pretrained cfg); importing this module runs `register_family` on each, which generates `{family}_{size}_{pe}`
+entrypoints and registers them with timm, so that `timm.create_model("vit_b_rope2d")` and
+`timm.list_models("vit_*")` work. Nothing is written out by hand.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import timm
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import build_model_with_cfg, generate_default_cfgs, get_pretrained_cfg, register_model
 
+from .models import FAMILIES, Family
+from .models.pretrained_cfgs import WEIGHTS, model_args_for
 from .pos.presets import PRESET_MODEL_OPTIONS, nearest, preset_cfg
 
 __all__ = [
@@ -28,51 +29,11 @@ __all__ = [
 ]
 
 
-@dataclass
-class Family:
-    """One backbone family: how to build it and which names it registers."""
-
-    name: str  # e.g. "vit"
-    model_cls: type
-    module: str  # module that holds the model class; timm lists the models under it
-    sizes: dict[str, dict]  # size -> model kwargs (dims, depth, heads, ...)
-    pes: dict[str, dict]  # name suffix -> model kwargs (pe preset and anything it implies); "" means no suffix
-    cfg: dict  # base pretrained cfg (paper, mean/std, crop, ...)
-    size_cfg: dict[str, dict] = field(default_factory=dict)  # per-size cfg overrides (e.g. input size)
-    pe_cfg: dict[str, dict] = field(default_factory=dict)  # per-PE cfg overrides (the paper comes from the preset)
-    filter_fn: Callable | None = None  # checkpoint filter (published weights -> our names)
-    feature_cfg: dict = field(default_factory=lambda: dict(out_indices=3, feature_cls="getter"))
-    tiny: dict = field(default_factory=dict)  # kwargs for a tiny instance (tests, smoke runs)
-    test_sizes: tuple[int, int] = (32, 48)  # two input resolutions a tiny instance must run at
-    example_input: Callable | None = None  # (size, batch) -> model input; None: images [B, in_chans, size, size]
-
-
-FAMILIES: dict[str, Family] = {}
 _REGISTERED: list[str] = []
 
 
 def model_name(family: str, size: str, pe: str) -> str:
     return f"{family}_{size}_{pe}" if pe else f"{family}_{size}"
-
-
-def base_cfg(**kwargs) -> dict:
-    """A timm pretrained cfg with our defaults: any input size, bicubic, ImageNet mean/std, no weights url."""
-    cfg = dict(
-        url="",
-        num_classes=1000,
-        input_size=(3, 224, 224),
-        pool_size=None,
-        crop_pct=0.875,
-        interpolation="bicubic",
-        fixed_input_size=False,
-        mean=IMAGENET_DEFAULT_MEAN,
-        std=IMAGENET_DEFAULT_STD,
-        first_conv="patch_embed.proj",
-        classifier="head",
-        license="apache-2.0",
-    )
-    cfg.update(kwargs)
-    return cfg
 
 
 def preset_model_options(model_kwargs: dict) -> dict:
@@ -94,8 +55,6 @@ def _selected_tag(name: str, pretrained: bool, pretrained_cfg) -> str | None:
 
 def _entrypoint(family: Family, name: str, size: str, pe: str) -> Callable:
     def create(pretrained: bool = False, pretrained_cfg=None, **kwargs):
-        from .models.pretrained_cfgs import model_args_for  # the models package imports this module
-
         trained_with = model_args_for(name, _selected_tag(name, pretrained, pretrained_cfg))
         args = {
             **family.sizes[size],
@@ -128,8 +87,6 @@ def register_family(family: Family) -> list[str]:
         if paper:
             family.pe_cfg[pe] = {**paper, **family.pe_cfg.get(pe, {})}
     mod = sys.modules[family.module]
-    from .models.pretrained_cfgs import WEIGHTS  # the models package imports this module
-
     cfgs = {}
     for size in family.sizes:
         for pe in family.pes:
@@ -175,3 +132,7 @@ def create_model(name: str, **kwargs):
     if not timm.is_model(name):
         raise ValueError(f"unknown model {name!r}; nearest visionpe models: {nearest(name, _REGISTERED)}")
     return timm.create_model(name, **kwargs)
+
+
+for _family in list(FAMILIES.values()):
+    register_family(_family)

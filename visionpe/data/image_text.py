@@ -10,10 +10,10 @@ positions, so a model must bind the text's position words to where visual tokens
 from __future__ import annotations
 
 import torch
-from torch.utils.data import Dataset
 
 from .registry import register_dataset
-from .splits import split_kind, split_size
+from .rendered import RenderedDataset, side_pair
+from .splits import split_size
 
 __all__ = ["ImageTextShapes", "CLASS_NAMES", "COLOURS", "SHAPES", "image_text_shapes", "question_ids", "vocab_size"]
 
@@ -39,16 +39,9 @@ def question_ids(kind: str, row: int, col: int, grid: int = 3) -> torch.Tensor:
     return torch.tensor([ASK, ASK_COLOUR if kind == "colour" else ASK_SHAPE, 4 + row, 4 + grid + col])
 
 
-def _size(resolution) -> tuple[int, int]:
-    h, w = (resolution, resolution) if isinstance(resolution, int) else tuple(resolution)
-    if h < 1 or w < 1:
-        raise ValueError(f"resolution must be positive, got {resolution!r}")
-    return int(h), int(w)
-
-
 def render_board(colours: list[int], shapes: list[int], grid: int, resolution, bg: float = 0.2) -> torch.Tensor:
     """The board as an image [3, H, W] in [0, 1]; cell i = row * G + col."""
-    h, w = _size(resolution)
+    h, w = side_pair(resolution)
     ys = (torch.arange(h, dtype=torch.float32) + 0.5) / h * grid  # in cell units
     xs = (torch.arange(w, dtype=torch.float32) + 0.5) / w * grid
     row, col = ys.floor().clamp(max=grid - 1), xs.floor().clamp(max=grid - 1)
@@ -66,11 +59,12 @@ def render_board(colours: list[int], shapes: list[int], grid: int, resolution, b
     return img.permute(2, 0, 1).contiguous()
 
 
-class ImageTextShapes(Dataset):
+class ImageTextShapes(RenderedDataset):
     """({"pixels", "text_ids"}, class) items; `render(i, resolution)` draws item i at any size."""
 
     num_classes = len(CLASS_NAMES)
     classes = CLASS_NAMES
+    default_sizes = DEFAULT_SIZES
 
     def __init__(
         self,
@@ -81,24 +75,12 @@ class ImageTextShapes(Dataset):
         seed: int = 0,
         noise: float = 0.05,
     ):
-        kind = split_kind(split)
+        super().__init__(split, num_samples, seed, noise)
         if grid < 2:
             raise ValueError(f"the board needs at least 2 x 2 cells for positions to matter, got grid={grid}")
-        self.split_id = 0 if kind == "train" else 1
-        self.resolution = _size(resolution)
+        self.resolution = side_pair(resolution)
         self.grid = int(grid)
         self.vocab_size = vocab_size(self.grid)
-        self.num_samples = int(num_samples if num_samples is not None else DEFAULT_SIZES[kind])
-        if self.num_samples <= 0:
-            raise ValueError(f"num_samples must be positive, got {self.num_samples}")
-        self.seed = int(seed)
-        self.noise = float(noise)
-
-    def __len__(self) -> int:
-        return self.num_samples
-
-    def _generator(self, index: int, salt: int = 0) -> torch.Generator:
-        return torch.Generator().manual_seed(((self.seed * 2 + self.split_id) * 1_000_003 + index) * 7919 + salt)
 
     def scene(self, index: int) -> dict:
         """The board and the question of item `index` (resolution-free)."""
@@ -116,7 +98,7 @@ class ImageTextShapes(Dataset):
         """Item `index` ({"pixels": [3, H, W], "text_ids": long [4]}, class) at `resolution` (default size if None)."""
         if not 0 <= index < self.num_samples:
             raise IndexError(f"index {index} out of range for {self.num_samples} samples")
-        res = self.resolution if resolution is None else _size(resolution)
+        res = self.resolution if resolution is None else side_pair(resolution)
         s = self.scene(index)
         img = render_board(s["colours"], s["shapes"], self.grid, res)
         if self.noise > 0:

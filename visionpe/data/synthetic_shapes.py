@@ -13,11 +13,11 @@ import math
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
 
 from .registry import register_dataset
+from .rendered import RenderedDataset
 from .seeding import mix_seed
-from .splits import split_kind, split_size
+from .splits import split_size
 
 __all__ = ["SyntheticShapes", "SHAPES", "REGIONS", "CLASS_NAMES", "synthetic_shapes"]
 
@@ -41,11 +41,12 @@ def _sdf(shape: int, x: np.ndarray, y: np.ndarray, r: float) -> np.ndarray:
     return np.minimum(bar, np.maximum(ay - r, ax - 0.3 * r))  # cross: two bars
 
 
-class SyntheticShapes(Dataset):
+class SyntheticShapes(RenderedDataset):
     """Shapes x quadrants; `render(i, resolution)` draws item i at any size, `self[i]` at the default size."""
 
     num_classes = len(CLASS_NAMES)
     classes = CLASS_NAMES
+    default_sizes = DEFAULT_SIZES
 
     def __init__(
         self,
@@ -56,17 +57,8 @@ class SyntheticShapes(Dataset):
         noise: float = 0.05,
     ):
         """num_samples: items in this split (default 5000 train / 1000 val)."""
-        kind = split_kind(split)
-        self.split_id = 0 if kind == "train" else 1
+        super().__init__(split, num_samples, seed, noise)
         self.resolution = int(resolution)
-        self.num_samples = int(num_samples if num_samples is not None else DEFAULT_SIZES[kind])
-        if self.num_samples <= 0:
-            raise ValueError(f"num_samples must be positive, got {self.num_samples}")
-        self.seed = int(seed)
-        self.noise = float(noise)
-
-    def __len__(self) -> int:
-        return self.num_samples
 
     def scene(self, index: int) -> dict:
         """The resolution-free description of item `index`."""

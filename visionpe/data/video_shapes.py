@@ -10,10 +10,10 @@ playing a clip backwards gives exactly a clip of the opposite direction with the
 from __future__ import annotations
 
 import torch
-from torch.utils.data import Dataset
 
 from .registry import register_dataset
-from .splits import split_kind, split_size
+from .rendered import RenderedDataset, side_pair
+from .splits import split_size
 
 __all__ = ["VideoShapes", "CLASS_NAMES", "DIRECTIONS", "render_scene", "reverse_scene", "video_shapes"]
 
@@ -27,17 +27,10 @@ MEAN, STD = 0.5, 0.25
 DEFAULT_SIZES = {"train": 4000, "val": 800}
 
 
-def _size(resolution) -> tuple[int, int]:
-    h, w = (resolution, resolution) if isinstance(resolution, int) else tuple(resolution)
-    if h < 1 or w < 1:
-        raise ValueError(f"resolution must be positive, got {resolution!r}")
-    return int(h), int(w)
-
-
 def render_scene(scene: dict, frames: int, resolution, noise: float = 0.0, generator=None) -> torch.Tensor:
     """A scene as a normalised clip [3, T, H, W]. Frame f samples time (f + 0.5) / T; the first mover moves during
     time [0, 1/2], the second during [1/2, 1]."""
-    h, w = _size(resolution)
+    h, w = side_pair(resolution)
     tau = (torch.arange(frames, dtype=torch.float32) + 0.5) / frames  # [T]
     progress = [(2 * tau).clamp(0, 1), (2 * tau - 1).clamp(0, 1)]  # first mover, second mover
     ys = ((torch.arange(h, dtype=torch.float32) + 0.5) / h).view(1, h, 1)
@@ -69,11 +62,12 @@ def reverse_scene(scene: dict) -> dict:
     return {**scene, "start": ends, "direction": opposite, "first": first, "target": first * 4 + opposite}
 
 
-class VideoShapes(Dataset):
+class VideoShapes(RenderedDataset):
     """Clips [3, T, H, W] and their class; `render(i, resolution, frames)` draws item i at any size and length."""
 
     num_classes = len(CLASS_NAMES)
     classes = CLASS_NAMES
+    default_sizes = DEFAULT_SIZES
 
     def __init__(
         self,
@@ -84,23 +78,11 @@ class VideoShapes(Dataset):
         seed: int = 0,
         noise: float = 0.05,
     ):
-        kind = split_kind(split)
+        super().__init__(split, num_samples, seed, noise)
         if frames < 2:
             raise ValueError(f"video-shapes needs at least 2 frames to show an order of motion, got {frames}")
-        self.split_id = 0 if kind == "train" else 1
-        self.resolution = _size(resolution)
+        self.resolution = side_pair(resolution)
         self.frames = int(frames)
-        self.num_samples = int(num_samples if num_samples is not None else DEFAULT_SIZES[kind])
-        if self.num_samples <= 0:
-            raise ValueError(f"num_samples must be positive, got {self.num_samples}")
-        self.seed = int(seed)
-        self.noise = float(noise)
-
-    def __len__(self) -> int:
-        return self.num_samples
-
-    def _generator(self, index: int, salt: int = 0) -> torch.Generator:
-        return torch.Generator().manual_seed(((self.seed * 2 + self.split_id) * 1_000_003 + index) * 7919 + salt)
 
     def scene(self, index: int) -> dict:
         """The resolution- and length-free description of item `index` (classes cycle, so splits are balanced)."""
@@ -126,7 +108,7 @@ class VideoShapes(Dataset):
         if not 0 <= index < self.num_samples:
             raise IndexError(f"index {index} out of range for {self.num_samples} samples")
         frames = self.frames if frames is None else int(frames)
-        res = self.resolution if resolution is None else _size(resolution)
+        res = self.resolution if resolution is None else side_pair(resolution)
         s = self.scene(index)
         clip = render_scene(
             s, frames, res, self.noise, self._generator(index, salt=frames * 65537 + res[0] * 257 + res[1])

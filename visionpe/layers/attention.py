@@ -6,8 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..attention import RowBias, RowValue, attend, attend_rows, attend_with_probs, get_attn_backend
+from ..attention import attend, attend_rows, attend_with_probs, get_attn_backend
 from ..pos.base import PosContext
+from ..pos.rows import RowBias, RowValue
 
 __all__ = ["Attention", "attention_core"]
 

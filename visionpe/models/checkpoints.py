@@ -1,4 +1,4 @@
-"""Helpers shared by the checkpoint filters of every family: one error type, unwrapping, and a guess of what a
+"""Helpers shared by the checkpoint filters of every family: unwrapping, and a guess of what a
 checkpoint is when it does not fit the model it is loaded into (so the error names what to pass instead)."""
 
 from __future__ import annotations
@@ -7,11 +7,10 @@ import re
 
 import torch
 
-__all__ = ["CheckpointMismatch", "describe_checkpoint", "ensure_fits", "unwrap"]
+from ..pos.base import CheckpointMismatch
+from .family import FAMILIES
 
-
-class CheckpointMismatch(ValueError):
-    """The checkpoint does not fit the model it is loaded into (architecture, size or options differ)."""
+__all__ = ["describe_checkpoint", "ensure_fits", "expect_blocks", "unwrap"]
 
 
 def unwrap(state_dict: dict) -> dict:
@@ -20,6 +19,12 @@ def unwrap(state_dict: dict) -> dict:
         if key in state_dict and isinstance(state_dict[key], dict):
             return state_dict[key]
     return state_dict
+
+
+def expect_blocks(state_dict: dict, block_prefix: str, family: str) -> None:
+    """A CheckpointMismatch naming what the checkpoint is unless it has a `block_prefix` key (a `family` one)."""
+    if not any(k.startswith(block_prefix) for k in state_dict):
+        raise CheckpointMismatch(f"this is not a {family} checkpoint but {describe_checkpoint(state_dict)}")
 
 
 def _count(state_dict: dict, pattern: str) -> int:
@@ -69,9 +74,7 @@ def _same(a, b) -> bool:
 
 def _size_name(family: str, dims: dict) -> str | None:
     """The registered size whose table matches the checkpoint's dims (None if no size does)."""
-    from .. import zoo
-
-    fam = zoo.FAMILIES.get(family)
+    fam = FAMILIES.get(family)
     if fam is None:
         return None
     for size, args in fam.sizes.items():

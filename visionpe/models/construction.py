@@ -74,7 +74,8 @@ def not_scriptable(model: nn.Module):
 class ContractModel(nn.Module):
     """What every backbone shares of timm's model contract: a full re-init (`init_weights`, also after
     `to_empty()`: layer defaults, then the model's own `_init_layers`, then the buffers), the PEs' buffers rebuilt
-    (`init_non_persistent_buffers`, which timm's `reinit_non_persistent_buffers` calls), and the TorchScript error."""
+    (`init_non_persistent_buffers`, which timm's `reinit_non_persistent_buffers` calls), activation checkpointing
+    (`set_grad_checkpointing`) and the TorchScript error."""
 
     def init_weights(self) -> None:
         """Every parameter and buffer drawn or computed afresh (also after `to_empty()`)."""
@@ -85,6 +86,11 @@ class ContractModel(nn.Module):
     def init_non_persistent_buffers(self) -> None:
         """The PEs' index / frequency buffers and caches rebuilt (timm's reinit_non_persistent_buffers)."""
         self.pe.init_non_persistent_buffers()
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each block in the backward pass (activation checkpointing) while training."""
+        self.grad_checkpointing = enable
 
     def __prepare_scriptable__(self):
         not_scriptable(self)

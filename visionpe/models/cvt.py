@@ -17,12 +17,13 @@ code); the official models use QuickGELU (`act_layer="quick_gelu"`, the default)
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections.abc import Sequence
 from functools import partial
 
 import torch
 from timm.layers import get_act_layer, trunc_normal_
-from timm.models._features import feature_take_indices
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -31,9 +32,10 @@ from ..layers.checks import check_images
 from ..layout import TokenLayout, cell_centre_layout, image_layout
 from ..pos.base import AttnSpec, PEHost
 from ..pos.presets import build_pos_encoding
-from .construction import ContractModel, UnsupportedPool, factory_kwargs, place_like
+from .construction import UnsupportedPool, factory_kwargs, place_like
 from .cvt_layers import CvtBlock, CvtStage
-from .param_groups import exact_no_weight_decay, pe_block_rules, pe_stem
+from .param_groups import exact_no_weight_decay, pe_layer_rules, pe_stem, stage_block
+from .staged import StagedModel
 
 __all__ = ["ConvolutionalVisionTransformer"]
 
@@ -46,7 +48,45 @@ def _stage_tuple(value, n: int, what: str) -> tuple:
     return (value,) * n
 
 
-class ConvolutionalVisionTransformer(ContractModel):
+def _stage_embeds(n: int, kernel, stride, padding) -> list[dict]:
+    """Each stage's token embedding (kernel, stride, padding): one value for all stages or one per stage."""
+    kernels = _stage_tuple(kernel, n, "patch_size")
+    strides, paddings = _stage_tuple(stride, n, "patch_stride"), _stage_tuple(padding, n, "patch_padding")
+    return [dict(kernel=k, stride=s, padding=p) for k, s, p in zip(kernels, strides, paddings)]
+
+
+def _drop_rates(drop_path_rate, n: int) -> tuple[float, ...]:
+    """One drop-path rate per stage: as given, or the last stage's (official: the stages before it have none)."""
+    if isinstance(drop_path_rate, Sequence):
+        return _stage_tuple(drop_path_rate, n, "drop_path_rate")
+    return (0.0,) * (n - 1) + (drop_path_rate,)
+
+
+def _build_stages(in_chans, dims, depths, heads, embeds, rates, cls_token, norm_layer, block_kwargs) -> nn.ModuleList:
+    """The stages: embedding s (kernel, stride, padding), its blocks (drop path linear up to rates[s]); the CLS token
+    joins in the last stage."""
+    stages, n = [], len(depths)
+    for s in range(n):
+        in_dim = in_chans if s == 0 else dims[s - 1]
+        stages.append(
+            CvtStage(
+                in_dim,
+                dims[s],
+                depths[s],
+                embed=embeds[s],
+                cls_token=cls_token and s == n - 1,
+                norm_layer=norm_layer,
+                num_heads=heads[s],
+                drop_path=[rates[s] * j / max(depths[s] - 1, 1) for j in range(depths[s])],
+                **block_kwargs,
+            )
+        )
+    return nn.ModuleList(stages)
+
+
+class ConvolutionalVisionTransformer(StagedModel):
+    stage_attr, width_attr, intermediate_formats, pruned_pool = "stages", "embed_dims", ("NCHW", "NLC"), "avg"
+
     @factory_kwargs
     def __init__(
         self,
@@ -88,13 +128,7 @@ class ConvolutionalVisionTransformer(ContractModel):
         super().__init__()
         n = len(depths)
         embed_dims, num_heads = _stage_tuple(embed_dims, n, "embed_dims"), _stage_tuple(num_heads, n, "num_heads")
-        kernels = _stage_tuple(patch_size, n, "patch_size")
-        strides = _stage_tuple(patch_stride, n, "patch_stride")
-        paddings = _stage_tuple(patch_padding, n, "patch_padding")
-        if isinstance(drop_path_rate, Sequence):
-            rates = _stage_tuple(drop_path_rate, n, "drop_path_rate")
-        else:
-            rates = (0.0,) * (n - 1) + (drop_path_rate,)
+        embeds = _stage_embeds(n, patch_size, patch_stride, patch_padding)
         global_pool = global_pool if global_pool is not None else ("token" if cls_token else "avg")
         self._check_pool(global_pool, cls_token)
         norm_layer = norm_layer or partial(nn.LayerNorm, eps=1e-5)
@@ -108,30 +142,12 @@ class ConvolutionalVisionTransformer(ContractModel):
         self.num_prefix_tokens = int(cls_token)
         self.grad_checkpointing = False
 
-        stages, in_dim = [], in_chans
-        for s in range(n):
-            stages.append(
-                CvtStage(
-                    in_dim,
-                    embed_dims[s],
-                    depths[s],
-                    embed=dict(kernel=kernels[s], stride=strides[s], padding=paddings[s]),
-                    cls_token=cls_token and s == n - 1,
-                    norm_layer=norm_layer,
-                    num_heads=num_heads[s],
-                    mlp_ratio=mlp_ratio,
-                    qkv_bias=qkv_bias,
-                    proj_drop=proj_drop_rate,
-                    drop_path=[rates[s] * j / max(depths[s] - 1, 1) for j in range(depths[s])],
-                    act_layer=act_layer,
-                    kernel_size=kernel_qkv,
-                    stride_kv=stride_kv,
-                    padding_q=padding_q,
-                    padding_kv=padding_kv,
-                )
-            )
-            in_dim = embed_dims[s]
-        self.stages = nn.ModuleList(stages)
+        blocks = dict(mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, proj_drop=proj_drop_rate, act_layer=act_layer)
+        blocks.update(kernel_size=kernel_qkv, stride_kv=stride_kv, padding_q=padding_q, padding_kv=padding_kv)
+        rates = _drop_rates(drop_path_rate, n)
+        self.stages = _build_stages(
+            in_chans, embed_dims, depths, num_heads, embeds, rates, cls_token, norm_layer, blocks
+        )
         # global block index of each stage's first block
         self.stage_starts = [sum(depths[:s]) for s in range(n)]
 
@@ -142,12 +158,9 @@ class ConvolutionalVisionTransformer(ContractModel):
         self.norm = norm_layer(embed_dims[-1])
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dims[-1], num_classes) if num_classes > 0 else nn.Identity()
-        reductions, r = [], 1
-        for s in range(n):
-            r *= strides[s]
-            reductions.append(r)
+        reductions = itertools.accumulate((e["stride"] for e in embeds), operator.mul)
         self.feature_info = [
-            dict(module=f"stages.{s}", num_chs=embed_dims[s], reduction=reductions[s]) for s in range(n)
+            dict(module=f"stages.{s}", num_chs=c, reduction=r) for s, (c, r) in enumerate(zip(embed_dims, reductions))
         ]
         self._init_layers()
 
@@ -287,47 +300,18 @@ class ConvolutionalVisionTransformer(ContractModel):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
 
-    def forward_intermediates(
-        self,
-        x: torch.Tensor,
-        indices: int | list[int] | None = None,
-        norm: bool = False,
-        stop_early: bool = False,
-        output_fmt: str = "NCHW",
-        intermediates_only: bool = False,
-    ):
-        """Per-stage feature maps (timm's API): NCHW maps or NLC tokens, CLS excluded; `norm` normalises the last."""
-        if output_fmt not in ("NCHW", "NLC"):
-            raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
+    def _begin(self, x: torch.Tensor) -> torch.Tensor:
         self._check(x)
-        n = len(self.stages)
-        take_indices, max_index = feature_take_indices(n, indices)
-        last = max_index if stop_early else n - 1
-        intermediates = []
-        for s in range(last + 1):
-            tokens, hw = self.forward_stage(s, x)
-            p = self.stages[s].num_prefix
-            if s in take_indices:
-                y = self.norm(tokens) if norm and s == n - 1 else tokens
-                y = self._to_map(y, hw, p) if output_fmt == "NCHW" else y[:, p:]
-                intermediates.append(y)
-            x = self._to_map(tokens, hw, p)
-        if intermediates_only:
-            return intermediates
-        return (self.norm(tokens) if last == n - 1 else tokens), intermediates
+        return x
 
-    def prune_intermediate_layers(self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head=True):
-        take_indices, max_index = feature_take_indices(len(self.stages), indices)
-        prune_end = max_index < len(self.stages) - 1
-        self.stages = self.stages[: max_index + 1]
-        self.pe.keep_layers(self.stage_starts[max_index] + len(self.stages[max_index].blocks))
-        if prune_norm or prune_end:
-            self.norm = nn.Identity()
-        if prune_end:
-            self.num_features = self.head_hidden_size = self.embed_dims[max_index]
-        if prune_head or prune_end:
-            self.reset_classifier(0, "avg" if prune_end else "")
-        return take_indices
+    def _run_stage(self, s: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens, hw = self.forward_stage(s, x)
+        return tokens, self._to_map(tokens, hw, self.stages[s].num_prefix)
+
+    def _format(self, y: torch.Tensor, nxt: torch.Tensor, s: int, output_fmt: str) -> torch.Tensor:
+        """Tokens -> NCHW maps or NLC tokens, CLS excluded."""
+        p = self.stages[s].num_prefix
+        return self._to_map(y, tuple(nxt.shape[-2:]), p) if output_fmt == "NCHW" else y[:, p:]
 
     # --------------------------------------------------------------------------------------------- timm interface
 
@@ -339,21 +323,17 @@ class ConvolutionalVisionTransformer(ContractModel):
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict:
         return dict(
-            stem=pe_stem(r"^stages\.0\.patch_embed"),  # per-layer PE parameters go with their block
+            stem=pe_stem(self.pe, r"^stages\.0\.patch_embed"),  # per-layer PE parameters go with their block
             blocks=r"^stages\.(\d+)"
             if coarse
             else [
                 (r"^stages\.(\d+)\.patch_embed", (0,)),
                 (r"^stages\.(\d+)\.cls_token", (0,)),
                 (r"^stages\.(\d+)\.blocks\.(\d+)", None),
-                *pe_block_rules(self.stage_starts, [len(stage.blocks) for stage in self.stages]),
+                *pe_layer_rules(self.pe, stage_block(self.stage_starts)),
                 (r"^norm", (99999,)),
             ],
         )
-
-    @torch.jit.ignore
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        self.grad_checkpointing = enable
 
     @torch.jit.ignore
     def get_classifier(self) -> nn.Module:

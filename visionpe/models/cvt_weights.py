@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import re
 
-from .checkpoints import CheckpointMismatch, describe_checkpoint, ensure_fits, unwrap
+from ..pos.base import CheckpointMismatch
+from .checkpoints import describe_checkpoint, ensure_fits, unwrap
 
-__all__ = ["checkpoint_filter_fn", "CheckpointMismatch"]
+__all__ = ["checkpoint_filter_fn"]
 
 _QKV = {"query": "q", "key": "k", "value": "v"}
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from .. import zoo
 from .cvt import ConvolutionalVisionTransformer
 from .cvt_weights import checkpoint_filter_fn
+from .family import Family, base_cfg, same_name
 
 _NANO_EMBED = dict(patch_size=(3, 3, 3), patch_stride=(2, 2, 2), patch_padding=(1, 1, 1))  # 32 px -> 16, 8, 4
 
@@ -15,17 +15,13 @@ CVT_SIZES = {  # paper dims; n(ano) is for CPU experiments on small images
     "w24": dict(embed_dims=(192, 768, 1024), num_heads=(3, 12, 16), depths=(2, 2, 20)),
 }
 
+# keys / values at their cell centres (LieRE normalised by the query grid); a CPE after the first block of a stage
 CVT_PES = {
     "": dict(pe="nope"),  # the paper's models
     "rope2d": dict(pe="rope2d"),
     "rope2d_mixed": dict(pe="rope2d_mixed"),
     "irpe": dict(pe="irpe_k"),  # iRPE contextual on k (no APE: CvT has none)
-    "cpe": dict(pe="cpe"),  # a CPE after the first block of every stage
-    "liere": dict(pe="liere"),  # keys / values at their cell centres, normalised by the query grid
-    "comrope_ap": dict(pe="comrope_ap"),
-    "comrope_ld": dict(pe="comrope_ld"),
-    "alibi2d": dict(pe="alibi2d"),  # stride-2 keys at their cell centres
-    "fire2d": dict(pe="fire2d"),
+    **same_name("cpe", "liere", "comrope_ap", "comrope_ld", "alibi2d", "fire2d"),
 }
 
 CVT_PAPER = dict(paper_ids="arXiv:2103.15808", paper_name="CvT: Introducing Convolutions to Vision Transformers")
@@ -35,13 +31,12 @@ ACT_NOTE = (
     "Attention scale is dim^-0.5 over the full width (official quirk, kept for weight compatibility).",
 )
 
-CVT = zoo.Family(
+CVT = Family(
     name="cvt",
     model_cls=ConvolutionalVisionTransformer,
-    module=ConvolutionalVisionTransformer.__module__,
     sizes=CVT_SIZES,
     pes=CVT_PES,
-    cfg=zoo.base_cfg(
+    cfg=base_cfg(
         **CVT_PAPER,
         first_conv="stages.0.patch_embed.proj",
         classifier="head",
@@ -57,7 +52,3 @@ CVT = zoo.Family(
     ),
     test_sizes=(32, 44),
 )
-
-
-def register() -> list[str]:
-    return zoo.register_family(CVT)

@@ -3,7 +3,7 @@
     [text_ids[:k]] <img> [visual tokens, T x H x W raster] </img> [text_ids[k:]]
 
 The markers <img> / </img> are learned text tokens (they are what V2PE's marker rule positions). RoPE positions come
-from `visionpe.segments` under the model's scheme (rope1d, mrope, videorope, vrope or v2pe) for the segments
+from `visionpe.pos.mm_positions` under the model's scheme (rope1d, mrope, videorope, vrope or v2pe) for the segments
 text(k + 1), video(T, H, W), text(L - k + 1); an image is a video with one tubelet frame. The model returns token
 features (`forward_features`), a pooled output (`forward_head(pre_logits=True)`) and class logits (`forward`).
 """

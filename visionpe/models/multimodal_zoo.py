@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import zoo
+from .family import Family, base_cfg
 from .multimodal import MultimodalEncoder
 
 MM_SIZES = {  # DeiT widths; n(ano) for CPU experiments on small images
@@ -20,13 +20,12 @@ MM_PES = {
     for scheme in ("rope1d", "mrope", "videorope", "vrope", "v2pe", "mrope_interleaved", "hope")
 }
 
-MM = zoo.Family(
+MM = Family(
     name="mm",
     model_cls=MultimodalEncoder,
-    module=MultimodalEncoder.__module__,
     sizes=MM_SIZES,
     pes=MM_PES,
-    cfg=zoo.base_cfg(
+    cfg=base_cfg(
         paper_ids="arXiv:2104.09864",
         paper_name="RoFormer: Enhanced Transformer with Rotary Position Embedding (1D RoPE)",
         crop_pct=1.0,
@@ -47,7 +46,3 @@ def example_input(size: int | tuple[int, int], batch: int = 2) -> dict:
 
 
 MM.example_input = example_input  # read by the generic zoo tests and benchmarks
-
-
-def register() -> list[str]:
-    return zoo.register_family(MM)

@@ -48,7 +48,7 @@ def _vit() -> dict[str, dict[str, dict]]:
     w["vit_l_ape"] = {tag: _timm("vit_large_patch16_224", tag, **AUGREG) for tag in ("augreg_in21k_ft_in1k",)}
 
     # RoPE-ViT (DeiT-III recipe: LayerScale 1e-5; APE tables without a CLS entry). timm's hub holds the ported
-    # weights; naver's own upload (original layout, `freqs` [2, depth, H*d/2]) is the url fallback.
+    # weights; naver's own upload (its original layout, which the PE converts) is the url fallback.
     rope = dict(
         paper_ids="arXiv:2403.13298",
         paper_name="Rotary Position Embedding for Vision Transformer",

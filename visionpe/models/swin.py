@@ -22,7 +22,6 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 from timm.layers import ClassifierHead, DropPath, Mlp, PatchEmbed, to_2tuple, trunc_normal_
-from timm.models._features import feature_take_indices
 from timm.models.swin_transformer import PatchMerging
 from torch import nn
 from torch.fx.experimental.symbolic_shapes import statically_known_true
@@ -34,8 +33,9 @@ from ..layers.checks import check_images
 from ..layout import TokenLayout, image_layout, is_symbolic, window_layout
 from ..pos.base import AttnSpec, PEHost, PosContext, merge_contexts
 from ..pos.presets import build_pos_encoding
-from .construction import ContractModel, UnsupportedPool, factory_kwargs
-from .param_groups import exact_no_weight_decay, pe_block_rules, pe_stem
+from .construction import UnsupportedPool, factory_kwargs
+from .param_groups import exact_no_weight_decay, pe_layer_rules, pe_stem, stage_block
+from .staged import StagedModel
 from .swin_windows import WindowPlan, plan_windows, window_mask
 
 __all__ = ["SwinTransformer", "SwinBlock", "SwinStage"]
@@ -119,14 +119,35 @@ class SwinStage(nn.Module):
         )
 
 
+def _build_stages(dims, depths, heads, drop_path_rate: float, norm_layer, block_kwargs) -> nn.ModuleList:
+    """The stages (patch merging into every stage after the first); drop path linear over all blocks."""
+    total = sum(depths)
+    dpr = [drop_path_rate * j / max(total - 1, 1) for j in range(total)]
+    starts = [sum(depths[:s]) for s in range(len(depths))]
+    return nn.ModuleList(
+        SwinStage(
+            dims[max(s - 1, 0)],
+            dims[s],
+            depths[s],
+            downsample=s > 0,
+            norm_layer=norm_layer,
+            drop_path=dpr[starts[s] : starts[s] + depths[s]],
+            num_heads=heads[s],
+            **block_kwargs,
+        )
+        for s in range(len(depths))
+    )
+
+
 def _shift_bias(mask: torch.Tensor, batch: int) -> PosContext:
     nw, n, _ = mask.shape
     full = mask[None].expand(batch, nw, n, n).reshape(batch * nw, 1, n, n)  # window b * nW + w gets mask[w]
     return PosContext(bias=lambda q, k: full)
 
 
-class SwinTransformer(ContractModel):
+class SwinTransformer(StagedModel):
     output_fmt = "NHWC"  # forward_features returns [B, H, W, C], as timm's Swin
+    stage_attr, width_attr, intermediate_formats = "layers", "dims", ("NCHW", "NHWC")
 
     @factory_kwargs
     def __init__(
@@ -189,24 +210,9 @@ class SwinTransformer(ContractModel):
             strict_img_size=False,
             dynamic_img_pad=True,
         )
-        dpr = [drop_path_rate * j / max(sum(depths) - 1, 1) for j in range(sum(depths))]  # linear over all blocks
         self.stage_starts = [sum(depths[:s]) for s in range(n)]
-        self.layers = nn.ModuleList(
-            SwinStage(
-                dims[max(s - 1, 0)],
-                dims[s],
-                depths[s],
-                downsample=s > 0,
-                norm_layer=norm_layer,
-                drop_path=dpr[self.stage_starts[s] : self.stage_starts[s] + depths[s]],
-                num_heads=num_heads[s],
-                mlp_ratio=mlp_ratio,
-                qkv_bias=qkv_bias,
-                proj_drop=proj_drop_rate,
-                act_layer=act_layer,
-            )
-            for s in range(n)
-        )
+        blocks = dict(mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, proj_drop=proj_drop_rate, act_layer=act_layer)
+        self.layers = _build_stages(dims, depths, num_heads, drop_path_rate, norm_layer, blocks)
         self.pe_name = pe
         self.pe = build_pos_encoding(pe, self._host(), pe_kwargs)
 
@@ -314,44 +320,15 @@ class SwinTransformer(ContractModel):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
 
-    def forward_intermediates(
-        self,
-        x: torch.Tensor,
-        indices: int | list[int] | None = None,
-        norm: bool = False,
-        stop_early: bool = False,
-        output_fmt: str = "NCHW",
-        intermediates_only: bool = False,
-    ):
-        """Per-stage feature maps (timm's API), NCHW or NHWC; `norm` applies the final norm to the last stage."""
-        if output_fmt not in ("NCHW", "NHWC"):
-            raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
-        n = len(self.layers)
-        take_indices, max_index = feature_take_indices(n, indices)
-        last = max_index if stop_early else n - 1
-        x = self.embed(x)
-        intermediates = []
-        for s in range(last + 1):
-            x = self.forward_stage(s, x)
-            if s in take_indices:
-                y = self.norm(x) if norm and s == n - 1 else x
-                intermediates.append(y.permute(0, 3, 1, 2).contiguous() if output_fmt == "NCHW" else y)
-        if intermediates_only:
-            return intermediates
-        return (self.norm(x) if last == n - 1 else x), intermediates
+    def _begin(self, x: torch.Tensor) -> torch.Tensor:
+        return self.embed(x)
 
-    def prune_intermediate_layers(self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head=True):
-        take_indices, max_index = feature_take_indices(len(self.layers), indices)
-        prune_end = max_index < len(self.layers) - 1
-        if prune_norm or prune_end:
-            self.norm = nn.Identity()
-        self.layers = self.layers[: max_index + 1]
-        self.pe.keep_layers(self.stage_starts[max_index] + len(self.layers[max_index].blocks))
-        if prune_end:
-            self.num_features = self.head_hidden_size = self.dims[max_index]
-        if prune_head or prune_end:
-            self.reset_classifier(0, "")
-        return take_indices
+    def _run_stage(self, s: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.forward_stage(s, x)
+        return x, x
+
+    def _format(self, y: torch.Tensor, nxt: torch.Tensor, s: int, output_fmt: str) -> torch.Tensor:
+        return y.permute(0, 3, 1, 2).contiguous() if output_fmt == "NCHW" else y  # NHWC: the model's own form
 
     # --------------------------------------------------------------------------------------------- timm interface
 
@@ -362,20 +339,16 @@ class SwinTransformer(ContractModel):
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict:
         return dict(
-            stem=pe_stem(r"^patch_embed"),  # per-layer PE parameters (RPB tables) go with their block
+            stem=pe_stem(self.pe, r"^patch_embed"),  # per-layer PE parameters (RPB tables) go with their block
             blocks=r"^layers\.(\d+)"
             if coarse
             else [
                 (r"^layers\.(\d+).downsample", (0,)),
                 (r"^layers\.(\d+)\.\w+\.(\d+)", None),
-                *pe_block_rules(self.stage_starts, [len(stage.blocks) for stage in self.layers]),
+                *pe_layer_rules(self.pe, stage_block(self.stage_starts)),
                 (r"^norm", (99999,)),
             ],
         )
-
-    @torch.jit.ignore
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        self.grad_checkpointing = enable
 
     @torch.jit.ignore
     def get_classifier(self) -> nn.Module:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .. import zoo
+from .family import Family, base_cfg, same_name
 from .swin import SwinTransformer
 from .swin_weights import checkpoint_filter_fn
 
@@ -13,31 +13,25 @@ SWIN_SIZES = {  # paper dims; n(ano) is for CPU experiments on small images (32 
     "b": dict(embed_dim=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32), window_size=7, patch_size=4),
 }
 
+# every PE on Swin reads window-local coordinates (LieRE's normalised by the window)
 SWIN_PES = {
     "rpb": dict(pe="rpb"),  # Swin's relative position bias (the paper's model)
     "rope2d": dict(pe="rope2d", pe_kwargs={"rope2d": {"theta": 50.0}}),  # RoPE-ViT's Swin: axial, theta 50
     "rope2d_mixed": dict(pe="rope2d_mixed"),
     "irpe": dict(pe="irpe_k"),  # iRPE contextual on k in place of the bias (no APE: Swin has none)
-    "lepe": dict(pe="lepe"),
-    "liere": dict(pe="liere"),  # window-local coordinates, normalised by the window
-    "comrope_ap": dict(pe="comrope_ap"),
-    "comrope_ld": dict(pe="comrope_ld"),
-    "nope": dict(pe="nope"),
-    "alibi2d": dict(pe="alibi2d"),  # window-local coordinates, as every Swin PE
-    "fire2d": dict(pe="fire2d"),
+    **same_name("lepe", "liere", "comrope_ap", "comrope_ld", "nope", "alibi2d", "fire2d"),
 }
 
 SWIN_PAPER = dict(
     paper_ids="arXiv:2103.14030", paper_name="Swin Transformer: Hierarchical Vision Transformer using Shifted Windows"
 )
 
-SWIN = zoo.Family(
+SWIN = Family(
     name="swin",
     model_cls=SwinTransformer,
-    module=SwinTransformer.__module__,
     sizes=SWIN_SIZES,
     pes=SWIN_PES,
-    cfg=zoo.base_cfg(
+    cfg=base_cfg(
         **SWIN_PAPER,
         crop_pct=0.9,
         classifier="head.fc",
@@ -51,7 +45,3 @@ SWIN = zoo.Family(
     tiny=dict(embed_dim=16, depths=(2, 2), num_heads=(1, 2), window_size=4, patch_size=2, img_size=32, num_classes=10),
     test_sizes=(32, 44),
 )
-
-
-def register() -> list[str]:
-    return zoo.register_family(SWIN)

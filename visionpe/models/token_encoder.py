@@ -25,7 +25,7 @@ from ..pos.mm_positions import segment_layout
 from ..pos.presets import build_pos_encoding
 from .construction import ContractModel, UnsupportedPool, place_like
 from .native_batch import NativeSites, masked_tokens, pool_images
-from .param_groups import exact_no_weight_decay, pe_layer_regex, pe_stem
+from .param_groups import exact_no_weight_decay, pe_layer_rules, pe_stem
 
 __all__ = ["TokenEncoder"]
 
@@ -271,13 +271,9 @@ class TokenEncoder(ContractModel):
     def group_matcher(self, coarse: bool = False) -> dict:
         return dict(
             # per-layer PE parameters go with their block (visionpe.models.param_groups), shared ones to the stem
-            stem=pe_stem(r"^cls_token|^reg_token|^patch_embed|^token_merger|^text_embed|^markers"),
-            blocks=[(r"^blocks\.(\d+)", None), (pe_layer_regex(), None), (r"^norm", (99999,))],
+            stem=pe_stem(self.pe, r"^cls_token|^reg_token|^patch_embed|^token_merger|^text_embed|^markers"),
+            blocks=[(r"^blocks\.(\d+)", None), *pe_layer_rules(self.pe, lambda i: (i,)), (r"^norm", (99999,))],
         )
-
-    @torch.jit.ignore
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        self.grad_checkpointing = enable
 
     @torch.jit.ignore
     def get_classifier(self) -> nn.Module:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import zoo
+from .family import Family, base_cfg, same_name
 from .video_vit import VideoViT
 
 VIDEO_SIZES = {  # DeiT widths; tubelets 2 x 16 x 16 over 16 frames (VideoMAE); n(ano) for CPU experiments
@@ -16,27 +16,18 @@ VIDEO_SIZES = {  # DeiT widths; tubelets 2 x 16 x 16 over 16 frames (VideoMAE); 
 
 VIDEO_PES = {
     "ape": dict(pe="ape_st"),  # separable space + time, resampled
-    "rope3d": dict(pe="rope3d"),
-    "mrope": dict(pe="mrope"),
-    "videorope": dict(pe="videorope"),
-    "vrope": dict(pe="vrope"),
-    "v2pe": dict(pe="v2pe"),
-    "mrope_interleaved": dict(pe="mrope_interleaved"),
-    "hope": dict(pe="hope"),
+    **same_name("rope3d", "mrope", "videorope", "vrope", "v2pe", "mrope_interleaved", "hope"),
     # learned rotations over (t, y, x)
     **{name: dict(pe=name, pe_kwargs={"lie_rope": {"num_axes": 3}}) for name in ("liere", "comrope_ap", "comrope_ld")},
 }
 
 VIVIT = dict(paper_ids="arXiv:2103.15691", paper_name="ViViT: A Video Vision Transformer")
-PE_PAPERS: dict[str, dict] = {}  # kept for imports; papers come from the presets (visionpe.pos.presets)
-
-VIDEO = zoo.Family(
+VIDEO = Family(
     name="vivit",
     model_cls=VideoViT,
-    module=VideoViT.__module__,
     sizes=VIDEO_SIZES,
     pes=VIDEO_PES,
-    cfg=zoo.base_cfg(
+    cfg=base_cfg(
         **VIVIT,
         num_classes=400,
         crop_pct=1.0,
@@ -56,7 +47,3 @@ def example_input(size: int | tuple[int, int], batch: int = 2) -> torch.Tensor:
 
 
 VIDEO.example_input = example_input  # read by the generic zoo tests and benchmarks
-
-
-def register() -> list[str]:
-    return zoo.register_family(VIDEO)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .. import zoo
+from .family import Family, base_cfg, same_name
 from .vit import VisionTransformer
 from .vit_weights import checkpoint_filter_fn
 
@@ -18,56 +18,24 @@ VIT_SIZES = {  # DeiT dims; n(ano) is for CPU experiments on small images
 # final norm before average pooling over the patches, as timm's port (global_pool="token" for DINOv3's CLS)
 DINOV3_ARCH = dict(reg_tokens=4, init_values=1e-5, qkv_bias="qv", norm_eps=1e-5, global_pool="avg", fc_norm=False)
 
+# cpe_gap: CPVT-GAP's average pooling, fuzzy_atm: ViTAR's token merger (model options of the presets)
 VIT_PES = {
-    "ape": dict(pe="ape"),
-    "sincos": dict(pe="sincos"),
-    "nope": dict(pe="nope"),
-    "rope2d": dict(pe="rope2d"),
-    "rope2d_mixed": dict(pe="rope2d_mixed"),
-    "rope2d_ape": dict(pe="rope2d_ape"),
-    "rope2d_mixed_ape": dict(pe="rope2d_mixed_ape"),
-    "irpe": dict(pe="irpe"),
-    "irpe_bias": dict(pe="irpe_bias"),
-    "irpe_qkv": dict(pe="irpe_qkv"),
-    "cpe": dict(pe="cpe"),
-    "cpe_gap": dict(pe="cpe_gap"),  # CPVT-GAP: average pooling (a model option of the preset)
-    "lepe": dict(pe="lepe"),
-    "fuzzy": dict(pe="fuzzy"),
-    "fuzzy_atm": dict(pe="fuzzy_atm"),  # ViTAR: fuzzy PE + token merger (a model option of the preset)
+    **same_name("ape", "sincos", "nope", "rope2d", "rope2d_mixed", "rope2d_ape", "rope2d_mixed_ape"),
+    **same_name("irpe", "irpe_bias", "irpe_qkv", "cpe", "cpe_gap", "lepe", "fuzzy", "fuzzy_atm"),
     "rope2d_dinov3": dict(pe="rope2d_dinov3", **DINOV3_ARCH),  # DINOv3's ViT (timm's vit_*_patch16_dinov3)
-    "liere": dict(pe="liere"),
-    "comrope_ap": dict(pe="comrope_ap"),
-    "comrope_ld": dict(pe="comrope_ld"),
-    "alibi2d": dict(pe="alibi2d"),
-    "fire2d": dict(pe="fire2d"),
-    "lookhere": dict(pe="lookhere"),  # LH-180
-    "lookhere_90": dict(pe="lookhere_90"),
-    "lookhere_45": dict(pe="lookhere_45"),
+    **same_name("liere", "comrope_ap", "comrope_ld", "alibi2d", "fire2d"),
+    **same_name("lookhere", "lookhere_90", "lookhere_45"),  # LH-180, LH-90, LH-45
 }
 
 DEIT = dict(paper_ids="arXiv:2012.12877", paper_name="Training data-efficient image transformers")
-VIT_PE_CFG: dict[str, dict] = {}  # per-PE cfg overrides; papers come from the presets (visionpe.pos.presets)
-
-VIT = zoo.Family(
+VIT = Family(
     name="vit",
     model_cls=VisionTransformer,
-    module=VisionTransformer.__module__,
     sizes=VIT_SIZES,
     pes=VIT_PES,
-    cfg=zoo.base_cfg(**DEIT),
+    cfg=base_cfg(**DEIT),
     size_cfg={"n": dict(input_size=(3, 32, 32), crop_pct=1.0)},
-    pe_cfg=VIT_PE_CFG,
     filter_fn=checkpoint_filter_fn,
     tiny=dict(embed_dim=32, depth=2, num_heads=2, patch_size=8, img_size=32, num_classes=10),
     test_sizes=(32, 40),
 )
-
-
-def add_vit_pes(pes: dict[str, dict], pe_cfg: dict[str, dict] | None = None) -> None:
-    """Let other PE families add their ViT presets before registration (see register())."""
-    VIT_PES.update(pes)
-    VIT_PE_CFG.update(pe_cfg or {})
-
-
-def register() -> list[str]:
-    return zoo.register_family(VIT)

@@ -1,21 +1,34 @@
 """Positional encodings: one module per PE family, all with the interface in base.py."""
 
 from .absolute import LearnedAPE, SinCos2D
-from .base import AttnSpec, PEHost, PosContext, PosEncoding, PosStack, merge_contexts
+from .base import (
+    EVERY_LAYER,
+    AttnSpec,
+    CheckpointMismatch,
+    CheckpointSource,
+    PEHost,
+    PosContext,
+    PosEncoding,
+    PosStack,
+    merge_contexts,
+)
+from .cpe import CPE
 from .fuzzy import FuzzyPE
 from .irpe import IRPE, piecewise_index, relative_bucket_ids
 from .lepe import LePE
-from .peg import PEG
 from .presets import PE_KINDS, PE_PRESETS, build_pos_encoding
 from .rope2d import RoPE2D
 
 __all__ = [
+    "EVERY_LAYER",
     "AttnSpec",
+    "CPE",
+    "CheckpointMismatch",
+    "CheckpointSource",
     "FuzzyPE",
     "IRPE",
     "LePE",
     "LearnedAPE",
-    "PEG",
     "PEHost",
     "PE_KINDS",
     "PE_PRESETS",

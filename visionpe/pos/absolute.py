@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from timm.layers import resample_abs_pos_embed, trunc_normal_
 from torch import nn
 
 from ..layout import TokenLayout, is_symbolic
-from .base import PEHost, PosEncoding
+from .base import CheckpointMismatch, PEHost, PosEncoding
 
 __all__ = ["APE_RESAMPLE", "LearnedAPE", "SinCos2D", "resample_bicubic", "sincos_2d"]
 
@@ -36,8 +38,10 @@ class LearnedAPE(PosEncoding):
 
     `pos_embed` [1, E + H0*W0, C], E = num_prefix when prefix tokens have entries (timm DeiT) else 0
     (`no_embed_class`, as in the RoPE-ViT +APE models). resample: "timm" (antialiased, timm's) or "bicubic"
-    (plain, naver RoPE-ViT's); see APE_RESAMPLE.
+    (plain, naver RoPE-ViT's); see APE_RESAMPLE. Published ViT checkpoints name it `pos_embed` (timm's layout).
     """
+
+    checkpoint_keys = {"vit": r"^pos_embed$"}
 
     def __init__(self, host: PEHost, std: float = 0.02, resample: str = "timm"):
         super().__init__(host)
@@ -88,6 +92,41 @@ class LearnedAPE(PosEncoding):
 
     def no_weight_decay(self):
         return {"pos_embed"}
+
+    def convert_checkpoint(self, entries, source):
+        """A checkpoint's `pos_embed` [1, E + S*S, C]: its prefix entries must be ours; another grid is resampled."""
+        if not entries:
+            raise CheckpointMismatch(
+                f"the model's PE {source.pe_name!r} has a learned APE the checkpoint lacks; use a preset without 'ape'"
+            )
+        v = entries["pos_embed"]
+        prefix = self._checkpoint_prefix(v.shape[1])
+        if prefix != self.num_prefix_entries:
+            fix = "no_embed_class=True" if prefix == 0 else "no_embed_class=False"
+            raise CheckpointMismatch(
+                f"the checkpoint's APE has {prefix} prefix entries, the model {self.num_prefix_entries}; "
+                f"build it with {fix}"
+            )
+        side = math.isqrt(v.shape[1] - prefix)
+        if (side, side) != self.grid:
+            v = resample_abs_pos_embed(v, new_size=list(self.grid), old_size=[side, side], num_prefix_tokens=prefix)
+        return {"pos_embed": v}
+
+    def _checkpoint_prefix(self, num: int) -> int:
+        """How many prefix entries a checkpoint's table of `num` rows has (0 or the host's prefix count)."""
+        p = self.host.num_prefix
+        if math.isqrt(num) ** 2 == num:
+            return 0
+        if p and math.isqrt(num - p) ** 2 == num - p:
+            return p
+        raise CheckpointMismatch(f"cannot tell the grid of a pos_embed with {num} entries (not a square grid + prefix)")
+
+    @classmethod
+    def absent_message(cls, key, source):
+        return (
+            f"the checkpoint has a learned APE ({key}) but the model's PE {source.pe_name!r} has none; "
+            "use an *_ape preset (e.g. vit_s_ape, vit_s_rope2d_ape)"
+        )
 
 
 def sincos_2d(pos: torch.Tensor, dim: int, temperature: float = 10000.0) -> torch.Tensor:

@@ -14,7 +14,10 @@ The host contract, one way: the backbone describes itself in a `PEHost` and hand
 and again through `set_host` whenever it changes, e.g. timm's `set_input_size` with a new image or window size);
 it calls `init_weights()` from its own init. A PE owns its parameters (their names, shapes, init and resizing) and
 declares what it needs from the backbone: `layout_scheme` (the position streams its layouts must carry) and
-`layout_options(training)` (per-forward options of that scheme). No backbone names a PE's parameters or presets.
+`layout_options(training)` (per-forward options of that scheme). No backbone names a PE's parameters or presets:
+a PE converts its own entries of published checkpoints (`checkpoint_keys`, `convert_checkpoint`; the backbone's
+filter hands them over through visionpe.pos.checkpoint) and says which layer each parameter serves (`layer_of`, for
+layer-wise lr decay).
 """
 
 from __future__ import annotations
@@ -27,7 +30,36 @@ from torch import nn
 
 from ..layout import TokenLayout
 
-__all__ = ["AttnSpec", "PEHost", "PosContext", "PosEncoding", "PosStack", "merge_contexts"]
+__all__ = [
+    "EVERY_LAYER",
+    "AttnSpec",
+    "CheckpointMismatch",
+    "CheckpointSource",
+    "PEHost",
+    "PosContext",
+    "PosEncoding",
+    "PosStack",
+    "merge_contexts",
+]
+
+EVERY_LAYER = "every layer"  # `layer_of`: one tensor serves every layer (layer decay: the top group, as timm's eva)
+
+
+class CheckpointMismatch(ValueError):
+    """The checkpoint does not fit the model it is loaded into (architecture, size or options differ)."""
+
+
+@dataclass(frozen=True)
+class CheckpointSource:
+    """A published checkpoint as a backbone's filter describes it to its PEs.
+
+    layout: how its keys are named ("vit": timm's ViT / DeiT / eva, DINOv3, naver's RoPE-ViT and the iRPE authors'
+    DeiT; "swin": timm's and the official Swin); pe_name: the model's PE preset (for the messages); describe: a
+    one-line guess of what the checkpoint is (for the messages)."""
+
+    layout: str
+    pe_name: str
+    describe: Callable[[], str] = lambda: "a checkpoint of another layout"
 
 
 @dataclass(frozen=True)
@@ -115,6 +147,10 @@ class PosEncoding(nn.Module):
     layout_scheme: str | None = None  # position scheme its layouts must follow (visionpe.pos.mm_positions); None: any
     # numeric constructor options must be finite and >= 0 (checked by build_pos_encoding); these must be > 0
     positive_options: tuple[str, ...] = ()
+    # keys of published checkpoints (a regex per CheckpointSource.layout) that hold this kind of PE's parameters
+    checkpoint_keys: dict[str, str] = {}
+    # keys of published checkpoints that hold this kind of PE's buffers (rebuilt from the options): always dropped
+    checkpoint_buffers: dict[str, str] = {}
 
     def __init__(self, host: PEHost):
         super().__init__()
@@ -170,6 +206,25 @@ class PosEncoding(nn.Module):
     def no_weight_decay(self) -> set[str]:
         """Parameter names (relative to this module) to exclude from weight decay."""
         return set()
+
+    def layer_of(self, name: str) -> int | str | None:
+        """The attention layer parameter `name` (relative to this module) serves, for layer-wise lr decay: an index
+        (the group of that block), EVERY_LAYER (one tensor for all layers) or None (shared: the stem group). Default:
+        the first all-digit component of the name (`tables.k.{i}`, `convs.{i}.weight`); None without one."""
+        return next((int(part) for part in name.split(".") if part.isdigit()), None)
+
+    def convert_checkpoint(self, entries: dict[str, torch.Tensor], source: CheckpointSource) -> dict:
+        """This PE's entries of a published checkpoint (keys matching `checkpoint_keys[source.layout]`, maybe none)
+        -> {parameter name relative to this module: tensor}, renamed, reshaped and resampled. Raise
+        CheckpointMismatch naming the option or preset to use when they do not fit this PE's options."""
+        if entries:
+            raise CheckpointMismatch(self.absent_message(next(iter(entries)), source))
+        return {}
+
+    @classmethod
+    def absent_message(cls, key: str, source: CheckpointSource) -> str:
+        """The error when a checkpoint holds this kind of PE's entry `key` but the model's PE has none."""
+        return f"the checkpoint has {key!r} ({cls.__name__}) but the model's PE {source.pe_name!r} has none"
 
 
 class PosStack(PosEncoding):
@@ -233,3 +288,7 @@ class PosStack(PosEncoding):
 
     def no_weight_decay(self):
         return {f"encodings.{name}.{p}" for name, pe in self.encodings.items() for p in pe.no_weight_decay()}
+
+    def layer_of(self, name):
+        _, kind, rest = name.split(".", 2)  # encodings.<kind>.<name>
+        return self.encodings[kind].layer_of(rest)

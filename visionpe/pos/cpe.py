@@ -1,6 +1,6 @@
 """CPE / PEG (Chu et al., CPVT): a conditional position encoding generated from the tokens themselves.
 
-The kind is `cpe` (class `CPE`; the paper calls the module a PEG, and `PEG` stays as an alias). After the chosen
+The kind is `cpe` (class `CPE`; the paper calls the module a PEG). After the chosen
 blocks (default: the first block of every stage the host declares, i.e. block 0 of a ViT) the patch tokens are
 reshaped to their grid [B, C, H, W] and x + DWConv3x3(x) replaces them (depthwise, with bias); prefix tokens (CLS,
 registers) pass through unchanged. Zero padding at the borders is what gives the absolute-position cue, so it works
@@ -16,7 +16,7 @@ from torch import nn
 from ..layout import TokenLayout
 from .base import PEHost, PosEncoding
 
-__all__ = ["CPE", "PEG", "grid_tokens", "tokens_from_grid"]
+__all__ = ["CPE", "grid_tokens", "tokens_from_grid"]
 
 
 def grid_tokens(x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
@@ -66,6 +66,3 @@ class CPE(PosEncoding):
         feat = grid_tokens(x[:, p:], layout.hw)  # [B, C, H, W]
         patches = tokens_from_grid(feat + conv(feat))  # [B, N, C]
         return torch.cat([x[:, :p], patches], dim=1) if p else patches
-
-
-PEG = CPE  # the paper's name for the module (CPVT's Positional Encoding Generator)

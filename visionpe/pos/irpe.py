@@ -34,11 +34,12 @@ import torch
 from timm.layers import resize_rel_pos_bias_table, trunc_normal_
 from torch import nn
 
-from ..attention import RowBias, RowValue
 from ..fx import fx_unsupported, is_fx_tracing
 from ..layout import TokenLayout
 from .base import PEHost, PosContext, PosEncoding
+from .irpe_checkpoint import IRPE_KEYS, SWIN_TABLE, irpe_tables, swin_tables
 from .irpe_lookup import FullBuckets, GridBuckets
+from .rows import RowBias, RowValue
 
 __all__ = ["IRPE", "piecewise_index", "relative_bucket_ids", "MAPPINGS", "MODES", "TARGETS", "INDEXES"]
 
@@ -126,9 +127,12 @@ class IRPE(PosEncoding):
     One table per layer and target, zero-initialised (a fresh model equals plain attention), shared across heads
     (shared_heads=True) or one per head. Per-layer heads and head dims come from host.layers (hierarchical
     backbones); with index "identity" and max_offset None, B = (window - 1) from the layer's grid (Swin).
+    Published tables (the iRPE authors' DeiT, Swin's relative position bias) convert through irpe_checkpoint.py.
     """
 
     positive_options = ("ratio",)
+    checkpoint_keys = {"vit": IRPE_KEYS, "swin": SWIN_TABLE}
+    checkpoint_buffers = {"swin": r"\.relative_position_index$"}
 
     def __init__(
         self,
@@ -382,6 +386,21 @@ class IRPE(PosEncoding):
     def no_weight_decay(self):
         # position tables are excluded from weight decay, as Swin does for its relative position bias table
         return {"bias_tables.*", "q_bias_tables.*"} if self.mode == "bias" else {"tables.*"}
+
+    def convert_checkpoint(self, entries, source):
+        return (swin_tables if source.layout == "swin" else irpe_tables)(self, entries, source)
+
+    @classmethod
+    def absent_message(cls, key, source):
+        if source.layout == "swin":
+            return (
+                f"the checkpoint has Swin's relative position bias but the model's PE is {source.pe_name!r}; load it "
+                "into the rpb preset (e.g. swin_t_rpb), or drop the tables and train the new PE (strict=False)"
+            )
+        return (
+            f"the checkpoint has iRPE ({key}) but the model's PE {source.pe_name!r} has none there; "
+            "use the matching preset (irpe for rpe_k, irpe_qkv for rpe_q/k/v)"
+        )
 
 
 def _gather_rows(lut: torch.Tensor, ids: list[torch.Tensor]) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """Position ids of interleaved text / visual sequences for the RoPE schemes of video and multimodal transformers.
 
-These builders live with the PE that reads them (RoPE-ND, visionpe.pos.rope_nd); `visionpe.segments` re-exports them.
+These builders live with the PE that reads them (RoPE-ND, visionpe.pos.rope_nd).
 
 A sequence is a list of segments: `("text", n)`, `("video", (T, H, W))` or `("image", (H, W))` (an image is a video
 with T = 1), or the same as a string, `"text:3 video:2x2x3 text:2"`. Every scheme assigns each token S position
@@ -60,10 +60,6 @@ __all__ = [
     "segment_layout",
     "segments_length",
     "stream_of_pairs",
-    "mrope_layout",
-    "v2pe_layout",
-    "videorope_layout",
-    "vrope_layout",
 ]
 
 Segment = tuple  # ("text", n) or ("video", (T, H, W)) after parsing
@@ -438,28 +434,6 @@ def segment_layout(segments, scheme: str, num_prefix: int = 0, device=None, **op
     pos = _positions(parsed, scheme, device, options)
     grid = parsed[0][1] if len(parsed) == 1 and parsed[0][0] == "video" else None
     return TokenLayout(num_prefix, grid, pos)
-
-
-def mrope_layout(segments, num_prefix: int = 0, device=None) -> TokenLayout:
-    """M-RoPE (Qwen2-VL) layout: streams (t, h, w)."""
-    return segment_layout(segments, "mrope", num_prefix, device)
-
-
-def videorope_layout(segments, num_prefix: int = 0, device=None, temporal_stride: float = 2.0) -> TokenLayout:
-    """VideoRoPE layout: streams (t, h, w), temporal spacing and the diagonal layout."""
-    return segment_layout(segments, "videorope", num_prefix, device, temporal_stride=temporal_stride)
-
-
-def vrope_layout(segments, num_prefix: int = 0, device=None) -> TokenLayout:
-    """VRoPE layout: the four diagonal streams a0..a3."""
-    return segment_layout(segments, "vrope", num_prefix, device)
-
-
-def v2pe_layout(
-    segments, num_prefix: int = 0, device=None, delta: float = V2PE_EVAL_DELTA, training: bool = False
-) -> TokenLayout:
-    """V2PE layout: one stream, text +1, visual +delta (drawn per visual segment when training)."""
-    return segment_layout(segments, "v2pe", num_prefix, device, delta=delta, training=training)
 
 
 # ------------------------------------------------------------------------------------------ frequency matrices

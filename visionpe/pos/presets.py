@@ -37,7 +37,6 @@ from .rope_nd import RoPEND
 __all__ = [
     "PE_KINDS",
     "PE_PRESETS",
-    "PRESET_ALIASES",
     "PRESET_MODEL_OPTIONS",
     "PRESET_PAPERS",
     "Paper",
@@ -98,7 +97,7 @@ PE_PRESETS: dict[str, list[tuple[str, dict]]] = {
     "lepe": [("lepe", {})],
     "fuzzy": [("fuzzy", {})],
     "fuzzy_atm": [("fuzzy", {})],
-    # video / multimodal: separable space-time APE; RoPE over the position streams of visionpe.segments
+    # video / multimodal: separable space-time APE; RoPE over the position streams of visionpe.pos.mm_positions
     "ape_st": [("ape_st", {})],
     "rope1d": [("rope_nd", {"scheme": "rope1d"})],
     "rope3d": [("rope_nd", {"scheme": "rope3d"})],
@@ -122,8 +121,6 @@ PE_PRESETS: dict[str, list[tuple[str, dict]]] = {
     "lookhere_45": [("lookhere", _lookhere("eighths1-eighths2-none"))],
     "fire2d": [("fire2d", {})],
 }
-
-PRESET_ALIASES = {"irpe_only": "irpe_k"}  # old names that still resolve
 
 # model-level options a preset implies (applied by the zoo; a backbone that lacks the option rejects the preset)
 PRESET_MODEL_OPTIONS: dict[str, dict] = {
@@ -215,7 +212,7 @@ PRESET_PAPERS: dict[str, Paper] = {
 
 def preset_cfg(preset: str) -> dict:
     """pretrained-cfg fields a preset contributes (its paper); {} for a preset without one (the backbone's)."""
-    paper = PRESET_PAPERS.get(PRESET_ALIASES.get(preset, preset))
+    paper = PRESET_PAPERS.get(preset)
     return paper.cfg() if paper else {}
 
 
@@ -263,7 +260,6 @@ def check_pe_options(cls: type[PosEncoding], options: dict) -> None:
 def build_pos_encoding(preset: str, host: PEHost, pe_kwargs: dict | None = None) -> PosStack:
     """Build the PEs of `preset` for a backbone. `pe_kwargs` override constructor kwargs: a flat key goes to every
     PE kind that accepts it; `{"kind": {...}}` targets one kind (e.g. `{"rope2d": {"theta": 50}}`)."""
-    preset = PRESET_ALIASES.get(preset, preset)
     if preset not in PE_PRESETS:
         raise ValueError(f"unknown positional encoding {preset!r}; nearest: {nearest(preset, PE_PRESETS)}")
     pe_kwargs = dict(pe_kwargs or {})

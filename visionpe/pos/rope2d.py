@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ..layout import TokenLayout
-from .base import PEHost, PosContext, PosEncoding
+from .base import EVERY_LAYER, CheckpointMismatch, PEHost, PosContext, PosEncoding
 from .coord_aug import CoordAugment
 from .rope_scaling import rope_scaling, scale_frequencies, yarn_temperature
 from .rotary import FixedCosSinCache, apply_rotary, axial_frequencies, scaled_cos_sin
@@ -39,9 +39,15 @@ def mixed_frequencies(head_dim: int, depth: int, num_heads: int, theta: float = 
 
 
 class RoPE2D(PosEncoding):
-    """Rotates q and k of every attention layer by their (x, y) positions; prefix tokens are not rotated."""
+    """Rotates q and k of every attention layer by their (x, y) positions; prefix tokens are not rotated.
+
+    Published RoPE-Mixed ViTs store the frequencies as `rope.freqs` (timm's eva port, [2, depth, H, d/2]) or `freqs`
+    (naver's rope-vit, [2, depth, H * d/2]); naver's patch positions `freqs_t_x/y` and eva's other `rope.*` tensors
+    are buffers, rebuilt from the layout."""
 
     positive_options = ("theta",)
+    checkpoint_keys = {"vit": r"^(rope\.)?freqs$"}
+    checkpoint_buffers = {"vit": r"^freqs_t_[xy]$|^rope\.(?!freqs$)"}
 
     def __init__(
         self,
@@ -151,3 +157,35 @@ class RoPE2D(PosEncoding):
         if isinstance(self.freqs, nn.ParameterList):
             return {f"freqs.{i}" for i in range(len(self.freqs))}
         return {"freqs"}
+
+    def layer_of(self, name):
+        return EVERY_LAYER if name == "freqs" else super().layer_of(name)  # [2, depth, ...] or freqs.{i}
+
+    def convert_checkpoint(self, entries, source):
+        """RoPE-Mixed frequencies in timm's layout [2, depth, H, d/2] (naver's [2, depth, H * d/2] reshaped)."""
+        single = self.mode == "mixed" and isinstance(self.freqs, nn.Parameter)
+        if entries and not single:
+            raise CheckpointMismatch(self.absent_message(next(iter(entries)), source))
+        if not entries:
+            if single:
+                raise CheckpointMismatch(
+                    f"the model's PE {source.pe_name!r} has learned RoPE-Mixed frequencies the checkpoint lacks; "
+                    "use the matching preset (rope2d for an axial RoPE checkpoint)"
+                )
+            return {}
+        v, target = next(iter(entries.values())), self.freqs.shape
+        if v.shape == target:
+            return {"freqs": v}
+        if v.dim() == 3 and v.numel() == target.numel() and tuple(v.shape[:2]) == tuple(target[:2]):
+            return {"freqs": v.reshape(target)}
+        raise CheckpointMismatch(
+            f"the checkpoint's RoPE-Mixed frequencies have shape {tuple(v.shape)}, the model's {tuple(target)} "
+            f"[2, depth, heads, head_dim/2]; it is {source.describe()}"
+        )
+
+    @classmethod
+    def absent_message(cls, key, source):
+        return (
+            f"the checkpoint has RoPE-Mixed frequencies ({key}) but the model's PE is {source.pe_name!r}; "
+            "use a rope2d_mixed preset (e.g. vit_s_rope2d_mixed)"
+        )

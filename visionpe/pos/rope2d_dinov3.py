@@ -69,9 +69,11 @@ def dinov3_coords(
 
 class RoPE2DDinoV3(PosEncoding):
     """DINOv3 RoPE on q and k of every layer; options as in the official module (base or min/max_period,
-    normalize_coords, shift/jitter/rescale_coords)."""
+    normalize_coords, shift/jitter/rescale_coords). The official checkpoints' `rope_embed.periods` are fixed (the
+    options rebuild them) and dropped."""
 
     positive_options = ("base", "min_period", "max_period")
+    checkpoint_buffers = {"vit": r"^rope_embed\."}
 
     def __init__(
         self,

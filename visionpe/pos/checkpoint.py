@@ -1,0 +1,48 @@
+"""Handing a published checkpoint's PE entries to the PEs that own them.
+
+A backbone's checkpoint filter calls `split_pe_entries` with the checkpoint in its source layout: every key a PE
+kind declares (`checkpoint_keys[layout]`) goes to the model's PE of that kind, which converts it to its own names
+(`convert_checkpoint`); keys of PE buffers (`checkpoint_buffers[layout]`) are dropped; a key of a kind the model's
+PE lacks is a CheckpointMismatch with that kind's message (the preset to use). The backbone maps the rest.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from .base import CheckpointMismatch, CheckpointSource, PosStack
+from .presets import PE_KINDS
+
+__all__ = ["split_pe_entries"]
+
+
+def _matches(patterns: dict[str, str], layout: str, key: str) -> bool:
+    pattern = patterns.get(layout)
+    return pattern is not None and re.search(pattern, key) is not None
+
+
+def split_pe_entries(
+    pe: PosStack, state_dict: dict[str, torch.Tensor], source: CheckpointSource, prefix: str = "pe."
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(the PE entries under the model's names `{prefix}encodings.<kind>.<name>`, every other entry unchanged)."""
+    claimed: dict[str, dict[str, torch.Tensor]] = {kind: {} for kind in PE_KINDS}
+    rest = {}
+    for key, value in state_dict.items():
+        if any(_matches(cls.checkpoint_buffers, source.layout, key) for cls in PE_KINDS.values()):
+            continue
+        kind = next((k for k, cls in PE_KINDS.items() if _matches(cls.checkpoint_keys, source.layout, key)), None)
+        if kind is None:
+            rest[key] = value
+        else:
+            claimed[kind][key] = value
+    out = {}
+    for kind, enc in pe.encodings.items():
+        entries = claimed.pop(kind, {})
+        if source.layout in enc.checkpoint_keys:  # a PE with nothing in this layout trains from its own init
+            out.update({f"{prefix}encodings.{kind}.{n}": v for n, v in enc.convert_checkpoint(entries, source).items()})
+    for kind, entries in claimed.items():
+        if entries:
+            raise CheckpointMismatch(PE_KINDS[kind].absent_message(next(iter(entries)), source))
+    return out, rest
