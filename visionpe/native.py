@@ -113,7 +113,7 @@ class BatchLayout:
 
     def gather(self, x: torch.Tensor, group: ImageGroup) -> torch.Tensor:
         """x [B, L, ...] -> the group's images as an ordinary batch [G, Pfx + H*W, ...]."""
-        return x.flatten(0, 1)[group.index]
+        return x.flatten(0, 1).index_select(0, group.index.flatten()).unflatten(0, group.index.shape)
 
     def scatter(self, x: torch.Tensor, group: ImageGroup, values: torch.Tensor) -> torch.Tensor:
         """x with the group's tokens replaced by values [G, Pfx + H*W, ...] (out of place, autograd-safe)."""

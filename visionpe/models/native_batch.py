@@ -81,7 +81,7 @@ def _tokens_first(t: torch.Tensor) -> torch.Tensor:
 
 def _heads_gather(flat: torch.Tensor, group: ImageGroup) -> torch.Tensor:
     """flat [B * L, H, d] -> the group's [G, H, S, d]."""
-    return flat[group.index].transpose(1, 2)
+    return flat.index_select(0, group.index.flatten()).unflatten(0, group.index.shape).transpose(1, 2)
 
 
 def _scatter_heads(base: torch.Tensor, shape, parts: list[tuple[ImageGroup, torch.Tensor]]) -> torch.Tensor:
