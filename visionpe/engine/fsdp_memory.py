@@ -5,8 +5,10 @@ process's peak RSS, and the training step time, for train.strategy=fsdp against 
     python -m visionpe.engine.fsdp_memory --models vit_b_rope2d_mixed vit_l_ape --ranks 2 --batch 1 --steps 3
 
 Each (model, strategy) runs in fresh processes (one per rank, gloo on CPU, fp32, one thread each), so every peak RSS
-is that strategy's own. Writes <out>.json and <out>.md with the ratios fsdp / ddp and the state per rank projected
-to --project ranks (the full state divided by that many ranks; activations and gathered blocks come on top).
+is that strategy's own; they run with glibc's mmap threshold fixed at 256 KiB (MALLOC_MMAP_THRESHOLD_, as the speed
+benchmark's memory probe), so that freed tensors leave the resident set and the peak follows the live tensors.
+Writes <out>.json and <out>.md with the ratios fsdp / ddp and the state per rank projected to --project ranks (the
+full state divided by that many ranks; activations and gathered blocks come on top).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ __all__ = ["state_bytes", "project_state", "measure", "main"]
 
 STRATEGIES = ("ddp", "fsdp")
 GiB = 2**30
+MMAP_THRESHOLD = 256 * 1024  # bytes: larger allocations are mmap'ed and returned to the system when freed
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -136,10 +139,16 @@ def _free_port() -> int:
 
 def measure(job: dict, ranks: int) -> list[dict]:
     """Every rank's figures for one (model, strategy) job, run in `ranks` fresh processes."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = str(Path(tmp) / "ranks.json")
-        mp.spawn(_rank_main, args=(ranks, _free_port(), job, out), nprocs=ranks, join=True)
-        return json.loads(Path(out).read_text())
+    saved = os.environ.get("MALLOC_MMAP_THRESHOLD_")
+    os.environ["MALLOC_MMAP_THRESHOLD_"] = saved or str(MMAP_THRESHOLD)  # read by glibc when each rank starts
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = str(Path(tmp) / "ranks.json")
+            mp.spawn(_rank_main, args=(ranks, _free_port(), job, out), nprocs=ranks, join=True)
+            return json.loads(Path(out).read_text())
+    finally:
+        if saved is None:
+            del os.environ["MALLOC_MMAP_THRESHOLD_"]
 
 
 # -------------------------------------------------------------------------------------------------------- report
@@ -166,7 +175,8 @@ def _markdown(rows: list[dict], args) -> str:
         "",
         "Parameters + gradients + AdamW state are counted from the tensors each rank holds (the largest rank shown); "
         "peak RSS is the whole process's (PyTorch and the libraries, DDP's gradient buckets, activations), and "
-        "'above start' subtracts the RSS before the model was built.",
+        "'above start' subtracts the RSS before the model was built; glibc's mmap threshold is fixed at 256 KiB, so "
+        "the peak follows the live tensors.",
         "",
         f"| model | ddp state GiB | fsdp state GiB | fsdp / ddp state | peak RSS ddp / fsdp GiB | fsdp / ddp RSS | "
         f"fsdp / ddp RSS above start | fsdp / ddp step time | fsdp state per rank at {args.project} ranks GiB |",
