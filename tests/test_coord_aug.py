@@ -10,6 +10,7 @@ from timm.layers.pos_embed_sincos import _apply_coord_augs
 from visionpe.layout import image_layout
 from visionpe.pos import AttnSpec, PEHost, RoPE2D
 from visionpe.pos.coord_aug import CoordAugment, augment_coords
+from visionpe.pos.lie_rope import COMROPE_CENTRE, LieRoPE, apply_block_rotation
 from visionpe.pos.rope2d_dinov3 import RoPE2DDinoV3, dinov3_coords
 
 
@@ -75,9 +76,39 @@ def test_every_rotary_pe_draws_in_training_and_is_deterministic_in_eval(make):
     assert torch.equal(rotated(aug), rotated(aug)) and torch.equal(rotated(aug), rotated(plain))  # off in eval
 
 
+@pytest.mark.parametrize("variant", ["liere", "comrope_ap", "comrope_ld"])
+def test_lie_rope_rotates_at_the_augmented_coordinates_in_training_only(variant):
+    opts = dict(shift_coords=0.2, jitter_coords=1.3, rescale_coords=2.0)
+    plain, aug = LieRoPE(_host(), variant=variant), LieRoPE(_host(), variant=variant, **opts)
+    aug.load_state_dict(plain.state_dict())
+    lay = image_layout(4, 5, 1)
+    aug.train()
+    torch.manual_seed(5)
+    rot = aug.context(0, lay).rotate  # one draw for this layer
+    q = torch.randn(1, 2, lay.num_tokens, 16)
+    torch.manual_seed(5)  # the same draws by hand: patches (and ComRoPE's centre) augmented together, (y, x) order
+    coords = torch.cat([plain.coordinates(0, lay), torch.full((1, 2), COMROPE_CENTRE)])
+    drawn = augment_coords(coords, 0.2, 1.3, 2.0)
+    prefix = drawn[-1:] if variant != "liere" else torch.zeros(1, 2)  # LieRE's prefix: the identity
+    expect = plain.rotations(0, lay, coords=torch.cat([prefix, drawn[:-1]]))
+    got_q, got_k = rot(q, q)
+    assert torch.allclose(got_q, apply_block_rotation(q, expect), atol=1e-5) and torch.equal(got_q, got_k)
+    assert (got_q - plain.context(0, lay).rotate(q, q)[0]).abs().max() > 1e-2  # the draw moved the rotations
+    if variant == "liere":
+        assert torch.equal(got_q[:, :, :1], q[:, :, :1])
+    kv = image_layout(4, 5, 1)  # keys on their own layout (as CvT's): the same draw as the queries
+    a_q, a_k = aug.context(0, lay, kv).rotate(q, q)
+    assert torch.equal(a_q, a_k)
+    aug.eval(), plain.eval()
+    with torch.no_grad():
+        assert torch.equal(aug.context(0, lay).rotate(q, q)[0], plain.context(0, lay).rotate(q, q)[0])  # off in eval
+
+
 def test_bad_options_are_clear_errors():
     with pytest.raises(ValueError, match="jitter_coords must be a finite number >= 1"):
         CoordAugment(jitter=0.9)
     with pytest.raises(ValueError, match="shift_coords"):
         RoPE2D(_host(), shift_coords=-1.0)
+    with pytest.raises(ValueError, match="rescale_coords"):
+        LieRoPE(_host(), variant="comrope_ap", rescale_coords=0.5)
     assert not CoordAugment().active and CoordAugment(rescale=2).active

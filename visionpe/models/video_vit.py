@@ -2,7 +2,8 @@
 tokens, with a swappable PE: separable space-time APE, 3D RoPE, M-RoPE, VideoRoPE, VRoPE or V2PE.
 
 Clips are [B, C, T, H, W]. Any length and size works at call time: T, H, W that are not multiples of the tubelet are
-zero-padded at the end; RoPE schemes extrapolate their integer positions, the APE resamples its tables.
+zero-padded at the end; RoPE schemes extrapolate their integer positions (or, with position_mode 'ntk' / 'yarn',
+rescale their frequencies by how far each stream reaches beyond the training clip), the APE resamples its tables.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from .token_encoder import TokenEncoder
 
 __all__ = ["TubeletEmbed", "VideoViT", "check_clip"]
 
+VIDEO_POSITION_MODES = ("extrapolate", "ntk", "yarn")  # ntk / yarn: test-time RoPE scaling (visionpe.pos.rope_nd)
 VISUAL_FORMATS = ("NCTHW", "NCHW", "NLC")  # maps over (T, H, W), maps over (H, W) when T = 1, tokens
 
 
@@ -111,10 +113,13 @@ class VideoViT(TokenEncoder):
         num_heads: int = 12,
         pe: str = "rope3d",
         pe_kwargs: dict | None = None,
+        position_mode: str = "extrapolate",
         **kwargs,
     ):
         """pe: a PE preset (visionpe.pos.PE_PRESETS), e.g. 'ape_st', 'rope3d', 'vrope'; its options (e.g. V2PE's
-        visual step `delta`) go in pe_kwargs. Other kwargs: see TokenEncoder."""
+        visual step `delta`) go in pe_kwargs. position_mode: 'extrapolate' (raw positions) or 'ntk' / 'yarn'
+        (RoPE-ND schemes rescale their frequencies beyond the training clip; other PEs read them as 'extrapolate').
+        Other kwargs: see TokenEncoder."""
         stem = TubeletEmbed(img_size, num_frames, patch_size, tubelet_size, in_chans, embed_dim)
         super().__init__(
             grid=stem.grid_size[1:],
@@ -132,8 +137,21 @@ class VideoViT(TokenEncoder):
         self.patch_embed = stem
         self.in_chans = in_chans
         self.num_frames = num_frames
+        self.position_mode = position_mode
         self.feature_info = [dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=patch_size) for i in range(depth)]
         self._init_layers()
+
+    @property
+    def position_mode(self) -> str:
+        return self._pe_ref.get("position_mode", "extrapolate")
+
+    @position_mode.setter
+    def position_mode(self, mode: str) -> None:
+        if mode not in VIDEO_POSITION_MODES:
+            raise ValueError(f"video position_mode must be one of {VIDEO_POSITION_MODES}, got {mode!r}")
+        if self._pe_ref.get("position_mode") != mode:
+            self._pe_ref["position_mode"] = mode
+            self.pe.set_host(self._host())  # the PEs read the mode from their host
 
     def layout(self, grid: tuple[int, int, int], device=None) -> TokenLayout:
         """Layout of a T x H x W token grid under the model's position scheme ((t, y, x) for rope3d and the APE)."""

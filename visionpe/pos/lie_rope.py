@@ -17,6 +17,11 @@ divided by the reference extent ((0, 1) at the reference grid); prefix tokens (C
 generator (R = I) or ComRoPE's image centre (0.5 on every axis). Axes follow the official order: (y, x) for images,
 (t, y, x) for video. All positions pass through `coordinates`, the one place a coordinate augmentation acts.
 
+Coordinate augmentation in training (shift/jitter/rescale_coords, see visionpe.pos.coord_aug; off by default and in
+eval) acts on these normalised coordinates, so a shift is in units of the reference extent (the official DINOv3
+shift on its [-1, 1] box is twice ours): one draw per layer, shared by the queries and the keys; LieRE's prefix
+tokens stay unrotated, ComRoPE's sit at the centre of the augmented image.
+
 In eval without autograd the rotations of a layout are computed once and kept (keyed by the layout's positions and
 the generators' versions: an optimizer step or load_state_dict invalidates them); in training, or whenever gradients
 are recorded, every forward recomputes them in fp32 (LieRE: `torch.matrix_exp` per token; ComRoPE: `commuting_exp`,
@@ -33,6 +38,7 @@ from torch import nn
 from ..fx import fx_unsupported, is_fx_tracing
 from ..layout import TokenLayout
 from .base import PEHost, PosContext, PosEncoding
+from .coord_aug import CoordAugment
 from .rotary import no_autocast
 
 __all__ = ["LieRoPE", "apply_block_rotation", "commuting_exp", "VARIANTS"]
@@ -89,7 +95,8 @@ class LieRoPE(PosEncoding):
     """LieRE / ComRoPE at the qk site. variant: liere | comrope_ap | comrope_ld; block_size b (8); num_axes 2 for
     images (y, x), 3 for video (t, y, x); init_std: ComRoPE's generator std (1); layer0_generators: reproduce the
     official LieRE code, whose every layer uses layer 0's generators (default False: each layer its own, as the
-    paper's `rotary_embedding_per_layer` intends)."""
+    paper's `rotary_embedding_per_layer` intends); shift/jitter/rescale_coords: coordinate augmentation in training
+    (None: off)."""
 
     def __init__(
         self,
@@ -99,8 +106,12 @@ class LieRoPE(PosEncoding):
         num_axes: int = 2,
         init_std: float = 1.0,
         layer0_generators: bool = False,
+        shift_coords: float | None = None,
+        jitter_coords: float | None = None,
+        rescale_coords: float | None = None,
     ):
         super().__init__(host)
+        self.coord_aug = CoordAugment(shift_coords, jitter_coords, rescale_coords)
         if variant not in VARIANTS:
             raise ValueError(f"unknown LieRE/ComRoPE variant {variant!r}; choose one of {', '.join(VARIANTS)}")
         if num_axes not in (1, 2, 3):
@@ -224,21 +235,39 @@ class LieRoPE(PosEncoding):
             return pos * pos.new_tensor(scale)
         return (pos + 0.5) / pos.new_tensor([float(r) for r in ref])
 
-    def _token_coords(self, i: int, layout: TokenLayout, query_layout: TokenLayout) -> torch.Tensor:
-        """Coordinates [P + N, A] with the prefix rows: LieRE's zero (identity), ComRoPE's centre."""
-        coords = self.coordinates(i, layout, query_layout).float()
+    def _token_coords(
+        self, i: int, layout: TokenLayout, query_layout: TokenLayout, coords=None, centre=None
+    ) -> torch.Tensor:
+        """Coordinates [P + N, A] with the prefix rows: LieRE's zero (identity), ComRoPE's centre (`centre` [1, A]
+        where augmented). coords: the positioned tokens' (default: `coordinates`)."""
+        coords = self.coordinates(i, layout, query_layout).float() if coords is None else coords
         if layout.num_prefix:
-            fill = 0.0 if self.variant == "liere" else COMROPE_CENTRE
-            coords = torch.cat([coords.new_full((layout.num_prefix, self.num_axes), fill), coords])
+            if self.variant == "liere":
+                fill = coords.new_zeros(layout.num_prefix, self.num_axes)
+            elif centre is None:
+                fill = coords.new_full((layout.num_prefix, self.num_axes), COMROPE_CENTRE)
+            else:
+                fill = centre.expand(layout.num_prefix, -1)
+            coords = torch.cat([fill, coords])
         return coords
+
+    def _augmented_coords(self, i: int, layout: TokenLayout, kv_layout: TokenLayout | None) -> list[torch.Tensor]:
+        """Training with coordinate augmentation: [P + N, A] coordinates of the queries (and keys) under one draw."""
+        layouts = [layout] if kv_layout is None else [layout, kv_layout]
+        plain = [self.coordinates(i, lay, layout).float() for lay in layouts]
+        centre = plain[0].new_full((1, self.num_axes), COMROPE_CENTRE)
+        *drawn, centre = self.coord_aug(torch.cat([*plain, centre]), True).split([len(c) for c in plain] + [1])
+        return [self._token_coords(i, lay, layout, c, centre) for lay, c in zip(layouts, drawn)]
 
     # ------------------------------------------------------------------------------------------------- rotations
 
-    def rotations(self, i: int, layout: TokenLayout, query_layout: TokenLayout | None = None) -> torch.Tensor:
-        """R [H, P + N, nb, b, b] (fp32) of layer i for the tokens of `layout`."""
+    def rotations(
+        self, i: int, layout: TokenLayout, query_layout: TokenLayout | None = None, coords=None
+    ) -> torch.Tensor:
+        """R [H, P + N, nb, b, b] (fp32) of layer i for the tokens of `layout` (at `coords` [P + N, A] if given)."""
         query_layout = layout if query_layout is None else query_layout
         with no_autocast(layout.pos.device):
-            coords = self._token_coords(i, layout, query_layout)
+            coords = self._token_coords(i, layout, query_layout) if coords is None else coords
             if self.variant != "liere" and not torch.compiler.is_compiling():  # (traced graphs: no complex eigh)
                 weights, skew = self._commuting_parts(i)
                 return commuting_exp(coords @ weights, skew)
@@ -268,8 +297,13 @@ class LieRoPE(PosEncoding):
     def context(self, i, layout, kv_layout=None):
         if is_fx_tracing():
             fx_unsupported("LieRE / ComRoPE (their rotations are cached per input size)")
-        rot_q = self._cached_rotations(i, layout, layout)
-        rot_k = rot_q if kv_layout is None else self._cached_rotations(i, kv_layout, layout)
+        if self.training and self.coord_aug.active:
+            coords = self._augmented_coords(i, layout, kv_layout)
+            rot_q = self.rotations(i, layout, layout, coords[0])
+            rot_k = rot_q if kv_layout is None else self.rotations(i, kv_layout, layout, coords[1])
+        else:
+            rot_q = self._cached_rotations(i, layout, layout)
+            rot_k = rot_q if kv_layout is None else self._cached_rotations(i, kv_layout, layout)
 
         def rotate(q, k):
             return apply_block_rotation(q, rot_q), apply_block_rotation(k, rot_k)

@@ -6,6 +6,14 @@ step); the backbone builds its layouts with them through `visionpe.pos.mm_positi
 [N, S] holds the scheme's streams) and never names the scheme itself. This PE
 rotates q and k of every layer through the shared kernel (visionpe.pos.rotary) with the scheme's fixed frequency
 matrix F [S, d/2]. The fixed angles are computed once per layout and head dim and shared by all layers.
+
+Test-time scaling (the host's `ntk` / `yarn` position modes, visionpe.pos.rope_scaling) for a layout that is one
+visual segment (a video backbone's clip): s_a = the spread (max - min + 1) of stream a's positions over its spread in
+the training clip's layout, so each scheme's streams scale by how far they reach beyond training (frames, rows and
+columns for rope3d / M-RoPE, the diagonals for VRoPE, the one sequence stream for rope1d / V2PE). Every scheme's F
+is one ladder theta^(-2c/d) over the d/2 pairs: ntk gives stream a's pairs the base theta * s_a^(d / (d - 2)); yarn
+ramps each frequency by its turns over the training spread and multiplies q and k by 0.1 ln s + 1. Interleaved
+image-text layouts (no single grid) are not scaled: their text has no training extent to compare with.
 """
 
 from __future__ import annotations
@@ -22,7 +30,9 @@ from .mm_positions import (
     position_ids,
     runtime_options,
     scheme_streams,
+    segment_layout,
 )
+from .rope_scaling import SCALING_MODES, rope_scaling, scale_frequencies, single_ladder_exponents, yarn_temperature
 from .rotary import FixedCosSinCache, apply_rotary
 
 __all__ = ["RoPEND", "layout_scheme"]
@@ -65,6 +75,7 @@ class RoPEND(PosEncoding):
         self.num_streams = scheme_streams(scheme)
         self.mrope_section = mrope_section if scheme in ("mrope", "mrope_time", "mrope_interleaved") else None
         self._cos_sin_cache = FixedCosSinCache()
+        self._scaled = (None, None)  # (positions tensor, its scaling): ntk / yarn, computed once per layout
         self.init_non_persistent_buffers()
 
     def init_non_persistent_buffers(self):
@@ -86,7 +97,34 @@ class RoPEND(PosEncoding):
                 f"RoPE scheme {self.scheme!r} reads {self.num_streams} position streams, the layout has "
                 f"{layout.streams}; build it with visionpe.pos.mm_positions.segment_layout(..., {self.scheme!r})"
             )
-        return self._cos_sin_cache(layout, self.layer_frequencies(i))  # [P + N, d] each
+        scaling, spread = self._scaling(layout)
+        if scaling is None:
+            return self._cos_sin_cache(layout, self.layer_frequencies(i))  # [P + N, d] each
+        d = self.host.layers[i].head_dim
+        freqs = scale_frequencies(self.layer_frequencies(i), scaling, d, spread, single_ladder_exponents(d))
+        return self._cos_sin_cache(layout, freqs, tag=scaling, gain=yarn_temperature(scaling))
+
+    def reference_spread(self) -> tuple[float, ...]:
+        """Spread (max - min + 1) of each stream's positions in the training clip's layout (frames x grid)."""
+        frames, (h, w) = self.host.frames, self.host.grid
+        ref = segment_layout([("video", (frames, h, w))], self.scheme, 0, None, **self.layout_options(False))
+        return tuple((ref.pos.amax(0) - ref.pos.amin(0) + 1).tolist())
+
+    def _scaling(self, layout: TokenLayout):
+        """(ntk / yarn scaling of the layout over the training clip, the training spreads), or (None, None)."""
+        if self.host.position_mode not in SCALING_MODES or layout.grid is None or not layout.num_pos:
+            return None, None
+        pos, scaled = self._scaled
+        if pos is not layout.pos:
+            ref = self.reference_spread()
+            spread = tuple((layout.pos.amax(0) - layout.pos.amin(0) + 1).tolist())
+            scaled = (rope_scaling(self.host.position_mode, spread, ref), ref)
+            self._scaled = (layout.pos, scaled)
+        return scaled
+
+    def set_host(self, host: PEHost) -> None:
+        super().set_host(host)
+        self._scaled = (None, None)
 
     def layout_options(self, training):
         return {**self.scheme_options, **runtime_options(self.scheme, training, self.delta, self.temporal_scale)}
