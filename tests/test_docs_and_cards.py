@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from visionpe.bench.cards import write_cards
-from visionpe.bench.citations import PAPERS
+from visionpe.papers import PAPERS
 from visionpe.zoo import FAMILIES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -69,7 +69,7 @@ def test_cards_cite_every_paper_of_the_family_in_bibtex(cards):
     for name, fam in FAMILIES.items():
         ids = {c["paper_ids"] for c in [fam.cfg, *fam.pe_cfg.values()] if c.get("paper_ids")}
         for paper in ids:
-            key = PAPERS[paper.removeprefix("arXiv:")][0]
+            key = PAPERS[paper.removeprefix("arXiv:")].key
             assert f"@misc{{{key}," in cards[name], f"{name} card lacks the BibTeX of {paper}"
 
 

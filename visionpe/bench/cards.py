@@ -23,11 +23,11 @@ import yaml
 import visionpe  # noqa: F401  (registers the families)
 
 from ..models.pretrained_cfgs import WEIGHTS
+from ..papers import PAPERS, bibtex
 from ..pos.presets import PE_PRESETS
 from ..zoo import FAMILIES, Family, model_name, preset_model_options
 from .card_accuracy import accuracy_section, family_summaries, relative_link
 from .card_text import DATASETS, TASKS, card_metadata, limitations_section, usage_section
-from .citations import bibtex
 from .evalsizes import size_label
 from .speed_report import machine_description
 
@@ -257,7 +257,8 @@ def _paper_names(fam: Family) -> dict[str, str]:
     for cfg in [fam.cfg, *fam.pe_cfg.values()]:
         ids, name = cfg.get("paper_ids"), cfg.get("paper_name")
         if ids and ids not in seen:
-            seen[ids] = name or ""
+            known = PAPERS.get(ids.removeprefix("arXiv:"))
+            seen[ids] = known.title if known else name or ""
     return seen
 
 

@@ -10,63 +10,12 @@ trails by as much, 'within noise' otherwise, and 'one seed' when a spread cannot
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+
+from ..papers import CLAIMS, Claim
 
 __all__ = ["Claim", "CLAIMS", "VERDICTS", "standard_error", "verdict", "judge_claims", "tally_text"]
 
 VERDICTS = ("holds", "does not hold", "within noise", "one seed")
-
-
-@dataclass(frozen=True)
-class Claim:
-    text: str  # the claim in the papers' terms
-    source: str
-    pairs: tuple[tuple[str, str], ...]  # (PE expected better or equal, PE expected worse), as in model names
-    where: str  # "beyond": larger than the training size/length; "base": at the training point; "all"
-    protocols: tuple[str, ...] = ()  # only these evaluation protocols (empty: all)
-
-
-CLAIMS = (
-    Claim(
-        "RoPE-Mixed >= RoPE-Axial >= APE beyond the training resolution",
-        "Heo et al., Rotary Position Embedding for Vision Transformer (ECCV 2024), multi-resolution figure",
-        (("rope2d_mixed", "rope2d"), ("rope2d", "ape")),
-        "beyond",
-    ),
-    Claim(
-        "PEG (conditional PE) > no PE",
-        "Chu et al., Conditional Positional Encodings for Vision Transformers (ICLR 2023)",
-        (("cpe", "nope"),),
-        "all",
-    ),
-    Claim(
-        "iRPE > APE",
-        "Wu et al., Rethinking and Improving Relative Position Encoding for Vision Transformer (ICCV 2021)",
-        (("irpe", "ape"),),
-        "all",
-    ),
-    Claim(
-        "VideoRoPE >= M-RoPE on longer videos than trained on",
-        "Wei et al., VideoRoPE: What Makes for Good Video Rotary Position Embedding? (2025)",
-        (("videorope", "mrope"),),
-        "beyond",
-        ("frames",),
-    ),
-    Claim(
-        "VRoPE >= M-RoPE on longer videos than trained on",
-        "Liu et al., VRoPE: Rotary Position Embedding for Video Large Language Models (2025)",
-        (("vrope", "mrope"),),
-        "beyond",
-        ("frames",),
-    ),
-    Claim(
-        "V2PE's smaller visual position increments help long contexts (V2PE >= M-RoPE, 3D RoPE beyond the "
-        "trained length)",
-        "Ge et al., V2PE: Improving Multimodal Long-Context Capability of Vision-Language Models (2024)",
-        (("v2pe", "mrope"), ("v2pe", "rope3d")),
-        "beyond",
-    ),
-)
 
 
 def standard_error(a: dict, b: dict) -> float:
