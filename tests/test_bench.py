@@ -22,13 +22,19 @@ from visionpe.attention import attn_backend
 from visionpe.bench import gpu_check
 from visionpe.bench.__main__ import main as bench_main
 from visionpe.bench.cards import write_cards
-from visionpe.bench.evalsizes import modes_agree, parse_size
-from visionpe.bench.extrapolate import run_benchmark
-from visionpe.bench.flops import count_flops, vit_flops_by_hand
-from visionpe.bench.memprobe import example_input, saved_activation_mb
-from visionpe.bench.plan import BenchConfigError, load_bench, make_plan, validate
+from visionpe.bench.extrapolate import BenchConfigError, load_bench, make_plan, run_benchmark, validate
+from visionpe.bench.measure import (
+    Clock,
+    count_flops,
+    example_input,
+    interleave,
+    paired_ratios,
+    saved_activation_mb,
+    spread,
+    vit_flops_by_hand,
+)
+from visionpe.bench.protocols import modes_agree, parse_size
 from visionpe.bench.speed import expand_models, measure, timm_equivalent
-from visionpe.bench.timing import Clock, interleave, paired_ratios, spread
 from visionpe.engine.checkpoint import find_checkpoint
 from visionpe.recipes import list_recipes
 
@@ -505,7 +511,7 @@ def test_gpu_check_reports_an_xformers_build_for_another_torch(monkeypatch):
 def test_cpu_memory_probe_runs_with_a_fixed_mmap_threshold(monkeypatch):
     # glibc's default threshold grows after large frees, and the resident set then keeps freed heap blocks (ViT-B
     # 1024 px iRPE read 463 MiB that way against 188 MiB live): the probe process must get the fixed threshold
-    from visionpe.bench import memprobe
+    from visionpe.bench import measure as memprobe
 
     seen = {}
 
@@ -526,8 +532,7 @@ def test_cpu_memory_probe_runs_with_a_fixed_mmap_threshold(monkeypatch):
 def test_growth_fit_recovers_the_exponents_of_time_and_memory():
     """Rows whose time per item grows as N^1.5 and memory as N^2 (exact powers) give those exponents back; a model
     measured at one token count gets no fit."""
-    from visionpe.bench.speed import SpeedRow
-    from visionpe.bench.speed_report import format_markdown, scaling
+    from visionpe.bench.speed import SpeedRow, format_markdown, scaling
 
     rows = [
         SpeedRow("m", r, tokens=n, infer_ips=1e6 / n**1.5, infer_mem_mb=n**2 / 1e3)

@@ -6,7 +6,7 @@ A card reads the zoo's tables (sizes, PE variants, papers, weight loaders) and t
 and speed from `results/speed/*.json` (`python -m visionpe.bench speed --zoo` writes `zoo.json`; every speed file's
 per-PE ratios against a baseline are shown with their spread), accuracy at every evaluation point of every protocol
 from each `results/<benchmark>/summary.json` that has models of the family (`python -m visionpe.bench extrapolate`;
-see card_accuracy.py). Nothing in a card is typed by hand: rerun after new measurements.
+see accuracy_section). Nothing in a card is typed by hand: rerun after new measurements.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -26,12 +27,10 @@ from ..models.pretrained_cfgs import WEIGHTS
 from ..papers import PAPERS, bibtex
 from ..pos.presets import PE_PRESETS
 from ..zoo import FAMILIES, Family, model_name, preset_model_options
-from .card_accuracy import accuracy_section, family_summaries, relative_link
-from .card_text import DATASETS, TASKS, card_metadata, limitations_section, usage_section
-from .evalsizes import size_label
-from .speed_report import machine_description
-
-__all__ = ["load_speed", "load_speed_files", "load_extrapolation", "family_card", "write_cards", "main"]
+from .measure import machine_description
+from .protocols import Point, size_label
+from .report import PROTOCOL_TEXT, base_check_lines, cell_text, judge_claims, point_heading, split_name, tally_text
+from .speed import ZOO_SIZES, SpeedRow, memory_ratio_text, spread_text
 
 
 def load_speed(results: Path) -> tuple[dict[tuple[str, int], dict], dict[str, dict]]:
@@ -77,7 +76,6 @@ def _default_res(fam: Family, size: str) -> int:
 
 
 def _speed_section(fam: Family, speed: dict, machines: dict) -> list[str]:
-    from .speed import ZOO_SIZES
 
     size = ZOO_SIZES.get(fam.name, next(iter(fam.sizes)))
     res = _default_res(fam, size)
@@ -136,7 +134,6 @@ def load_speed_files(results: Path) -> list[tuple[Path, dict]]:
 
 
 def _speed_rows(data: dict) -> list:
-    from .speed import SpeedRow
 
     known = {f.name for f in dataclasses.fields(SpeedRow)}
     return [SpeedRow(**{k: v for k, v in r.items() if k in known}) for r in data.get("rows", []) if "model" in r]
@@ -145,7 +142,6 @@ def _speed_rows(data: dict) -> list:
 def _cost_spread_section(fam: Family, files: list[tuple[Path, dict]], out_dir: Path) -> list[str]:
     """Per-PE cost against a baseline measured in the same rounds, median [spread], from every speed file that has
     such ratios for models of the family."""
-    from .speed_report import machine_description, memory_ratio_text, spread_text
 
     lines: list[str] = []
     for path, data in files:
@@ -426,3 +422,288 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0
+
+
+def relative_link(target: Path, start: Path) -> str:
+    return Path(os.path.relpath(target.resolve(), start.resolve())).as_posix()
+
+
+def family_models(fam: Family, s: dict) -> list[str]:
+    return [m for m in s["models"] if m.startswith(fam.name + "_") or m == fam.name]
+
+
+def _point(row: dict) -> Point:
+    """A summary row's evaluation point (summaries written before protocols existed hold upsample rows)."""
+    return Point(row.get("protocol", "upsample"), row["height"], row["width"], row.get("frames", 0))
+
+
+def _protocols(s: dict) -> list[str]:
+    return s.get("protocols") or ["upsample"]
+
+
+def _base_of(s: dict):
+    base, frames = tuple(s["base"]), s.get("base_frames", 0)
+    return lambda protocol: Point(protocol, *base, frames if protocol == "frames" else 0)
+
+
+def summary_points(s: dict) -> list[Point]:
+    """The table's columns: the training point once, then each protocol's other points (sizes as the summary orders
+    them, clip lengths ascending)."""
+    base_of, protocols = _base_of(s), _protocols(s)
+    have = {_point(r) for r in s["table"]}
+    order = {tuple(x): i for i, x in enumerate(s["sizes"])}
+    cols = [base_of(protocols[0])]
+    for pr in protocols:
+        mine = [p for p in have if p.protocol == pr and p != base_of(pr)]
+        cols += sorted(mine, key=lambda p: (p.frames, order.get(p.size, len(order)), p.size))
+    return cols
+
+
+def chance_level(s: dict) -> float | None:
+    """Top-1 (%) of guessing on the summary's dataset; None when the number of classes is not known."""
+    from ..data import get_dataset_info
+
+    try:
+        return 100.0 / get_dataset_info(s["dataset"]).num_classes
+    except (KeyError, ValueError, TypeError, ZeroDivisionError):  # unknown set, or classes known only from a folder
+        return None
+
+
+def at_chance(s: dict) -> bool:
+    """No model clearly above guessing at the training point (mean - 2 std within chance level)."""
+    chance = chance_level(s)
+    base = _base_of(s)(_protocols(s)[0])
+    rows = [r for r in s["table"] if _point(r) == base]
+    return chance is not None and bool(rows) and all(r["mean"] - 2 * r.get("std", 0.0) <= chance for r in rows)
+
+
+def family_summaries(fam: Family, summaries: list[tuple[Path, dict]]) -> list[tuple[Path, dict, list[str]]]:
+    """(path, summary, the family's models) of every summary with models of the family; above-chance runs first."""
+    found = [(p, s, family_models(fam, s)) for p, s in summaries]
+    return sorted((f for f in found if f[2]), key=lambda f: at_chance(f[1]))
+
+
+def _judged(s: dict) -> list[dict]:
+    """The summary's judged claims; judged here from its table for summaries written before claims existed."""
+    if "claims" in s:
+        return s["claims"]
+
+    stats = {(r["model"], r["mode"], _point(r)): dict(mean=r["mean"], std=r["std"], n=r["n"]) for r in s["table"]}
+    records = [dict(zip(("family", "size", "pe"), split_name(m)), model=m) for m in s["models"]]
+    points = list(dict.fromkeys(_point(r) for r in s["table"]))
+    return judge_claims(stats, records, points, list(s["modes"]), _base_of(s))
+
+
+def family_claims(models: list[str], s: dict) -> list[dict]:
+    """The claims with comparisons between the given models, restricted to those comparisons."""
+    out = []
+    for j in _judged(s):
+        mine = [c for c in j["comparisons"] if c["better"] in models and c["worse"] in models]
+        if mine:
+            out.append(dict(j, comparisons=mine))
+    return out
+
+
+def _heading(s: dict) -> str:
+    base = size_label(tuple(s["base"]))
+    where = f"{s['base_frames']} frames of {base} px" if "frames" in _protocols(s) else f"{base} px"
+    n = len(s["seeds"])
+    seeds = f"{n} seeds" if n > 1 else "1 seed (single runs: no spread)"
+    how = f"pretrained weights at {where}" if s.get("pretrained") else f"trained at {where}, {seeds}"
+    return f"### {s['name']}: {how}" + (", at chance level" if at_chance(s) else "")
+
+
+def _summary_block(fam: Family, path: Path, s: dict, models: list[str], out_dir: Path) -> list[str]:
+    rel = relative_link(path.parent, out_dir)
+    base_of, protocols = _base_of(s), _protocols(s)
+    cols = summary_points(s)
+    stats = {(r["model"], r["mode"], _point(r)): r for r in s["table"]}
+    spread = (
+        f"mean ± standard deviation over the seeds {s['seeds']}"
+        if len(s["seeds"]) > 1
+        else f"one run (seed {s['seeds'][0]}) per cell, so no spread is given"
+    )
+    has_plot = (path.parent / "results.png").exists()
+    plot = f", ![top-1 against the evaluation point]({rel}/results.png)" if has_plot else ""
+    lines = [
+        _heading(s),
+        "",
+        f"Top-1 (%) on {s['dataset']} validation examples, {spread}; change against the training point (bold) in "
+        f"brackets; the same weights everywhere, no fine-tuning. Protocols: "
+        + "; ".join(PROTOCOL_TEXT[p] for p in protocols)
+        + f". Full tables: [{rel}/results.md]({rel}/results.md){plot}",
+        "",
+    ]
+    base, frames = tuple(s["base"]), s.get("base_frames", 0)
+    for mode in s["modes"]:
+        heads = [point_heading(c, c == base_of(c.protocol), base, frames, protocols) for c in cols]
+        lines += [f"*{mode}* positions:", "", "| model | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(cols)]
+        for m in models:
+            cells = []
+            for c in cols:
+                ref = stats.get((m, mode, base_of(c.protocol)))
+                cells.append(cell_text(stats.get((m, mode, c)), ref, c == base_of(c.protocol)))
+            same = " (=)" if m in s.get("modes_agree", []) and mode != s["modes"][0] else ""
+            lines.append(f"| {m}{same} | " + " | ".join(cells) + " |")
+        lines.append("")
+    checks = {m: c for m, c in (s.get("base_check") or {}).items() if m in models}
+    lines += base_check_lines(checks, "the tables read fewer")
+    chance = chance_level(s)
+    lines += [
+        f"Measured on {_machine(s)}, {s['date']}."
+        + (" (=): both position modes give identical logits for this model." if len(s["modes"]) > 1 else "")
+        + (f" Chance level: {chance:.1f}%." if chance is not None else "")
+        + (
+            " At the training point no model is clearly above chance: this schedule is too short for the task, "
+            "and the table says nothing about the PEs."
+            if at_chance(s)
+            else ""
+        ),
+        "",
+    ]
+    claims = family_claims(models, s)
+    if claims:
+        lines += [
+            "The papers' orderings on these numbers (an ordering *holds* at a point when the claimed-better PE leads "
+            "by at least twice the standard error of the difference over seeds; with one seed nothing is judged and "
+            f"only which PE is ahead is counted; per-point tables in [{rel}/results.md]({rel}/results.md)):",
+            "",
+            *(f"- **{j['claim']}** ({j['source']}): {tally_text(j)}." for j in claims),
+            "",
+        ]
+    return lines
+
+
+def _machine(s: dict) -> str:
+
+    return machine_description(s["machine"])
+
+
+def accuracy_section(fam: Family, summaries: list[tuple[Path, dict]], out_dir: Path) -> list[str]:
+    """'## Evaluation results': one block per benchmark with models of the family, runs above chance first."""
+    lines = ["## Evaluation results", ""]
+    found = family_summaries(fam, summaries)
+    if not found:
+        return lines + [
+            "No accuracy benchmark of this family yet: `visionpe-bench extrapolate -c <benchmark>` with models of this "
+            "family, then rerun `visionpe-bench cards`.",
+            "",
+        ]
+    for path, s, models in found:
+        lines += _summary_block(fam, path, s, models, out_dir)
+    return lines
+
+
+# family -> (Hugging Face pipeline tag, what the model does); "*" for the image classifiers
+TASKS = {
+    "*": ("image-classification", "image classifier"),
+    "vivit": ("video-classification", "video classifier"),
+    "mm": ("visual-question-answering", "image + text encoder with a classification head (answers as classes)"),
+}
+
+# dataset name in results -> (Hugging Face dataset id or None for generated sets, description)
+DATASETS = {
+    "fashion-mnist": ("zalando-datasets/fashion_mnist", "Fashion-MNIST (28 px greyscale clothing, 10 classes)"),
+    "synthetic-shapes": (None, "synthetic-shapes, generated by visionpe (16 classes: 4 shapes x 4 quadrants)"),
+    "video-shapes": (None, "video-shapes, generated clips by visionpe (8 classes: motion order x direction)"),
+    "image-text-shapes": (None, "image-text-shapes, generated image + question pairs by visionpe (7 answers)"),
+    "imagefolder": ("ILSVRC/imagenet-1k", "an ImageNet-style image folder"),
+}
+
+# PE suffix words that make useful hub tags
+_PE_TAGS = {
+    "rope": "rope",
+    "irpe": "irpe",
+    "cpe": "conditional-position-encoding",
+    "lepe": "lepe",
+    "ape": "absolute-position-embedding",
+    "rpb": "relative-position-bias",
+}
+
+
+def _metadata(fam: Family, summaries: list[tuple[Path, dict, list[str]]]) -> dict:
+    pipeline, _ = TASKS.get(fam.name, TASKS["*"])
+    tags = ["timm", "visionpe", "positional-encoding", pipeline, fam.name]
+    for pe in fam.pes:
+        tags += [tag for word, tag in _PE_TAGS.items() if word in pe and tag not in tags]
+    datasets = []
+    for _, s, _ in summaries:
+        hub_id = DATASETS.get(s["dataset"], (None, ""))[0]
+        if hub_id and hub_id not in datasets:
+            datasets.append(hub_id)
+    meta = dict(library_name="timm", license="apache-2.0", pipeline_tag=pipeline, tags=tags, metrics=["accuracy"])
+    if datasets:
+        meta["datasets"] = datasets
+    return meta
+
+
+def card_metadata(fam: Family, summaries: list[tuple[Path, dict]]) -> str:
+    """The `---`-fenced YAML block that opens a Hugging Face model card."""
+    found = [(p, s, [m for m in s["models"] if m.startswith(fam.name + "_") or m == fam.name]) for p, s in summaries]
+    meta = _metadata(fam, [f for f in found if f[2]])
+    try:
+        from huggingface_hub import ModelCardData
+    except ImportError:  # optional dependency ([hub] extra): the same keys as plain YAML
+        body = yaml.safe_dump(meta, sort_keys=True, default_flow_style=False).strip()
+    else:
+        body = ModelCardData(**meta).to_yaml()
+    return f"---\n{body}\n---\n"
+
+
+def usage_section(fam: Family, names: list[str]) -> list[str]:
+    example = names[0]
+    if fam.name == "vivit":
+        call = "clips = torch.randn(2, 3, 8, 32, 32)  # [batch, channels, frames, height, width]\nlogits = model(clips)"
+    elif fam.name == "mm":
+        call = (
+            "logits = model(pixels=torch.randn(2, 3, 32, 32), text_ids=torch.randint(0, 100, (2, 12)))"
+            "  # image + token ids"
+        )
+    else:
+        call = "logits = model(torch.randn(2, 3, 48, 48))  # any input size at call time"
+    return [
+        "## How to use",
+        "",
+        "```python",
+        "import timm",
+        "import torch",
+        "import visionpe  # registers the models with timm (a plain `timm.create_model` does not know them)",
+        "",
+        f'model = timm.create_model("{example}", num_classes=10).eval()',
+        call,
+        "```",
+        "",
+        "Train and evaluate with the package's tools (`pip install visionpe`): `visionpe-train -c <recipe> "
+        f"model.name={example}`, `visionpe-eval --checkpoint runs/<run> --resolutions 24,32,48`; or with timm's own "
+        "`train.py --model <name> --device-modules visionpe` (docs/using_with_timm.md).",
+        "",
+        "## Intended use",
+        "",
+        "Research on positional encodings: comparing PEs inside one architecture with everything else fixed, and "
+        "studying how they behave at input sizes other than the training size. The models are untrained "
+        "architectures (or converted published checkpoints); they are not products and make no claims about "
+        "real-world data.",
+        "",
+    ]
+
+
+def limitations_section(fam: Family, summaries: list) -> list[str]:
+    lines = [
+        "## Limitations",
+        "",
+        "- The accuracy figures above come from short CPU schedules of nano models on small datasets: they compare "
+        "PEs with each other under one recipe and show how accuracy changes with input size; they are not the "
+        "accuracy these architectures reach with full training, and say nothing about larger sizes.",
+        "- Seeds: one to a handful per model; the ± is the standard deviation over them (tables from one seed give "
+        "none, so their differences cannot be told from seed noise), and differences smaller than it are not "
+        "evidence of anything.",
+        "- Speed figures are from a shared CPU machine: read ratios measured in the same run, not absolute numbers.",
+    ]
+    if not summaries:
+        lines.append("- No accuracy has been measured for this family yet (see *Evaluation results*).")
+    if fam.name in ("vivit", "mm"):
+        lines.append(
+            "- The training data are generated toy tasks; a model that does well on them has learned the task's "
+            "position and order cues, not natural video or language."
+        )
+    return lines + [""]

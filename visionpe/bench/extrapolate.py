@@ -20,46 +20,537 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
+import inspect
 import json
 import multiprocessing
 import os
 import sys
 import threading
 import time
+import typing
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import timm
 import torch
 import yaml
 
 from ..data import get_dataset_info
+from ..data.loader import dataset_num_classes
 from ..engine.checkpoint import atomic_write_text, find_checkpoint
-from ..engine.config import Config, config_to_dict
-from ..engine.setup import build_eval_sets, resolve_amp, to_device
-from .evalsizes import Point, evaluate_view, first_inputs, modes_agree, point_label
-from .plan import (
-    BenchConfig,
-    Job,
-    eval_split_classes,
-    load_bench,
-    make_plan,
-    read_record,
-    recipe_of,
+from ..engine.config import Config, ConfigError, apply_overrides, coerce, config_from_dict, config_to_dict
+from ..engine.setup import build_eval_sets, build_model, build_split, resolve_amp, run_model, to_device
+from ..zoo import create_model
+from .protocols import (
+    PROTOCOLS,
+    Point,
+    SizedView,
+    evaluate_view,
+    first_inputs,
+    has_position_modes,
+    modes_agree,
+    parse_size,
+    point_label,
     row_point,
-    split_name,
-    validate,
-    view_of,
-    write_record,
+    set_position_mode,
 )
+from .report import split_name, write_report
 
-__all__ = ["run_job", "run_benchmark", "main"]
+POSITION_MODES = ("extrapolate", "interpolate")  # the default list
+ACCEPTED_POSITION_MODES = (*POSITION_MODES, "ntk", "yarn")  # ntk / yarn: test-time RoPE scaling
+
+
+class BenchConfigError(ConfigError):
+    """A benchmark file or override that cannot run; raised before any training starts."""
+
+
+def _opt(default, help_text: str):
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: copy.deepcopy(d), metadata={"help": help_text})
+    return field(default=default, metadata={"help": help_text})
+
+
+@dataclass
+class BenchConfig:
+    """The `bench:` section of a benchmark file."""
+
+    name: str = _opt("", "benchmark name (default: the file name); used in output_dir and runs_dir")
+    models: list[str] = _opt([], "registered models, all trained with the file's recipe, e.g. [vit_n_ape, vit_n_cpe]")
+    seeds: list[int] = _opt([0], "training seeds; tables give the mean and standard deviation over them")
+    resolutions: list[int] = _opt([], "square evaluation sizes in px (the training resolution is always added)")
+    shapes: list[str] = _opt([], "non-square evaluation sizes HxW, e.g. [28x56]")
+    position_modes: list[str] = _opt(
+        list(POSITION_MODES), "test-time position modes: extrapolate, interpolate, ntk, yarn"
+    )
+    protocols: list[str] = _opt(
+        ["upsample"],
+        "upsample (content scaled with the image), fov (larger canvas, content at its training scale; canvas "
+        "datasets), frames (clip lengths of bench.frames at the training frame size; video datasets)",
+    )
+    frames: list[int] = _opt([], "clip lengths evaluated by the frames protocol (the training length is added)")
+    pretrained: bool = _opt(False, "evaluate published/saved weights without training (see bench.checkpoints)")
+    checkpoints: dict = _opt(
+        {},
+        "pretrained mode: model -> weights file (timm/official .pth/.safetensors, loaded through the model's "
+        "pretrained filter) or a visionpe run directory; models not listed load timm's pretrained weights",
+    )
+    eval_samples: int = _opt(0, "evaluate on the first N images of the validation split (0: all of it)")
+    base_samples: int | None = _opt(
+        None,
+        "also evaluate the training point on the first N items of the whole validation split (0: all of them, "
+        "whatever data.options.num_val keeps for the tables): a base accuracy with a smaller sampling error, reported "
+        "in the statistics; null: off",
+    )
+    eval_batch_size: int = _opt(256, "evaluation batch size")
+    processes: int = _opt(1, "runs trained in parallel, one process each")
+    threads: int = _opt(1, "torch threads per process")
+    device: str = _opt("cpu", "evaluation device (cpu, cuda, cuda:1, ...); training follows train.device")
+    model_kwargs: dict = _opt(
+        {}, "model -> extra constructor kwargs for that model only (e.g. init_values for LayerScale checkpoints)"
+    )
+    output_dir: str = _opt("results/{name}", "tables, plot and per-run results (small files, meant to be kept)")
+    runs_dir: str = _opt("runs/bench/{name}", "training run directories (checkpoints)")
+
+    def out(self) -> Path:
+        return Path(self.output_dir.replace("{name}", self.name))
+
+    def runs(self) -> Path:
+        return Path(self.runs_dir.replace("{name}", self.name))
+
+
+# ------------------------------------------------------------------------------------------------ config loading
+
+
+def _bench_types() -> dict[str, typing.Any]:
+    return typing.get_type_hints(BenchConfig)
+
+
+def _bench_from_dict(data: dict, where: str) -> BenchConfig:
+    if not isinstance(data, dict):
+        raise BenchConfigError(f"the bench section{where} must be a mapping of keys, got {data!r}")
+    types = _bench_types()
+    values = {}
+    for key, value in data.items():
+        if key not in types:
+            close = difflib.get_close_matches(str(key), list(types), n=1, cutoff=0.0)
+            raise BenchConfigError(
+                f"unknown key bench.{key}{where}; did you mean bench.{close[0]}? (keys: {', '.join(types)})"
+            )
+        values[key] = coerce(value, types[key], f"bench.{key}")
+    return BenchConfig(**values)
+
+
+def load_bench(
+    path: str | os.PathLike | None, overrides: list[str] | tuple[str, ...] = ()
+) -> tuple[BenchConfig, Config]:
+    """(bench section, training recipe) from a benchmark file, then `bench.key=value` and recipe overrides."""
+    data: dict = {}
+    where = ""
+    if path is not None:
+        from ..recipes import resolve_recipe
+
+        path = resolve_recipe(path, kind="bench")  # a file, or a packaged benchmark name such as "quick"
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise BenchConfigError(f"{path} is not valid YAML: {e}") from None
+        if not isinstance(data, dict):
+            raise BenchConfigError(f"{path} must be a mapping of sections (bench, model, data, ...)")
+        where = f" in {path}"
+    data = dict(data)
+    bench = _bench_from_dict(data.pop("bench", None) or {}, where)
+    cfg = config_from_dict(data, where)
+    bench_over = [o for o in overrides if o.split("=", 1)[0].strip().startswith("bench.")]
+    if bench_over:
+        merged = dataclasses.asdict(bench)
+        for item in bench_over:
+            if "=" not in item:
+                raise BenchConfigError(f"override {item!r} is not key=value (e.g. bench.seeds=0,1)")
+            key, raw = item.split("=", 1)
+            merged[key.strip().removeprefix("bench.")] = yaml.safe_load(raw) if raw.strip() else []
+        bench = _bench_from_dict(merged, " on the command line")
+    cfg = apply_overrides(cfg, [o for o in overrides if o not in bench_over])
+    if not bench.name:
+        bench.name = path.stem if path is not None else "bench"
+    return bench, cfg
+
+
+# ------------------------------------------------------------------------------------------------------- the plan
+
+# keys that name a run or how it is run, not what it learns: left out when runs are compared with the recipe
+_NOT_RECIPE = {
+    "model": ("name",),
+    "data": ("workers", "eval_batch_size"),
+    "train": (
+        "seed",
+        "device",
+        "threads",
+        "progress",
+        "log_tensorboard",
+        "dist_timeout",
+        "output_dir",
+        "run_name",
+        "log_every",
+        "keep_checkpoints",
+        "ckpt_every_steps",
+        # how the run is executed, not what it learns (fsdp = ddp and checkpointed blocks = plain to fp32 precision)
+        "strategy",
+        "fsdp",
+        "activation_checkpointing",
+    ),
+    "eval": ("resolutions", "every_epochs", "ema"),
+}
+
+
+def recipe_of(cfg: dict | Config) -> dict:
+    """The parts of a training config that decide what a run learns (for comparing a run with the benchmark)."""
+    d = copy.deepcopy(config_to_dict(cfg) if isinstance(cfg, Config) else cfg)
+    for section, keys in _NOT_RECIPE.items():
+        for k in keys:
+            d.get(section, {}).pop(k, None)
+    if d.get("model", {}).get("img_size") is None:
+        d["model"]["img_size"] = d.get("data", {}).get("resolution")
+    return d
+
+
+def _differences(a: dict, b: dict, prefix: str = "") -> list[str]:
+    out = []
+    for k in sorted(set(a) | set(b)):
+        va, vb = a.get(k), b.get(k)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out += _differences(va, vb, f"{prefix}{k}.")
+        elif va != vb:
+            out.append(f"{prefix}{k}: {va!r} there, {vb!r} now")
+    return out
+
+
+@dataclass
+class Job:
+    """One (model, seed): its training config and where its results go."""
+
+    model: str
+    seed: int
+    cfg: Config
+    sizes: list[tuple[int, int]]  # every evaluated size, the base first
+    modes: list[str]
+    eval_samples: int
+    eval_batch_size: int
+    threads: int
+    record_path: Path
+    device: str = "cpu"
+    points: list[Point] = field(default_factory=list)  # every evaluation point, the base of each protocol first
+    base_frames: int = 0
+    pretrained: bool = False
+    checkpoint: str | None = None  # pretrained mode: weights file or run directory (None: timm's weights)
+    base_samples: int | None = None  # the training point on the first N validation items as well (0: all)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.cfg.train.output_dir) / (self.cfg.train.run_name or "")
+
+    @property
+    def label(self) -> str:
+        return f"{self.model} seed {self.seed}"
+
+    def eval_key(self) -> dict:
+        return dict(split=self.cfg.data.val_split, samples=self.eval_samples)
+
+    def missing(self, record: dict | None) -> list[tuple[str, Point]]:
+        """(mode, point) pairs the record lacks."""
+        have = set()
+        if record and record.get("eval") == self.eval_key():
+            have = {(r["mode"], row_point(r)) for r in record.get("rows", [])}
+        return [(m, p) for m in self.modes for p in self.points if (m, p) not in have]
+
+    def done(self, record: dict | None) -> bool:
+        """Whether the record holds everything this job evaluates."""
+        return not self.missing(record) and not self.needs_base_check(record)
+
+    def needs_base_check(self, record: dict | None) -> bool:
+        """Whether the training point still has to be evaluated on base_samples items."""
+        if self.base_samples is None:
+            return False
+        return not record or (record.get("base_check") or {}).get("samples") != self.base_samples
+
+
+@dataclass
+class Plan:
+    bench: BenchConfig
+    cfg: Config
+    jobs: list[Job]
+    base: tuple[int, int]
+    sizes: list[tuple[int, int]]
+    notes: list[str] = field(default_factory=list)  # what validation noticed (e.g. sizes that need padding)
+    points: list[Point] = field(default_factory=list)
+    base_frames: int = 0
+
+    def base_point(self, protocol: str) -> Point:
+        return Point(protocol, *self.base, self.base_frames if protocol == "frames" else 0)
+
+
+def _option_default(cfg: Config, key: str) -> int:
+    """A dataset option's value: the recipe's, else the factory's default (0 when it has none)."""
+    if key in cfg.data.options:
+        return int(cfg.data.options[key])
+    try:
+        param = inspect.signature(get_dataset_info(cfg.data.name).factory).parameters.get(key)
+    except ValueError:
+        return 0
+    return int(param.default) if param is not None and isinstance(param.default, int) else 0
+
+
+def make_points(bench: BenchConfig, sizes: list[tuple[int, int]], base_frames: int) -> list[Point]:
+    """Upsample and fov points at every size; frames points at the base size for every length (base first)."""
+    points = []
+    for protocol in bench.protocols:
+        if protocol == "frames":
+            lengths = [base_frames] + [f for f in bench.frames if f != base_frames]
+            points += [Point("frames", *sizes[0], f) for f in lengths]
+        else:
+            points += [Point(protocol, *s, 0) for s in sizes]
+    return points
+
+
+def make_plan(bench: BenchConfig, cfg: Config) -> Plan:
+    base = (cfg.data.resolution, cfg.data.resolution)
+    sizes = [base]
+    for s in [*bench.resolutions, *bench.shapes]:
+        try:
+            size = parse_size(s)
+        except ValueError as e:
+            raise BenchConfigError(f"bench.resolutions / bench.shapes: {e}") from None
+        if size not in sizes:
+            sizes.append(size)
+    base_frames = _option_default(cfg, "frames")
+    points = make_points(bench, sizes, base_frames)
+    seeds = [0] if bench.pretrained else bench.seeds  # published weights are one run
+    jobs = []
+    for model in bench.models:
+        for seed in seeds:
+            c = copy.deepcopy(cfg)
+            c.model.name = model
+            c.model.kwargs = {**c.model.kwargs, **(bench.model_kwargs.get(model) or {})}
+            c.train.seed = seed
+            c.train.output_dir = str(bench.runs())
+            c.train.run_name = f"{model}-s{seed}"
+            c.train.threads = bench.threads
+            c.train.progress = c.train.progress and bench.processes == 1
+            c.eval.resolutions = [cfg.data.resolution]
+            c.eval.every_epochs = max(cfg.train.epochs, 1)  # the engine evaluates at the base size once, at the end
+            jobs.append(
+                Job(
+                    model,
+                    seed,
+                    c,
+                    sizes,
+                    list(bench.position_modes),
+                    bench.eval_samples,
+                    bench.eval_batch_size,
+                    bench.threads,
+                    bench.out() / "evals" / f"{model}-s{seed}.json",
+                    bench.device,
+                    points,
+                    base_frames,
+                    bench.pretrained,
+                    bench.checkpoints.get(model),
+                    bench.base_samples,
+                )
+            )
+    return Plan(bench, cfg, jobs, base, sizes, points=points, base_frames=base_frames)
+
+
+# ------------------------------------------------------------------------------------------------------ validation
+
+
+def _nonempty(values: list, key: str, example: str) -> None:
+    if not values:
+        raise BenchConfigError(f"{key} is empty; list at least one, e.g. {key}={example}")
+
+
+def validate(plan: Plan, check_models: bool = True) -> None:
+    """Every check that can fail before training: lists, names, the data, each model at each size and mode, and
+    earlier results made with another recipe. Raises BenchConfigError (or the engine's error) naming the fix."""
+    b, cfg = plan.bench, plan.cfg
+    _nonempty(b.models, "bench.models", "vit_n_ape,vit_n_rope2d")
+    _nonempty(b.seeds, "bench.seeds", "0,1,2")
+    _nonempty(b.position_modes, "bench.position_modes", "extrapolate,interpolate")
+    _nonempty(b.protocols, "bench.protocols", "upsample,fov")
+    bad = [p for p in b.protocols if p not in PROTOCOLS]
+    if bad:
+        raise BenchConfigError(f"bench.protocols: unknown protocol(s) {bad}; use {', '.join(PROTOCOLS)}")
+    if ("frames" in b.protocols) != bool(b.frames):
+        raise BenchConfigError(
+            "the frames protocol and bench.frames go together: list clip lengths (bench.frames=4,16,32) with "
+            "bench.protocols including frames, or neither"
+        )
+    if any(f < 1 for f in b.frames):
+        raise BenchConfigError(f"bench.frames are clip lengths of at least 1 frame, got {b.frames}")
+    for key in ("checkpoints", "model_kwargs"):
+        unknown = sorted(set(getattr(b, key)) - set(b.models))
+        if unknown:
+            raise BenchConfigError(f"bench.{key} names model(s) {unknown} that are not in bench.models")
+    if b.checkpoints and not b.pretrained:
+        raise BenchConfigError("bench.checkpoints are evaluated without training; add bench.pretrained=true")
+    if not b.resolutions and not b.shapes and "frames" not in b.protocols:
+        raise BenchConfigError(
+            "bench.resolutions and bench.shapes are both empty; list the sizes to evaluate at, "
+            "e.g. bench.resolutions=28,42,56"
+        )
+    for key, values in (
+        ("bench.models", b.models),
+        ("bench.seeds", b.seeds),
+        ("bench.position_modes", b.position_modes),
+        ("bench.protocols", b.protocols),
+    ):
+        dups = sorted({str(v) for v in values if values.count(v) > 1})
+        if dups:
+            raise BenchConfigError(f"{key} lists {', '.join(dups)} more than once")
+    bad = [m for m in b.position_modes if m not in ACCEPTED_POSITION_MODES]
+    if bad:
+        raise BenchConfigError(f"bench.position_modes: unknown mode(s) {bad}; use {', '.join(ACCEPTED_POSITION_MODES)}")
+    for key in ("processes", "threads", "eval_batch_size"):
+        if getattr(b, key) < 1:
+            raise BenchConfigError(f"bench.{key} must be at least 1, got {getattr(b, key)}")
+    try:
+        device = torch.device(b.device)
+    except RuntimeError as e:
+        raise BenchConfigError(f"bench.device: {e}; use cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise BenchConfigError(f"bench.device={b.device} but no CUDA device is available; use bench.device=cpu")
+    if b.eval_samples < 0:
+        raise BenchConfigError(f"bench.eval_samples must be 0 (all) or positive, got {b.eval_samples}")
+    if b.base_samples is not None and b.base_samples < 0:
+        raise BenchConfigError(f"bench.base_samples must be null (off), 0 (all) or positive, got {b.base_samples}")
+    if cfg.data.train_resolutions:
+        raise BenchConfigError("the benchmark trains at one base resolution; drop data.train_resolutions")
+    if cfg.train.epochs < 1:
+        raise BenchConfigError(f"train.epochs must be at least 1, got {cfg.train.epochs}")
+    for model in b.models:
+        if not timm.is_model(model):
+            try:
+                create_model(model)
+            except ValueError as e:
+                raise BenchConfigError(f"bench.models: {e}") from None
+    info = get_dataset_info(cfg.data.name)
+    if info.kind not in ("image", "video", "image_text"):
+        raise BenchConfigError(
+            f"the extrapolation benchmark evaluates image, video and image-text classifiers; dataset "
+            f"{cfg.data.name!r} is {info.kind!r}"
+        )
+    if info.kind == "image_text" and b.protocols != ["upsample"]:
+        raise BenchConfigError(
+            f"image-text datasets are evaluated with more visual tokens (bench.protocols=upsample), got {b.protocols}"
+        )
+    if "frames" in b.protocols and info.kind != "video":
+        raise BenchConfigError(f"the frames protocol evaluates clip lengths; dataset {cfg.data.name!r} is not a video")
+    if "fov" in b.protocols and info.kind != "image":
+        raise BenchConfigError(f"the fov protocol places images on canvases; dataset {cfg.data.name!r} is a video")
+    for model, source in b.checkpoints.items():
+        if not Path(source).exists():
+            raise BenchConfigError(f"bench.checkpoints.{model}: {source} does not exist")
+    if not b.pretrained:
+        _check_recipes(plan)
+    if check_models:
+        _check_models(plan, info)
+
+
+def _check_recipes(plan: Plan) -> None:
+    """Results or runs left by a benchmark with another recipe are never mixed in (nor overwritten)."""
+    for job in plan.jobs:
+        theirs = None
+        if job.record_path.is_file():
+            theirs, where = read_record(job.record_path).get("recipe"), job.record_path
+        elif (job.run_dir / "config.yaml").is_file():
+            theirs, where = yaml.safe_load((job.run_dir / "config.yaml").read_text()), job.run_dir
+        if theirs is None:
+            continue
+        diff = _differences(recipe_of(theirs), recipe_of(job.cfg))
+        if diff:
+            raise BenchConfigError(
+                f"{where} was made with another recipe ({'; '.join(diff[:4])}); keep it and write elsewhere with "
+                f"bench.name=<new name> (or bench.output_dir=... bench.runs_dir=...), or delete it to redo the run"
+            )
+
+
+def view_of(evals: dict, point: Point, base: tuple[int, int], limit: int = 0) -> SizedView:
+    """The evaluation inputs of one point: upsample reads the set built for its size, fov and frames the base set."""
+    if point.protocol == "upsample":
+        return SizedView(evals[max(point.size)], point.size, limit, "upsample", base)
+    return SizedView(evals[max(base)], point.size, limit, point.protocol, base, point.frames)
+
+
+def eval_split_classes(cfg: Config, info, pretrained: bool) -> tuple[int, dict | None]:
+    """(number of classes, class map) from the training split, or the evaluation split for pretrained weights
+    (an ImageNet-style val folder needs no train folder next to it)."""
+    split = cfg.data.val_split if pretrained else cfg.data.train_split
+    ds = build_split(cfg, split, cfg.data.resolution, training=not pretrained)
+    return dataset_num_classes(info, ds), getattr(ds, "class_to_idx", None)
+
+
+@torch.no_grad()
+def _check_models(plan: Plan, info) -> None:
+    cfg = plan.cfg
+    num_classes, class_map = eval_split_classes(cfg, info, plan.bench.pretrained)
+    evals = build_eval_sets(cfg, sorted({max(s) for s in plan.sizes}), class_map)
+    device = torch.device("cpu")
+    amp = resolve_amp(cfg.train.amp, device)
+    for model_name in plan.bench.models:
+        c = copy.deepcopy(next(j.cfg for j in plan.jobs if j.model == model_name))
+        try:
+            model = build_model(c, num_classes, info.in_chans).eval()
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise BenchConfigError(f"model {model_name!r} cannot be built for {cfg.data.name!r}: {e}") from None
+        patch = getattr(getattr(model, "patch_embed", None), "patch_size", None)
+        patch = patch[-1] if isinstance(patch, (tuple, list)) else patch
+        padded = sorted({point_label(p) for p in plan.points if patch and (p.height % patch or p.width % patch)})
+        if padded:
+            plan.notes.append(
+                f"{model_name}: {', '.join(padded)} are not multiples of its {patch} px patch; the "
+                f"model zero-pads them at the bottom/right, which costs accuracy of its own"
+            )
+        for point in plan.points:
+            try:
+                x = first_inputs(view_of(evals, point, plan.base, 1), 1)
+            except ValueError as e:
+                raise BenchConfigError(f"cannot evaluate at {point_label(point)}: {e}") from None
+            unit = "" if point.protocol == "frames" else " px"
+            for mode in plan.bench.position_modes:
+                set_position_mode(model, mode)
+                try:
+                    with torch.autocast("cpu", dtype=amp or torch.float32, enabled=amp is not None):
+                        out = run_model(model, x)
+                except (RuntimeError, ValueError, TypeError, AssertionError) as e:
+                    raise BenchConfigError(
+                        f"model {model_name!r} cannot take {point_label(point)}{unit} in {mode} mode: "
+                        f"{e}; drop that size from bench.resolutions / bench.shapes / bench.frames"
+                    ) from None
+                if out.shape != (1, num_classes):
+                    raise BenchConfigError(
+                        f"model {model_name!r} returned {tuple(out.shape)}, not [1, "
+                        f"{num_classes}]; the benchmark evaluates classifiers"
+                    )
+                if not has_position_modes(model):
+                    break
+
+
+def read_record(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise BenchConfigError(f"{path} is unreadable ({e}); delete it and the run is evaluated again") from None
+
+
+def write_record(path: Path, record: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(record, indent=1) + "\n")
 
 
 def _load_pretrained(job: Job, num_classes: int, in_chans: int):
     """(model, cfg) for pretrained mode: a visionpe run directory, a weights file through the model's pretrained
     filter (official/timm layouts convert), or timm's own pretrained weights."""
     from ..engine import load_checkpoint
-    from ..engine.setup import build_model
 
     cfg = job.cfg
     source = job.checkpoint
@@ -223,7 +714,6 @@ def _summary_line(record: dict, points: list[Point]) -> str:
 def run_benchmark(bench: BenchConfig, cfg: Config, dry_run: bool = False, log=print) -> Path:
     """Check everything, run what is missing (in `bench.processes` processes), write the tables and the plot.
     Returns the output directory."""
-    from .report import write_report
 
     plan = make_plan(bench, cfg)
     validate(plan)

@@ -31,10 +31,7 @@ import visionpe  # noqa: F401  (registers the models)
 from visionpe import attn_backend
 
 from ..zoo import FAMILIES, create_model, family_of
-from .memprobe import cuda_peak_mb
-from .timing import Clock, interleave, model_step, spread
-
-__all__ = ["XFORMERS_TORCH", "AGREEMENT_MODELS", "TOLERANCE", "xformers_status", "agreement", "throughput", "main"]
+from .measure import Clock, cuda_peak_mb, interleave, model_step, spread
 
 XFORMERS_TORCH = {
     "0.0.31": "==2.7.1",

@@ -7,26 +7,14 @@ from __future__ import annotations
 import csv
 import inspect
 import json
+import math
 import statistics
 import time
 from pathlib import Path
 
-from .claims import judge_claims, tally_text
-from .evalsizes import Point, point_label, size_label
-
-__all__ = [
-    "long_rows",
-    "aggregate",
-    "ordered_sizes",
-    "format_markdown",
-    "write_report",
-    "base_heading",
-    "point_heading",
-    "stat_text",
-    "cell_text",
-    "CSV_KEYS",
-    "PROTOCOL_TEXT",
-]
+from ..papers import CLAIMS
+from .measure import machine_description, machine_info
+from .protocols import Point, point_label, row_point, size_label
 
 # what each evaluation protocol shows, in words (the tables' legend)
 PROTOCOL_TEXT = {
@@ -326,7 +314,6 @@ def augmentation_text(cfg) -> str:
 
 def restrict(records: list[dict], plan) -> list[dict]:
     """The records' rows for the plan's modes and points only (a record keeps rows of points since dropped)."""
-    from .plan import row_point
 
     points, modes = set(plan.points), set(plan.bench.position_modes)
     return [
@@ -392,9 +379,6 @@ def _summary(records: list[dict], plan, seconds: float, machine: dict) -> dict:
 
 def write_report(records: list[dict], plan, out: Path, seconds: float) -> list[Path]:
     """results.csv, results.md, summary.json and results.png under `out`; returns the paths written."""
-    from .plots import plot_extrapolation
-    from .speed import machine_info
-    from .speed_report import machine_description
 
     out.mkdir(parents=True, exist_ok=True)
     records = restrict(records, plan)
@@ -416,3 +400,250 @@ def write_report(records: list[dict], plan, out: Path, seconds: float) -> list[P
     if png is not None:
         paths.append(png)
     return paths
+
+
+VERDICTS = ("holds", "does not hold", "within noise", "one seed")
+
+
+def standard_error(a: dict, b: dict) -> float:
+    """Standard error of mean_a - mean_b from each side's sample std and number of seeds."""
+    return math.sqrt(a["std"] ** 2 / a["n"] + b["std"] ** 2 / b["n"])
+
+
+def verdict(a: dict, b: dict) -> str:
+    """Whether 'a above b' holds on {'mean', 'std', 'n'} statistics (see the module docstring)."""
+    if a["n"] < 2 or b["n"] < 2:
+        return "one seed"
+    diff, se = a["mean"] - b["mean"], standard_error(a, b)
+    if abs(diff) < 2 * se or diff == 0:
+        return "within noise"
+    return "holds" if diff > 0 else "does not hold"
+
+
+def _is_beyond(point, base) -> bool:
+    if point.protocol == "frames":
+        return point.frames > base.frames
+    return point.height * point.width > base.height * base.width
+
+
+def _selected(point, base, where: str) -> bool:
+    if where == "base":
+        return point == base
+    if where == "beyond":
+        return _is_beyond(point, base)
+    return True
+
+
+def judge_claims(stats: dict, records: list[dict], points: list, modes: list[str], base_of) -> list[dict]:
+    """Every claim judged at every point and mode where the benchmark has both models of a pair.
+
+    stats: (model, mode, point) -> {'mean', 'std', 'n'}; records: per-run records (model, family, size, pe);
+    base_of(protocol) -> the training point of that protocol."""
+    by_pe: dict[str, list[dict]] = {}
+    for rec in records:
+        by_pe.setdefault(rec.get("pe"), [])
+        if all(r["model"] != rec["model"] for r in by_pe[rec.get("pe")]):
+            by_pe[rec.get("pe")].append(rec)
+    out = []
+    for claim in CLAIMS:
+        comparisons, present = [], []
+        for good, bad in claim.pairs:
+            for ra in by_pe.get(good, []):
+                for rb in by_pe.get(bad, []):
+                    if (ra.get("family"), ra.get("size")) != (rb.get("family"), rb.get("size")):
+                        continue
+                    present.append([ra["model"], rb["model"]])
+                    for mode in modes:
+                        for point in points:
+                            if claim.protocols and point.protocol not in claim.protocols:
+                                continue
+                            if not _selected(point, base_of(point.protocol), claim.where):
+                                continue
+                            a, b = stats.get((ra["model"], mode, point)), stats.get((rb["model"], mode, point))
+                            if a is None or b is None:
+                                continue
+                            comparisons.append(
+                                dict(
+                                    better=ra["model"],
+                                    worse=rb["model"],
+                                    protocol=point.protocol,
+                                    mode=mode,
+                                    height=point.height,
+                                    width=point.width,
+                                    frames=point.frames,
+                                    a=dict(a),
+                                    b=dict(b),
+                                    diff=a["mean"] - b["mean"],
+                                    se=standard_error(a, b),
+                                    verdict=verdict(a, b),
+                                )
+                            )
+        tally = {v: sum(c["verdict"] == v for c in comparisons) for v in VERDICTS}
+        out.append(
+            dict(
+                claim=claim.text,
+                source=claim.source,
+                pairs=[list(p) for p in claim.pairs],
+                present=present,  # the (better, worse) model pairs the benchmark has, compared or not
+                where=claim.where + (f" ({', '.join(claim.protocols)})" if claim.protocols else ""),
+                comparisons=comparisons,
+                tally=tally,
+            )
+        )
+    return out
+
+
+def tally_text(judged: dict) -> str:
+    """'upsample: holds at 5 of 8 comparisons, within noise at 3; fov: ...' or why nothing was compared."""
+    comparisons = judged["comparisons"]
+    if not comparisons and judged.get("present"):
+        models = "; ".join(" and ".join(pair) for pair in judged["present"])
+        where = judged["where"]
+        return f"not measured: this benchmark has {models}, but no evaluation point where the claim applies ({where})"
+    if not comparisons:
+        pes = sorted({pe for pair in judged["pairs"] for pe in pair})
+        return f"not measured: this benchmark lacks models with the PEs {', '.join(pes)} on one backbone"
+    parts = []
+    for protocol in dict.fromkeys(c["protocol"] for c in comparisons):
+        rows = [c for c in comparisons if c["protocol"] == protocol]
+        mine = [c["verdict"] for c in rows]
+        counts = ", ".join(f"{v} at {mine.count(v)}" for v in VERDICTS if v in mine)
+        ahead = sum(c["diff"] > 0 for c in rows if c["verdict"] == "one seed")
+        signs = f" (the claimed-better PE ahead at {ahead})" if "one seed" in mine else ""
+        parts.append(f"{protocol}: {counts}{signs} of {len(mine)} comparison(s)")
+    return "; ".join(parts)
+
+
+_AXES = {
+    "upsample": "evaluation resolution (px), content scaled",
+    "fov": "canvas size (px), content at training scale",
+    "frames": "clip length (frames)",
+}
+
+
+def plot_extrapolation(summary: dict, path: Path) -> Path | None:
+    """Draw summary.json's table to `path` (square sizes as lines, non-square shapes in their own panels); None when
+    matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # the tables do not need it
+        return None
+    modes = summary["modes"]
+    protocols = summary.get("protocols", ["upsample"])
+    square = [(p, m) for p in protocols for m in modes]
+    oblong = [(p, m) for p, m in square if p != "frames" and _oblong_shapes(summary["table"], p, m)]
+    labels = _labels(summary["models"])
+    n = len(square) + len(oblong)
+    fig, axes = plt.subplots(1, n, figsize=(5.2 * n, 4.6), sharey=True, squeeze=False)
+    for ax, (protocol, mode) in zip(axes[0][len(square) :], oblong):
+        _oblong_panel(ax, summary, protocol, mode, labels, len(modes) > 1)
+    for ax, (protocol, mode) in zip(axes[0], square):
+        ticks: set[int] = set()
+        for k, model in enumerate(summary["models"]):
+            pts = sorted(
+                (r["frames"] if protocol == "frames" else r["height"], r["mean"], r["std"])
+                for r in summary["table"]
+                if r["model"] == model
+                and r["mode"] == mode
+                and r.get("protocol", "upsample") == protocol
+                and r["height"] == r["width"]
+            )
+            if not pts:
+                continue
+            xs, ys, es = zip(*pts)
+            ticks.update(xs)
+            ax.errorbar(
+                xs, ys, yerr=es if any(es) else None, marker="o", ms=4, capsize=2, label=labels[model], color=f"C{k}"
+            )
+        ax.axvline(summary.get("base_frames") if protocol == "frames" else summary["base"][0], color="grey", ls=":")
+        if protocol == "frames":
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(sorted(ticks), [str(t) for t in sorted(ticks)])
+            ax.minorticks_off()
+        ax.set_title(f"{protocol}, {mode} positions" if len(modes) > 1 else protocol)
+        ax.set_xlabel(_AXES[protocol])
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("top-1 accuracy (%)")
+    handles, names = axes[0][0].get_legend_handles_labels()
+    # below the panels, outside every axes: no curve is hidden behind it
+    fig.legend(handles, names, loc="lower center", ncol=min(len(names), 6) or 1, fontsize=8, frameon=False)
+    seeds = len(summary["seeds"])
+    fig.suptitle(
+        f"{summary['dataset']}: trained at {summary['base'][0]} px"
+        + (f", {summary['base_frames']} frames" if "frames" in protocols else "")
+        + f", {seeds} seed{'s' if seeds > 1 else ''}",
+        fontsize=11,
+    )
+    rows = -(-len(names) // 6) if names else 0
+    fig.tight_layout(rect=(0, 0.05 * rows + 0.02, 1, 1))  # leave room for the legend's rows
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _labels(models: list[str]) -> dict[str, str]:
+    """PE names when all models share a backbone prefix (vit_n_ape -> ape), full names otherwise."""
+
+    parts = {m: split_name(m) for m in models}
+    backbones = {(f, s) for f, s, _ in parts.values()}
+    if len(backbones) == 1:
+        return {m: p[2] for m, p in parts.items()}
+    return {m: m for m in models}
+
+
+def _oblong_shapes(table: list[dict], protocol: str, mode: str) -> list[tuple[int, int]]:
+    """The non-square (height, width) shapes evaluated under `protocol` and `mode`, smallest first."""
+    return sorted(
+        {
+            (r["height"], r["width"])
+            for r in table
+            if r["mode"] == mode and r.get("protocol", "upsample") == protocol and r["height"] != r["width"]
+        },
+        key=lambda hw: (hw[0] * hw[1], hw),
+    )
+
+
+def _oblong_panel(ax, summary: dict, protocol: str, mode: str, labels: dict, name_mode: bool) -> None:
+    """Top-1 at each non-square shape: shapes on a categorical axis, one marker (with seed error bar) per PE."""
+    shapes = _oblong_shapes(summary["table"], protocol, mode)
+    models = summary["models"]
+    width = 0.8 / max(len(models), 1)
+    for k, model in enumerate(models):
+        pts = [
+            (shapes.index((r["height"], r["width"])), r["mean"], r["std"])
+            for r in summary["table"]
+            if r["model"] == model
+            and r["mode"] == mode
+            and r.get("protocol", "upsample") == protocol
+            and r["height"] != r["width"]
+        ]
+        if not pts:
+            continue
+        xs, ys, es = zip(*sorted(pts))
+        offset = (k - (len(models) - 1) / 2) * width  # side by side within a shape: markers do not overlap
+        color = f"C{k}"  # the same colour as the model's line in the square panels (same order)
+        ax.errorbar([x + offset for x in xs], ys, yerr=es if any(es) else None, fmt="s", ms=4, capsize=2, color=color)
+    ax.set_xticks(range(len(shapes)), [f"{h}x{w}" for h, w in shapes])
+    ax.set_xlim(-0.6, len(shapes) - 0.4)
+    ax.set_title(f"{protocol}, {mode} positions, non-square" if name_mode else f"{protocol}, non-square")
+    ax.set_xlabel("evaluation shape (height x width, px)")
+    ax.grid(alpha=0.3, axis="y")
+
+
+def split_name(name: str) -> tuple[str, str, str]:
+    from ..zoo import FAMILIES, family_of
+
+    try:
+        fam = family_of(name)
+    except ValueError:
+        return name, "", name
+    rest = name[len(fam.name) + 1 :]
+    size = max((s for s in fam.sizes if rest == s or rest.startswith(s + "_")), key=len, default="")
+    pe = rest[len(size) + 1 :] if size else rest
+    if not pe:
+        pe = FAMILIES[fam.name].pes.get("", {}).get("pe", "default")
+    return fam.name, size, pe

@@ -13,9 +13,9 @@ resolutions (and clip lengths for video), against a baseline and timm's equivale
     python -m visionpe.bench speed --compile      # torch.compile vs eager, ours vs timm (results/compile/compile.json)
 
 Models may be glob patterns over the registered models. Per model and size: parameters, GFLOPs (fvcore MACs with
-attention counted, see flops.py), inference and training images/s (clips/s for video), peak memory of one step of one
-item (see memprobe.py) and, for video training, the activations autograd saves. Models that take the same input run
-interleaved in random order each round (see timing.py); every ratio is taken per round against the baseline (the
+attention counted, see measure.py), inference and training images/s (clips/s for video), peak memory of one step of one
+item (see measure.py) and, for video training, the activations autograd saves. Models that take the same input run
+interleaved in random order each round (see measure.py); every ratio is taken per round against the baseline (the
 --baseline model, else the first listed) and timm's equivalent (same architecture, e.g. vit_s_ape and
 vit_small_patch16_224), and reported as median [interquartile range, or min-max under 4 rounds]. With two or more
 sizes, the growth of time and memory with the token count is fitted as a power law (time ~ N^a). Results go to a JSON
@@ -26,38 +26,42 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import json
 import math
 import os
-import platform
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import timm
 import torch
+from timm.optim import create_optimizer_v2
 from torch import nn
 
 import visionpe  # noqa: F401  (registers the models)
 
+from ..data import build_dataset, build_train_loader, get_dataset_info
+from ..data.loader import dataset_num_classes
 from ..engine.config import Config, apply_overrides
-from ..zoo import FAMILIES, create_model, list_visionpe_models, model_name
-from .flops import count_flops
-from .memprobe import example_input, is_video, peak_memory_mb, saved_activation_mb
-from .speed_report import format_markdown, scaling, write_results
-from .timing import CLOCKS, Clock, interleave, model_step, paired_ratios, spread, torch_threads
-
-__all__ = [
-    "TIMM_EQUIVALENTS",
-    "timm_equivalent",
-    "expand_models",
-    "machine_info",
-    "SpeedRow",
-    "measure",
-    "scaling",
-    "format_markdown",
-    "zoo_plan",
-    "main",
-]
+from ..zoo import FAMILIES, create_model, family_of, list_visionpe_models, model_name
+from .measure import (
+    CLOCKS,
+    Clock,
+    Spread,
+    count_flops,
+    example_input,
+    interleave,
+    is_video,
+    machine_description,
+    machine_info,
+    model_step,
+    paired_ratios,
+    peak_memory_mb,
+    saved_activation_mb,
+    spread,
+    torch_threads,
+)
 
 _VIT_SIZES = {"t": "tiny", "s": "small", "b": "base", "l": "large"}
 _LS = dict(init_values=1e-5)  # timm's RoPE-ViT ports are DeiT-III models (LayerScale)
@@ -83,28 +87,6 @@ TIMM_EQUIVALENTS = _equivalents()
 def timm_equivalent(name: str) -> tuple[str, dict] | None:
     """(timm model, kwargs for ours) when timm has the same architecture, else None (e.g. cvt_13)."""
     return TIMM_EQUIVALENTS.get(name)
-
-
-def machine_info(device: str = "cpu") -> dict:
-    """What the figures were measured on (no host names)."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    except OSError:
-        pass
-    info = dict(
-        cpu=cpu,
-        cores=os.cpu_count(),
-        threads=torch.get_num_threads(),
-        torch=torch.__version__,
-        timm=timm.__version__,
-        device=device,
-        date=time.strftime("%Y-%m-%d"),
-    )
-    if device.startswith("cuda") and torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name(device)
-    return info
 
 
 def expand_models(patterns: list[str]) -> list[str]:
@@ -419,7 +401,7 @@ def _parser() -> argparse.ArgumentParser:
         "--compile",
         action="store_true",
         help="torch.compile'd vs eager inference and compiled ours vs compiled timm (same weights), at the first "
-        "resolution (default models: vit_s_rope2d_mixed swin_t_rpb; batch 1); see compiled.py",
+        "resolution (default models: vit_s_rope2d_mixed swin_t_rpb; batch 1)",
     )
     ap.add_argument("--data", default=None, help="image dataset name: training loader vs training step in images/s")
     ap.add_argument(
@@ -486,12 +468,8 @@ def main(argv: list[str] | None = None) -> int:
             batch=args.batch, rounds=args.rounds, steps=args.steps, clock=args.clock, zoo=args.zoo, mode=args.mode
         )
         if args.compile:
-            from .compiled import run_compile
-
             json_path, md_path = run_compile(args, models, machine, settings, t0)
         elif args.data:
-            from .data_throughput import measure_data, write_data_results
-
             options = _data_options(ap, args.data_options)
             result = measure_data(
                 args.data,
@@ -530,3 +508,360 @@ def _data_options(ap: argparse.ArgumentParser, items: list[str]) -> dict:
 
 _DEFAULT_MODELS = ["vit_s_ape", "vit_s_rope2d_mixed", "swin_t_rpb", "cvt_13"]
 _COMPILE_MODELS = ["vit_s_rope2d_mixed", "swin_t_rpb"]
+
+
+def _fmt(v: float | None, spec: str = ".1f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def spread_text(d: dict | None) -> str:
+    return "-" if not d else Spread(**d).text()
+
+
+def memory_ratio_text(r: SpeedRow, base: SpeedRow | None) -> str:
+    parts = []
+    for key in ("infer_mem_mb", "train_mem_mb"):
+        a, b = getattr(r, key), base and getattr(base, key)
+        parts.append(f"{a / b:.2f}" if a and b else "-")
+    return " / ".join(parts)
+
+
+def growth_exponent(xs: list[float], ys: list[float]) -> float:
+    """Least-squares slope k of log y = k log x + c."""
+    lx, ly = [math.log(x) for x in xs], [math.log(y) for y in ys]
+    mx, my = sum(lx) / len(lx), sum(ly) / len(ly)
+    return sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum((a - mx) ** 2 for a in lx)
+
+
+def scaling(rows: list[SpeedRow]) -> dict[str, dict]:
+    """Per model with two or more token counts: exponents a, b of time per item ~ N^a and memory ~ N^b (fit)."""
+    out = {}
+    for name in dict.fromkeys(r.model for r in rows):
+        rs = sorted((r for r in rows if r.model == name and r.tokens), key=lambda r: r.tokens)
+        if len(rs) < 2 or rs[0].tokens == rs[-1].tokens:
+            continue
+        entry: dict = dict(tokens=[rs[0].tokens, rs[-1].tokens])
+        timed = [r for r in rs if r.infer_ips or r.train_ips]
+        if len({r.tokens for r in timed}) >= 2:
+            key = "infer_ips" if all(r.infer_ips for r in timed) else "train_ips"
+            entry["time_exp"] = growth_exponent([r.tokens for r in timed], [1 / getattr(r, key) for r in timed])
+        mem_key = "infer_mem_mb" if any(r.infer_mem_mb for r in rs) else "train_mem_mb"
+        for key, label in ((mem_key, "memory_exp"), ("saved_act_mb", "activation_exp")):
+            mem = [r for r in rs if getattr(r, key)]
+            if len({r.tokens for r in mem}) >= 2:
+                entry[label] = growth_exponent([r.tokens for r in mem], [getattr(r, key) for r in mem])
+        if len(entry) > 1:
+            out[name] = entry
+    return out
+
+
+def _clock_text(settings: dict) -> str:
+    return Clock(settings.get("clock", "wall")).describe() if settings.get("clock") in CLOCKS else "wall-clock seconds"
+
+
+def format_markdown(rows: list[SpeedRow], machine: dict, settings: dict) -> str:
+    rounds = settings["rounds"]
+    spread_word = "interquartile range" if rounds >= 4 else "min-max"
+    lines = [
+        f"# Speed, memory and FLOPs ({machine['date']})",
+        "",
+        f"Measured on {machine_description(machine)}; batch {settings['batch']}, {rounds} interleaved rounds of "
+        f"{settings['steps']} steps, timed in {_clock_text(settings)}. Images/s (clips/s for video) are medians "
+        f"over the rounds; ratios are taken per round against the baseline and against timm's equivalent model "
+        f"(same architecture) measured in the same rounds, given as median [{spread_word}]. GFLOPs are fvcore "
+        f"MACs per item with attention counted; memory is the peak of one step of one item beyond the weights "
+        f"(infer / train).",
+        "",
+        "| model | px | frames | tokens | params (M) | GFLOPs | infer img/s | train img/s | infer MiB | train MiB | "
+        "baseline | infer vs base | train vs base | memory vs base | infer vs timm | train vs timm |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    by = {(r.model, r.resolution, r.frames): r for r in rows}
+    for r in rows:
+        base = by.get((r.baseline, r.resolution, r.frames)) if r.baseline else None
+        lines.append(
+            f"| {r.model} | {r.resolution} | {r.frames or '-'} | {r.tokens} | {r.params_m:.2f} | "
+            f"{_fmt(r.gflops, '.3f')} | {_fmt(r.infer_ips)} | {_fmt(r.train_ips)} | {_fmt(r.infer_mem_mb, '.0f')} | "
+            f"{_fmt(r.train_mem_mb, '.0f')} | {r.baseline or '-'} | {spread_text(r.infer_vs_base)} | "
+            f"{spread_text(r.train_vs_base)} | {memory_ratio_text(r, base)} | {spread_text(r.infer_vs_timm)} | "
+            f"{spread_text(r.train_vs_timm)} |"
+        )
+    if any(r.saved_act_mb for r in rows):
+        lines += ["", "Activations autograd saves for backward (one clip, MiB):", ""]
+        lines += [f"- {r.model} @ {r.frames} x {r.resolution}: {r.saved_act_mb:.0f}" for r in rows if r.saved_act_mb]
+    grow = scaling(rows)
+    if grow:
+        lines += [
+            "",
+            "Growth with the number of tokens N (least-squares power-law fit over the sizes measured):",
+            "",
+            "| model | N | time per item ~ N^a | memory ~ N^b | saved activations ~ N^c |",
+            "|---|---|---:|---:|---:|",
+        ]
+        for name, g in grow.items():
+            cols = [f"{g[k]:.2f}" if k in g else "-" for k in ("time_exp", "memory_exp", "activation_exp")]
+            lines.append(f"| {name} | {g['tokens'][0]} -> {g['tokens'][1]} | {' | '.join(cols)} |")
+    notes = [f"- {r.model} @ {r.resolution}: {n}" for r in rows for n in r.notes]
+    if notes:
+        lines += ["", "Notes:", *notes]
+    return "\n".join(lines) + "\n"
+
+
+def write_results(rows: list[SpeedRow], out: Path, machine: dict, settings: dict) -> tuple[Path, Path]:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out.with_suffix(".json"), out.with_suffix(".md")
+    data = dict(machine=machine, settings=settings, rows=[asdict(r) for r in rows], scaling=scaling(rows))
+    json_path.write_text(json.dumps(data, indent=1) + "\n")
+    md_path.write_text(format_markdown(rows, machine, settings))
+    return json_path, md_path
+
+
+@dataclass
+class CompileRow:
+    model: str
+    resolution: int
+    reference: str | None = None  # timm's model with the same weights, or None
+    compile_s: float = 0.0  # wall-clock seconds of the first compiled call (tracing + code generation)
+    ref_compile_s: float | None = None
+    eager_ips: float = 0.0  # images/s, median over the rounds
+    compiled_ips: float = 0.0
+    compiled_vs_eager: dict = field(default_factory=dict)  # Spread of per-round time ratios compiled / eager
+    ref_compiled_vs_eager: dict | None = None
+    ours_vs_timm_eager: dict | None = None  # Spread of per-round time ratios ours / timm's, both eager
+    ours_vs_timm_compiled: dict | None = None  # ... both compiled
+    max_diff_compiled: float = 0.0  # max |compiled - eager| of our logits
+    max_diff_timm: float | None = None  # max |ours - timm's| of the eager logits (same weights)
+    notes: list[str] = field(default_factory=list)
+
+
+def _same_weights(name: str, kwargs: dict, ref: nn.Module) -> nn.Module:
+    """Our model built to timm's architecture and loaded with timm's weights through the family's converter."""
+    ours = create_model(name, **kwargs)
+    state = family_of(name).filter_fn(ref.state_dict(), ours)
+    ours.load_state_dict(state)
+    return ours
+
+
+def _first_call(model: nn.Module, x: torch.Tensor) -> tuple[float, torch.Tensor]:
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = model(x)
+    return time.perf_counter() - start, out
+
+
+def _time_ratios(rates: dict[str, list[float]], a: str, b: str) -> dict:
+    """Per-round time of `a` over time of `b` (= rate of b / rate of a)."""
+    return spread([rb / ra for ra, rb in zip(rates[a], rates[b])]).as_dict()
+
+
+def measure_compiled(
+    models: list[str],
+    resolution: int = 224,
+    batch: int = 1,
+    rounds: int = 5,
+    steps: int = 2,
+    clock: str = "cpu",
+    with_timm: bool = True,
+    log=print,
+) -> list[CompileRow]:
+    """One CompileRow per model: eager and compiled inference (and timm's, same weights) interleaved."""
+
+    tick = Clock(clock, "cpu")
+    rows = []
+    for name in models:
+        pair = timm_equivalent(name) if with_timm else None
+        ref = timm.create_model(pair[0], img_size=resolution).eval() if pair else None
+        ours = (_same_weights(name, pair[1], ref) if pair else create_model(name)).eval()
+        x = example_input(name, resolution, batch)
+        row = CompileRow(name, resolution, pair[0] if pair else None)
+        with torch.inference_mode():
+            eager_out = ours(x)
+        if ref is not None:
+            with torch.inference_mode():
+                row.max_diff_timm = (eager_out - ref(x)).abs().max().item()
+        torch._dynamo.reset()
+        log(f"  {resolution} px: compiling {name}")
+        compiled = torch.compile(ours)
+        row.compile_s, out = _first_call(compiled, x)
+        row.max_diff_compiled = (out - eager_out).abs().max().item()
+        tasks = {"ours": model_step(ours, x, False), "ours+compile": model_step(compiled, x, False)}
+        if ref is not None:
+            log(f"  {resolution} px: compiling {pair[0]}")
+            ref_compiled = torch.compile(ref)
+            row.ref_compile_s, _ = _first_call(ref_compiled, x)
+            tasks.update(timm=model_step(ref, x, False), **{"timm+compile": model_step(ref_compiled, x, False)})
+        log(f"  {resolution} px: timing {', '.join(tasks)} ({rounds} interleaved rounds)")
+        rates = interleave(tasks, tick, rounds, steps)
+        row.eager_ips, row.compiled_ips = spread(rates["ours"]).median, spread(rates["ours+compile"]).median
+        row.compiled_vs_eager = _time_ratios(rates, "ours+compile", "ours")
+        if ref is not None:
+            row.ref_compiled_vs_eager = _time_ratios(rates, "timm+compile", "timm")
+            row.ours_vs_timm_eager = _time_ratios(rates, "ours", "timm")
+            row.ours_vs_timm_compiled = _time_ratios(rates, "ours+compile", "timm+compile")
+            row.notes.append(f"built with {pair[1] or 'defaults'} and loaded with {pair[0]}'s weights")
+        rows.append(row)
+        del compiled, ours, ref
+        torch._dynamo.reset()
+    return rows
+
+
+def _s(d: dict | None) -> str:
+    return "-" if not d else Spread(**d).text()
+
+
+def format_compile_markdown(rows: list[CompileRow], machine: dict, settings: dict) -> str:
+
+    word = "interquartile range" if settings["rounds"] >= 4 else "min-max"
+    lines = [
+        f"# torch.compile: compiled vs eager, ours vs timm ({machine['date']})",
+        "",
+        f"Measured on {machine_description(machine)}; inference, batch {settings['batch']}, "
+        f"{settings['resolution']} px, {settings['rounds']} interleaved rounds of {settings['steps']} steps, timed "
+        f"in {Clock(settings['clock']).describe()}; load average {settings['load']}. `torch.compile` with its "
+        f"defaults (inductor). Ratios are of time per image, taken per round and given as median [{word}]: below 1 "
+        "is faster. timm's model is loaded with the same weights as ours. Compile time is the wall-clock time of "
+        "the first call (machine shared, so only indicative).",
+        "",
+        "| model | timm model | eager img/s | compiled img/s | compiled / eager | timm compiled / eager | "
+        "ours / timm, eager | ours / timm, compiled | compile s (ours / timm) | max diff compiled-eager | "
+        "max diff ours-timm |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        ref_s = "-" if r.ref_compile_s is None else f"{r.ref_compile_s:.0f}"
+        timm_diff = "-" if r.max_diff_timm is None else f"{r.max_diff_timm:.1e}"
+        lines.append(
+            f"| {r.model} | {r.reference or '-'} | {r.eager_ips:.2f} | {r.compiled_ips:.2f} | "
+            f"{_s(r.compiled_vs_eager)} | {_s(r.ref_compiled_vs_eager)} | {_s(r.ours_vs_timm_eager)} | "
+            f"{_s(r.ours_vs_timm_compiled)} | {r.compile_s:.0f} / {ref_s} | {r.max_diff_compiled:.1e} | {timm_diff} |"
+        )
+    notes = [f"- {r.model}: {n}" for r in rows for n in r.notes]
+    return "\n".join(lines + (["", "Notes:", *notes] if notes else [])) + "\n"
+
+
+def write_compile_results(rows: list[CompileRow], out: Path, machine: dict, settings: dict) -> tuple[Path, Path]:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out.with_suffix(".json"), out.with_suffix(".md")
+    data = dict(machine=machine, settings=settings, rows=[asdict(r) for r in rows])
+    json_path.write_text(json.dumps(data, indent=1) + "\n")
+    md_path.write_text(format_compile_markdown(rows, machine, settings))
+    return json_path, md_path
+
+
+def run_compile(args, models: list[str], machine: dict, settings: dict, t0: float) -> tuple[Path, Path]:
+    """`speed --compile`: measure at the first resolution and write results/compile/compile.{json,md} (not under
+    results/speed, whose files the model cards read as speed rows)."""
+    res = args.resolutions[0]
+    rows = measure_compiled(models, res, args.batch, args.rounds, args.steps, args.clock, args.timm)
+    load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
+    settings.update(seconds=round(time.perf_counter() - t0, 1), resolution=res, load=load)
+    return write_compile_results(rows, Path(args.out or "results/compile/compile"), machine, settings)
+
+
+_NATIVE_SIZE = {"fashion-mnist": 28}  # datasets measured at their own size when no --resolutions are given
+
+
+def _batches(dataset, batch: int, resolutions: list[int], workers: int):
+    """Endless training batches (a new epoch when one ends)."""
+    loader = build_train_loader(dataset, batch, resolutions, seed=0, workers=workers)
+    epoch = 0
+    while True:
+        loader.batch_sampler.set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+def _trainer(name: str, size: int, chans: int, classes: int) -> Callable:
+    model = timm.create_model(name, num_classes=classes, in_chans=chans, img_size=size)
+    opt = create_optimizer_v2(model, "adamw", lr=1e-3, weight_decay=0.05)
+
+    def step(x, y) -> int:
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return len(y)
+
+    return step
+
+
+def measure_data(
+    dataset_name: str,
+    models: list[str],
+    batch: int,
+    rounds: int,
+    steps: int,
+    workers: list[int],
+    root: str | None,
+    resolutions: list[int] | None = None,
+    options: dict | None = None,
+) -> dict:
+    """Images/s of each loader setting, training step and loop, with per-round ratios against the first step.
+    `resolutions`: the first is the measured size, all of them the multi-size loader's (default: the dataset's
+    native size and 0.7x / 1.3x of it); `options` go to the dataset factory (e.g. num_train, item)."""
+    info = get_dataset_info(dataset_name)
+    if info.kind != "image":
+        raise ValueError(f"--data measures image datasets; {dataset_name!r} is a {info.kind} dataset")
+    if not resolutions:
+        if dataset_name not in _NATIVE_SIZE:
+            raise ValueError(f"give the size to measure {dataset_name!r} at with --resolutions (e.g. --resolutions 32)")
+        size = _NATIVE_SIZE[dataset_name]
+        resolutions = [size, round(size * 0.7), round(size * 1.3)]
+    size, chans = resolutions[0], info.in_chans
+    ds = build_dataset(info, "train", size, root=root, options=options, training=True)
+    classes = dataset_num_classes(info, ds)
+    sizes = [(f"{size}px", [size])]
+    if len(resolutions) > 1:
+        sizes.append((f"sizes {'/'.join(map(str, resolutions))}", resolutions))
+    tasks: dict[str, Callable[[], int]] = {}
+    for w in workers:
+        for label, res in sizes:
+            it = _batches(ds, batch, res, w)
+            tasks[f"loader {label}, {w} worker(s)"] = lambda it=it: len(next(it).targets)
+    x, y = torch.randn(batch, chans, size, size), torch.randint(0, classes, (batch,))
+    for name in models:
+        trainer = _trainer(name, size, chans, classes)
+        tasks[f"step {name}"] = lambda s=trainer: s(x, y)
+    for w in workers:
+        it, s = _batches(ds, batch, [size], w), _trainer(models[0], size, chans, classes)
+        tasks[f"loop {models[0]}, {w} worker(s)"] = lambda it=it, s=s: (lambda b: s(b.inputs, b.targets))(next(it))
+    rates = interleave(tasks, Clock("wall"), rounds, steps, warmup=2)
+    baseline = f"step {models[0]}"
+    ratios = paired_ratios(rates, baseline)
+    rows = [dict(task=n, ips=spread(v).as_dict(), vs_base=spread(ratios[n]).as_dict()) for n, v in rates.items()]
+    return dict(
+        dataset=dataset_name,
+        options=options or {},
+        images=len(ds),
+        batch=batch,
+        workers=workers,
+        baseline=baseline,
+        rows=rows,
+    )
+
+
+def _options_text(options: dict | None) -> str:
+    return f" ({', '.join(f'{k}={v}' for k, v in options.items())})" if options else ""
+
+
+def _text(d: dict, spec: str) -> str:
+    return Spread(**d).text(spec)
+
+
+def write_data_results(result: dict, out: Path, machine: dict, settings: dict) -> tuple[Path, Path]:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out.with_suffix(".json"), out.with_suffix(".md")
+    json_path.write_text(json.dumps(dict(machine=machine, settings=settings, **result), indent=1) + "\n")
+    lines = [
+        f"# Loader vs training step: {result['dataset']}{_options_text(result.get('options'))} ({machine['date']})",
+        "",
+        f"{machine['cpu']}, {machine['threads']} torch threads, batch {result['batch']}, {settings['rounds']} "
+        f"interleaved rounds of {settings['steps']} batches, wall-clock seconds. Ratios per round against "
+        f"{result['baseline']}: median [spread].",
+        "",
+        f"| task | images/s | vs {result['baseline']} |",
+        "|---|---:|---:|",
+    ]
+    lines += [f"| {r['task']} | {_text(r['ips'], '.0f')} | {_text(r['vs_base'], '.2f')} |" for r in result["rows"]]
+    md_path.write_text("\n".join(lines) + "\n")
+    return json_path, md_path

@@ -25,21 +25,6 @@ from ..data.multires import Batch
 from ..engine import DistContext, evaluate_loader
 from ..engine.setup import run_model
 
-__all__ = [
-    "PROTOCOLS",
-    "Point",
-    "point_label",
-    "SizedView",
-    "parse_size",
-    "size_label",
-    "has_position_modes",
-    "set_position_mode",
-    "modes_agree",
-    "evaluate_size",
-    "evaluate_view",
-    "first_inputs",
-]
-
 
 def parse_size(value) -> tuple[int, int]:
     """28 -> (28, 28); '28x56' or [28, 56] -> (28, 56) (height, width)."""
@@ -234,3 +219,8 @@ def evaluate_view(
     """{'top1', 'top5', 'loss', 'images'} of `model` on a view (any protocol) in position `mode`."""
     set_position_mode(model, mode)
     return evaluate_loader(model, loader(view, batch_size, workers), DistContext(device=device), amp)
+
+
+def row_point(row: dict) -> Point:
+    """The evaluation point of a record row (rows written before protocols existed are 'upsample')."""
+    return Point(row.get("protocol", "upsample"), row["height"], row["width"], row.get("frames", 0))
