@@ -159,7 +159,7 @@ def test_base_samples_evaluate_the_training_point_on_more_items(tmp_path, monkey
     assert "The training point on 1000 validation items (the tables read fewer" in card.read_text()
     assert "model.embed_dim=32, model.depth=1, model.num_heads=2, augmentation:" in card.read_text()
     assert f"vit_n_ape {top1:.1f}." in card.read_text()
-    with pytest.raises(BenchConfigError, match="base_samples must be null"):
+    with pytest.raises(BenchConfigError, match="bench.base_samples must be >= 0"):
         run_benchmark(*load_bench(path, ["bench.base_samples=-1"]), log=lambda *a: None)
 
 
@@ -208,8 +208,8 @@ def test_bench_workers_stop_when_the_benchmark_process_dies(tmp_path):
         (["bench.resolutions=[]", "bench.shapes=[]"], "both empty"),
         (["bench.resolutions=2,16"], "cannot take 2 px"),
         (["bench.shapes=16x"], "HxW"),
-        (["bench.position_modes=stretch"], "unknown mode"),
-        (["bench.processes=0"], "at least 1"),
+        (["bench.position_modes=stretch"], "position_modes.0. must be one of extrapolate"),
+        (["bench.processes=0"], "bench.processes must be >= 1"),
         (["bench.sedes=0"], "unknown key bench.sedes"),
     ],
 )

@@ -248,7 +248,7 @@ def test_bad_protocols_fail_before_training(tmp_path, monkeypatch):
         run_benchmark(*load_bench(None, [*base, "bench.resolutions=56", "bench.frames=16"]), log=print)
     with pytest.raises(BenchConfigError, match="not a video"):
         run_benchmark(*load_bench(None, [*base, "bench.protocols=frames", "bench.frames=16"]), log=print)
-    with pytest.raises(BenchConfigError, match="unknown protocol"):
+    with pytest.raises(BenchConfigError, match="protocols.0. must be one of upsample, fov, frames"):
         run_benchmark(*load_bench(None, [*base, "bench.resolutions=56", "bench.protocols=zoom"]), log=print)
 
 
