@@ -23,6 +23,7 @@ import yaml
 
 import visionpe  # noqa: F401  (registers the families)
 
+from ..engine.checkpoint import atomic_write_text
 from ..models.pretrained_cfgs import WEIGHTS
 from ..papers import PAPERS, bibtex
 from ..pos.presets import PE_PRESETS
@@ -383,28 +384,43 @@ def family_card(
     return "\n".join(lines)
 
 
+def _check_folders(results: Path, out: Path) -> None:
+    """A mistyped or empty results folder fails before anything is written (cards from no results would replace the
+    committed ones with empty tables)."""
+    if not results.is_dir():
+        raise ValueError(f"--results {results}: no such folder (it holds speed/*.json and <benchmark>/summary.json)")
+    if not any((results / "speed").glob("*.json")) and not any(results.glob("*/summary.json")):
+        raise ValueError(
+            f"--results {results} holds no speed/*.json and no <benchmark>/summary.json: no results to write cards "
+            f"from (a mistyped folder?); the cards under {out} are left as they are"
+        )
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file, not a folder")
+
+
 def write_cards(
     results: str | Path = "results", out: str | Path = "model_cards", families: list[str] | None = None
 ) -> list[Path]:
-    """Write one card per family; returns the paths."""
+    """Write one card per family (all of them drawn up before any is written); returns the paths."""
     results, out = Path(results), Path(out)
     unknown = [f for f in families or [] if f not in FAMILIES]
     if unknown:
         raise ValueError(
             f"unknown famil{'y' if len(unknown) == 1 else 'ies'} {unknown}; registered: {', '.join(FAMILIES)}"
         )
+    _check_folders(results, out)
     speed, machines = load_speed(results)
     summaries = load_extrapolation(results)
     speed_files = load_speed_files(results)
+    cards = {
+        out / f"{name}.md": family_card(fam, speed, machines, summaries, out, speed_files)
+        for name, fam in FAMILIES.items()
+        if not families or name in families
+    }
     out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name, fam in FAMILIES.items():
-        if families and name not in families:
-            continue
-        path = out / f"{name}.md"
-        path.write_text(family_card(fam, speed, machines, summaries, out, speed_files))
-        paths.append(path)
-    return paths
+    for path, text in cards.items():
+        atomic_write_text(path, text)
+    return list(cards)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -836,8 +836,8 @@ def run_benchmark(bench: BenchConfig, cfg: Config, dry_run: bool = False, log=pr
             _run_parallel(pending, bench, progress)
     finally:
         records = [read_record(j.record_path) for j in plan.jobs if j.record_path.is_file()]
-        if records:
-            paths = write_report(records, plan, out, time.perf_counter() - progress.start)
+        paths = write_report(records, plan, out, time.perf_counter() - progress.start)
+        if paths:
             log(f"wrote {', '.join(str(p) for p in paths)}")
     if progress.failures:
         raise RuntimeError(

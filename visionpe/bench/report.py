@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import csv
 import inspect
+import io
 import json
 import math
 import statistics
 import time
 from pathlib import Path
 
+from ..engine.checkpoint import atomic_write_text
 from ..papers import CLAIMS
 from .measure import machine_description, machine_info
 from .protocols import Point, point_label, row_point, size_label
@@ -377,29 +379,27 @@ def _summary(records: list[dict], plan, seconds: float, machine: dict) -> dict:
     )
 
 
-def write_report(records: list[dict], plan, out: Path, seconds: float) -> list[Path]:
-    """results.csv, results.md, summary.json and results.png under `out`; returns the paths written."""
-
-    out.mkdir(parents=True, exist_ok=True)
+def write_report(records: list[dict], plan, out: Path, seconds: float, machine: dict | None = None) -> list[Path]:
+    """results.csv, results.md, summary.json and results.png under `out`; returns the paths written. Nothing is
+    written (and [] returned) when the records hold no row of the plan's points and modes: tables already there are
+    never replaced by empty ones. `machine`: what the runs were measured on (default: this machine)."""
     records = restrict(records, plan)
-    machine = machine_info()
-    machine["threads"] = plan.bench.threads
     rows = long_rows(records)
-    csv_path = out / "results.csv"
-    with open(csv_path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_KEYS, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows)
-    md_path = out / "results.md"
-    md_path.write_text(format_markdown(records, plan, seconds, machine_description(machine)))
+    if not rows:
+        return []
+    out.mkdir(parents=True, exist_ok=True)
+    machine = machine or dict(machine_info(), threads=plan.bench.threads)
+    table = io.StringIO()
+    w = csv.DictWriter(table, fieldnames=CSV_KEYS, extrasaction="ignore", lineterminator="\r\n")
+    w.writeheader()
+    w.writerows(rows)
     summary = _summary(records, plan, seconds, machine)
-    json_path = out / "summary.json"
-    json_path.write_text(json.dumps(summary, indent=1) + "\n")
-    paths = [csv_path, md_path, json_path]
+    paths = [out / "results.csv", out / "results.md", out / "summary.json"]
+    texts = [table.getvalue(), format_markdown(records, plan, seconds, machine_description(machine))]
+    for path, text in zip(paths, [*texts, json.dumps(summary, indent=1) + "\n"]):
+        atomic_write_text(path, text)
     png = plot_extrapolation(summary, out / "results.png")
-    if png is not None:
-        paths.append(png)
-    return paths
+    return paths + ([png] if png is not None else [])
 
 
 VERDICTS = ("holds", "does not hold", "within noise", "one seed")
