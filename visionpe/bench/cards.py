@@ -30,7 +30,16 @@ from ..pos.presets import PE_PRESETS
 from ..zoo import FAMILIES, Family, model_name, preset_model_options
 from .measure import machine_description
 from .protocols import Point, size_label
-from .report import PROTOCOL_TEXT, base_check_lines, cell_text, judge_claims, point_heading, split_name, tally_text
+from .report import (
+    PROTOCOL_TEXT,
+    accuracy_table,
+    base_check_lines,
+    judge_claims,
+    md_table,
+    point_heading,
+    split_name,
+    tally_text,
+)
 from .speed import ZOO_SIZES, SpeedRow, memory_ratio_text, spread_text
 
 
@@ -99,34 +108,30 @@ def _speed_section(fam: Family, speed: dict, machines: dict) -> list[str]:
         f"the peak of one inference step of one image beyond the weights. CPU timings on a shared machine are noisy: "
         f"read ratios, not absolute figures.",
         "",
-        "| model | params (M) | GFLOPs | infer img/s | infer vs first | train img/s | train vs first | infer MiB |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    heads = ["model", "params (M)", "GFLOPs", "infer img/s", "infer vs first", "train img/s", "train vs first"]
+    rows = []
     for n in measured:
         r = speed[(n, res)]
-        ratio_i = f"{r['infer_ips'] / base['infer_ips']:.2f}" if r.get("infer_ips") and base.get("infer_ips") else "-"
-        ratio_t = f"{r['train_ips'] / base['train_ips']:.2f}" if r.get("train_ips") and base.get("train_ips") else "-"
-        lines.append(
-            f"| {n} | {r['params_m']:.2f} | {_fmt(r.get('gflops'), '.2f')} | {_fmt(r.get('infer_ips'), '.1f')}"
-            f" | {ratio_i} | {_fmt(r.get('train_ips'), '.1f')} | {ratio_t} | "
-            f"{_fmt(r.get('infer_mem_mb'), '.0f')} |"
-        )
+        rows.append([n, f"{r['params_m']:.2f}", _fmt(r.get("gflops")), _fmt(r.get("infer_ips"), ".1f"),
+                     _ratio(r, base, "infer_ips"), _fmt(r.get("train_ips"), ".1f"), _ratio(r, base, "train_ips"),
+                     _fmt(r.get("infer_mem_mb"), ".0f")])  # fmt: skip
+    lines += md_table([*heads, "infer MiB"], "lrrrrrrr", rows)
     pairs = [(n, speed[(n, res)]) for n in measured if speed[(n, res)].get("reference")]
     if pairs:
-        lines += [
-            "",
-            "Against timm's implementation of the same architecture, same run:",
-            "",
-            "| ours | timm | GFLOPs (ours / timm) | inference speed ratio | training speed ratio |",
-            "|---|---|---:|---:|---:|",
-        ]
+        rows = []
         for n, r in pairs:
             ref = speed.get((r["reference"], res), {})
             fl = f"{_fmt(r.get('gflops'))} / {_fmt(ref.get('gflops'))}"
-            ri = f"{r['infer_ips'] / ref['infer_ips']:.2f}" if r.get("infer_ips") and ref.get("infer_ips") else "-"
-            rt = f"{r['train_ips'] / ref['train_ips']:.2f}" if r.get("train_ips") and ref.get("train_ips") else "-"
-            lines.append(f"| {n} | {r['reference']} | {fl} | {ri} | {rt} |")
+            rows.append([n, r["reference"], fl, _ratio(r, ref, "infer_ips"), _ratio(r, ref, "train_ips")])
+        heads = ["ours", "timm", "GFLOPs (ours / timm)", "inference speed ratio", "training speed ratio"]
+        lines += ["", "Against timm's implementation of the same architecture, same run:", ""]
+        lines += md_table(heads, "llrrr", rows)
     return lines + [""]
+
+
+def _ratio(r: dict, base: dict, key: str) -> str:
+    return f"{r[key] / base[key]:.2f}" if r.get(key) and base.get(key) else "-"
 
 
 def load_speed_files(results: Path) -> list[tuple[Path, dict]]:
@@ -172,18 +177,12 @@ def _cost_spread_section(fam: Family, files: list[tuple[Path, dict]], out_dir: P
             f"[{word} over the rounds]; above 1 is faster. Memory: peak of one item, infer / train, against the "
             f"baseline's.",
             "",
-            "| model | px | frames | baseline | infer vs baseline | train vs baseline | memory vs baseline | "
-            "infer vs timm | train vs timm |",
-            "|---|---:|---:|---|---:|---:|---:|---:|---:|",
         ]
-        for r in mine:
-            base = by.get((r.baseline, r.resolution, r.frames))
-            lines.append(
-                f"| {r.model} | {r.resolution} | {r.frames or '-'} | {r.baseline} | {spread_text(r.infer_vs_base)} | "
-                f"{spread_text(r.train_vs_base)} | {memory_ratio_text(r, base)} | {spread_text(r.infer_vs_timm)} | "
-                f"{spread_text(r.train_vs_timm)} |"
-            )
-        lines.append("")
+        heads = ["model", "px", "frames", "baseline", "infer vs baseline", "train vs baseline", "memory vs baseline"]
+        rows = [[r.model, r.resolution, r.frames or "-", r.baseline, spread_text(r.infer_vs_base),
+                 spread_text(r.train_vs_base), memory_ratio_text(r, by.get((r.baseline, r.resolution, r.frames))),
+                 spread_text(r.infer_vs_timm), spread_text(r.train_vs_timm)] for r in mine]  # fmt: skip
+        lines += [*md_table([*heads, "infer vs timm", "train vs timm"], "lrrlrrrrr", rows), ""]
     return lines
 
 
@@ -266,46 +265,36 @@ def _paper_ids(fam: Family) -> list[str]:
 def _weights_table(fam: Family) -> list[str]:
     """The published weights of this family: `name.tag` (the first tag is the default) and where they come from."""
     rows = [
-        f"| `{name}.{tag}` | {cfg.get('hf_hub_id') or cfg.get('url', '-')} |"
+        [f"`{name}.{tag}`", cfg.get("hf_hub_id") or cfg.get("url", "-")]
         for name, tags in WEIGHTS.items()
         if name.startswith(fam.name + "_")
         for tag, cfg in tags.items()
     ]
     if not rows:
         return []
-    return ["| model.tag (first tag of a model: its default) | source |", "|---|---|", *rows, ""]
+    return [*md_table(["model.tag (first tag of a model: its default)", "source"], "ll", rows), ""]
 
 
 def _papers(fam: Family) -> list[str]:
     return [f"- {name} ({ids})" for ids, name in _paper_names(fam).items()]
 
 
-def family_card(
-    fam: Family,
-    speed: dict,
-    machines: dict,
-    summaries: list[tuple[Path, dict]],
-    out_dir: Path,
-    speed_files: list[tuple[Path, dict]] = (),
-) -> str:
-    """The Markdown card of one family."""
-    module = sys.modules[fam.module]
-    names = [model_name(fam.name, s, p) for s in fam.sizes for p in fam.pes]
-    lines = [
-        card_metadata(fam, summaries),
-        f"# {fam.name}: {fam.model_cls.__name__}",
-        "",
-        _first_paragraph(module.__doc__),
-        "",
-        f"{len(names)} registered timm models, `{fam.name}_{{size}}_{{pe}}` (e.g. `{names[0]}`, `{names[-1]}`): "
-        f'`import visionpe, timm; timm.create_model("{names[0]}")`. Every model takes any input size at call time '
-        f"(`fixed_input_size=False`).",
-        "",
-    ]
-    notes = fam.cfg.get("notes") or ()
-    if notes:
-        lines += [*(f"- {n}" for n in notes), ""]
-    lines += [
+def _details_section(fam: Family, speed: dict) -> list[str]:
+    """Model details: type, weights, license, each size's configuration and cost, each PE variant and its paper."""
+    first_pe = next(iter(fam.pes))
+    sizes = []
+    for size, kwargs in fam.sizes.items():
+        res = _default_res(fam, size)
+        r = speed.get((model_name(fam.name, size, first_pe), res), {})
+        sizes.append([size, _size_text(kwargs), res, _fmt(r.get("params_m")), _fmt(r.get("gflops"))])
+    variants = []
+    for pe, kwargs in fam.pes.items():
+        preset = kwargs.get("pe", "")
+        extra = {**preset_model_options(kwargs), **{k: v for k, v in kwargs.items() if k != "pe"}}
+        paper = _pe_paper(fam, pe, preset)
+        variants.append([f"`{pe or '(none)'}`", f"{preset}: {_preset_text(preset)}", _size_text(extra) or "-",
+                         f"{paper[0]} ({paper[1]})" if paper else "-"])  # fmt: skip
+    return [
         "## Model details",
         "",
         f"- Model type: {TASKS.get(fam.name, TASKS['*'])[1]}, timm models (`library_name: timm`) built by visionpe",
@@ -315,57 +304,39 @@ def family_card(
         "",
         "### Architecture",
         "",
-        "| size | configuration | default input | params (M) | GFLOPs |",
-        "|---|---|---:|---:|---:|",
-    ]
-    first_pe = next(iter(fam.pes))
-    for size, kwargs in fam.sizes.items():
-        res = _default_res(fam, size)
-        r = speed.get((model_name(fam.name, size, first_pe), res), {})
-        lines.append(f"| {size} | {_size_text(kwargs)} | {res} | {_fmt(r.get('params_m'))} | {_fmt(r.get('gflops'))} |")
-    lines += [
+        *md_table(["size", "configuration", "default input", "params (M)", "GFLOPs"], "llrrr", sizes),
         "",
         f"Parameters and GFLOPs (fvcore MACs, attention included) with the `{first_pe or 'default'}` PE and "
         f"1000 classes (400 for video), at the default input; '-' where not measured yet.",
         "",
         "### PE variants",
         "",
-        "| suffix | PE preset (kinds and options) | model options | paper |",
-        "|---|---|---|---|",
+        *md_table(["suffix", "PE preset (kinds and options)", "model options", "paper"], "llll", variants),
+        "",
     ]
-    for pe, kwargs in fam.pes.items():
-        preset = kwargs.get("pe", "")
-        extra = {**preset_model_options(kwargs), **{k: v for k, v in kwargs.items() if k != "pe"}}
-        paper = _pe_paper(fam, pe, preset)
-        lines.append(
-            f"| `{pe or '(none)'}` | {preset}: {_preset_text(preset)} | {_size_text(extra) or '-'} | "
-            f"{f'{paper[0]} ({paper[1]})' if paper else '-'} |"
-        )
-    lines += [""]
-    lines += usage_section(fam, names)
-    lines += _training_section(fam, summaries, out_dir)
-    lines += accuracy_section(fam, summaries, out_dir)
-    lines += _speed_section(fam, speed, machines)
-    lines += _cost_spread_section(fam, list(speed_files), out_dir)
-    lines += limitations_section(fam, family_summaries(fam, summaries))
-    lines += ["## Weight compatibility", ""]
-    if fam.filter_fn is not None:
-        doc = sys.modules[fam.filter_fn.__module__].__doc__
-        lines += [
-            " ".join((doc or "").split()),
-            "",
-            f"`timm.create_model(name, pretrained=True)` downloads the default tag's weights and applies this "
-            f"conversion ({fam.filter_fn.__module__}.{fam.filter_fn.__name__}), setting the options the weights were "
-            f"trained with; `pretrained_cfg_overlay=dict(file=...)` loads a local copy instead.",
-            "",
-            *_weights_table(fam),
-        ]
-    else:
-        lines += [
+
+
+def _weights_section(fam: Family) -> list[str]:
+    lines = ["## Weight compatibility", ""]
+    if fam.filter_fn is None:
+        return lines + [
             "No published checkpoints map onto this family; its models train from random initialisation (`train.py`).",
             "",
         ]
-    lines += [
+    doc = sys.modules[fam.filter_fn.__module__].__doc__
+    return lines + [
+        " ".join((doc or "").split()),
+        "",
+        f"`timm.create_model(name, pretrained=True)` downloads the default tag's weights and applies this "
+        f"conversion ({fam.filter_fn.__module__}.{fam.filter_fn.__name__}), setting the options the weights were "
+        f"trained with; `pretrained_cfg_overlay=dict(file=...)` loads a local copy instead.",
+        "",
+        *_weights_table(fam),
+    ]
+
+
+def _citation_section(fam: Family) -> list[str]:
+    return [
         "## Citation",
         "",
         "The papers behind this family and its PE variants:",
@@ -380,6 +351,40 @@ def family_card(
         f"Generated by `python -m visionpe.bench cards` on {time.strftime('%Y-%m-%d')} from the files "
         f"under results/; edits by hand are overwritten.",
         "",
+    ]
+
+
+def family_card(
+    fam: Family,
+    speed: dict,
+    machines: dict,
+    summaries: list[tuple[Path, dict]],
+    out_dir: Path,
+    speed_files: list[tuple[Path, dict]] = (),
+) -> str:
+    """The Markdown card of one family: the sections in order, each filled from the zoo's tables and the results."""
+    names = [model_name(fam.name, s, p) for s in fam.sizes for p in fam.pes]
+    notes = fam.cfg.get("notes") or ()
+    lines = [
+        card_metadata(fam, summaries),
+        f"# {fam.name}: {fam.model_cls.__name__}",
+        "",
+        _first_paragraph(sys.modules[fam.module].__doc__),
+        "",
+        f"{len(names)} registered timm models, `{fam.name}_{{size}}_{{pe}}` (e.g. `{names[0]}`, `{names[-1]}`): "
+        f'`import visionpe, timm; timm.create_model("{names[0]}")`. Every model takes any input size at call time '
+        f"(`fixed_input_size=False`).",
+        "",
+        *([*(f"- {n}" for n in notes), ""] if notes else []),
+        *_details_section(fam, speed),
+        *usage_section(fam, names),
+        *_training_section(fam, summaries, out_dir),
+        *accuracy_section(fam, summaries, out_dir),
+        *_speed_section(fam, speed, machines),
+        *_cost_spread_section(fam, list(speed_files), out_dir),
+        *limitations_section(fam, family_summaries(fam, summaries)),
+        *_weights_section(fam),
+        *_citation_section(fam),
     ]
     return "\n".join(lines)
 
@@ -551,17 +556,14 @@ def _summary_block(fam: Family, path: Path, s: dict, models: list[str], out_dir:
         "",
     ]
     base, frames = tuple(s["base"]), s.get("base_frames", 0)
+    agree = s.get("modes_agree", [])
     for mode in s["modes"]:
         heads = [point_heading(c, c == base_of(c.protocol), base, frames, protocols) for c in cols]
-        lines += [f"*{mode}* positions:", "", "| model | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(cols)]
-        for m in models:
-            cells = []
-            for c in cols:
-                ref = stats.get((m, mode, base_of(c.protocol)))
-                cells.append(cell_text(stats.get((m, mode, c)), ref, c == base_of(c.protocol)))
-            same = " (=)" if m in s.get("modes_agree", []) and mode != s["modes"][0] else ""
-            lines.append(f"| {m}{same} | " + " | ".join(cells) + " |")
-        lines.append("")
+        lines += [
+            f"*{mode}* positions:",
+            "",
+            *accuracy_table(models, mode, cols, heads, stats, base_of, agree, s["modes"][0]),
+        ]
     checks = {m: c for m, c in (s.get("base_check") or {}).items() if m in models}
     lines += base_check_lines(checks, "the tables read fewer")
     chance = chance_level(s)

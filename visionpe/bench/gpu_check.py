@@ -32,6 +32,7 @@ from visionpe import attn_backend
 
 from ..zoo import FAMILIES, create_model, family_of
 from .measure import Clock, cuda_peak_mb, interleave, model_step, spread
+from .report import md_table
 
 XFORMERS_TORCH = {
     "0.0.31": "==2.7.1",
@@ -199,25 +200,16 @@ def format_markdown(result: dict) -> str:
         + (f" (built for torch{v['xformers_requires_torch']})" if v.get("xformers_requires_torch") else "")
         + f"; xformers usable: {'yes' if v['usable'] else 'no (' + v['reason'] + ')'}.",
         "",
-        "| PE | model | dtype | backend | max rel. error vs math | tolerance | ok |",
-        "|---|---|---|---|---:|---:|---|",
     ]
-    for r in result["agreement"]:
-        err = f"{r['rel_err']:.2e}" if "rel_err" in r else r["error"]
-        tol = f"{r['tol']:.0e}" if "tol" in r else "-"
-        lines.append(f"| {r['pe']} | {r['model']} | {r['dtype']} | {r['backend']} | {err} | {tol} | {r['ok']} |")
+    rows = [[r["pe"], r["model"], r["dtype"], r["backend"], f"{r['rel_err']:.2e}" if "rel_err" in r else r["error"],
+             f"{r['tol']:.0e}" if "tol" in r else "-", r["ok"]] for r in result["agreement"]]  # fmt: skip
+    heads = ["PE", "model", "dtype", "backend", "max rel. error vs math", "tolerance", "ok"]
+    lines += md_table(heads, "llllrrl", rows)
     if result["throughput"]:
-        lines += [
-            "",
-            "| model | px | backend | images/s | vs | ratio | peak MiB |",
-            "|---|---:|---|---:|---|---:|---:|",
-        ]
-        for r in result["throughput"]:
-            ips, ratio = r["images_per_s"], r["ratio"]
-            lines.append(
-                f"| {r['model']} | {r['resolution']} | {r['backend']} | {ips['median']:.1f} | {r['vs']} | "
-                f"{ratio['median']:.2f} [{ratio['min']:.2f}-{ratio['max']:.2f}] | {r['peak_mb']:.0f} |"
-            )
+        rows = [[r["model"], r["resolution"], r["backend"], f"{r['images_per_s']['median']:.1f}", r["vs"],
+                 f"{r['ratio']['median']:.2f} [{r['ratio']['min']:.2f}-{r['ratio']['max']:.2f}]", f"{r['peak_mb']:.0f}"]
+                for r in result["throughput"]]  # fmt: skip
+        lines += ["", *md_table(["model", "px", "backend", "images/s", "vs", "ratio", "peak MiB"], "lrlrlrr", rows)]
     if result["skipped"]:
         lines += ["", "Skipped:", *[f"- {s}" for s in result["skipped"]]]
     return "\n".join(lines) + "\n"

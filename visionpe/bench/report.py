@@ -171,6 +171,26 @@ def _quality_lines(stats: dict, models: list[str], plan) -> list[str]:
     ]
 
 
+def md_table(heads: list[str], align: str, rows) -> list[str]:
+    """The one Markdown table writer: `heads`, `align` one letter per column ('l' or 'r'), rows of cells."""
+    rule = "".join("---:|" if a == "r" else "---|" for a in align)
+    return [f"| {' | '.join(heads)} |", f"|{rule}", *(f"| {' | '.join(map(str, r))} |" for r in rows)]
+
+
+def accuracy_table(models, mode, cols, heads, stats, base_of, agree, first_mode, pe_of=None) -> list[str]:
+    """Top-1 per model (rows) and evaluation point (columns) in one position mode: the tables of results.md and of
+    the model cards. `stats`: (model, mode, point) -> {'mean', 'std', 'n'}; base_of(protocol): the training point;
+    `agree`: models whose two modes give the same logits (marked (=) after the first mode); `pe_of`: a PE column."""
+    rows = []
+    for m in models:
+        cells = [cell_text(stats.get((m, mode, c)), stats.get((m, mode, base_of(c.protocol))), c == base_of(c.protocol))
+                 for c in cols]  # fmt: skip
+        name = f"{m} (=)" if m in agree and mode != first_mode else m
+        rows.append([name, *([pe_of.get(m, "")] if pe_of is not None else []), *cells])
+    heads = ["model", *(["PE"] if pe_of is not None else []), *heads]
+    return [*md_table(heads, "l" * (len(heads) - len(cols)) + "r" * len(cols), rows), ""]
+
+
 def _claim_lines(judged: list[dict]) -> list[str]:
     lines = ["## The papers' claims on this benchmark", ""]
     for j in judged:
@@ -179,20 +199,14 @@ def _claim_lines(judged: list[dict]) -> list[str]:
     for j in judged:
         if not j["comparisons"]:
             continue
-        lines += [
-            f"### {j['claim']}",
-            "",
-            "| better? | than | protocol | point | mode | top-1 a | top-1 b | a - b | 2 x s.e. | verdict |",
-            "|---|---|---|---|---|---:|---:|---:|---:|---|",
-        ]
-        for c in j["comparisons"]:
-            point = Point(c["protocol"], c["height"], c["width"], c["frames"])
-            lines.append(
-                f"| {c['better']} | {c['worse']} | {c['protocol']} | {point_label(point)} | {c['mode']} | "
-                f"{stat_text(c['a'])} | {stat_text(c['b'])} | {c['diff']:+.1f} | {2 * c['se']:.1f} | "
-                f"{c['verdict']} |"
-            )
-        lines.append("")
+        rows = [
+            [c["better"], c["worse"], c["protocol"], point_label(Point(c["protocol"], c["height"], c["width"],
+             c["frames"])), c["mode"], stat_text(c["a"]), stat_text(c["b"]), f"{c['diff']:+.1f}",
+             f"{2 * c['se']:.1f}", c["verdict"]]
+            for c in j["comparisons"]
+        ]  # fmt: skip
+        heads = ["better?", "than", "protocol", "point", "mode", "top-1 a", "top-1 b", "a - b", "2 x s.e.", "verdict"]
+        lines += [f"### {j['claim']}", "", *md_table(heads, "lllllrrrrl", rows), ""]
     return lines
 
 
@@ -236,21 +250,10 @@ def format_markdown(records: list[dict], plan, seconds: float, machine: str) -> 
         "in both modes. Models without test-time position modes (the video backbones) run as they are.",
         "",
     ]
+    heads = [_column_label(c, plan) for c in cols]
     for mode in b.position_modes:
-        lines += [
-            f"## {mode}",
-            "",
-            "| model | PE | " + " | ".join(_column_label(c, plan) for c in cols) + " |",
-            "|---|---|" + "---:|" * len(cols),
-        ]
-        for m in models:
-            cells = []
-            for c in cols:
-                base = stats.get((m, mode, plan.base_point(c.protocol)))
-                cells.append(cell_text(stats.get((m, mode, c)), base, c == plan.base_point(c.protocol)))
-            mark = " (=)" if m in agree and mode != b.position_modes[0] else ""
-            lines.append(f"| {m}{mark} | {pe_of.get(m, '')} | " + " | ".join(cells) + " |")
-        lines.append("")
+        lines += [f"## {mode}", ""]
+        lines += accuracy_table(models, mode, cols, heads, stats, plan.base_point, agree, b.position_modes[0], pe_of)
     if agree and len(b.position_modes) > 1:
         lines += [
             "(=): the two position modes give this model identical logits (its PE reads no coordinates, or "

@@ -62,6 +62,7 @@ from .measure import (
     spread,
     torch_threads,
 )
+from .report import md_table
 
 _VIT_SIZES = {"t": "tiny", "s": "small", "b": "base", "l": "large"}
 _LS = dict(init_values=1e-5)  # timm's RoPE-ViT ports are DeiT-III models (LayerScale)
@@ -572,20 +573,20 @@ def format_markdown(rows: list[SpeedRow], machine: dict, settings: dict) -> str:
         f"MACs per item with attention counted; memory is the peak of one step of one item beyond the weights "
         f"(infer / train).",
         "",
-        "| model | px | frames | tokens | params (M) | GFLOPs | infer img/s | train img/s | infer MiB | train MiB | "
-        "baseline | infer vs base | train vs base | memory vs base | infer vs timm | train vs timm |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|",
     ]
     by = {(r.model, r.resolution, r.frames): r for r in rows}
-    for r in rows:
-        base = by.get((r.baseline, r.resolution, r.frames)) if r.baseline else None
-        lines.append(
-            f"| {r.model} | {r.resolution} | {r.frames or '-'} | {r.tokens} | {r.params_m:.2f} | "
-            f"{_fmt(r.gflops, '.3f')} | {_fmt(r.infer_ips)} | {_fmt(r.train_ips)} | {_fmt(r.infer_mem_mb, '.0f')} | "
-            f"{_fmt(r.train_mem_mb, '.0f')} | {r.baseline or '-'} | {spread_text(r.infer_vs_base)} | "
-            f"{spread_text(r.train_vs_base)} | {memory_ratio_text(r, base)} | {spread_text(r.infer_vs_timm)} | "
-            f"{spread_text(r.train_vs_timm)} |"
-        )
+    table = [
+        [r.model, r.resolution, r.frames or "-", r.tokens, f"{r.params_m:.2f}", _fmt(r.gflops, ".3f"),
+         _fmt(r.infer_ips), _fmt(r.train_ips), _fmt(r.infer_mem_mb, ".0f"), _fmt(r.train_mem_mb, ".0f"),
+         r.baseline or "-", spread_text(r.infer_vs_base), spread_text(r.train_vs_base),
+         memory_ratio_text(r, by.get((r.baseline, r.resolution, r.frames)) if r.baseline else None),
+         spread_text(r.infer_vs_timm), spread_text(r.train_vs_timm)]
+        for r in rows
+    ]  # fmt: skip
+    heads = ["model", "px", "frames", "tokens", "params (M)", "GFLOPs", "infer img/s", "train img/s", "infer MiB",
+             "train MiB", "baseline", "infer vs base", "train vs base", "memory vs base", "infer vs timm",
+             "train vs timm"]  # fmt: skip
+    lines += md_table(heads, "lrrrrrrrrrlrrrrr", table)
     if any(r.saved_act_mb for r in rows):
         lines += ["", "Activations autograd saves for backward (one clip, MiB):", ""]
         lines += [f"- {r.model} @ {r.frames} x {r.resolution}: {r.saved_act_mb:.0f}" for r in rows if r.saved_act_mb]
@@ -595,12 +596,12 @@ def format_markdown(rows: list[SpeedRow], machine: dict, settings: dict) -> str:
             "",
             "Growth with the number of tokens N (least-squares power-law fit over the sizes measured):",
             "",
-            "| model | N | time per item ~ N^a | memory ~ N^b | saved activations ~ N^c |",
-            "|---|---|---:|---:|---:|",
         ]
-        for name, g in grow.items():
-            cols = [f"{g[k]:.2f}" if k in g else "-" for k in ("time_exp", "memory_exp", "activation_exp")]
-            lines.append(f"| {name} | {g['tokens'][0]} -> {g['tokens'][1]} | {' | '.join(cols)} |")
+        table = [[name, f"{g['tokens'][0]} -> {g['tokens'][1]}",
+                  *(f"{g[k]:.2f}" if k in g else "-" for k in ("time_exp", "memory_exp", "activation_exp"))]
+                 for name, g in grow.items()]  # fmt: skip
+        heads = ["model", "N", "time per item ~ N^a", "memory ~ N^b", "saved activations ~ N^c"]
+        lines += md_table(heads, "llrrr", table)
     notes = [f"- {r.model} @ {r.resolution}: {n}" for r in rows for n in r.notes]
     if notes:
         lines += ["", "Notes:", *notes]
@@ -705,10 +706,6 @@ def measure_compiled(
     return rows
 
 
-def _s(d: dict | None) -> str:
-    return "-" if not d else Spread(**d).text()
-
-
 def format_compile_markdown(rows: list[CompileRow], machine: dict, settings: dict) -> str:
 
     word = "interquartile range" if settings["rounds"] >= 4 else "min-max"
@@ -722,19 +719,18 @@ def format_compile_markdown(rows: list[CompileRow], machine: dict, settings: dic
         "is faster. timm's model is loaded with the same weights as ours. Compile time is the wall-clock time of "
         "the first call (machine shared, so only indicative).",
         "",
-        "| model | timm model | eager img/s | compiled img/s | compiled / eager | timm compiled / eager | "
-        "ours / timm, eager | ours / timm, compiled | compile s (ours / timm) | max diff compiled-eager | "
-        "max diff ours-timm |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in rows:
-        ref_s = "-" if r.ref_compile_s is None else f"{r.ref_compile_s:.0f}"
-        timm_diff = "-" if r.max_diff_timm is None else f"{r.max_diff_timm:.1e}"
-        lines.append(
-            f"| {r.model} | {r.reference or '-'} | {r.eager_ips:.2f} | {r.compiled_ips:.2f} | "
-            f"{_s(r.compiled_vs_eager)} | {_s(r.ref_compiled_vs_eager)} | {_s(r.ours_vs_timm_eager)} | "
-            f"{_s(r.ours_vs_timm_compiled)} | {r.compile_s:.0f} / {ref_s} | {r.max_diff_compiled:.1e} | {timm_diff} |"
-        )
+    table = [
+        [r.model, r.reference or "-", f"{r.eager_ips:.2f}", f"{r.compiled_ips:.2f}", spread_text(r.compiled_vs_eager),
+         spread_text(r.ref_compiled_vs_eager), spread_text(r.ours_vs_timm_eager),
+         spread_text(r.ours_vs_timm_compiled), f"{r.compile_s:.0f} / " + _fmt(r.ref_compile_s, ".0f"),
+         f"{r.max_diff_compiled:.1e}", _fmt(r.max_diff_timm, ".1e")]
+        for r in rows
+    ]  # fmt: skip
+    heads = ["model", "timm model", "eager img/s", "compiled img/s", "compiled / eager", "timm compiled / eager",
+             "ours / timm, eager", "ours / timm, compiled", "compile s (ours / timm)", "max diff compiled-eager",
+             "max diff ours-timm"]  # fmt: skip
+    lines += md_table(heads, "llrrrrrrrrr", table)
     notes = [f"- {r.model}: {n}" for r in rows for n in r.notes]
     return "\n".join(lines + (["", "Notes:", *notes] if notes else [])) + "\n"
 
@@ -844,10 +840,6 @@ def _options_text(options: dict | None) -> str:
     return f" ({', '.join(f'{k}={v}' for k, v in options.items())})" if options else ""
 
 
-def _text(d: dict, spec: str) -> str:
-    return Spread(**d).text(spec)
-
-
 def write_data_results(result: dict, out: Path, machine: dict, settings: dict) -> tuple[Path, Path]:
     out.parent.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out.with_suffix(".json"), out.with_suffix(".md")
@@ -859,9 +851,8 @@ def write_data_results(result: dict, out: Path, machine: dict, settings: dict) -
         f"interleaved rounds of {settings['steps']} batches, wall-clock seconds. Ratios per round against "
         f"{result['baseline']}: median [spread].",
         "",
-        f"| task | images/s | vs {result['baseline']} |",
-        "|---|---:|---:|",
     ]
-    lines += [f"| {r['task']} | {_text(r['ips'], '.0f')} | {_text(r['vs_base'], '.2f')} |" for r in result["rows"]]
+    table = [[r["task"], Spread(**r["ips"]).text(".0f"), Spread(**r["vs_base"]).text(".2f")] for r in result["rows"]]
+    lines += md_table(["task", "images/s", f"vs {result['baseline']}"], "lrr", table)
     md_path.write_text("\n".join(lines) + "\n")
     return json_path, md_path
