@@ -23,7 +23,9 @@ import yaml
 
 import visionpe  # noqa: F401  (registers the families)
 
+from ..data import get_dataset_info
 from ..engine.checkpoint import atomic_write_text
+from ..engine.config import config_from_dict
 from ..models.pretrained_cfgs import WEIGHTS
 from ..papers import PAPERS, bibtex
 from ..pos.presets import PE_PRESETS
@@ -33,6 +35,7 @@ from .protocols import Point, size_label
 from .report import (
     PROTOCOL_TEXT,
     accuracy_table,
+    augmentation_text,
     base_check_lines,
     judge_claims,
     md_table,
@@ -193,9 +196,6 @@ def _recipe_text(s: dict, folder: Path) -> str:
     parts = [f"{k}={v}" for k, v in r.items()]
     parts += [f"data.{k}={v}" for k, v in opts.items()]
     if (folder / "bench.yaml").is_file():
-        from ..engine.config import config_from_dict
-        from .report import augmentation_text
-
         data = yaml.safe_load((folder / "bench.yaml").read_text()) or {}
         data.pop("bench", None)
         cfg = config_from_dict(data)
@@ -482,7 +482,6 @@ def summary_points(s: dict) -> list[Point]:
 
 def chance_level(s: dict) -> float | None:
     """Top-1 (%) of guessing on the summary's dataset; None when the number of classes is not known."""
-    from ..data import get_dataset_info
 
     try:
         return 100.0 / get_dataset_info(s["dataset"]).num_classes

@@ -57,6 +57,7 @@ from ..engine.config import (
 from ..engine.interrupt import STOP_SIGNALS, StopOnSignal, TrainingInterrupted
 from ..engine.setup import build_eval_sets, build_model, build_split, resolve_amp, run_model, to_device
 from ..engine.yaml_io import YamlError, load_yaml_text
+from ..recipes import resolve_recipe
 from ..zoo import create_model
 from .protocols import (
     PROTOCOLS,
@@ -180,8 +181,6 @@ def load_bench(
     data: dict = {}
     where = ""
     if path is not None:
-        from ..recipes import resolve_recipe
-
         path = resolve_recipe(path, kind="bench")  # a file, or a packaged benchmark name such as "quick"
         data = read_yaml(path) or {}  # duplicate keys refused, the file named in every error
         if not isinstance(data, dict):

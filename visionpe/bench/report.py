@@ -13,8 +13,10 @@ import statistics
 import time
 from pathlib import Path
 
+from ..data import get_dataset_info
 from ..engine.checkpoint import atomic_write_text
 from ..papers import CLAIMS
+from ..zoo import FAMILIES, family_of
 from .measure import machine_description, machine_info
 from .protocols import Point, point_label, row_point, size_label
 
@@ -303,7 +305,6 @@ def _total_time_text(records: list[dict], processes: int) -> str:
 
 def augmentation_text(cfg) -> str:
     """What the training images went through, in words (from the dataset's factory and options)."""
-    from ..data import get_dataset_info
 
     params = inspect.signature(get_dataset_info(cfg.data.name).factory).parameters
     crop = cfg.data.options.get("crop")
@@ -638,7 +639,6 @@ def _oblong_panel(ax, summary: dict, protocol: str, mode: str, labels: dict, nam
 
 
 def split_name(name: str) -> tuple[str, str, str]:
-    from ..zoo import FAMILIES, family_of
 
     try:
         fam = family_of(name)
