@@ -214,6 +214,39 @@ def _time_group(group: dict, rows: dict, baseline: str | None, x, train: bool, c
             setattr(row, f"{key}_vs_timm", spread(paired_ratios(rates, row.reference)[n]).as_dict())
 
 
+def _build_point(names: list[str], res: int, n_frames: int | None, with_timm: bool, log) -> dict:
+    """name -> (model, kwargs, ours) for the models measured at one point, timm's equivalents next to ours."""
+    built: dict[str, tuple[nn.Module, dict, bool]] = {}
+    for name in names:
+        pair = timm_equivalent(name) if with_timm and n_frames is None else None
+        kwargs = dict(pair[1]) if pair else {}
+        built[name] = (_build(name, kwargs, res, name in list_visionpe_models()), kwargs, True)
+        if pair and pair[0] not in built:
+            try:
+                built[pair[0]] = (_build(pair[0], {}, res, False), {"img_size": res}, False)
+            except Exception as e:  # a timm model that cannot take this size: measure ours alone
+                log(f"  {pair[0]} cannot be built at {res} px ({e}); measuring {name} alone")
+    return built
+
+
+def _static_row(name: str, built: dict, res: int, n_frames, with_timm: bool, flops: bool, device: str) -> SpeedRow:
+    """A model's row before timing: parameters, tokens, GFLOPs (the model is moved to `device`)."""
+    model, kwargs, ours = built[name]
+    model.to(device)
+    pair = timm_equivalent(name) if ours and with_timm else None
+    ref = pair[0] if pair and pair[0] in built else None
+    params = sum(p.numel() for p in model.parameters()) / 1e6
+    row = SpeedRow(name, res, ref, _tokens(model, res, n_frames), params, frames=n_frames)
+    if ours and kwargs:
+        row.notes.append(f"built with {kwargs} to match {pair[0]}")
+    if flops:
+        try:
+            row.gflops = _flops(model, example_input(name, res, 1, n_frames))
+        except Exception as e:  # a model fvcore cannot trace still gets its speed measured
+            row.notes.append(f"FLOPs not counted: {type(e).__name__}: {str(e)[:120]}")
+    return row
+
+
 def measure(
     models: list[str],
     resolutions: list[int],
@@ -242,33 +275,9 @@ def measure(
     rows: list[SpeedRow] = []
     for res, n_frames, names in _points(models, resolutions, frames):
         where = f"{res} px" + (f", {n_frames} frames" if n_frames else "")
-        built: dict[str, tuple[nn.Module, dict, bool]] = {}
-        for name in names:
-            pair = timm_equivalent(name) if with_timm and n_frames is None else None
-            kwargs = dict(pair[1]) if pair else {}
-            built[name] = (_build(name, kwargs, res, name in list_visionpe_models()), kwargs, True)
-            if pair and pair[0] not in built:
-                try:
-                    built[pair[0]] = (_build(pair[0], {}, res, False), {"img_size": res}, False)
-                except Exception as e:  # a timm model that cannot take this size: measure ours alone
-                    log(f"  {pair[0]} cannot be built at {res} px ({e}); measuring {name} alone")
-        by_name: dict[str, SpeedRow] = {}
-        for name, (model, kwargs, ours) in built.items():
-            model.to(device)
-            pair = timm_equivalent(name) if ours and with_timm else None
-            ref = pair[0] if pair and pair[0] in built else None
-            params = sum(p.numel() for p in model.parameters()) / 1e6
-            row = SpeedRow(name, res, ref, _tokens(model, res, n_frames), params, frames=n_frames)
-            if ours and kwargs:
-                row.notes.append(f"built with {kwargs} to match {pair[0]}")
-            x = example_input(name, res, 1, n_frames)
-            if flops:
-                try:
-                    row.gflops = _flops(model, x)
-                except Exception as e:  # a model fvcore cannot trace still gets its speed measured
-                    row.notes.append(f"FLOPs not counted: {type(e).__name__}: {str(e)[:120]}")
-            by_name[name] = row
-            rows.append(row)
+        built = _build_point(names, res, n_frames, with_timm, log)
+        by_name = {name: _static_row(name, built, res, n_frames, with_timm, flops, device) for name in built}
+        rows += by_name.values()
         if timing:
             groups: dict[str, dict[str, nn.Module]] = {}  # models that take the same input are interleaved together
             for n, (m, _, _) in built.items():
