@@ -31,7 +31,7 @@ from ..papers import PAPERS, bibtex
 from ..pos.presets import PE_PRESETS
 from ..zoo import FAMILIES, Family, model_name, preset_model_options
 from .measure import machine_description
-from .protocols import Point, size_label
+from .protocols import Point, row_point, size_label
 from .report import (
     PROTOCOL_TEXT,
     accuracy_table,
@@ -89,7 +89,6 @@ def _default_res(fam: Family, size: str) -> int:
 
 
 def _speed_section(fam: Family, speed: dict, machines: dict) -> list[str]:
-
     size = ZOO_SIZES.get(fam.name, next(iter(fam.sizes)))
     res = _default_res(fam, size)
     names = [model_name(fam.name, size, pe) for pe in fam.pes]
@@ -143,7 +142,6 @@ def load_speed_files(results: Path) -> list[tuple[Path, dict]]:
 
 
 def _speed_rows(data: dict) -> list:
-
     known = {f.name for f in dataclasses.fields(SpeedRow)}
     return [SpeedRow(**{k: v for k, v in r.items() if k in known}) for r in data.get("rows", []) if "model" in r]
 
@@ -151,7 +149,6 @@ def _speed_rows(data: dict) -> list:
 def _cost_spread_section(fam: Family, files: list[tuple[Path, dict]], out_dir: Path) -> list[str]:
     """Per-PE cost against a baseline measured in the same rounds, median [spread], from every speed file that has
     such ratios for models of the family."""
-
     lines: list[str] = []
     for path, data in files:
         rows = _speed_rows(data)
@@ -453,11 +450,6 @@ def family_models(fam: Family, s: dict) -> list[str]:
     return [m for m in s["models"] if m.startswith(fam.name + "_") or m == fam.name]
 
 
-def _point(row: dict) -> Point:
-    """A summary row's evaluation point (summaries written before protocols existed hold upsample rows)."""
-    return Point(row.get("protocol", "upsample"), row["height"], row["width"], row.get("frames", 0))
-
-
 def _protocols(s: dict) -> list[str]:
     return s.get("protocols") or ["upsample"]
 
@@ -471,7 +463,7 @@ def summary_points(s: dict) -> list[Point]:
     """The table's columns: the training point once, then each protocol's other points (sizes as the summary orders
     them, clip lengths ascending)."""
     base_of, protocols = _base_of(s), _protocols(s)
-    have = {_point(r) for r in s["table"]}
+    have = {row_point(r) for r in s["table"]}
     order = {tuple(x): i for i, x in enumerate(s["sizes"])}
     cols = [base_of(protocols[0])]
     for pr in protocols:
@@ -482,7 +474,6 @@ def summary_points(s: dict) -> list[Point]:
 
 def chance_level(s: dict) -> float | None:
     """Top-1 (%) of guessing on the summary's dataset; None when the number of classes is not known."""
-
     try:
         return 100.0 / get_dataset_info(s["dataset"]).num_classes
     except (KeyError, ValueError, TypeError, ZeroDivisionError):  # unknown set, or classes known only from a folder
@@ -493,7 +484,7 @@ def at_chance(s: dict) -> bool:
     """No model clearly above guessing at the training point (mean - 2 std within chance level)."""
     chance = chance_level(s)
     base = _base_of(s)(_protocols(s)[0])
-    rows = [r for r in s["table"] if _point(r) == base]
+    rows = [r for r in s["table"] if row_point(r) == base]
     return chance is not None and bool(rows) and all(r["mean"] - 2 * r.get("std", 0.0) <= chance for r in rows)
 
 
@@ -508,9 +499,9 @@ def _judged(s: dict) -> list[dict]:
     if "claims" in s:
         return s["claims"]
 
-    stats = {(r["model"], r["mode"], _point(r)): dict(mean=r["mean"], std=r["std"], n=r["n"]) for r in s["table"]}
+    stats = {(r["model"], r["mode"], row_point(r)): dict(mean=r["mean"], std=r["std"], n=r["n"]) for r in s["table"]}
     records = [dict(zip(("family", "size", "pe"), split_name(m)), model=m) for m in s["models"]]
-    points = list(dict.fromkeys(_point(r) for r in s["table"]))
+    points = list(dict.fromkeys(row_point(r) for r in s["table"]))
     return judge_claims(stats, records, points, list(s["modes"]), _base_of(s))
 
 
@@ -537,7 +528,7 @@ def _summary_block(fam: Family, path: Path, s: dict, models: list[str], out_dir:
     rel = relative_link(path.parent, out_dir)
     base_of, protocols = _base_of(s), _protocols(s)
     cols = summary_points(s)
-    stats = {(r["model"], r["mode"], _point(r)): r for r in s["table"]}
+    stats = {(r["model"], r["mode"], row_point(r)): r for r in s["table"]}
     spread = (
         f"mean ± standard deviation over the seeds {s['seeds']}"
         if len(s["seeds"]) > 1
@@ -592,7 +583,6 @@ def _summary_block(fam: Family, path: Path, s: dict, models: list[str], out_dir:
 
 
 def _machine(s: dict) -> str:
-
     return machine_description(s["machine"])
 
 

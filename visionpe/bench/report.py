@@ -74,8 +74,7 @@ def aggregate(rows: list[dict]) -> dict[tuple[str, str, Point], dict]:
     """(model, mode, point) -> {'mean', 'std', 'n'} of top-1 over seeds (sample std; 0 for one seed)."""
     groups: dict[tuple, list[float]] = {}
     for r in rows:
-        point = Point(r.get("protocol", "upsample"), r["height"], r["width"], r.get("frames", 0))
-        groups.setdefault((r["model"], r["mode"], point), []).append(r["top1"])
+        groups.setdefault((r["model"], r["mode"], row_point(r)), []).append(r["top1"])
     return {k: mean_std(v) for k, v in groups.items()}
 
 
@@ -305,7 +304,6 @@ def _total_time_text(records: list[dict], processes: int) -> str:
 
 def augmentation_text(cfg) -> str:
     """What the training images went through, in words (from the dataset's factory and options)."""
-
     params = inspect.signature(get_dataset_info(cfg.data.name).factory).parameters
     crop = cfg.data.options.get("crop")
     if crop == "rrc" or ("aug" in params and "crop" not in params):
@@ -320,7 +318,6 @@ def augmentation_text(cfg) -> str:
 
 def restrict(records: list[dict], plan) -> list[dict]:
     """The records' rows for the plan's modes and points only (a record keeps rows of points since dropped)."""
-
     points, modes = set(plan.points), set(plan.bench.position_modes)
     return [
         dict(r, rows=[x for x in r.get("rows", []) if x["mode"] in modes and row_point(x) in points]) for r in records
@@ -591,7 +588,6 @@ def plot_extrapolation(summary: dict, path: Path) -> Path | None:
 
 def _labels(models: list[str]) -> dict[str, str]:
     """PE names when all models share a backbone prefix (vit_n_ape -> ape), full names otherwise."""
-
     parts = {m: split_name(m) for m in models}
     backbones = {(f, s) for f, s, _ in parts.values()}
     if len(backbones) == 1:
@@ -639,7 +635,6 @@ def _oblong_panel(ax, summary: dict, protocol: str, mode: str, labels: dict, nam
 
 
 def split_name(name: str) -> tuple[str, str, str]:
-
     try:
         fam = family_of(name)
     except ValueError:

@@ -675,7 +675,6 @@ def measure_compiled(
     log=print,
 ) -> list[CompileRow]:
     """One CompileRow per model: eager and compiled inference (and timm's, same weights) interleaved."""
-
     tick = Clock(clock, "cpu")
     rows = []
     for name in models:
@@ -716,7 +715,6 @@ def measure_compiled(
 
 
 def format_compile_markdown(rows: list[CompileRow], machine: dict, settings: dict) -> str:
-
     word = "interquartile range" if settings["rounds"] >= 4 else "min-max"
     lines = [
         f"# torch.compile: compiled vs eager, ours vs timm ({machine['date']})",
