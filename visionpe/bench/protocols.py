@@ -192,21 +192,6 @@ def modes_agree(model: nn.Module, x) -> bool:
     return torch.allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-def evaluate_size(
-    model: nn.Module,
-    dataset: Dataset,
-    size: tuple[int, int],
-    mode: str,
-    limit: int,
-    batch_size: int,
-    device: torch.device,
-    amp: torch.dtype | None,
-    workers: int = 0,
-) -> dict:
-    """{'top1', 'top5', 'loss', 'images'} of `model` on the first `limit` items at `size` in position `mode`."""
-    return evaluate_view(model, SizedView(dataset, size, limit), mode, batch_size, device, amp, workers)
-
-
 def evaluate_view(
     model: nn.Module,
     view: SizedView,

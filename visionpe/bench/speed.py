@@ -43,6 +43,7 @@ import visionpe  # noqa: F401  (registers the models)
 
 from ..data import build_dataset, build_train_loader, get_dataset_info
 from ..data.loader import dataset_num_classes
+from ..engine.checkpoint import atomic_write_text
 from ..engine.config import Config, apply_overrides
 from ..zoo import FAMILIES, create_model, family_of, list_visionpe_models, model_name
 from .measure import (
@@ -617,13 +618,20 @@ def format_markdown(rows: list[SpeedRow], machine: dict, settings: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_results(rows: list[SpeedRow], out: Path, machine: dict, settings: dict) -> tuple[Path, Path]:
-    out.parent.mkdir(parents=True, exist_ok=True)
+def _write_pair(out: Path, data: dict, markdown: str) -> tuple[Path, Path]:
+    """out.json and out.md, atomically; nothing when nothing was measured (a committed file is never emptied)."""
     json_path, md_path = out.with_suffix(".json"), out.with_suffix(".md")
-    data = dict(machine=machine, settings=settings, rows=[asdict(r) for r in rows], scaling=scaling(rows))
-    json_path.write_text(json.dumps(data, indent=1) + "\n")
-    md_path.write_text(format_markdown(rows, machine, settings))
+    if not data.get("rows"):
+        raise ValueError(f"nothing was measured; {json_path} and {md_path} are left as they are")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(json_path, json.dumps(data, indent=1) + "\n")
+    atomic_write_text(md_path, markdown)
     return json_path, md_path
+
+
+def write_results(rows: list[SpeedRow], out: Path, machine: dict, settings: dict) -> tuple[Path, Path]:
+    data = dict(machine=machine, settings=settings, rows=[asdict(r) for r in rows], scaling=scaling(rows))
+    return _write_pair(out, data, format_markdown(rows, machine, settings))
 
 
 @dataclass
@@ -743,12 +751,8 @@ def format_compile_markdown(rows: list[CompileRow], machine: dict, settings: dic
 
 
 def write_compile_results(rows: list[CompileRow], out: Path, machine: dict, settings: dict) -> tuple[Path, Path]:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    json_path, md_path = out.with_suffix(".json"), out.with_suffix(".md")
     data = dict(machine=machine, settings=settings, rows=[asdict(r) for r in rows])
-    json_path.write_text(json.dumps(data, indent=1) + "\n")
-    md_path.write_text(format_compile_markdown(rows, machine, settings))
-    return json_path, md_path
+    return _write_pair(out, data, format_compile_markdown(rows, machine, settings))
 
 
 def run_compile(args, models: list[str], machine: dict, settings: dict, t0: float) -> tuple[Path, Path]:
@@ -848,9 +852,6 @@ def _options_text(options: dict | None) -> str:
 
 
 def write_data_results(result: dict, out: Path, machine: dict, settings: dict) -> tuple[Path, Path]:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    json_path, md_path = out.with_suffix(".json"), out.with_suffix(".md")
-    json_path.write_text(json.dumps(dict(machine=machine, settings=settings, **result), indent=1) + "\n")
     lines = [
         f"# Loader vs training step: {result['dataset']}{_options_text(result.get('options'))} ({machine['date']})",
         "",
@@ -861,5 +862,4 @@ def write_data_results(result: dict, out: Path, machine: dict, settings: dict) -
     ]
     table = [[r["task"], Spread(**r["ips"]).text(".0f"), Spread(**r["vs_base"]).text(".2f")] for r in result["rows"]]
     lines += md_table(["task", "images/s", f"vs {result['baseline']}"], "lrr", table)
-    md_path.write_text("\n".join(lines) + "\n")
-    return json_path, md_path
+    return _write_pair(out, dict(machine=machine, settings=settings, **result), "\n".join(lines) + "\n")
