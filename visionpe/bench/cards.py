@@ -442,6 +442,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------------------------------------ accuracy
+# The accuracy part of a model card: every benchmark summary (results/<name>/summary.json) with models of a family, each
+# protocol's points side by side (upsample, fov, clip lengths), runs that learned the task before chance-level ones, and
+# the papers' orderings judged on those numbers.
+
+
 def relative_link(target: Path, start: Path) -> str:
     return Path(os.path.relpath(target.resolve(), start.resolve())).as_posix()
 
@@ -602,6 +608,10 @@ def accuracy_section(fam: Family, summaries: list[tuple[Path, dict]], out_dir: P
 
 
 # family -> (Hugging Face pipeline tag, what the model does); "*" for the image classifiers
+# -------------------------------------------------------------------------------------------- Hugging Face conventions
+# The parts of a model card that follow the Hugging Face model-card convention: the YAML metadata block (written with
+# `huggingface_hub`'s `ModelCardData` when that package is installed, plain YAML otherwise), usage and limitations.
+
 TASKS = {
     "*": ("image-classification", "image classifier"),
     "vivit": ("video-classification", "video classifier"),

@@ -521,6 +521,11 @@ _DEFAULT_MODELS = ["vit_s_ape", "vit_s_rope2d_mixed", "swin_t_rpb", "cvt_13"]
 _COMPILE_MODELS = ["vit_s_rope2d_mixed", "swin_t_rpb"]
 
 
+# ---------------------------------------------------------------------------------------------------------- the report
+# The speed command's report: ratio and spread texts, the power-law growth fit, and the JSON + Markdown files
+# (`visionpe-bench speed` measures, this module writes what it measured).
+
+
 def _fmt(v: float | None, spec: str = ".1f") -> str:
     return "-" if v is None else format(v, spec)
 
@@ -632,6 +637,16 @@ def _write_pair(out: Path, data: dict, markdown: str) -> tuple[Path, Path]:
 def write_results(rows: list[SpeedRow], out: Path, machine: dict, settings: dict) -> tuple[Path, Path]:
     data = dict(machine=machine, settings=settings, rows=[asdict(r) for r in rows], scaling=scaling(rows))
     return _write_pair(out, data, format_markdown(rows, machine, settings))
+
+
+# ------------------------------------------------------------------------------------------------------- torch.compile
+# `visionpe-bench speed --compile`: what torch.compile buys, measured in interleaved rounds.
+#
+# For each of our models (and timm's equivalent where timm has one, loaded with the same weights): eager and
+# `torch.compile`d inference run in the same rounds, each round in a fresh random order (see timing.py). Reported per
+# round and summarised as median [spread]: the compiled/eager time ratio of each model, and compiled ours vs compiled
+# timm (time ratio, below 1 = ours faster). The first call of a compiled model (the compilation) is timed apart, in
+# wall-clock seconds. Outputs are checked too: compiled against eager, ours against timm's (same weights).
 
 
 @dataclass
@@ -764,6 +779,21 @@ def run_compile(args, models: list[str], machine: dict, settings: dict, t0: floa
     settings.update(seconds=round(time.perf_counter() - t0, 1), resolution=res, load=load)
     return write_compile_results(rows, Path(args.out or "results/compile/compile"), machine, settings)
 
+
+# ----------------------------------------------------------------------------------------------------- data throughput
+# `visionpe-bench speed --data NAME`: is the data loader fast enough? Loader vs training step, in images/s.
+#
+# Measured in one run with the shared clock (timing.py; wall-clock, since loader workers are other processes), all
+# tasks interleaved in random order each round:
+# - loader: the engine's training loader (augmentation, per-item seeding, collate) alone, at the first size and with a
+#   random size per batch (the sizes given, or 0.7x / 1x / 1.3x of the one size), for each worker count;
+# - step: forward + backward + AdamW step of each model on a batch already in memory;
+# - loop: loader and step together for the first model, per worker count.
+# Ratios are per round against the baseline (the first model's step): a loader ratio above 1 means the loader is not
+# the bottleneck; a loop ratio below 1 is the overhead the loader adds to training.
+#
+# Any registered image dataset can be measured (`--data fashion-mnist-canvas --data-options num_train=18000 item=22
+# --resolutions 24`); Fashion-MNIST defaults to its native 28 px, other datasets take their size from --resolutions.
 
 _NATIVE_SIZE = {"fashion-mnist": 28}  # datasets measured at their own size when no --resolutions are given
 
