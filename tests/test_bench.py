@@ -301,7 +301,19 @@ def test_cards_are_written_from_results_files(tmp_path):
     (results / "speed" / "zoo.json").write_text(json.dumps(dict(machine=machine, settings=settings, rows=speed_rows)))
     (results / "fm").mkdir()
     table = [
-        dict(model=m, pe=m[6:], mode="extrapolate", height=h, width=h, mean=acc, std=0.5, n=3, delta=d)
+        dict(
+            model=m,
+            pe=m[6:],
+            protocol="upsample",
+            mode="extrapolate",
+            height=h,
+            width=h,
+            frames=0,
+            mean=acc,
+            std=0.5,
+            n=3,
+            delta=d,
+        )
         for m, h, acc, d in [("vit_n_ape", 28, 88.0, 0.0), ("vit_n_ape", 56, 61.5, -26.5)]
     ]
     summary = dict(
@@ -310,12 +322,15 @@ def test_cards_are_written_from_results_files(tmp_path):
         base=[28, 28],
         sizes=[[28, 28], [56, 56]],
         modes=["extrapolate"],
+        protocols=["upsample"],
+        base_frames=0,
         seeds=[0, 1, 2],
         models=["vit_n_ape"],
         modes_agree=[],
         machine=machine,
         date="2025-01-01",
         table=table,
+        claims=[],
     )
     (results / "fm" / "summary.json").write_text(json.dumps(summary))
     paths = write_cards(results, tmp_path / "cards", ["vit", "cvt"])

@@ -37,10 +37,8 @@ from .report import (
     accuracy_table,
     augmentation_text,
     base_check_lines,
-    judge_claims,
     md_table,
     point_heading,
-    split_name,
     tally_text,
 )
 from .speed import ZOO_SIZES, SpeedRow, memory_ratio_text, spread_text
@@ -456,19 +454,15 @@ def family_models(fam: Family, s: dict) -> list[str]:
     return [m for m in s["models"] if m.startswith(fam.name + "_") or m == fam.name]
 
 
-def _protocols(s: dict) -> list[str]:
-    return s.get("protocols") or ["upsample"]
-
-
 def _base_of(s: dict):
-    base, frames = tuple(s["base"]), s.get("base_frames", 0)
+    base, frames = tuple(s["base"]), s["base_frames"]
     return lambda protocol: Point(protocol, *base, frames if protocol == "frames" else 0)
 
 
 def summary_points(s: dict) -> list[Point]:
     """The table's columns: the training point once, then each protocol's other points (sizes as the summary orders
     them, clip lengths ascending)."""
-    base_of, protocols = _base_of(s), _protocols(s)
+    base_of, protocols = _base_of(s), s["protocols"]
     have = {row_point(r) for r in s["table"]}
     order = {tuple(x): i for i, x in enumerate(s["sizes"])}
     cols = [base_of(protocols[0])]
@@ -489,7 +483,7 @@ def chance_level(s: dict) -> float | None:
 def at_chance(s: dict) -> bool:
     """No model clearly above guessing at the training point (mean - 2 std within chance level)."""
     chance = chance_level(s)
-    base = _base_of(s)(_protocols(s)[0])
+    base = _base_of(s)(s["protocols"][0])
     rows = [r for r in s["table"] if row_point(r) == base]
     return chance is not None and bool(rows) and all(r["mean"] - 2 * r.get("std", 0.0) <= chance for r in rows)
 
@@ -500,21 +494,10 @@ def family_summaries(fam: Family, summaries: list[tuple[Path, dict]]) -> list[tu
     return sorted((f for f in found if f[2]), key=lambda f: at_chance(f[1]))
 
 
-def _judged(s: dict) -> list[dict]:
-    """The summary's judged claims; judged here from its table for summaries written before claims existed."""
-    if "claims" in s:
-        return s["claims"]
-
-    stats = {(r["model"], r["mode"], row_point(r)): dict(mean=r["mean"], std=r["std"], n=r["n"]) for r in s["table"]}
-    records = [dict(zip(("family", "size", "pe"), split_name(m)), model=m) for m in s["models"]]
-    points = list(dict.fromkeys(row_point(r) for r in s["table"]))
-    return judge_claims(stats, records, points, list(s["modes"]), _base_of(s))
-
-
 def family_claims(models: list[str], s: dict) -> list[dict]:
     """The claims with comparisons between the given models, restricted to those comparisons."""
     out = []
-    for j in _judged(s):
+    for j in s["claims"]:
         mine = [c for c in j["comparisons"] if c["better"] in models and c["worse"] in models]
         if mine:
             out.append(dict(j, comparisons=mine))
@@ -523,7 +506,7 @@ def family_claims(models: list[str], s: dict) -> list[dict]:
 
 def _heading(s: dict) -> str:
     base = size_label(tuple(s["base"]))
-    where = f"{s['base_frames']} frames of {base} px" if "frames" in _protocols(s) else f"{base} px"
+    where = f"{s['base_frames']} frames of {base} px" if "frames" in s["protocols"] else f"{base} px"
     n = len(s["seeds"])
     seeds = f"{n} seeds" if n > 1 else "1 seed (single runs: no spread)"
     how = f"pretrained weights at {where}" if s.get("pretrained") else f"trained at {where}, {seeds}"
@@ -532,7 +515,7 @@ def _heading(s: dict) -> str:
 
 def _summary_block(fam: Family, path: Path, s: dict, models: list[str], out_dir: Path) -> list[str]:
     rel = relative_link(path.parent, out_dir)
-    base_of, protocols = _base_of(s), _protocols(s)
+    base_of, protocols = _base_of(s), s["protocols"]
     cols = summary_points(s)
     stats = {(r["model"], r["mode"], row_point(r)): r for r in s["table"]}
     spread = (
@@ -551,7 +534,7 @@ def _summary_block(fam: Family, path: Path, s: dict, models: list[str], out_dir:
         + f". Full tables: [{rel}/results.md]({rel}/results.md){plot}",
         "",
     ]
-    base, frames = tuple(s["base"]), s.get("base_frames", 0)
+    base, frames = tuple(s["base"]), s["base_frames"]
     agree = s.get("modes_agree", [])
     for mode in s["modes"]:
         heads = [point_heading(c, c == base_of(c.protocol), base, frames, protocols) for c in cols]

@@ -207,5 +207,4 @@ def evaluate_view(
 
 
 def row_point(row: dict) -> Point:
-    """The evaluation point of a record row (rows written before protocols existed are 'upsample')."""
-    return Point(row.get("protocol", "upsample"), row["height"], row["width"], row.get("frames", 0))
+    return Point(row["protocol"], row["height"], row["width"], row["frames"])

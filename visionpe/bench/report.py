@@ -57,9 +57,8 @@ def long_rows(records: list[dict]) -> list[dict]:
             out.append(
                 {
                     **{k: rec.get(k) for k in ("model", "family", "size", "pe", "seed", "train_seconds")},
-                    **{k: r.get(k) for k in ("mode", "height", "width", "top1", "top5", "loss", "images", "same_as")},
-                    "protocol": r.get("protocol", "upsample"),
-                    "frames": r.get("frames", 0),
+                    **{k: r.get(k) for k in ("protocol", "mode", "height", "width", "frames", "top1", "top5", "loss")},
+                    **{k: r.get(k) for k in ("images", "same_as")},
                 }
             )
     return out
@@ -549,7 +548,7 @@ def plot_extrapolation(summary: dict, path: Path) -> Path | None:
     except ImportError:  # the tables do not need it
         return None
     modes = summary["modes"]
-    protocols = summary.get("protocols", ["upsample"])
+    protocols = summary["protocols"]
     square = [(p, m) for p in protocols for m in modes]
     oblong = [(p, m) for p, m in square if p != "frames" and _oblong_shapes(summary["table"], p, m)]
     labels = _labels(summary["models"])
@@ -563,10 +562,7 @@ def plot_extrapolation(summary: dict, path: Path) -> Path | None:
             pts = sorted(
                 (r["frames"] if protocol == "frames" else r["height"], r["mean"], r["std"])
                 for r in summary["table"]
-                if r["model"] == model
-                and r["mode"] == mode
-                and r.get("protocol", "upsample") == protocol
-                and r["height"] == r["width"]
+                if r["model"] == model and r["mode"] == mode and r["protocol"] == protocol and r["height"] == r["width"]
             )
             if not pts:
                 continue
@@ -575,7 +571,7 @@ def plot_extrapolation(summary: dict, path: Path) -> Path | None:
             ax.errorbar(
                 xs, ys, yerr=es if any(es) else None, marker="o", ms=4, capsize=2, label=labels[model], color=f"C{k}"
             )
-        ax.axvline(summary.get("base_frames") if protocol == "frames" else summary["base"][0], color="grey", ls=":")
+        ax.axvline(summary["base_frames"] if protocol == "frames" else summary["base"][0], color="grey", ls=":")
         if protocol == "frames":
             ax.set_xscale("log", base=2)
             ax.set_xticks(sorted(ticks), [str(t) for t in sorted(ticks)])
@@ -617,7 +613,7 @@ def _oblong_shapes(table: list[dict], protocol: str, mode: str) -> list[tuple[in
         {
             (r["height"], r["width"])
             for r in table
-            if r["mode"] == mode and r.get("protocol", "upsample") == protocol and r["height"] != r["width"]
+            if r["mode"] == mode and r["protocol"] == protocol and r["height"] != r["width"]
         },
         key=lambda hw: (hw[0] * hw[1], hw),
     )
@@ -632,10 +628,7 @@ def _oblong_panel(ax, summary: dict, protocol: str, mode: str, labels: dict, nam
         pts = [
             (shapes.index((r["height"], r["width"])), r["mean"], r["std"])
             for r in summary["table"]
-            if r["model"] == model
-            and r["mode"] == mode
-            and r.get("protocol", "upsample") == protocol
-            and r["height"] != r["width"]
+            if r["model"] == model and r["mode"] == mode and r["protocol"] == protocol and r["height"] != r["width"]
         ]
         if not pts:
             continue
