@@ -1,12 +1,7 @@
-"""Model cards: `model_cards/<family>.md` for every registered family, written from measured results.
+"""Model cards: `model_cards/<family>.md` for every registered family, from the zoo's tables and the measured
+results under results/ (docs/benchmark.md).
 
     python -m visionpe.bench cards [--results results] [--out model_cards] [--families vit swin]
-
-A card reads the zoo's tables (sizes, PE variants, papers, weight loaders) and the results files: parameters, GFLOPs
-and speed from `results/speed/*.json` (`python -m visionpe.bench speed --zoo` writes `zoo.json`; every speed file's
-per-PE ratios against a baseline are shown with their spread), accuracy at every evaluation point of every protocol
-from each `results/<benchmark>/summary.json` that has models of the family (`python -m visionpe.bench extrapolate`;
-see accuracy_section). Nothing in a card is typed by hand: rerun after new measurements.
 """
 
 from __future__ import annotations
@@ -441,9 +436,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # ------------------------------------------------------------------------------------------------------------ accuracy
-# The accuracy part of a model card: every benchmark summary (results/<name>/summary.json) with models of a family, each
-# protocol's points side by side (upsample, fov, clip lengths), runs that learned the task before chance-level ones, and
-# the papers' orderings judged on those numbers.
 
 
 def relative_link(target: Path, start: Path) -> str:
@@ -592,8 +584,6 @@ def accuracy_section(fam: Family, summaries: list[tuple[Path, dict]], out_dir: P
 
 # family -> (Hugging Face pipeline tag, what the model does); "*" for the image classifiers
 # -------------------------------------------------------------------------------------------- Hugging Face conventions
-# The parts of a model card that follow the Hugging Face model-card convention: the YAML metadata block (written with
-# `huggingface_hub`'s `ModelCardData` when that package is installed, plain YAML otherwise), usage and limitations.
 
 TASKS = {
     "*": ("image-classification", "image classifier"),

@@ -1,19 +1,8 @@
-"""Extrapolation: train models with one recipe at a base resolution (and clip length), evaluate them elsewhere.
+"""Extrapolation: train models with one recipe at a base size (and clip length), evaluate them at other sizes,
+fields of view and clip lengths in each test-time position mode (docs/benchmark.md).
 
     python -m visionpe.bench extrapolate -c configs/bench/quick.yaml [bench.seeds=0,1 train.epochs=2 ...]
     python -m visionpe.bench extrapolate --pretrained -c configs/bench/imagenet-pretrained.yaml data.root=...
-
-A benchmark file is a training recipe for the engine (the sections of `train.py -c`: model, data, aug, optim, train,
-eval) plus a `bench:` section naming the models, seeds, evaluation points and test-time position modes. Every (model,
-seed) is trained by `visionpe.engine.train` into `<runs_dir>/<model>-s<seed>` (or, with --pretrained, its published
-or saved weights are loaded and nothing is trained) and evaluated at every point of each protocol (upsample: the
-image at another size; fov: a larger canvas with the content at its training scale; frames: other clip lengths) in
-each position mode: 'extrapolate' (raw patch indices at the new size) and 'interpolate' (positions rescaled to the
-training grid, the counterpart of resampling an APE table). Each run's numbers go to
-`<output_dir>/evals/<model>-s<seed>.json` as soon as they exist, so an interrupted benchmark reruns only what is
-missing: finished trainings are reused, interrupted ones resume from their last checkpoint, evaluated points are kept.
-The tables, the orderings the papers claim and the plot (results.csv, results.md, results.png, summary.json) are
-rewritten from those files at the end.
 """
 
 from __future__ import annotations

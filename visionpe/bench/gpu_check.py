@@ -1,20 +1,5 @@
-"""`visionpe-bench gpu-check`: is this GPU set up right? One command, a few minutes on one GPU.
-
-1. Versions: torch, CUDA, xformers, the torch version the installed xformers was built for, and whether xformers'
-   compiled ops load and run.
-2. Agreement: the output of small models with a rotary PE (vit rope2d), bias PEs (iRPE; Swin's relative position
-   bias with the shifted-window mask) and a value PE (iRPE on q, k and v) under each attention backend
-   (xformers, sdpa) against the explicit math backend, in fp32 and bf16 (bf16 on CUDA only).
-3. Throughput: images/s and peak memory of ViT-B/16 at 224/512/1024 px per backend (CUDA only).
-On CPU, the agreement runs sdpa against math at tiny sizes, xformers is reported unavailable and the throughput rows
-are skipped with the reason. Results go to a JSON file and a Markdown table next to it.
-
-Known good pairs (wheel METADATA on PyPI): xformers 0.0.31 requires torch==2.7.1, 0.0.32.post2 torch==2.8.0,
-0.0.33.post1 torch==2.9.0, 0.0.34 torch==2.10.0. 0.0.35 says torch>=2.10, but its compiled ops are built for torch
-2.10.0 and do not load on torch 2.14.1 (xformers then imports, warns, and has no memory-efficient kernel). No
-xformers build matches torch 2.14.1 yet: the `[xformers]` extra pins the pair xformers 0.0.34 + torch 2.10.0, and
-this check reports the installed pair and whether the compiled ops load.
-"""
+"""`visionpe-bench gpu-check`: versions (torch, CUDA, xformers), attention backends against the math backend per
+PE in fp32 and bf16, and ViT-B/16 images/s and memory per backend (docs/benchmark.md)."""
 
 from __future__ import annotations
 

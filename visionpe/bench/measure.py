@@ -1,12 +1,4 @@
-"""What every benchmark measures with: the clock (below), FLOPs (fvcore with attention counted), peak memory (a fresh
-probe process on CPU, the allocator on CUDA) and the machine the figures come from.
-
-The clock: interleaved rounds, per-round rates, ratios with their spread. Each round runs every task once, in a fresh
-random order, so that load from other processes drifting over the run hits all of them alike; a ratio is taken per
-round (paired) and summarised by its median, quartiles and range. Clocks: 'wall' (wall-clock seconds; CUDA work is
-synchronised before each reading) and 'cpu' (CPU seconds of the calling thread with torch on one thread: a shared,
-oversubscribed machine disturbs it far less than wall time).
-"""
+"""What every benchmark measures with: the interleaved clock, FLOPs, peak memory and the machine (docs/benchmark.md)."""
 
 from __future__ import annotations
 
@@ -150,12 +142,6 @@ def paired_ratios(rates: dict[str, list[float]], baseline: str) -> dict[str, lis
 
 
 # --------------------------------------------------------------------------------------------------------------- FLOPs
-# FLOPs of a model at one input size: fvcore's counter with a handler for scaled_dot_product_attention.
-#
-# fvcore counts one fused multiply-add as one FLOP (so "GFLOPs" here are GMACs, the convention timm and the papers use)
-# and ignores element-wise ops (softmax, rotations, additions). Without a handler, the fused attention kernel is an
-# unsupported op and the two attention matmuls (about 2 N^2 C per layer) would silently go uncounted.
-# `vit_flops_by_hand` restates the count for a plain ViT so that the tests can check the counter against it.
 
 
 def _shape(value) -> list[int]:
@@ -228,17 +214,6 @@ def vit_flops_by_hand(
 
 
 # -------------------------------------------------------------------------------------------------------------- memory
-# The one memory probe of every benchmark: peak memory of one step beyond the model's weights.
-#
-# On CUDA: the allocator's high-water mark around the step (`cuda_peak_mb`). On CPU there is no allocator mark to reset,
-# so each measurement runs in a fresh process (`python -m visionpe.bench.measure SPEC_JSON`) that warms the model up on
-# a tiny input, resets the kernel's peak resident set size (VmHWM, via /proc/self/clear_refs) and reads it after the
-# step. That process runs with glibc's mmap threshold fixed at 256 KiB (MALLOC_MMAP_THRESHOLD_): every tensor of 256 KiB
-# or more is then its own mapping, returned to the kernel when freed, so the peak follows the live tensors, as CUDA's
-# allocated-bytes mark does. With glibc's default (a threshold that grows to 32 MiB after the first large frees) the
-# resident set also holds freed heap blocks: ViT-B/16 at 1024 px read 222 MiB for vit_b_ape and 463 MiB for vit_b_irpe,
-# against 167 and 188 MiB with the fixed threshold; the difference was the heap's high-water mark, not tensors.
-# `saved_activation_mb` counts the bytes autograd keeps for backward: exact and free of allocator noise.
 
 MMAP_THRESHOLD = 256 * 1024  # bytes: allocations this large get their own mapping in the probe process (glibc)
 

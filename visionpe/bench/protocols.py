@@ -1,14 +1,5 @@
-"""Evaluation at any height x width (square or not), clip length and test-time position mode, under a protocol.
-
-The engine's evaluation loop (`visionpe.engine.evaluate_loader`) does the counting; this file only brings the
-evaluation inputs to the point asked for. Protocols:
-- upsample: the image at another size, content scaled with it. Datasets that render any resolution draw each item at
-  max(H, W) and are resized to H x W (a stretched aspect ratio, the content unchanged); canvas datasets draw their
-  training-size canvas and resize it; others are resized from their own size.
-- fov: the field of view grows, the content keeps its training scale (`render_canvas(index, (H, W))`, see
-  visionpe.data.canvas): only the positions extrapolate.
-- frames: a clip of another length at the training frame size (`render(index, resolution, frames)`).
-"""
+"""Evaluation at any height x width, clip length and position mode under a protocol (upsample, fov, frames;
+docs/benchmark.md); the engine's evaluation loop does the counting."""
 
 from __future__ import annotations
 

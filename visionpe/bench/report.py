@@ -1,7 +1,5 @@
-"""Tables of an extrapolation benchmark: results.csv (one row per run, mode and evaluation point), results.md (mean and
-standard deviation over seeds per point, the protocols side by side, the change against the training point, and the
-papers' orderings judged against the seed spread), summary.json (what the model cards read), results.png (the plot);
-the papers' claims judged on those numbers (the claims themselves are data in visionpe/papers.py)."""
+"""An extrapolation benchmark's results.csv, results.md, summary.json and results.png, and the papers' claims
+judged on them (the claims are data in visionpe/papers.py; docs/benchmark.md)."""
 
 from __future__ import annotations
 
@@ -404,13 +402,6 @@ def write_report(records: list[dict], plan, out: Path, seconds: float, machine: 
 
 
 # -------------------------------------------------------------------------------------------------- the papers' claims
-# The orderings PE papers claim, judged on a benchmark's own numbers.
-#
-# Each claim is a list of (better PE, worse PE) pairs and where it is meant to hold (beyond the training size or clip
-# length, at the training point, or everywhere). At each evaluation point and position mode where a benchmark has both
-# models of a pair (same backbone), the difference of their mean top-1 over seeds is compared with its standard error
-# sqrt(s_a^2 / n_a + s_b^2 / n_b): 'holds' when the better PE leads by at least twice that, 'does not hold' when it
-# trails by as much, 'within noise' otherwise, and 'one seed' when a spread cannot be estimated.
 
 VERDICTS = ("holds", "does not hold", "within noise", "one seed")
 
@@ -525,10 +516,6 @@ def tally_text(judged: dict) -> str:
 
 
 # ------------------------------------------------------------------------------------------------------------ the plot
-# The extrapolation plot: top-1 against evaluation size (or clip length), one line per PE, one panel per protocol and
-# position mode (as in the RoPE-ViT paper's figure); a dotted line marks the training point, error bars are the seed
-# standard deviation. Non-square evaluation shapes (e.g. 28x56) get a panel of their own per protocol and mode, one
-# marker per PE and shape; the legend sits below the panels, clear of the data.
 
 _AXES = {
     "upsample": "evaluation resolution (px), content scaled",

@@ -1,25 +1,8 @@
-"""`visionpe-bench speed`: the one speed command. Images/s, peak memory, parameters and FLOPs of models at a list of
-resolutions (and clip lengths for video), against a baseline and timm's equivalent model measured in the same run.
+"""`visionpe-bench speed`: images/s, peak memory, parameters and FLOPs at a list of resolutions (and clip lengths),
+against a baseline and timm's equivalent model measured in the same rounds; `--zoo` for the cards, `--compile` for
+torch.compile, `--data` for loader throughput (docs/benchmark.md).
 
-    python -m visionpe.bench speed --models vit_s_ape swin_t_rpb cvt_13 --resolutions 224 384
-    python -m visionpe.bench speed --models 'vit_s_*' --baseline vit_s_ape --infer --resolutions 224   # PE cost
-    python -m visionpe.bench speed --models 'vit_s_*' --mode memory --infer --resolutions 512            # PE memory
-    python -m visionpe.bench speed --models swin_t_rpb 'cvt_13*' --infer                         # Swin vs timm, CvT PEs
-    python -m visionpe.bench speed --models 'vivit_s_*' --baseline vivit_s_ape --frames 4 8 16 32 --resolutions 112
-    python -m visionpe.bench speed --data fashion-mnist --models 'vit_n_*' --batch 128 --workers 0 1  # loader vs step
-    python -m visionpe.bench speed --data fashion-mnist-canvas --data-options num_train=18000 item=22 --resolutions 24 \
-        --models vit_n_nope --batch 32 --workers 0   # any registered image dataset, at a given size
-    python -m visionpe.bench speed --zoo          # what the model cards report (results/speed/zoo.json)
-    python -m visionpe.bench speed --compile      # torch.compile vs eager, ours vs timm (results/compile/compile.json)
-
-Models may be glob patterns over the registered models. Per model and size: parameters, GFLOPs (fvcore MACs with
-attention counted, see measure.py), inference and training images/s (clips/s for video), peak memory of one step of one
-item (see measure.py) and, for video training, the activations autograd saves. Models that take the same input run
-interleaved in random order each round (see measure.py); every ratio is taken per round against the baseline (the
---baseline model, else the first listed) and timm's equivalent (same architecture, e.g. vit_s_ape and
-vit_small_patch16_224), and reported as median [interquartile range, or min-max under 4 rounds]. With two or more
-sizes, the growth of time and memory with the token count is fitted as a power law (time ~ N^a). Results go to a JSON
-file and a Markdown table next to it.
+    python -m visionpe.bench speed --models 'vit_s_*' --baseline vit_s_ape --infer --resolutions 224
 """
 
 from __future__ import annotations
@@ -522,8 +505,6 @@ _COMPILE_MODELS = ["vit_s_rope2d_mixed", "swin_t_rpb"]
 
 
 # ---------------------------------------------------------------------------------------------------------- the report
-# The speed command's report: ratio and spread texts, the power-law growth fit, and the JSON + Markdown files
-# (`visionpe-bench speed` measures, this module writes what it measured).
 
 
 def _fmt(v: float | None, spec: str = ".1f") -> str:
@@ -640,13 +621,6 @@ def write_results(rows: list[SpeedRow], out: Path, machine: dict, settings: dict
 
 
 # ------------------------------------------------------------------------------------------------------- torch.compile
-# `visionpe-bench speed --compile`: what torch.compile buys, measured in interleaved rounds.
-#
-# For each of our models (and timm's equivalent where timm has one, loaded with the same weights): eager and
-# `torch.compile`d inference run in the same rounds, each round in a fresh random order (see timing.py). Reported per
-# round and summarised as median [spread]: the compiled/eager time ratio of each model, and compiled ours vs compiled
-# timm (time ratio, below 1 = ours faster). The first call of a compiled model (the compilation) is timed apart, in
-# wall-clock seconds. Outputs are checked too: compiled against eager, ours against timm's (same weights).
 
 
 @dataclass
@@ -781,19 +755,6 @@ def run_compile(args, models: list[str], machine: dict, settings: dict, t0: floa
 
 
 # ----------------------------------------------------------------------------------------------------- data throughput
-# `visionpe-bench speed --data NAME`: is the data loader fast enough? Loader vs training step, in images/s.
-#
-# Measured in one run with the shared clock (timing.py; wall-clock, since loader workers are other processes), all
-# tasks interleaved in random order each round:
-# - loader: the engine's training loader (augmentation, per-item seeding, collate) alone, at the first size and with a
-#   random size per batch (the sizes given, or 0.7x / 1x / 1.3x of the one size), for each worker count;
-# - step: forward + backward + AdamW step of each model on a batch already in memory;
-# - loop: loader and step together for the first model, per worker count.
-# Ratios are per round against the baseline (the first model's step): a loader ratio above 1 means the loader is not
-# the bottleneck; a loop ratio below 1 is the overhead the loader adds to training.
-#
-# Any registered image dataset can be measured (`--data fashion-mnist-canvas --data-options num_train=18000 item=22
-# --resolutions 24`); Fashion-MNIST defaults to its native 28 px, other datasets take their size from --resolutions.
 
 _NATIVE_SIZE = {"fashion-mnist": 28}  # datasets measured at their own size when no --resolutions are given
 
