@@ -20,7 +20,6 @@ import visionpe  # noqa: F401  (registers the families)
 
 from ..data import get_dataset_info
 from ..engine.checkpoint import atomic_write_text
-from ..engine.config import config_from_dict
 from ..models.pretrained_cfgs import WEIGHTS
 from ..papers import PAPERS, bibtex
 from ..pos.presets import PE_PRESETS
@@ -30,8 +29,8 @@ from .protocols import Point, row_point, size_label
 from .report import (
     PROTOCOL_TEXT,
     accuracy_table,
-    augmentation_text,
     base_check_lines,
+    fmt,
     md_table,
     point_heading,
     tally_text,
@@ -59,10 +58,6 @@ def load_extrapolation(results: Path) -> list[tuple[Path, dict]]:
 
 def _first_paragraph(text: str | None) -> str:
     return " ".join((text or "").strip().split("\n\n")[0].split())
-
-
-def _fmt(v, spec: str = ".2f") -> str:
-    return "-" if v is None else format(v, spec)
 
 
 def _preset_text(preset: str) -> str:
@@ -108,16 +103,16 @@ def _speed_section(fam: Family, speed: dict, machines: dict) -> list[str]:
     rows = []
     for n in measured:
         r = speed[(n, res)]
-        rows.append([n, f"{r['params_m']:.2f}", _fmt(r.get("gflops")), _fmt(r.get("infer_ips"), ".1f"),
-                     _ratio(r, base, "infer_ips"), _fmt(r.get("train_ips"), ".1f"), _ratio(r, base, "train_ips"),
-                     _fmt(r.get("infer_mem_mb"), ".0f")])  # fmt: skip
+        rows.append([n, f"{r['params_m']:.2f}", fmt(r.get("gflops")), fmt(r.get("infer_ips"), ".1f"),
+                     _ratio(r, base, "infer_ips"), fmt(r.get("train_ips"), ".1f"), _ratio(r, base, "train_ips"),
+                     fmt(r.get("infer_mem_mb"), ".0f")])  # fmt: skip
     lines += md_table([*heads, "infer MiB"], "lrrrrrrr", rows)
     pairs = [(n, speed[(n, res)]) for n in measured if speed[(n, res)].get("reference")]
     if pairs:
         rows = []
         for n, r in pairs:
             ref = speed.get((r["reference"], res), {})
-            fl = f"{_fmt(r.get('gflops'))} / {_fmt(ref.get('gflops'))}"
+            fl = f"{fmt(r.get('gflops'))} / {fmt(ref.get('gflops'))}"
             rows.append([n, r["reference"], fl, _ratio(r, ref, "infer_ips"), _ratio(r, ref, "train_ips")])
         heads = ["ours", "timm", "GFLOPs (ours / timm)", "inference speed ratio", "training speed ratio"]
         lines += ["", "Against timm's implementation of the same architecture, same run:", ""]
@@ -180,17 +175,13 @@ def _cost_spread_section(fam: Family, files: list[tuple[Path, dict]], out_dir: P
 
 
 def _recipe_text(s: dict, folder: Path) -> str:
-    """The recipe in one line; the augmentation in words from the run's saved config (bench.yaml)."""
-    r = {k: v for k, v in s.get("recipe", {}).items() if k not in ("scale", "hflip")}
+    """The recipe in one line (model options from the run's saved config, bench.yaml)."""
+    r = dict(s.get("recipe", {}))
     opts = r.pop("data_options", {}) or {}
-    parts = [f"{k}={v}" for k, v in r.items()]
-    parts += [f"data.{k}={v}" for k, v in opts.items()]
+    parts = [f"{k}={v}" for k, v in r.items()] + [f"data.{k}={v}" for k, v in opts.items()]
     if (folder / "bench.yaml").is_file():
-        data = yaml.safe_load((folder / "bench.yaml").read_text()) or {}
-        data.pop("bench", None)
-        cfg = config_from_dict(data)
-        parts += [f"model.{k}={v}" for k, v in (cfg.model.kwargs or {}).items()]
-        parts.append(f"augmentation: {augmentation_text(cfg)}")
+        kwargs = (yaml.safe_load((folder / "bench.yaml").read_text()).get("model") or {}).get("kwargs") or {}
+        parts += [f"model.{k}={v}" for k, v in kwargs.items()]
     return ", ".join(parts)
 
 
@@ -276,7 +267,7 @@ def _details_section(fam: Family, speed: dict) -> list[str]:
     for size, kwargs in fam.sizes.items():
         res = _default_res(fam, size)
         r = speed.get((model_name(fam.name, size, first_pe), res), {})
-        sizes.append([size, _size_text(kwargs), res, _fmt(r.get("params_m")), _fmt(r.get("gflops"))])
+        sizes.append([size, _size_text(kwargs), res, fmt(r.get("params_m")), fmt(r.get("gflops"))])
     variants = []
     for pe, kwargs in fam.pes.items():
         preset = kwargs.get("pe", "")
@@ -529,7 +520,7 @@ def _summary_block(fam: Family, path: Path, s: dict, models: list[str], out_dir:
     base, frames = tuple(s["base"]), s["base_frames"]
     agree = s.get("modes_agree", [])
     for mode in s["modes"]:
-        heads = [point_heading(c, c == base_of(c.protocol), base, frames, protocols) for c in cols]
+        heads = [point_heading(None if c == base_of(c.protocol) else c, base, frames, protocols) for c in cols]
         lines += [
             f"*{mode}* positions:",
             "",

@@ -238,16 +238,6 @@ def example_input(name: str, size: int, batch: int, frames: int | None = None, i
     return torch.randn(batch, in_chans, size, size)
 
 
-def _run(model: nn.Module, x, train: bool) -> None:
-    if train:
-        out = model(**x) if isinstance(x, dict) else model(x)
-        out.float().square().mean().backward()
-        model.zero_grad(set_to_none=True)
-    else:
-        with torch.inference_mode():
-            model(**x) if isinstance(x, dict) else model(x)
-
-
 def cuda_peak_mb(step: Callable[[], object], device: str = "cuda") -> float:
     """Peak CUDA memory (MiB) allocated by `step()` beyond what was allocated before it."""
     torch.cuda.synchronize(device)
@@ -293,7 +283,7 @@ def peak_memory_mb(
         model = (model or timm.create_model(name, **kwargs)).to(device).train(train)
         x = example_input(name, size, batch, frames)
         x = {k: v.to(device) for k, v in x.items()} if isinstance(x, dict) else x.to(device)
-        return cuda_peak_mb(lambda: _run(model, x, train), device)
+        return cuda_peak_mb(model_step(model, x, train), device)
     spec = dict(name=name, size=size, batch=batch, train=train, kwargs=kwargs, frames=frames)
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": os.environ.get("MALLOC_MMAP_THRESHOLD_", str(MMAP_THRESHOLD))}
     out = subprocess.run(
@@ -329,12 +319,12 @@ def _child(spec: dict) -> float:
     x = example_input(name, spec["size"], spec["batch"], frames)
     if "img_size" not in spec.get("kwargs", {}):  # timm's models are built for one size and cannot take 32 px
         try:  # warm-up: kernels and thread pools
-            _run(model, example_input(name, 32, 1, frames and 2), train)
+            model_step(model, example_input(name, 32, 1, frames and 2), train)()
         except ValueError:  # a model with a minimum size (e.g. ViTAR's token merger): its default size
-            _run(model, example_input(name, model.pretrained_cfg["input_size"][-1], 1, frames and 2), train)
+            model_step(model, example_input(name, model.pretrained_cfg["input_size"][-1], 1, frames and 2), train)()
     before = _status_mb("VmRSS")
     resettable = _reset_peak()
-    _run(model, x, train)
+    model_step(model, x, train)()
     peak = _status_mb("VmHWM") if resettable else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return max(peak - before, 0.0)
 

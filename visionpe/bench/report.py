@@ -4,7 +4,6 @@ judged on them (the claims are data in visionpe/papers.py; docs/benchmark.md).""
 from __future__ import annotations
 
 import csv
-import inspect
 import io
 import json
 import math
@@ -12,7 +11,6 @@ import statistics
 import time
 from pathlib import Path
 
-from ..data import get_dataset_info
 from ..engine.checkpoint import atomic_write_text
 from ..papers import CLAIMS
 from ..zoo import FAMILIES, family_of
@@ -100,27 +98,17 @@ def columns(plan) -> list[Point]:
     return [base] + [p for p in plan.points if p not in bases]
 
 
-def base_heading(base: tuple[int, int], base_frames: int, protocols: list[str]) -> str:
-    """'base (32)', or 'base (8 f, 32)' when clip lengths are among the protocols."""
-    frames = f"{base_frames} f, " if "frames" in protocols else ""
-    return f"base ({frames}{size_label(base)})"
+def point_heading(point: Point | None, base: tuple[int, int], base_frames: int, protocols: list[str]) -> str:
+    """A column heading: 'base (32)' ('base (8 f, 32)' with clip lengths) for the training point (None), else the
+    point ('up 48' when protocols sit side by side)."""
+    if point is None:
+        return f"base ({f'{base_frames} f, ' if 'frames' in protocols else ''}{size_label(base)})"
+    return ("up " if point.protocol == "upsample" and len(protocols) > 1 else "") + point_label(point)
 
 
-def point_heading(point: Point, is_base: bool, base: tuple[int, int], base_frames: int, protocols: list[str]) -> str:
-    """A table column's heading: the training point, else the point ('up 48' when protocols sit side by side)."""
-    if is_base:
-        return base_heading(base, base_frames, protocols)
-    side_by_side = point.protocol == "upsample" and len(protocols) > 1
-    return ("up " if side_by_side else "") + point_label(point)
-
-
-def _base_label(plan) -> str:
-    return base_heading(plan.base, plan.base_frames, plan.bench.protocols)
-
-
-def _column_label(point: Point, plan) -> str:
-    is_base = point == plan.base_point(point.protocol)
-    return point_heading(point, is_base, plan.base, plan.base_frames, plan.bench.protocols)
+def _headings(plan, cols: list[Point]) -> list[str]:
+    args = plan.base, plan.base_frames, plan.bench.protocols
+    return [point_heading(None if c == plan.base_point(c.protocol) else c, *args) for c in cols]
 
 
 def stat_text(st: dict) -> str:
@@ -158,16 +146,21 @@ def _quality_lines(stats: dict, models: list[str], plan) -> list[str]:
     hi = max(at_base, key=lambda x: x[1]["mean"])
     spread = max(at_base, key=lambda x: x[1]["std"])
     seeds = sorted({st["n"] for _, st in at_base})
+    heading = point_heading(None, plan.base, plan.base_frames, plan.bench.protocols)
     return [
         "## Statistics",
         "",
-        f"At the training point ({_base_label(plan)}): top-1 from {lo[1]['mean']:.1f} ({lo[0]}) to "
+        f"At the training point ({heading}): top-1 from {lo[1]['mean']:.1f} ({lo[0]}) to "
         f"{hi[1]['mean']:.1f} ({hi[0]}); the largest seed standard deviation is {spread[1]['std']:.2f} points "
         f"({spread[0]}); {'/'.join(map(str, seeds))} seed(s) per cell. An ordering *holds* when the mean difference "
         f"is at least twice its standard error sqrt(s_a²/n_a + s_b²/n_b), *does not hold* when it is at least twice "
         f"that the other way, and is *within noise* otherwise.",
         "",
     ]
+
+
+def fmt(v, spec: str = ".2f") -> str:
+    return "-" if v is None else format(v, spec)
 
 
 def md_table(heads: list[str], align: str, rows) -> list[str]:
@@ -233,7 +226,8 @@ def format_markdown(records: list[dict], plan, seconds: float, machine: str) -> 
         how = (
             f"Trained on `{cfg.data.name}` at {cfg.data.resolution} px ({cfg.train.epochs} epochs, batch "
             f"{cfg.data.batch_size}, {cfg.optim.opt} lr {cfg.optim.lr:g}, data options: {opts}"
-            f"{model_opts}; augmentation: {augmentation_text(cfg)}), then "
+            f"{model_opts}; the dataset's training augmentation, aug.scale={cfg.aug.scale}, "
+            f"aug.hflip={cfg.aug.hflip}), then "
         )
     lines = [
         f"# Extrapolation: {b.name}",
@@ -249,7 +243,7 @@ def format_markdown(records: list[dict], plan, seconds: float, machine: str) -> 
         "in both modes. Models without test-time position modes (the video backbones) run as they are.",
         "",
     ]
-    heads = [_column_label(c, plan) for c in cols]
+    heads = _headings(plan, cols)
     for mode in b.position_modes:
         lines += [f"## {mode}", ""]
         lines += accuracy_table(models, mode, cols, heads, stats, plan.base_point, agree, b.position_modes[0], pe_of)
@@ -298,20 +292,6 @@ def _total_time_text(records: list[dict], processes: int) -> str:
             f"{whole / 60:.0f} CPU-minutes, {whole / 60 / lanes:.0f} minutes on {lanes} free core(s)."
         )
     return text
-
-
-def augmentation_text(cfg) -> str:
-    """What the training images went through, in words (from the dataset's factory and options)."""
-    params = inspect.signature(get_dataset_info(cfg.data.name).factory).parameters
-    crop = cfg.data.options.get("crop")
-    if crop == "rrc" or ("aug" in params and "crop" not in params):
-        a = cfg.aug
-        return f"random resized crops (area {a.scale}, aspect {[round(r, 2) for r in a.ratio]}) and flips (p={a.hflip})"
-    if "item" in params:
-        return f"the item placed at a random position on the canvas, flips (p={cfg.aug.hflip})"
-    if "training" in params:
-        return f"the dataset's default training augmentation{f' (crop={crop})' if crop else ''}"
-    return "none"
 
 
 def restrict(records: list[dict], plan) -> list[dict]:

@@ -46,7 +46,7 @@ from .measure import (
     spread,
     torch_threads,
 )
-from .report import md_table
+from .report import fmt, md_table
 
 _VIT_SIZES = {"t": "tiny", "s": "small", "b": "base", "l": "large"}
 _LS = dict(init_values=1e-5)  # timm's RoPE-ViT ports are DeiT-III models (LayerScale)
@@ -507,10 +507,6 @@ _COMPILE_MODELS = ["vit_s_rope2d_mixed", "swin_t_rpb"]
 # ---------------------------------------------------------------------------------------------------------- the report
 
 
-def _fmt(v: float | None, spec: str = ".1f") -> str:
-    return "-" if v is None else format(v, spec)
-
-
 def spread_text(d: dict | None) -> str:
     return "-" if not d else Spread(**d).text()
 
@@ -572,8 +568,8 @@ def format_markdown(rows: list[SpeedRow], machine: dict, settings: dict) -> str:
     ]
     by = {(r.model, r.resolution, r.frames): r for r in rows}
     table = [
-        [r.model, r.resolution, r.frames or "-", r.tokens, f"{r.params_m:.2f}", _fmt(r.gflops, ".3f"),
-         _fmt(r.infer_ips), _fmt(r.train_ips), _fmt(r.infer_mem_mb, ".0f"), _fmt(r.train_mem_mb, ".0f"),
+        [r.model, r.resolution, r.frames or "-", r.tokens, f"{r.params_m:.2f}", fmt(r.gflops, ".3f"),
+         fmt(r.infer_ips, ".1f"), fmt(r.train_ips, ".1f"), fmt(r.infer_mem_mb, ".0f"), fmt(r.train_mem_mb, ".0f"),
          r.baseline or "-", spread_text(r.infer_vs_base), spread_text(r.train_vs_base),
          memory_ratio_text(r, by.get((r.baseline, r.resolution, r.frames)) if r.baseline else None),
          spread_text(r.infer_vs_timm), spread_text(r.train_vs_timm)]
@@ -727,8 +723,8 @@ def format_compile_markdown(rows: list[CompileRow], machine: dict, settings: dic
     table = [
         [r.model, r.reference or "-", f"{r.eager_ips:.2f}", f"{r.compiled_ips:.2f}", spread_text(r.compiled_vs_eager),
          spread_text(r.ref_compiled_vs_eager), spread_text(r.ours_vs_timm_eager),
-         spread_text(r.ours_vs_timm_compiled), f"{r.compile_s:.0f} / " + _fmt(r.ref_compile_s, ".0f"),
-         f"{r.max_diff_compiled:.1e}", _fmt(r.max_diff_timm, ".1e")]
+         spread_text(r.ours_vs_timm_compiled), f"{r.compile_s:.0f} / " + fmt(r.ref_compile_s, ".0f"),
+         f"{r.max_diff_compiled:.1e}", fmt(r.max_diff_timm, ".1e")]
         for r in rows
     ]  # fmt: skip
     heads = ["model", "timm model", "eager img/s", "compiled img/s", "compiled / eager", "timm compiled / eager",
