@@ -31,7 +31,6 @@ from visionpe.bench.measure import (
     paired_ratios,
     saved_activation_mb,
     spread,
-    vit_flops_by_hand,
 )
 from visionpe.bench.protocols import modes_agree, parse_size
 from visionpe.bench.speed import expand_models, measure, timm_equivalent
@@ -78,7 +77,9 @@ def test_tiny_extrapolation_writes_tables_and_reruns_only_what_is_missing(tmp_pa
     md = (out / "results.md").read_text()
     assert "## extrapolate" in md and "## interpolate" in md and "| vit_n_rope2d_mixed |" in md
     assert "vit_n_ape (=)" in md  # a resampled APE gives the same logits in both modes
-    assert "model options: embed_dim=32, depth=1, num_heads=2; augmentation" in md  # what the models were built with
+    assert (
+        "model options: embed_dim=32, depth=1, num_heads=2; the dataset's training augmentation" in md
+    )  # what the models were built with
     assert (out / "results.png").stat().st_size > 1000
     summary = json.loads((out / "summary.json").read_text())
     base = {r["model"]: r["mean"] for r in summary["table"] if (r["height"], r["width"]) == (16, 16)}
@@ -157,7 +158,10 @@ def test_base_samples_evaluate_the_training_point_on_more_items(tmp_path, monkey
     (card,) = write_cards(out.parent, tmp_path / "cards", ["vit"])
     top1 = again["base_check"]["top1"]
     assert "The training point on 1000 validation items (the tables read fewer" in card.read_text()
-    assert "model.embed_dim=32, model.depth=1, model.num_heads=2, augmentation:" in card.read_text()
+    assert (
+        "hflip=0.5, data." in card.read_text()
+        and "model.embed_dim=32, model.depth=1, model.num_heads=2" in card.read_text()
+    )
     assert f"vit_n_ape {top1:.1f}." in card.read_text()
     with pytest.raises(BenchConfigError, match="bench.base_samples must be >= 0"):
         run_benchmark(*load_bench(path, ["bench.base_samples=-1"]), log=lambda *a: None)
@@ -242,6 +246,34 @@ def test_sizes_parse_square_and_non_square():
 
 
 # --------------------------------------------------------------------------------------------------- FLOPs, speed
+
+
+def vit_flops_by_hand(
+    img: int,
+    patch: int,
+    dim: int,
+    depth: int,
+    num_classes: int,
+    in_chans: int = 3,
+    num_prefix: int = 1,
+    mlp_ratio: float = 4.0,
+) -> dict[str, int]:
+    """MACs of a ViT with CLS pooling, by part, counted as fvcore does (LayerNorm: 5 per element): what
+    measure.count_flops must give."""
+    n = (img // patch) ** 2
+    t = n + num_prefix
+    hidden = int(dim * mlp_ratio)
+    per_block = {
+        "linear": t * dim * 3 * dim + t * dim * dim + 2 * t * dim * hidden,  # qkv, proj, fc1, fc2
+        "attention": 2 * t * t * dim,  # q k^T and probs @ v over all heads
+        "layer_norm": 2 * 5 * t * dim,
+    }
+    return {
+        "conv": n * dim * in_chans * patch * patch,
+        "linear": depth * per_block["linear"] + dim * num_classes,  # blocks + head on the CLS token
+        "attention": depth * per_block["attention"],
+        "layer_norm": depth * per_block["layer_norm"] + 5 * t * dim,  # blocks + final norm
+    }
 
 
 def test_flops_of_a_vit_match_the_hand_count_with_attention_counted():

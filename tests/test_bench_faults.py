@@ -62,7 +62,11 @@ def test_the_report_never_replaces_committed_tables_with_empty_ones(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "results.md").write_text("committed\n")
-    stale = dict(model="vit_n_ape", seed=0, rows=[dict(mode="extrapolate", height=99, width=99, top1=50.0)])
+    stale = dict(
+        model="vit_n_ape",
+        seed=0,
+        rows=[dict(protocol="upsample", mode="extrapolate", height=99, width=99, frames=0, top1=50.0)],
+    )
     assert write_report([], plan, out, 0.0) == []
     assert write_report([stale], plan, out, 0.0) == []  # rows of points this plan no longer evaluates
     assert (out / "results.md").read_text() == "committed\n" and not (out / "results.csv").exists()

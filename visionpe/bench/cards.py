@@ -38,13 +38,11 @@ from .report import (
 from .speed import ZOO_SIZES, SpeedRow, memory_ratio_text, spread_text
 
 
-def load_speed(results: Path) -> tuple[dict[tuple[str, int], dict], dict[str, dict]]:
+def load_speed(files: list[tuple[Path, dict]]) -> tuple[dict[tuple[str, int], dict], dict[str, dict]]:
     """(model, resolution) -> speed row, and model -> the machine it was measured on; zoo.json wins over others."""
     rows: dict[tuple[str, int], dict] = {}
     machines: dict[str, dict] = {}
-    files = sorted((results / "speed").glob("*.json"), key=lambda p: p.stem == "zoo")  # zoo.json last: it wins
-    for path in files:
-        data = json.loads(path.read_text())
+    for path, data in sorted(files, key=lambda f: f[0].stem == "zoo"):  # zoo.json last: it wins
         for r in data.get("rows", []):
             rows[(r["model"], r["resolution"])] = r
             machines[r["model"]] = dict(data.get("machine", {}), source=str(path), settings=data.get("settings", {}))
@@ -89,11 +87,9 @@ def _speed_section(fam: Family, speed: dict, machines: dict) -> list[str]:
         ]
     base = speed.get((names[0], res), {})
     m = machines[measured[0]]
-    s = m.get("settings", {})
     lines += [
-        f"`{fam.name}_{size}_*` at {res} px, measured on {machine_description(m)} ({m.get('date', '?')}; batch "
-        f"{s.get('batch', '?')}, median of {s.get('rounds', '?')} interleaved rounds, "
-        f"{'CPU seconds of one thread' if s.get('clock') == 'cpu' else 'wall-clock'}). Ratios are against "
+        f"`{fam.name}_{size}_*` at {res} px, measured on {_how_measured(m, m.get('settings', {}))}; medians over "
+        f"the rounds. Ratios are against "
         f"`{names[0]}` measured in the same run; GFLOPs are fvcore MACs per image with attention counted; memory is "
         f"the peak of one inference step of one image beyond the weights. CPU timings on a shared machine are noisy: "
         f"read ratios, not absolute figures.",
@@ -120,13 +116,14 @@ def _speed_section(fam: Family, speed: dict, machines: dict) -> list[str]:
     return lines + [""]
 
 
+def _how_measured(machine: dict, s: dict) -> str:
+    clock = "CPU seconds of one thread" if s.get("clock") == "cpu" else "wall-clock"
+    when = f"{machine.get('date', '?')}; batch {s.get('batch', '?')}, {s.get('rounds', '?')} interleaved rounds"
+    return f"{machine_description(machine)}, {when}, {clock}"
+
+
 def _ratio(r: dict, base: dict, key: str) -> str:
     return f"{r[key] / base[key]:.2f}" if r.get(key) and base.get(key) else "-"
-
-
-def load_speed_files(results: Path) -> list[tuple[Path, dict]]:
-    """Every speed command output under results/speed (path, parsed JSON)."""
-    return [(p, json.loads(p.read_text())) for p in sorted((results / "speed").glob("*.json"))]
 
 
 def _speed_rows(data: dict) -> list:
@@ -150,17 +147,14 @@ def _cost_spread_section(fam: Family, files: list[tuple[Path, dict]], out_dir: P
         ]
         if not mine:
             continue
-        s = data.get("settings", {})
-        rounds = s.get("rounds", 0)
-        word = "interquartile range" if rounds >= 4 else "min-max"
+        word = "interquartile range" if data.get("settings", {}).get("rounds", 0) >= 4 else "min-max"
         md = path.with_suffix(".md")
         link = f" ([{md.name}]({relative_link(md, out_dir)}))" if md.is_file() else ""
         lines += [
             f"### Cost against a baseline: {path.stem}",
             "",
-            f"From `{path.parent.name}/{path.name}`{link}: {machine_description(data['machine'])}, "
-            f"{data['machine'].get('date', '?')}; batch {s.get('batch', '?')}, {rounds} interleaved rounds, "
-            f"{'CPU seconds of one thread' if s.get('clock') == 'cpu' else 'wall-clock'}. Each ratio is taken per "
+            f"From `{path.parent.name}/{path.name}`{link}: {_how_measured(data['machine'], data.get('settings', {}))}. "
+            f"Each ratio is taken per "
             f"round against the baseline (and timm's equivalent) measured in the same rounds and given as median "
             f"[{word} over the rounds]; above 1 is faster. Memory: peak of one item, infer / train, against the "
             f"baseline's.",
@@ -239,10 +233,6 @@ def _paper_names(fam: Family) -> dict[str, str]:
     return seen
 
 
-def _paper_ids(fam: Family) -> list[str]:
-    return list(_paper_names(fam))
-
-
 def _weights_table(fam: Family) -> list[str]:
     """The published weights of this family: `name.tag` (the first tag is the default) and where they come from."""
     rows = [
@@ -254,10 +244,6 @@ def _weights_table(fam: Family) -> list[str]:
     if not rows:
         return []
     return [*md_table(["model.tag (first tag of a model: its default)", "source"], "ll", rows), ""]
-
-
-def _papers(fam: Family) -> list[str]:
-    return [f"- {name} ({ids})" for ids, name in _paper_names(fam).items()]
 
 
 def _details_section(fam: Family, speed: dict) -> list[str]:
@@ -322,10 +308,10 @@ def _citation_section(fam: Family) -> list[str]:
         "",
         "The papers behind this family and its PE variants:",
         "",
-        *_papers(fam),
+        *(f"- {name} ({ids})" for ids, name in _paper_names(fam).items()),
         "",
         "```bibtex",
-        "\n\n".join(entry for entry in (bibtex(ids) for ids in _paper_ids(fam)) if entry),
+        "\n\n".join(entry for entry in (bibtex(ids) for ids in _paper_names(fam)) if entry),
         "```",
         "",
         "---",
@@ -395,9 +381,9 @@ def write_cards(
             f"unknown famil{'y' if len(unknown) == 1 else 'ies'} {unknown}; registered: {', '.join(FAMILIES)}"
         )
     _check_folders(results, out)
-    speed, machines = load_speed(results)
+    speed_files = [(p, json.loads(p.read_text())) for p in sorted((results / "speed").glob("*.json"))]
+    speed, machines = load_speed(speed_files)
     summaries = load_extrapolation(results)
-    speed_files = load_speed_files(results)
     cards = {
         out / f"{name}.md": family_card(fam, speed, machines, summaries, out, speed_files)
         for name, fam in FAMILIES.items()
@@ -530,7 +516,7 @@ def _summary_block(fam: Family, path: Path, s: dict, models: list[str], out_dir:
     lines += base_check_lines(checks, "the tables read fewer")
     chance = chance_level(s)
     lines += [
-        f"Measured on {_machine(s)}, {s['date']}."
+        f"Measured on {machine_description(s['machine'])}, {s['date']}."
         + (" (=): both position modes give identical logits for this model." if len(s["modes"]) > 1 else "")
         + (f" Chance level: {chance:.1f}%." if chance is not None else "")
         + (
@@ -552,10 +538,6 @@ def _summary_block(fam: Family, path: Path, s: dict, models: list[str], out_dir:
             "",
         ]
     return lines
-
-
-def _machine(s: dict) -> str:
-    return machine_description(s["machine"])
 
 
 def accuracy_section(fam: Family, summaries: list[tuple[Path, dict]], out_dir: Path) -> list[str]:

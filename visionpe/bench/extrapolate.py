@@ -595,14 +595,18 @@ def _new_record(job: Job) -> dict:
                 rows=[])  # fmt: skip
 
 
-def _same_input(record_rows: dict, mode: str, point: Point, base: dict[str, Point]) -> dict | None:
-    """A row already measured on identical inputs: at the base size every protocol shows the same images."""
-    if point != base.get(point.protocol):
-        return None
-    for other in base.values():
-        row = record_rows.get((mode, other))
+def _coinciding(job: Job, rows: dict, agree: bool, mode: str, point: Point) -> tuple[dict, str] | None:
+    """The one place that decides which evaluations coincide: (a row already measured on identical inputs and
+    logits, what it is) or None. The first mode's row when the two modes give identical logits; at the training
+    point, another protocol's (every protocol shows the same inputs there)."""
+    first = job.modes[0]
+    if agree and mode != first and (first, point) in rows:
+        return rows[(first, point)], first
+    bases = [p for p in job.points if p == Point(p.protocol, *job.sizes[0], p.frames and job.base_frames)]
+    for other in bases if point in bases else []:
+        row = rows.get((mode, other))
         if other != point and row is not None and "same_as" not in row:
-            return row
+            return row, other.protocol
     return None
 
 
@@ -620,23 +624,18 @@ def _modes_agree(job: Job, model, datasets: dict, device) -> bool:
 def _evaluate_points(job: Job, record: dict, todo: list, evaluate, stop) -> None:
     """Evaluate the (mode, point) pairs the record lacks, writing the record after each; a stop signal ends it
     after the point in progress."""
-    protocols = dict.fromkeys(p.protocol for p in job.points)
-    base_points = {pr: next(p for p in job.points if p.protocol == pr) for pr in protocols}
     rows = {(r["mode"], row_point(r)): r for r in record["rows"]}
-    first = job.modes[0]
     order = {p: i for i, p in enumerate(job.points)}
+    rank = {m: i for i, m in enumerate(job.modes)}
     for mode, point in todo:
         if stop is not None and stop.signum:
             raise _stopped(stop, job, "during the evaluation of")
         fields = dict(protocol=point.protocol, mode=mode, height=point.height, width=point.width, frames=point.frames)
-        same = _same_input(rows, mode, point, base_points)
-        if record["modes_agree"] and mode != first and (first, point) in rows:
-            rows[(mode, point)] = dict(rows[(first, point)], mode=mode, same_as=first)
-        elif same is not None:
-            rows[(mode, point)] = dict(same, **fields, same_as=same["protocol"])
+        same = _coinciding(job, rows, record["modes_agree"], mode, point)
+        if same is not None:
+            rows[(mode, point)] = dict(same[0], **fields, same_as=same[1])
         else:
             rows[(mode, point)] = dict(**fields, **evaluate(point, mode, job.bench.eval_samples))
-        rank = {m: i for i, m in enumerate(job.modes)}
         record["rows"] = [rows[k] for k in sorted(rows, key=lambda k: (rank.get(k[0], 99), order.get(k[1], 10**6)))]
         write_record(job.record_path, record)
 

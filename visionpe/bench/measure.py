@@ -186,33 +186,6 @@ def count_flops(model: nn.Module, inputs, by_operator: bool = False):
     return (total, ops) if by_operator else total
 
 
-def vit_flops_by_hand(
-    img: int,
-    patch: int,
-    dim: int,
-    depth: int,
-    num_classes: int,
-    in_chans: int = 3,
-    num_prefix: int = 1,
-    mlp_ratio: float = 4.0,
-) -> dict[str, int]:
-    """MACs of a ViT with CLS pooling, by part, counted as fvcore does (LayerNorm: 5 per element)."""
-    n = (img // patch) ** 2
-    t = n + num_prefix
-    hidden = int(dim * mlp_ratio)
-    per_block = {
-        "linear": t * dim * 3 * dim + t * dim * dim + 2 * t * dim * hidden,  # qkv, proj, fc1, fc2
-        "attention": 2 * t * t * dim,  # q k^T and probs @ v over all heads
-        "layer_norm": 2 * 5 * t * dim,
-    }
-    return {
-        "conv": n * dim * in_chans * patch * patch,
-        "linear": depth * per_block["linear"] + dim * num_classes,  # blocks + head on the CLS token
-        "attention": depth * per_block["attention"],
-        "layer_norm": depth * per_block["layer_norm"] + 5 * t * dim,  # blocks + final norm
-    }
-
-
 # -------------------------------------------------------------------------------------------------------------- memory
 
 MMAP_THRESHOLD = 256 * 1024  # bytes: allocations this large get their own mapping in the probe process (glibc)

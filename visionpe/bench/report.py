@@ -308,21 +308,8 @@ def _summary(records: list[dict], plan, seconds: float, machine: dict) -> dict:
     for (model, mode, point), st in sorted(stats.items()):
         base = stats.get((model, mode, plan.base_point(point.protocol)))
         pe = next((r.get("pe") for r in records if r["model"] == model), model)
-        table.append(
-            dict(
-                model=model,
-                pe=pe,
-                protocol=point.protocol,
-                mode=mode,
-                height=point.height,
-                width=point.width,
-                frames=point.frames,
-                mean=st["mean"],
-                std=st["std"],
-                n=st["n"],
-                delta=st["mean"] - base["mean"] if base else None,
-            )
-        )
+        delta = st["mean"] - base["mean"] if base else None
+        table.append(dict(model=model, pe=pe, mode=mode, **point._asdict(), **st, delta=delta))
     cfg = plan.cfg
     return dict(
         name=plan.bench.name,
@@ -415,51 +402,38 @@ def _selected(point, base, where: str) -> bool:
     return True
 
 
+def _compare(claim, good: str, bad: str, stats: dict, points: list, modes: list[str], base_of) -> list[dict]:
+    """The comparisons of one model pair at every point and mode the claim covers."""
+    out = []
+    for mode in modes:
+        for point in points:
+            covered = not claim.protocols or point.protocol in claim.protocols
+            a, b = stats.get((good, mode, point)), stats.get((bad, mode, point))
+            if covered and a and b and _selected(point, base_of(point.protocol), claim.where):
+                diff, se = a["mean"] - b["mean"], standard_error(a, b)
+                where = dict(better=good, worse=bad, mode=mode, **point._asdict())
+                out.append(dict(where, a=dict(a), b=dict(b), diff=diff, se=se, verdict=verdict(a, b)))
+    return out
+
+
 def judge_claims(stats: dict, records: list[dict], points: list, modes: list[str], base_of) -> list[dict]:
     """Every claim judged at every point and mode where the benchmark has both models of a pair.
 
     stats: (model, mode, point) -> {'mean', 'std', 'n'}; records: per-run records (model, family, size, pe);
     base_of(protocol) -> the training point of that protocol."""
-    by_pe: dict[str, list[dict]] = {}
+    by_pe: dict[str, dict[str, dict]] = {}
     for rec in records:
-        by_pe.setdefault(rec.get("pe"), [])
-        if all(r["model"] != rec["model"] for r in by_pe[rec.get("pe")]):
-            by_pe[rec.get("pe")].append(rec)
+        by_pe.setdefault(rec.get("pe"), {}).setdefault(rec["model"], rec)
     out = []
     for claim in CLAIMS:
-        comparisons, present = [], []
-        for good, bad in claim.pairs:
-            for ra in by_pe.get(good, []):
-                for rb in by_pe.get(bad, []):
-                    if (ra.get("family"), ra.get("size")) != (rb.get("family"), rb.get("size")):
-                        continue
-                    present.append([ra["model"], rb["model"]])
-                    for mode in modes:
-                        for point in points:
-                            if claim.protocols and point.protocol not in claim.protocols:
-                                continue
-                            if not _selected(point, base_of(point.protocol), claim.where):
-                                continue
-                            a, b = stats.get((ra["model"], mode, point)), stats.get((rb["model"], mode, point))
-                            if a is None or b is None:
-                                continue
-                            comparisons.append(
-                                dict(
-                                    better=ra["model"],
-                                    worse=rb["model"],
-                                    protocol=point.protocol,
-                                    mode=mode,
-                                    height=point.height,
-                                    width=point.width,
-                                    frames=point.frames,
-                                    a=dict(a),
-                                    b=dict(b),
-                                    diff=a["mean"] - b["mean"],
-                                    se=standard_error(a, b),
-                                    verdict=verdict(a, b),
-                                )
-                            )
-        tally = {v: sum(c["verdict"] == v for c in comparisons) for v in VERDICTS}
+        present = [
+            [ra["model"], rb["model"]]
+            for good, bad in claim.pairs
+            for ra in by_pe.get(good, {}).values()
+            for rb in by_pe.get(bad, {}).values()
+            if (ra.get("family"), ra.get("size")) == (rb.get("family"), rb.get("size"))
+        ]
+        comparisons = [c for a, b in present for c in _compare(claim, a, b, stats, points, modes, base_of)]
         out.append(
             dict(
                 claim=claim.text,
@@ -468,7 +442,7 @@ def judge_claims(stats: dict, records: list[dict], points: list, modes: list[str
                 present=present,  # the (better, worse) model pairs the benchmark has, compared or not
                 where=claim.where + (f" ({', '.join(claim.protocols)})" if claim.protocols else ""),
                 comparisons=comparisons,
-                tally=tally,
+                tally={v: sum(c["verdict"] == v for c in comparisons) for v in VERDICTS},
             )
         )
     return out
