@@ -16,7 +16,7 @@ import visionpe  # noqa: F401  (registers the models)
 from visionpe import attn_backend
 
 from ..zoo import FAMILIES, create_model, family_of
-from .measure import Clock, cuda_peak_mb, interleave, model_step, spread
+from .measure import Clock, cuda_peak_mb, interleave, model_step, paired_ratios, spread
 from .report import md_table
 
 XFORMERS_TORCH = {
@@ -133,20 +133,10 @@ def throughput(
         tasks = {b: (lambda b=b: run(b)) for b in backends}
         rates = interleave(tasks, Clock("wall", device), rounds, steps=1)
         base = "sdpa" if "sdpa" in rates else backends[0]
+        ratios = paired_ratios(rates, base)
         for b in backends:
-            ratios = [a / c for a, c in zip(rates[b], rates[base])]
-            mem = cuda_peak_mb(lambda b=b: run(b), device)
-            rows.append(
-                dict(
-                    model=model_name,
-                    resolution=res,
-                    backend=b,
-                    images_per_s=spread(rates[b]).as_dict(),
-                    vs=base,
-                    ratio=spread(ratios).as_dict(),
-                    peak_mb=mem,
-                )
-            )
+            row = dict(model=model_name, resolution=res, backend=b, images_per_s=spread(rates[b]).as_dict(), vs=base)
+            rows.append(dict(row, ratio=spread(ratios[b]).as_dict(), peak_mb=cuda_peak_mb(lambda b=b: run(b), device)))
     return rows
 
 
