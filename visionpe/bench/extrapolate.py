@@ -7,6 +7,7 @@ fields of view and clip lengths in each test-time position mode (docs/benchmark.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import copy
 import dataclasses
@@ -32,6 +33,7 @@ from ..data import get_dataset_info
 from ..data.loader import dataset_num_classes
 from ..engine.changes import FREE_KEYS
 from ..engine.checkpoint import atomic_write_text, find_checkpoint
+from ..engine.cli import USER_ERRORS, user_error
 from ..engine.config import (
     Config,
     ConfigError,
@@ -843,8 +845,6 @@ def _keys_help() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     ap = argparse.ArgumentParser(
         prog="visionpe-bench extrapolate",
         description=__doc__,
@@ -853,22 +853,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("-c", "--config", required=True, help="benchmark file, e.g. configs/bench/quick.yaml")
     ap.add_argument("--dry-run", action="store_true", help="check the benchmark and print the plan; train nothing")
-    ap.add_argument(
-        "--pretrained",
-        action="store_true",
-        help="evaluate pretrained weights without training (same as bench.pretrained=true; weights from "
-        "bench.checkpoints or timm)",
-    )
-    ap.add_argument(
-        "overrides",
-        nargs="*",
-        metavar="key=value",
-        help="bench.* keys (e.g. bench.seeds=0 bench.models=vit_n_ape,vit_n_cpe) or recipe keys "
-        "(e.g. train.epochs=1 data.options.num_train=500)",
-    )
+    ap.add_argument("--pretrained", action="store_true", help="evaluate weights without training (bench.pretrained)")
+    ap.add_argument("overrides", nargs="*", metavar="key=value", help="bench.* or recipe keys, e.g. bench.seeds=0,1")
     args = ap.parse_args(argv)
-    from ..engine.cli import USER_ERRORS, user_error
-
     try:
         overrides = [*args.overrides, *(["bench.pretrained=true"] if args.pretrained else [])]
         bench, cfg = load_bench(args.config, overrides)

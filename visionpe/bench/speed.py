@@ -362,73 +362,32 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="visionpe-bench speed", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument(
-        "--models",
-        nargs="+",
-        default=None,
-        help="model names or glob patterns (default: vit_s_ape vit_s_rope2d_mixed swin_t_rpb cvt_13; with --data: "
-        "every vit_n_* model)",
-    )
-    ap.add_argument("--baseline", default=None, help="the model every ratio is against (default: the first listed)")
-    ap.add_argument(
-        "--resolutions",
-        nargs="+",
-        type=int,
-        default=None,
-        help="image sizes (default 224; with --data: the size to measure and the multi-size loader's sizes, default "
-        "the dataset's own)",
-    )
-    ap.add_argument("--frames", nargs="+", type=int, default=None, help="clip lengths of video models")
-    ap.add_argument("--mode", choices=("time", "memory", "both"), default="both")
+    add = ap.add_argument
+    add("--models", nargs="+", help="names or glob patterns (default: vit_s_ape vit_s_rope2d_mixed swin_t_rpb cvt_13)")
+    add("--baseline", help="the model every ratio is against (default: the first listed)")
+    add("--resolutions", nargs="+", type=int, help="image sizes (default 224; with --data: the dataset's own)")
+    add("--frames", nargs="+", type=int, help="clip lengths of video models")
+    add("--mode", choices=("time", "memory", "both"), default="both")
     phase = ap.add_mutually_exclusive_group()
     phase.add_argument("--train", dest="phase", action="store_const", const="train", help="training steps only")
     phase.add_argument("--infer", dest="phase", action="store_const", const="infer", help="inference only")
     phase.add_argument("--no-train", dest="phase", action="store_const", const="infer", help=argparse.SUPPRESS)
-    ap.add_argument("--no-memory", dest="mode", action="store_const", const="time", help=argparse.SUPPRESS)
-    ap.add_argument(
-        "--zoo",
-        action="store_true",
-        help="every PE of one size per family at its default resolution, "
-        "plus parameters/FLOPs of every size (what the model cards report)",
-    )
-    ap.add_argument(
-        "--compile",
-        action="store_true",
-        help="torch.compile'd vs eager inference and compiled ours vs compiled timm (same weights), at the first "
-        "resolution (default models: vit_s_rope2d_mixed swin_t_rpb; batch 1)",
-    )
-    ap.add_argument("--data", default=None, help="image dataset name: training loader vs training step in images/s")
-    ap.add_argument(
-        "--data-options",
-        nargs="+",
-        default=[],
-        metavar="KEY=VALUE",
-        help="dataset options with --data (e.g. num_train=18000 item=22), as a config's data.options",
-    )
-    ap.add_argument("--workers", type=int, nargs="+", default=[0, 1], help="loader worker counts (with --data)")
-    ap.add_argument("--root", default=None, help="dataset folder (with --data)")
-    ap.add_argument("--batch", type=int, default=None, help="batch size (default 4; 128 with --data)")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=2)
-    ap.add_argument(
-        "--clock",
-        choices=CLOCKS,
-        default=None,
-        help="cpu: CPU seconds of one thread, robust on a shared machine (default on CPU); wall: wall-clock seconds "
-        "(default on GPU and with --data, whose loader workers are other processes)",
-    )
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: 1 with --clock cpu)")
-    ap.add_argument("--no-timm", dest="timm", action="store_false", help="do not measure timm's equivalents")
-    ap.add_argument(
-        "--no-flops", dest="flops", action="store_false", help="skip FLOP counting (its trace is slow at large sizes)"
-    )
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument(
-        "--out",
-        default=None,
-        help="output path without suffix (default results/speed/speed, results/speed/zoo with --zoo, "
-        "results/speed/data with --data); .json and .md are written",
-    )
+    add("--no-memory", dest="mode", action="store_const", const="time", help=argparse.SUPPRESS)
+    add("--zoo", action="store_true", help="every PE of one size per family, and every size's FLOPs (for the cards)")
+    add("--compile", action="store_true", help="torch.compile vs eager, compiled ours vs timm, at the first size")
+    add("--data", help="image dataset name: training loader vs training step in images/s (default models vit_n_*)")
+    add("--data-options", nargs="+", default=[], metavar="KEY=VALUE", help="dataset options with --data")
+    add("--workers", type=int, nargs="+", default=[0, 1], help="loader worker counts (with --data)")
+    add("--root", help="dataset folder (with --data)")
+    add("--batch", type=int, help="batch size (default 4; 1 with --compile; 128 with --data)")
+    add("--rounds", type=int, default=3)
+    add("--steps", type=int, default=2)
+    add("--clock", choices=CLOCKS, help="cpu: CPU seconds of one thread (default on CPU); wall: wall-clock")
+    add("--threads", type=int, help="torch threads (default: 1 with --clock cpu)")
+    add("--no-timm", dest="timm", action="store_false", help="do not measure timm's equivalents")
+    add("--no-flops", dest="flops", action="store_false", help="skip FLOP counting (slow at large sizes)")
+    add("--device", default="cpu")
+    add("--out", help="output path without suffix (default results/speed/{speed,zoo,data}); .json and .md")
     return ap
 
 
