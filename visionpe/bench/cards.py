@@ -26,15 +26,7 @@ from ..pos.presets import PE_PRESETS
 from ..zoo import FAMILIES, Family, model_name, preset_model_options
 from .measure import machine_description
 from .protocols import Point, row_point, size_label
-from .report import (
-    PROTOCOL_TEXT,
-    accuracy_table,
-    base_check_lines,
-    fmt,
-    md_table,
-    point_heading,
-    tally_text,
-)
+from .report import PROTOCOL_TEXT, accuracy_table, base_check_lines, fmt, md_table, point_heading, tally_text
 from .speed import ZOO_SIZES, SpeedRow, memory_ratio_text, spread_text
 
 
@@ -202,7 +194,7 @@ def _training_section(fam: Family, summaries: list[tuple[Path, dict]], out_dir: 
         lines += [
             f"- **{s['name']}** ({', '.join(f'`{m}`' for m in models)}): {data}. {how}. Recipe: "
             f"[{rel}/bench.yaml]({rel}/bench.yaml), rerun with "
-            f"`{s.get('command') or f'visionpe-bench extrapolate -c {folder}/bench.yaml'}` (from the repository root).",
+            f"`{s.get('command') or f'visionpe-bench extrapolate -c {folder}/bench.yaml'}` (from the repository root)."
         ]
     return lines + [""]
 

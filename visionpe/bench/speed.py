@@ -543,11 +543,7 @@ def format_markdown(rows: list[SpeedRow], machine: dict, settings: dict) -> str:
         lines += [f"- {r.model} @ {r.frames} x {r.resolution}: {r.saved_act_mb:.0f}" for r in rows if r.saved_act_mb]
     grow = scaling(rows)
     if grow:
-        lines += [
-            "",
-            "Growth with the number of tokens N (least-squares power-law fit over the sizes measured):",
-            "",
-        ]
+        lines += ["", "Growth with the number of tokens N (least-squares power-law fit over the sizes measured):", ""]
         table = [[name, f"{g['tokens'][0]} -> {g['tokens'][1]}",
                   *(f"{g[k]:.2f}" if k in g else "-" for k in ("time_exp", "memory_exp", "activation_exp"))]
                  for name, g in grow.items()]  # fmt: skip
