@@ -576,26 +576,16 @@ _PE_TAGS = {
 }
 
 
-def _metadata(fam: Family, summaries: list[tuple[Path, dict, list[str]]]) -> dict:
+def card_metadata(fam: Family, summaries: list[tuple[Path, dict]]) -> str:
+    """The `---`-fenced YAML block that opens a Hugging Face model card."""
     pipeline, _ = TASKS.get(fam.name, TASKS["*"])
     tags = ["timm", "visionpe", "positional-encoding", pipeline, fam.name]
     for pe in fam.pes:
         tags += [tag for word, tag in _PE_TAGS.items() if word in pe and tag not in tags]
-    datasets = []
-    for _, s, _ in summaries:
-        hub_id = DATASETS.get(s["dataset"], (None, ""))[0]
-        if hub_id and hub_id not in datasets:
-            datasets.append(hub_id)
+    hub_ids = [DATASETS.get(s["dataset"], (None,))[0] for _, s in summaries if family_models(fam, s)]
     meta = dict(library_name="timm", license="apache-2.0", pipeline_tag=pipeline, tags=tags, metrics=["accuracy"])
-    if datasets:
-        meta["datasets"] = datasets
-    return meta
-
-
-def card_metadata(fam: Family, summaries: list[tuple[Path, dict]]) -> str:
-    """The `---`-fenced YAML block that opens a Hugging Face model card."""
-    found = [(p, s, [m for m in s["models"] if m.startswith(fam.name + "_") or m == fam.name]) for p, s in summaries]
-    meta = _metadata(fam, [f for f in found if f[2]])
+    if any(hub_ids):
+        meta["datasets"] = list(dict.fromkeys(h for h in hub_ids if h))
     try:
         from huggingface_hub import ModelCardData
     except ImportError:  # optional dependency ([hub] extra): the same keys as plain YAML
