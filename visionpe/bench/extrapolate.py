@@ -20,6 +20,7 @@ import signal
 import sys
 import threading
 import time
+import types
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -542,13 +543,7 @@ def write_record(path: Path, record: dict) -> None:
 # ---------------------------------------------------------------------------------------------------- one run
 
 
-class _Stop:
-    """The stop signal a worker process received (0: none), set by its handler between and during runs."""
-
-    signum = 0
-
-
-_WORKER_STOP = _Stop()
+_WORKER_STOP = types.SimpleNamespace(signum=0)  # the stop signal a worker process received (0: none)
 
 
 def _stopped(stop, job: Job, where: str) -> BenchInterrupted:

@@ -334,11 +334,7 @@ def run_zoo(args) -> list[SpeedRow]:
             continue
         res = _default_resolution(name)
         print(f"{name}: parameters and FLOPs at {res} px")
-        model = create_model(name)
-        row = SpeedRow(name, res, None, _tokens(model, res), sum(p.numel() for p in model.parameters()) / 1e6)
-        row.gflops = _flops(model, example_input(name, res, 1))
-        rows.append(row)
-        del model
+        rows.append(_static_row(name, {name: (create_model(name), {}, True)}, res, None, False, True, "cpu"))
     return rows
 
 
