@@ -12,6 +12,7 @@ import fnmatch
 import json
 import math
 import os
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -476,9 +477,7 @@ def memory_ratio_text(r: SpeedRow, base: SpeedRow | None) -> str:
 
 def growth_exponent(xs: list[float], ys: list[float]) -> float:
     """Least-squares slope k of log y = k log x + c."""
-    lx, ly = [math.log(x) for x in xs], [math.log(y) for y in ys]
-    mx, my = sum(lx) / len(lx), sum(ly) / len(ly)
-    return sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum((a - mx) ** 2 for a in lx)
+    return statistics.linear_regression([math.log(x) for x in xs], [math.log(y) for y in ys]).slope
 
 
 def scaling(rows: list[SpeedRow]) -> dict[str, dict]:
