@@ -668,7 +668,7 @@ def run_job(job: Job, log=print, stop=None) -> dict:
         view = view_of(sets, point, base, limit)
         return evaluate_view(model, view, mode, job.bench.eval_batch_size, device, amp, cfg.data.workers)
 
-    record["modes_agree"] = _modes_agree(job, model, datasets, device)
+    record["modes_agree"] = len(job.modes) > 1 and _modes_agree(job, model, datasets, device)  # probed only if used
     t0, c0 = time.perf_counter(), time.process_time()
     _evaluate_points(job, record, todo, evaluate, stop)
     if job.needs_base_check(record):  # the training point on more items: its accuracy with a smaller sampling error
