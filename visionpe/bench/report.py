@@ -25,24 +25,8 @@ PROTOCOL_TEXT = {
     "frames": "*frames* (`N f`): clips of N frames at the training frame size",
 }
 
-CSV_KEYS = (
-    "model",
-    "family",
-    "size",
-    "pe",
-    "seed",
-    "protocol",
-    "mode",
-    "height",
-    "width",
-    "frames",
-    "top1",
-    "top5",
-    "loss",
-    "images",
-    "same_as",
-    "train_seconds",
-)
+CSV_KEYS = ("model", "family", "size", "pe", "seed", "protocol", "mode", "height", "width", "frames", "top1", "top5",
+            "loss", "images", "same_as", "train_seconds")  # fmt: skip
 
 
 def long_rows(records: list[dict]) -> list[dict]:
@@ -253,7 +237,7 @@ def format_markdown(records: list[dict], plan, seconds: float, machine: str) -> 
             "resamples its table either way), so one evaluation serves both.",
             "",
         ]
-    lines += [f"Note: {n}." for n in getattr(plan, "notes", [])] + ([""] if getattr(plan, "notes", []) else [])
+    lines += [f"Note: {n}." for n in plan.notes] + ([""] if plan.notes else [])
     lines += _quality_lines(stats, models, plan)
     lines += base_check_lines(
         base_checks(records, models), f"bench.base_samples; the tables read {'/'.join(map(str, images))}"

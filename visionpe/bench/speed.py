@@ -340,19 +340,8 @@ def run_zoo(args) -> list[SpeedRow]:
 
 
 def _measure_kwargs(args) -> dict:
-    return dict(
-        batch=args.batch,
-        rounds=args.rounds,
-        steps=args.steps,
-        train=args.train,
-        infer=args.infer,
-        memory=args.mode in ("memory", "both"),
-        timing=args.mode in ("time", "both"),
-        with_timm=args.timm,
-        flops=args.flops,
-        device=args.device,
-        clock=args.clock,
-    )
+    same = {k: getattr(args, k) for k in ("batch", "rounds", "steps", "train", "infer", "flops", "device", "clock")}
+    return dict(same, memory=args.mode != "time", timing=args.mode != "memory", with_timm=args.timm)
 
 
 def _parser() -> argparse.ArgumentParser:
