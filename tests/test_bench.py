@@ -22,13 +22,18 @@ from visionpe.attention import attn_backend
 from visionpe.bench import gpu_check
 from visionpe.bench.__main__ import main as bench_main
 from visionpe.bench.cards import write_cards
-from visionpe.bench.evalsizes import modes_agree, parse_size
-from visionpe.bench.extrapolate import run_benchmark
-from visionpe.bench.flops import count_flops, vit_flops_by_hand
-from visionpe.bench.memprobe import example_input, saved_activation_mb
-from visionpe.bench.plan import BenchConfigError, load_bench, make_plan, validate
+from visionpe.bench.extrapolate import BenchConfigError, load_bench, make_plan, run_benchmark, validate
+from visionpe.bench.measure import (
+    Clock,
+    count_flops,
+    example_input,
+    interleave,
+    paired_ratios,
+    saved_activation_mb,
+    spread,
+)
+from visionpe.bench.protocols import modes_agree, parse_size
 from visionpe.bench.speed import expand_models, measure, timm_equivalent
-from visionpe.bench.timing import Clock, interleave, paired_ratios, spread
 from visionpe.engine.checkpoint import find_checkpoint
 from visionpe.recipes import list_recipes
 
@@ -72,7 +77,9 @@ def test_tiny_extrapolation_writes_tables_and_reruns_only_what_is_missing(tmp_pa
     md = (out / "results.md").read_text()
     assert "## extrapolate" in md and "## interpolate" in md and "| vit_n_rope2d_mixed |" in md
     assert "vit_n_ape (=)" in md  # a resampled APE gives the same logits in both modes
-    assert "model options: embed_dim=32, depth=1, num_heads=2; augmentation" in md  # what the models were built with
+    assert (
+        "model options: embed_dim=32, depth=1, num_heads=2; the dataset's training augmentation" in md
+    )  # what the models were built with
     assert (out / "results.png").stat().st_size > 1000
     summary = json.loads((out / "summary.json").read_text())
     base = {r["model"]: r["mean"] for r in summary["table"] if (r["height"], r["width"]) == (16, 16)}
@@ -151,9 +158,12 @@ def test_base_samples_evaluate_the_training_point_on_more_items(tmp_path, monkey
     (card,) = write_cards(out.parent, tmp_path / "cards", ["vit"])
     top1 = again["base_check"]["top1"]
     assert "The training point on 1000 validation items (the tables read fewer" in card.read_text()
-    assert "model.embed_dim=32, model.depth=1, model.num_heads=2, augmentation:" in card.read_text()
+    assert (
+        "hflip=0.5, data." in card.read_text()
+        and "model.embed_dim=32, model.depth=1, model.num_heads=2" in card.read_text()
+    )
     assert f"vit_n_ape {top1:.1f}." in card.read_text()
-    with pytest.raises(BenchConfigError, match="base_samples must be null"):
+    with pytest.raises(BenchConfigError, match="bench.base_samples must be >= 0"):
         run_benchmark(*load_bench(path, ["bench.base_samples=-1"]), log=lambda *a: None)
 
 
@@ -202,8 +212,8 @@ def test_bench_workers_stop_when_the_benchmark_process_dies(tmp_path):
         (["bench.resolutions=[]", "bench.shapes=[]"], "both empty"),
         (["bench.resolutions=2,16"], "cannot take 2 px"),
         (["bench.shapes=16x"], "HxW"),
-        (["bench.position_modes=stretch"], "unknown mode"),
-        (["bench.processes=0"], "at least 1"),
+        (["bench.position_modes=stretch"], "position_modes.0. must be one of extrapolate"),
+        (["bench.processes=0"], "bench.processes must be >= 1"),
         (["bench.sedes=0"], "unknown key bench.sedes"),
     ],
 )
@@ -236,6 +246,34 @@ def test_sizes_parse_square_and_non_square():
 
 
 # --------------------------------------------------------------------------------------------------- FLOPs, speed
+
+
+def vit_flops_by_hand(
+    img: int,
+    patch: int,
+    dim: int,
+    depth: int,
+    num_classes: int,
+    in_chans: int = 3,
+    num_prefix: int = 1,
+    mlp_ratio: float = 4.0,
+) -> dict[str, int]:
+    """MACs of a ViT with CLS pooling, by part, counted as fvcore does (LayerNorm: 5 per element): what
+    measure.count_flops must give."""
+    n = (img // patch) ** 2
+    t = n + num_prefix
+    hidden = int(dim * mlp_ratio)
+    per_block = {
+        "linear": t * dim * 3 * dim + t * dim * dim + 2 * t * dim * hidden,  # qkv, proj, fc1, fc2
+        "attention": 2 * t * t * dim,  # q k^T and probs @ v over all heads
+        "layer_norm": 2 * 5 * t * dim,
+    }
+    return {
+        "conv": n * dim * in_chans * patch * patch,
+        "linear": depth * per_block["linear"] + dim * num_classes,  # blocks + head on the CLS token
+        "attention": depth * per_block["attention"],
+        "layer_norm": depth * per_block["layer_norm"] + 5 * t * dim,  # blocks + final norm
+    }
 
 
 def test_flops_of_a_vit_match_the_hand_count_with_attention_counted():
@@ -295,7 +333,19 @@ def test_cards_are_written_from_results_files(tmp_path):
     (results / "speed" / "zoo.json").write_text(json.dumps(dict(machine=machine, settings=settings, rows=speed_rows)))
     (results / "fm").mkdir()
     table = [
-        dict(model=m, pe=m[6:], mode="extrapolate", height=h, width=h, mean=acc, std=0.5, n=3, delta=d)
+        dict(
+            model=m,
+            pe=m[6:],
+            protocol="upsample",
+            mode="extrapolate",
+            height=h,
+            width=h,
+            frames=0,
+            mean=acc,
+            std=0.5,
+            n=3,
+            delta=d,
+        )
         for m, h, acc, d in [("vit_n_ape", 28, 88.0, 0.0), ("vit_n_ape", 56, 61.5, -26.5)]
     ]
     summary = dict(
@@ -304,12 +354,15 @@ def test_cards_are_written_from_results_files(tmp_path):
         base=[28, 28],
         sizes=[[28, 28], [56, 56]],
         modes=["extrapolate"],
+        protocols=["upsample"],
+        base_frames=0,
         seeds=[0, 1, 2],
         models=["vit_n_ape"],
         modes_agree=[],
         machine=machine,
         date="2025-01-01",
         table=table,
+        claims=[],
     )
     (results / "fm" / "summary.json").write_text(json.dumps(summary))
     paths = write_cards(results, tmp_path / "cards", ["vit", "cvt"])
@@ -505,7 +558,7 @@ def test_gpu_check_reports_an_xformers_build_for_another_torch(monkeypatch):
 def test_cpu_memory_probe_runs_with_a_fixed_mmap_threshold(monkeypatch):
     # glibc's default threshold grows after large frees, and the resident set then keeps freed heap blocks (ViT-B
     # 1024 px iRPE read 463 MiB that way against 188 MiB live): the probe process must get the fixed threshold
-    from visionpe.bench import memprobe
+    from visionpe.bench import measure as memprobe
 
     seen = {}
 
@@ -526,8 +579,7 @@ def test_cpu_memory_probe_runs_with_a_fixed_mmap_threshold(monkeypatch):
 def test_growth_fit_recovers_the_exponents_of_time_and_memory():
     """Rows whose time per item grows as N^1.5 and memory as N^2 (exact powers) give those exponents back; a model
     measured at one token count gets no fit."""
-    from visionpe.bench.speed import SpeedRow
-    from visionpe.bench.speed_report import format_markdown, scaling
+    from visionpe.bench.speed import SpeedRow, format_markdown, scaling
 
     rows = [
         SpeedRow("m", r, tokens=n, infer_ips=1e6 / n**1.5, infer_mem_mb=n**2 / 1e3)

@@ -19,11 +19,10 @@ from PIL import Image
 import visionpe  # noqa: F401
 import visionpe.engine
 from visionpe.bench.cards import write_cards
-from visionpe.bench.claims import judge_claims, tally_text, verdict
-from visionpe.bench.evalsizes import Point, SizedView, evaluate_view
+from visionpe.bench.extrapolate import BenchConfigError, load_bench, run_benchmark
 from visionpe.bench.extrapolate import main as extrapolate_main
-from visionpe.bench.extrapolate import run_benchmark
-from visionpe.bench.plan import BenchConfigError, load_bench
+from visionpe.bench.protocols import Point, SizedView, evaluate_view
+from visionpe.bench.report import judge_claims, tally_text, verdict
 from visionpe.data import build_dataset
 from visionpe.data.video_shapes import render_scene, reverse_scene
 from visionpe.engine.setup import build_eval_sets
@@ -249,7 +248,7 @@ def test_bad_protocols_fail_before_training(tmp_path, monkeypatch):
         run_benchmark(*load_bench(None, [*base, "bench.resolutions=56", "bench.frames=16"]), log=print)
     with pytest.raises(BenchConfigError, match="not a video"):
         run_benchmark(*load_bench(None, [*base, "bench.protocols=frames", "bench.frames=16"]), log=print)
-    with pytest.raises(BenchConfigError, match="unknown protocol"):
+    with pytest.raises(BenchConfigError, match="protocols.0. must be one of upsample, fov, frames"):
         run_benchmark(*load_bench(None, [*base, "bench.resolutions=56", "bench.protocols=zoom"]), log=print)
 
 

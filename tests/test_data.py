@@ -348,7 +348,7 @@ def test_evaluation_class_missing_from_training_is_an_error_or_dropped_and_count
 
 
 def test_benchmark_views_leave_out_and_count_unreadable_evaluation_images(tmp_path):
-    from visionpe.bench.evalsizes import SizedView, loader
+    from visionpe.bench.protocols import SizedView, loader
 
     _image_folder(tmp_path, "train", per_class=2)
     (tmp_path / "train" / "cat" / "1.png").write_bytes(b"not a png at all")

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from visionpe.bench.cards import write_cards
-from visionpe.bench.citations import PAPERS
+from visionpe.papers import PAPERS
 from visionpe.zoo import FAMILIES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -69,7 +69,7 @@ def test_cards_cite_every_paper_of_the_family_in_bibtex(cards):
     for name, fam in FAMILIES.items():
         ids = {c["paper_ids"] for c in [fam.cfg, *fam.pe_cfg.values()] if c.get("paper_ids")}
         for paper in ids:
-            key = PAPERS[paper.removeprefix("arXiv:")][0]
+            key = PAPERS[paper.removeprefix("arXiv:")].key
             assert f"@misc{{{key}," in cards[name], f"{name} card lacks the BibTeX of {paper}"
 
 
@@ -95,8 +95,7 @@ def test_the_usage_code_of_every_card_runs(cards):
 
 def test_multi_seed_video_benchmark_feeds_the_card(tmp_path):
     """The extrapolation benchmark covers video models over seeds (what a separate seeds command once did)."""
-    from visionpe.bench.extrapolate import run_benchmark
-    from visionpe.bench.plan import load_bench
+    from visionpe.bench.extrapolate import load_bench, run_benchmark
     from visionpe.recipes import resolve_recipe
 
     recipe = yaml.safe_load(resolve_recipe("video_shapes_vivit_n").read_text())
@@ -130,7 +129,7 @@ def test_multi_seed_video_benchmark_feeds_the_card(tmp_path):
 def test_card_metadata_without_huggingface_hub_has_the_same_keys(monkeypatch):
     import sys
 
-    from visionpe.bench.card_text import card_metadata
+    from visionpe.bench.cards import card_metadata
 
     fam = FAMILIES["swin"]
     with_hub = _front_matter(card_metadata(fam, []))
@@ -140,8 +139,8 @@ def test_card_metadata_without_huggingface_hub_has_the_same_keys(monkeypatch):
 
 
 def test_cards_show_per_pe_cost_ratios_with_their_spread_from_any_speed_file(tmp_path):
+    from visionpe.bench.measure import Spread
     from visionpe.bench.speed import main as speed_main
-    from visionpe.bench.timing import Spread
 
     out = tmp_path / "results" / "speed" / "irpe"
     args = ["--models", "vit_n_ape", "vit_n_irpe", "--resolutions", "32", "--infer", "--mode", "time"]

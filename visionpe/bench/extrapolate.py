@@ -1,70 +1,562 @@
-"""Extrapolation: train models with one recipe at a base resolution (and clip length), evaluate them elsewhere.
+"""Extrapolation: train models with one recipe at a base size (and clip length), evaluate them at other sizes,
+fields of view and clip lengths in each test-time position mode (docs/benchmark.md).
 
     python -m visionpe.bench extrapolate -c configs/bench/quick.yaml [bench.seeds=0,1 train.epochs=2 ...]
     python -m visionpe.bench extrapolate --pretrained -c configs/bench/imagenet-pretrained.yaml data.root=...
-
-A benchmark file is a training recipe for the engine (the sections of `train.py -c`: model, data, aug, optim, train,
-eval) plus a `bench:` section naming the models, seeds, evaluation points and test-time position modes. Every (model,
-seed) is trained by `visionpe.engine.train` into `<runs_dir>/<model>-s<seed>` (or, with --pretrained, its published
-or saved weights are loaded and nothing is trained) and evaluated at every point of each protocol (upsample: the
-image at another size; fov: a larger canvas with the content at its training scale; frames: other clip lengths) in
-each position mode: 'extrapolate' (raw patch indices at the new size) and 'interpolate' (positions rescaled to the
-training grid, the counterpart of resampling an APE table). Each run's numbers go to
-`<output_dir>/evals/<model>-s<seed>.json` as soon as they exist, so an interrupted benchmark reruns only what is
-missing: finished trainings are reused, interrupted ones resume from their last checkpoint, evaluated points are kept.
-The tables, the orderings the papers claim and the plot (results.csv, results.md, results.png, summary.json) are
-rewritten from those files at the end.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import copy
 import dataclasses
+import difflib
+import inspect
 import json
 import multiprocessing
 import os
+import signal
 import sys
 import threading
 import time
+import types
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import timm
 import torch
 import yaml
 
+from .. import engine
 from ..data import get_dataset_info
+from ..data.loader import dataset_num_classes
+from ..engine.changes import FREE_KEYS
 from ..engine.checkpoint import atomic_write_text, find_checkpoint
-from ..engine.config import Config, config_to_dict
-from ..engine.setup import build_eval_sets, resolve_amp, to_device
-from .evalsizes import Point, evaluate_view, first_inputs, modes_agree, point_label
-from .plan import (
-    BenchConfig,
-    Job,
-    eval_split_classes,
-    load_bench,
-    make_plan,
-    read_record,
-    recipe_of,
-    row_point,
-    split_name,
-    validate,
-    view_of,
-    write_record,
+from ..engine.cli import USER_ERRORS, user_error
+from ..engine.config import (
+    Config,
+    ConfigError,
+    apply_overrides,
+    check_value,
+    config_from_dict,
+    config_to_dict,
+    read_section,
+    read_yaml,
+    setting,
 )
+from ..engine.interrupt import STOP_SIGNALS, StopOnSignal, TrainingInterrupted
+from ..engine.setup import build_eval_sets, build_model, build_split, resolve_amp, run_model, to_device
+from ..engine.yaml_io import YamlError, load_yaml_text
+from ..recipes import resolve_recipe
+from ..zoo import create_model
+from .protocols import (
+    PROTOCOLS,
+    Point,
+    SizedView,
+    evaluate_view,
+    first_inputs,
+    has_position_modes,
+    modes_agree,
+    parse_size,
+    point_label,
+    row_point,
+    set_position_mode,
+)
+from .report import split_name, write_report
 
-__all__ = ["run_job", "run_benchmark", "main"]
+POSITION_MODES = ("extrapolate", "interpolate")  # the default list
+ACCEPTED_POSITION_MODES = (*POSITION_MODES, "ntk", "yarn")  # ntk / yarn: test-time RoPE scaling
+
+
+class BenchConfigError(ConfigError):
+    """A benchmark file or override that cannot run; raised before any training starts."""
+
+
+class BenchInterrupted(Exception):
+    """The benchmark stopped on SIGTERM / SIGINT; args: (message, signal number). Picklable across workers."""
+
+
+@dataclass
+class BenchConfig:
+    """The `bench:` section of a benchmark file (declared and range-checked like the recipe's sections)."""
+
+    name: str = setting("", "benchmark name (default: the file name); used in output_dir and runs_dir")
+    models: list[str] = setting(
+        [], "registered models, all trained with the file's recipe, e.g. [vit_n_ape, vit_n_cpe]"
+    )
+    seeds: list[int] = setting([0], "training seeds; tables give the mean and standard deviation over them")
+    resolutions: list[int] = setting(
+        [], "square evaluation sizes in px (the training resolution is always added)", ge=1
+    )
+    shapes: list[str] = setting([], "non-square evaluation sizes HxW, e.g. [28x56]")
+    position_modes: list[str] = setting(
+        list(POSITION_MODES),
+        "test-time position modes: extrapolate, interpolate, ntk, yarn",
+        choices=ACCEPTED_POSITION_MODES,
+    )
+    protocols: list[str] = setting(
+        ["upsample"],
+        "upsample (content scaled with the image), fov (larger canvas, content at its training scale; canvas "
+        "datasets), frames (clip lengths of bench.frames at the training frame size; video datasets)",
+        choices=PROTOCOLS,
+    )
+    frames: list[int] = setting(
+        [], "clip lengths evaluated by the frames protocol (the training length is added)", ge=1
+    )
+    pretrained: bool = setting(False, "evaluate published/saved weights without training (see bench.checkpoints)")
+    checkpoints: dict = setting(
+        {},
+        "pretrained mode: model -> weights file (timm/official .pth/.safetensors, loaded through the model's "
+        "pretrained filter) or a visionpe run directory; models not listed load timm's pretrained weights",
+    )
+    eval_samples: int = setting(0, "evaluate on the first N images of the validation split (0: all of it)", ge=0)
+    base_samples: int | None = setting(
+        None,
+        "also evaluate the training point on the first N items of the whole validation split (0: all of them, "
+        "whatever data.options.num_val keeps for the tables): a base accuracy with a smaller sampling error, reported "
+        "in the statistics; null: off",
+        ge=0,
+    )
+    eval_batch_size: int = setting(256, "evaluation batch size", ge=1)
+    processes: int = setting(1, "runs trained in parallel, one process each", ge=1)
+    threads: int = setting(1, "torch threads per process", ge=1)
+    device: str = setting("cpu", "evaluation device (cpu, cuda, cuda:1, ...); training follows train.device")
+    model_kwargs: dict = setting(
+        {}, "model -> extra constructor kwargs for that model only (e.g. init_values for LayerScale checkpoints)"
+    )
+    output_dir: str = setting("results/{name}", "tables, plot and per-run results (small files, meant to be kept)")
+    runs_dir: str = setting("runs/bench/{name}", "training run directories (checkpoints)")
+
+    def out(self) -> Path:
+        return Path(self.output_dir.replace("{name}", self.name))
+
+    def runs(self) -> Path:
+        return Path(self.runs_dir.replace("{name}", self.name))
+
+
+# ------------------------------------------------------------------------------------------------ config loading
+
+
+def _unknown_bench_key(key: str, where: str) -> BenchConfigError:
+    keys = [f.name for f in dataclasses.fields(BenchConfig)]
+    close = difflib.get_close_matches(key.removeprefix("bench."), keys, n=1, cutoff=0.0)
+    return BenchConfigError(f"unknown key {key}{where}; did you mean bench.{close[0]}? (keys: {', '.join(keys)})")
+
+
+def _bench_from_dict(data, where: str) -> BenchConfig:
+    if not isinstance(data, dict):
+        raise BenchConfigError(f"the bench section{where} must be a mapping of keys, got {data!r}")
+    try:
+        return read_section(BenchConfig, data, "bench", where, _unknown_bench_key)
+    except BenchConfigError:
+        raise
+    except ConfigError as e:
+        raise BenchConfigError(str(e)) from None
+
+
+def _override_value(item: str):
+    if "=" not in item:
+        raise BenchConfigError(f"override {item!r} is not key=value (e.g. bench.seeds=0,1)")
+    raw = item.split("=", 1)[1]
+    try:
+        return load_yaml_text(raw, f"override {item!r}") if raw.strip() else []
+    except YamlError as e:
+        raise BenchConfigError(str(e)) from None
+
+
+def load_bench(
+    path: str | os.PathLike | None, overrides: list[str] | tuple[str, ...] = ()
+) -> tuple[BenchConfig, Config]:
+    """(bench section, training recipe) from a benchmark file, then `bench.key=value` and recipe overrides."""
+    data: dict = {}
+    where = ""
+    if path is not None:
+        path = resolve_recipe(path, kind="bench")  # a file, or a packaged benchmark name such as "quick"
+        data = read_yaml(path) or {}  # duplicate keys refused, the file named in every error
+        if not isinstance(data, dict):
+            raise BenchConfigError(f"{path} must be a mapping of sections (bench, model, data, ...)")
+        where = f" in {path}"
+    data = dict(data)
+    bench = _bench_from_dict(data.pop("bench", None) or {}, where)
+    cfg = config_from_dict(data, where)
+    bench_over = [o for o in overrides if o.split("=", 1)[0].strip().startswith("bench.")]
+    if bench_over:
+        merged = dataclasses.asdict(bench)
+        for item in bench_over:
+            merged[item.split("=", 1)[0].strip().removeprefix("bench.")] = _override_value(item)
+        bench = _bench_from_dict(merged, " on the command line")
+    cfg = apply_overrides(cfg, [o for o in overrides if o not in bench_over])
+    if not bench.name:
+        bench.name = path.stem if path is not None else "bench"
+    return bench, cfg
+
+
+# ------------------------------------------------------------------------------------------------------- the plan
+
+# keys that name a run or how it is run, not what it learns: the engine's free keys (a resume may change them) and
+# the run's name, seed, device and execution strategy (fsdp = ddp and checkpointed blocks = plain, to fp32 precision)
+_NOT_RECIPE = FREE_KEYS | {
+    "model.name",
+    "train.seed",
+    "train.device",
+    "train.strategy",
+    "train.fsdp",
+    "train.activation_checkpointing",
+}
+
+
+def recipe_of(cfg: dict | Config) -> dict:
+    """The parts of a training config that decide what a run learns (for comparing a run with the benchmark)."""
+    d = copy.deepcopy(config_to_dict(cfg) if isinstance(cfg, Config) else cfg)
+    for key in _NOT_RECIPE:
+        section, name = key.split(".")
+        d.get(section, {}).pop(name, None)
+    if d.get("model", {}).get("img_size") is None:
+        d["model"]["img_size"] = d.get("data", {}).get("resolution")
+    return d
+
+
+def _differences(a: dict, b: dict, prefix: str = "") -> list[str]:
+    out = []
+    for k in sorted(set(a) | set(b)):
+        va, vb = a.get(k), b.get(k)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out += _differences(va, vb, f"{prefix}{k}.")
+        elif va != vb:
+            out.append(f"{prefix}{k}: {va!r} there, {vb!r} now")
+    return out
+
+
+@dataclass
+class Job:
+    """One (model, seed): its training config, the benchmark's settings, its evaluation points and its record."""
+
+    model: str
+    seed: int
+    cfg: Config
+    bench: BenchConfig
+    sizes: list[tuple[int, int]]  # every evaluated size, the base first
+    points: list[Point]  # every evaluation point, the base of each protocol first
+    base_frames: int
+    record_path: Path
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.cfg.train.output_dir) / (self.cfg.train.run_name or "")
+
+    @property
+    def label(self) -> str:
+        return f"{self.model} seed {self.seed}"
+
+    @property
+    def modes(self) -> list[str]:
+        return list(self.bench.position_modes)
+
+    @property
+    def checkpoint(self) -> str | None:
+        """Pretrained mode: the weights file or run directory (None: timm's weights)."""
+        return self.bench.checkpoints.get(self.model)
+
+    def eval_key(self) -> dict:
+        return dict(split=self.cfg.data.val_split, samples=self.bench.eval_samples)
+
+    def missing(self, record: dict | None) -> list[tuple[str, Point]]:
+        """(mode, point) pairs the record lacks."""
+        have = set()
+        if record and record.get("eval") == self.eval_key():
+            have = {(r["mode"], row_point(r)) for r in record.get("rows", [])}
+        return [(m, p) for m in self.modes for p in self.points if (m, p) not in have]
+
+    def done(self, record: dict | None) -> bool:
+        """Whether the record holds everything this job evaluates."""
+        return not self.missing(record) and not self.needs_base_check(record)
+
+    def needs_base_check(self, record: dict | None) -> bool:
+        """Whether the training point still has to be evaluated on bench.base_samples items."""
+        if self.bench.base_samples is None:
+            return False
+        return not record or (record.get("base_check") or {}).get("samples") != self.bench.base_samples
+
+
+@dataclass
+class Plan:
+    bench: BenchConfig
+    cfg: Config
+    jobs: list[Job]
+    base: tuple[int, int]
+    sizes: list[tuple[int, int]]
+    notes: list[str] = field(default_factory=list)  # what validation noticed (e.g. sizes that need padding)
+    points: list[Point] = field(default_factory=list)
+    base_frames: int = 0
+
+    def base_point(self, protocol: str) -> Point:
+        return Point(protocol, *self.base, self.base_frames if protocol == "frames" else 0)
+
+
+def _option_default(cfg: Config, key: str) -> int:
+    """A dataset option's value: the recipe's, else the factory's default (0 when it has none)."""
+    if key in cfg.data.options:
+        return int(cfg.data.options[key])
+    try:
+        param = inspect.signature(get_dataset_info(cfg.data.name).factory).parameters.get(key)
+    except ValueError:
+        return 0
+    return int(param.default) if param is not None and isinstance(param.default, int) else 0
+
+
+def make_points(bench: BenchConfig, sizes: list[tuple[int, int]], base_frames: int) -> list[Point]:
+    """Upsample and fov points at every size; frames points at the base size for every length (base first)."""
+    points = []
+    for protocol in bench.protocols:
+        if protocol == "frames":
+            lengths = [base_frames] + [f for f in bench.frames if f != base_frames]
+            points += [Point("frames", *sizes[0], f) for f in lengths]
+        else:
+            points += [Point(protocol, *s, 0) for s in sizes]
+    return points
+
+
+def _job_cfg(cfg: Config, bench: BenchConfig, model: str, seed: int) -> Config:
+    c = copy.deepcopy(cfg)
+    c.model.name = model
+    c.model.kwargs = {**c.model.kwargs, **(bench.model_kwargs.get(model) or {})}
+    c.train.seed = seed
+    c.train.output_dir = str(bench.runs())
+    c.train.run_name = f"{model}-s{seed}"
+    c.train.threads = bench.threads
+    c.train.progress = c.train.progress and bench.processes == 1
+    c.eval.resolutions = [cfg.data.resolution]
+    c.eval.every_epochs = max(cfg.train.epochs, 1)  # the engine evaluates at the base size once, at the end
+    return c
+
+
+def make_plan(bench: BenchConfig, cfg: Config) -> Plan:
+    base = (cfg.data.resolution, cfg.data.resolution)
+    sizes = [base]
+    for s in [*bench.resolutions, *bench.shapes]:
+        try:
+            size = parse_size(s)
+        except ValueError as e:
+            raise BenchConfigError(f"bench.resolutions / bench.shapes: {e}") from None
+        if size not in sizes:
+            sizes.append(size)
+    base_frames = _option_default(cfg, "frames")
+    points = make_points(bench, sizes, base_frames)
+    seeds = [0] if bench.pretrained else bench.seeds  # published weights are one run
+    jobs = [
+        Job(model, seed, _job_cfg(cfg, bench, model, seed), bench, sizes, points, base_frames,
+            bench.out() / "evals" / f"{model}-s{seed}.json")
+        for model in bench.models
+        for seed in seeds
+    ]  # fmt: skip
+    return Plan(bench, cfg, jobs, base, sizes, points=points, base_frames=base_frames)
+
+
+# ------------------------------------------------------------------------------------------------------ validation
+
+
+def _check_settings(b: BenchConfig) -> None:
+    """The bench keys: each against its declaration (as when read from a file), then the checks across keys."""
+    for f in dataclasses.fields(BenchConfig):
+        try:
+            check_value(getattr(b, f.name), f.metadata.get("check", {}), f"bench.{f.name}", f.metadata["help"])
+        except ConfigError as e:
+            raise BenchConfigError(str(e)) from None
+    for key, example in (("models", "vit_n_ape,vit_n_rope2d"), ("seeds", "0,1,2"),
+                         ("position_modes", "extrapolate,interpolate"), ("protocols", "upsample,fov")):  # fmt: skip
+        if not getattr(b, key):
+            raise BenchConfigError(f"bench.{key} is empty; list at least one, e.g. bench.{key}={example}")
+        values = getattr(b, key)
+        dups = sorted({str(v) for v in values if values.count(v) > 1})
+        if dups:
+            raise BenchConfigError(f"bench.{key} lists {', '.join(dups)} more than once")
+    if ("frames" in b.protocols) != bool(b.frames):
+        raise BenchConfigError(
+            "the frames protocol and bench.frames go together: list clip lengths (bench.frames=4,16,32) with "
+            "bench.protocols including frames, or neither"
+        )
+    for key in ("checkpoints", "model_kwargs"):
+        unknown = sorted(set(getattr(b, key)) - set(b.models))
+        if unknown:
+            raise BenchConfigError(f"bench.{key} names model(s) {unknown} that are not in bench.models")
+    if b.checkpoints and not b.pretrained:
+        raise BenchConfigError("bench.checkpoints are evaluated without training; add bench.pretrained=true")
+    if not b.resolutions and not b.shapes and "frames" not in b.protocols:
+        raise BenchConfigError(
+            "bench.resolutions and bench.shapes are both empty; list the sizes to evaluate at, "
+            "e.g. bench.resolutions=28,42,56"
+        )
+    try:
+        device = torch.device(b.device)
+    except RuntimeError as e:
+        raise BenchConfigError(f"bench.device: {e}; use cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise BenchConfigError(f"bench.device={b.device} but no CUDA device is available; use bench.device=cpu")
+    for model, source in b.checkpoints.items():
+        if not Path(source).exists():
+            raise BenchConfigError(f"bench.checkpoints.{model}: {source} does not exist")
+
+
+def _check_data(plan: Plan):
+    """The recipe and the dataset against the protocols; returns the dataset's info."""
+    b, cfg = plan.bench, plan.cfg
+    if cfg.data.train_resolutions:
+        raise BenchConfigError("the benchmark trains at one base resolution; drop data.train_resolutions")
+    for model in b.models:
+        if not timm.is_model(model):
+            try:
+                create_model(model)
+            except ValueError as e:
+                raise BenchConfigError(f"bench.models: {e}") from None
+    info = get_dataset_info(cfg.data.name)
+    if info.kind not in ("image", "video", "image_text"):
+        raise BenchConfigError(
+            f"the extrapolation benchmark evaluates image, video and image-text classifiers; dataset "
+            f"{cfg.data.name!r} is {info.kind!r}"
+        )
+    if info.kind == "image_text" and b.protocols != ["upsample"]:
+        raise BenchConfigError(
+            f"image-text datasets are evaluated with more visual tokens (bench.protocols=upsample), got {b.protocols}"
+        )
+    if "frames" in b.protocols and info.kind != "video":
+        raise BenchConfigError(f"the frames protocol evaluates clip lengths; dataset {cfg.data.name!r} is not a video")
+    if "fov" in b.protocols and info.kind != "image":
+        raise BenchConfigError(f"the fov protocol places images on canvases; dataset {cfg.data.name!r} is a video")
+    return info
+
+
+def validate(plan: Plan, check_models: bool = True) -> None:
+    """Every check that can fail before training: the settings, names, the data, each model at each point and mode,
+    and earlier results made with another recipe. Raises BenchConfigError (or the engine's error) naming the fix."""
+    _check_settings(plan.bench)
+    info = _check_data(plan)
+    if not plan.bench.pretrained:
+        _check_recipes(plan)
+    if check_models:
+        _check_models(plan, info)
+
+
+def _check_recipes(plan: Plan) -> None:
+    """Results or runs left by a benchmark with another recipe are never mixed in (nor overwritten)."""
+    for job in plan.jobs:
+        theirs = None
+        if job.record_path.is_file():
+            theirs, where = read_record(job.record_path).get("recipe"), job.record_path
+        elif (job.run_dir / "config.yaml").is_file():
+            theirs, where = yaml.safe_load((job.run_dir / "config.yaml").read_text()), job.run_dir
+        if theirs is None:
+            continue
+        diff = _differences(recipe_of(theirs), recipe_of(job.cfg))
+        if diff:
+            raise BenchConfigError(
+                f"{where} was made with another recipe ({'; '.join(diff[:4])}); keep it and write elsewhere with "
+                f"bench.name=<new name> (or bench.output_dir=... bench.runs_dir=...), or delete it to redo the run"
+            )
+
+
+def view_of(evals: dict, point: Point, base: tuple[int, int], limit: int = 0) -> SizedView:
+    """The evaluation inputs of one point: upsample reads the set built for its size, fov and frames the base set."""
+    if point.protocol == "upsample":
+        return SizedView(evals[max(point.size)], point.size, limit, "upsample", base)
+    return SizedView(evals[max(base)], point.size, limit, point.protocol, base, point.frames)
+
+
+def eval_split_classes(cfg: Config, info, pretrained: bool) -> tuple[int, dict | None]:
+    """(number of classes, class map) from the training split, or the evaluation split for pretrained weights
+    (an ImageNet-style val folder needs no train folder next to it)."""
+    split = cfg.data.val_split if pretrained else cfg.data.train_split
+    ds = build_split(cfg, split, cfg.data.resolution, training=not pretrained)
+    return dataset_num_classes(info, ds), getattr(ds, "class_to_idx", None)
+
+
+def _padding_note(model, model_name: str, points: list[Point]) -> str | None:
+    patch = getattr(getattr(model, "patch_embed", None), "patch_size", None)
+    patch = patch[-1] if isinstance(patch, (tuple, list)) else patch
+    padded = sorted({point_label(p) for p in points if patch and (p.height % patch or p.width % patch)})
+    if not padded:
+        return None
+    return (
+        f"{model_name}: {', '.join(padded)} are not multiples of its {patch} px patch; the "
+        f"model zero-pads them at the bottom/right, which costs accuracy of its own"
+    )
+
+
+def _try_point(model, model_name: str, x, point: Point, mode: str, amp, num_classes: int) -> None:
+    unit = "" if point.protocol == "frames" else " px"
+    try:
+        with torch.autocast("cpu", dtype=amp or torch.float32, enabled=amp is not None):
+            out = run_model(model, x)
+    except (RuntimeError, ValueError, TypeError, AssertionError) as e:
+        raise BenchConfigError(
+            f"model {model_name!r} cannot take {point_label(point)}{unit} in {mode} mode: "
+            f"{e}; drop that size from bench.resolutions / bench.shapes / bench.frames"
+        ) from None
+    if out.shape != (1, num_classes):
+        raise BenchConfigError(
+            f"model {model_name!r} returned {tuple(out.shape)}, not [1, {num_classes}]; the benchmark evaluates "
+            f"classifiers"
+        )
+
+
+@torch.no_grad()
+def _check_models(plan: Plan, info) -> None:
+    """Each model built and run on one item at every point and mode (on CPU), before anything trains."""
+    cfg = plan.cfg
+    num_classes, class_map = eval_split_classes(cfg, info, plan.bench.pretrained)
+    evals = build_eval_sets(cfg, sorted({max(s) for s in plan.sizes}), class_map)
+    amp = resolve_amp(cfg.train.amp, torch.device("cpu"))
+    for model_name in plan.bench.models:
+        c = copy.deepcopy(next(j.cfg for j in plan.jobs if j.model == model_name))
+        try:
+            model = build_model(c, num_classes, info.in_chans).eval()
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise BenchConfigError(f"model {model_name!r} cannot be built for {cfg.data.name!r}: {e}") from None
+        note = _padding_note(model, model_name, plan.points)
+        if note:
+            plan.notes.append(note)
+        for point in plan.points:
+            try:
+                x = first_inputs(view_of(evals, point, plan.base, 1), 1)
+            except ValueError as e:
+                raise BenchConfigError(f"cannot evaluate at {point_label(point)}: {e}") from None
+            for mode in plan.bench.position_modes:
+                set_position_mode(model, mode)
+                _try_point(model, model_name, x, point, mode, amp, num_classes)
+                if not has_position_modes(model):
+                    break
+
+
+def read_record(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise BenchConfigError(f"{path} is unreadable ({e}); delete it and the run is evaluated again") from None
+
+
+def write_record(path: Path, record: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(record, indent=1) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------------- one run
+
+
+_WORKER_STOP = types.SimpleNamespace(signum=0)  # the stop signal a worker process received (0: none)
+
+
+def _stopped(stop, job: Job, where: str) -> BenchInterrupted:
+    name = signal.Signals(stop.signum).name
+    return BenchInterrupted(f"stopped by {name} {where} {job.label}", stop.signum)
 
 
 def _load_pretrained(job: Job, num_classes: int, in_chans: int):
     """(model, cfg) for pretrained mode: a visionpe run directory, a weights file through the model's pretrained
     filter (official/timm layouts convert), or timm's own pretrained weights."""
-    from ..engine import load_checkpoint
-    from ..engine.setup import build_model
-
-    cfg = job.cfg
-    source = job.checkpoint
+    cfg, source = job.cfg, job.checkpoint
     if source and Path(source).is_dir():
-        model, cfg, _ = load_checkpoint(source, device="cpu")
+        model, cfg, _ = engine.load_checkpoint(source, device="cpu")
         return model, cfg
     c = copy.deepcopy(cfg)
     overlay = dict(num_classes=num_classes)  # keep the checkpoint's head when it has the dataset's classes
@@ -75,121 +567,135 @@ def _load_pretrained(job: Job, num_classes: int, in_chans: int):
 
 
 def _trained_model(job: Job, record: dict):
-    """Train (or resume, or reuse) the run of `job`; returns (model, cfg, class map)."""
-    from ..engine import load_checkpoint, train  # the engine's public API
-
+    """Train (or resume, or reuse) the run of `job`; returns (model, cfg, class map). A stop signal during training
+    checkpoints at the next step (the engine's trainer) and raises BenchInterrupted: a rerun resumes there."""
     ref = find_checkpoint(job.run_dir) if job.run_dir.is_dir() else None
     if ref is None or not (ref.info or {}).get("finished"):
-        train(job.cfg, resume=ref is not None)
+        try:
+            engine.train(job.cfg, resume=ref is not None)
+        except TrainingInterrupted as e:
+            raise BenchInterrupted(str(e), e.signum) from None
         record["resumed"] = ref is not None
         ref = find_checkpoint(job.run_dir)
     if "cpu_seconds" in (ref.info or {}):  # the run's own count, its interrupted attempts included (None: unknown)
         record["train_seconds"], record["train_cpu_seconds"] = ref.info["seconds"], ref.info["cpu_seconds"]
     elif "train_seconds" not in record:
         record["train_seconds"] = None  # trained by an earlier benchmark whose record was removed
-    model, cfg, meta = load_checkpoint(job.run_dir, device="cpu")
+    model, cfg, meta = engine.load_checkpoint(job.run_dir, device="cpu")
     return model, cfg, json.loads(meta["class_map"]) if meta.get("class_map") else None
 
 
-def _same_input(record_rows: dict, mode: str, point: Point, base: dict[str, Point]) -> dict | None:
-    """A row already measured on identical inputs: at the base size every protocol shows the same images."""
-    if point != base.get(point.protocol):
-        return None
-    for other in base.values():
-        row = record_rows.get((mode, other))
+def _new_record(job: Job) -> dict:
+    family, size, pe = split_name(job.model)
+    return dict(model=job.model, family=family, size=size, pe=pe, seed=job.seed, recipe=recipe_of(job.cfg),
+                eval=job.eval_key(), base=list(job.sizes[0]), base_frames=job.base_frames, run_dir=str(job.run_dir),
+                rows=[])  # fmt: skip
+
+
+def _coinciding(job: Job, rows: dict, agree: bool, mode: str, point: Point) -> tuple[dict, str] | None:
+    """The one place that decides which evaluations coincide: (a row already measured on identical inputs and
+    logits, what it is) or None. The first mode's row when the two modes give identical logits; at the training
+    point, another protocol's (every protocol shows the same inputs there)."""
+    first = job.modes[0]
+    if agree and mode != first and (first, point) in rows:
+        return rows[(first, point)], first
+    bases = [p for p in job.points if p == Point(p.protocol, *job.sizes[0], p.frames and job.base_frames)]
+    for other in bases if point in bases else []:
+        row = rows.get((mode, other))
         if other != point and row is not None and "same_as" not in row:
-            return row
+            return row, other.protocol
     return None
 
 
-def run_job(job: Job, log=print) -> dict:
+def _modes_agree(job: Job, model, datasets: dict, device) -> bool:
+    """Whether both position modes give the same logits at the largest point of each protocol and at every
+    non-square one (then one evaluation serves both modes)."""
+    protocols = dict.fromkeys(p.protocol for p in job.points)
+    probes = [max((p for p in job.points if p.protocol == pr), key=lambda p: (p.frames, p.height * p.width))
+              for pr in protocols]  # fmt: skip
+    probes += [p for p in job.points if p.height != p.width and p not in probes]
+    base = tuple(job.sizes[0])
+    return all(modes_agree(model, to_device(first_inputs(view_of(datasets, p, base, 4), 4), device)) for p in probes)
+
+
+def _evaluate_points(job: Job, record: dict, todo: list, evaluate, stop) -> None:
+    """Evaluate the (mode, point) pairs the record lacks, writing the record after each; a stop signal ends it
+    after the point in progress."""
+    rows = {(r["mode"], row_point(r)): r for r in record["rows"]}
+    order = {p: i for i, p in enumerate(job.points)}
+    rank = {m: i for i, m in enumerate(job.modes)}
+    for mode, point in todo:
+        if stop is not None and stop.signum:
+            raise _stopped(stop, job, "during the evaluation of")
+        fields = dict(protocol=point.protocol, mode=mode, height=point.height, width=point.width, frames=point.frames)
+        same = _coinciding(job, rows, record["modes_agree"], mode, point)
+        if same is not None:
+            rows[(mode, point)] = dict(same[0], **fields, same_as=same[1])
+        else:
+            rows[(mode, point)] = dict(**fields, **evaluate(point, mode, job.bench.eval_samples))
+        record["rows"] = [rows[k] for k in sorted(rows, key=lambda k: (rank.get(k[0], 99), order.get(k[1], 10**6)))]
+        write_record(job.record_path, record)
+
+
+def run_job(job: Job, log=print, stop=None) -> dict:
     """Train (or resume, or reuse) one run, or load pretrained weights; evaluate what its record lacks; return the
-    record."""
-    torch.set_num_threads(job.threads)
+    record. `stop.signum` (a stop signal received) ends the job at the next step or evaluation point."""
+    torch.set_num_threads(job.bench.threads)
     record = read_record(job.record_path) if job.record_path.is_file() else None
     if job.done(record):
         return record
+    if stop is not None and stop.signum:
+        raise _stopped(stop, job, "before")
     todo = job.missing(record)
     if record is None or record.get("eval") != job.eval_key():
-        family, size, pe = split_name(job.model)
-        record = dict(
-            model=job.model,
-            family=family,
-            size=size,
-            pe=pe,
-            seed=job.seed,
-            recipe=recipe_of(job.cfg),
-            eval=job.eval_key(),
-            base=list(job.sizes[0]),
-            base_frames=job.base_frames,
-            run_dir=str(job.run_dir),
-            rows=[],
-        )
+        record = _new_record(job)
     info = get_dataset_info(job.cfg.data.name)
-    if job.pretrained:
+    if job.bench.pretrained:
         num_classes, class_map = eval_split_classes(job.cfg, info, True)
         model, cfg = _load_pretrained(job, num_classes, info.in_chans)
         record["pretrained"] = job.checkpoint or "timm"
         record.pop("run_dir", None)
     else:
         model, cfg, class_map = _trained_model(job, record)
-    device = torch.device(job.device)
+    device = torch.device(job.bench.device)
     model.eval().to(device)
     record["params"] = sum(p.numel() for p in model.parameters())
     base = tuple(job.sizes[0])
     datasets = build_eval_sets(cfg, sorted({max(s) for s in job.sizes}), class_map)
     amp = resolve_amp(cfg.train.amp, device)
-    workers = cfg.data.workers
-    protocols = list(dict.fromkeys(p.protocol for p in job.points))
-    base_points = {pr: next(p for p in job.points if p.protocol == pr) for pr in protocols}
-    probes = [
-        max((p for p in job.points if p.protocol == pr), key=lambda p: (p.frames, p.height * p.width))
-        for pr in protocols
-    ]
-    probes += [p for p in job.points if p.height != p.width and p not in probes]
-    record["modes_agree"] = all(
-        modes_agree(model, to_device(first_inputs(view_of(datasets, p, base, 4), 4), device)) for p in probes
-    )
+
+    def evaluate(point: Point, mode: str, limit: int, sets: dict = datasets) -> dict:
+        view = view_of(sets, point, base, limit)
+        return evaluate_view(model, view, mode, job.bench.eval_batch_size, device, amp, cfg.data.workers)
+
+    record["modes_agree"] = len(job.modes) > 1 and _modes_agree(job, model, datasets, device)  # probed only if used
     t0, c0 = time.perf_counter(), time.process_time()
-    rows = {(r["mode"], row_point(r)): r for r in record["rows"]}
-    first = job.modes[0]
-    for mode, point in todo:
-        key = (mode, point)
-        fields = dict(protocol=point.protocol, mode=mode, height=point.height, width=point.width, frames=point.frames)
-        same = _same_input(rows, mode, point, base_points)
-        if record["modes_agree"] and mode != first and (first, point) in rows:
-            rows[key] = dict(rows[(first, point)], mode=mode, same_as=first)
-        elif same is not None:
-            rows[key] = dict(same, **fields, same_as=same["protocol"])
-        else:
-            view = view_of(datasets, point, base, job.eval_samples)
-            result = evaluate_view(model, view, mode, job.eval_batch_size, device, amp, workers)
-            rows[key] = dict(**fields, **result)
-        order = {p: i for i, p in enumerate(job.points)}
-        record["rows"] = [
-            rows[k]
-            for k in sorted(
-                rows, key=lambda k: (job.modes.index(k[0]) if k[0] in job.modes else 99, order.get(k[1], 10**6))
-            )
-        ]
-        write_record(job.record_path, record)
+    _evaluate_points(job, record, todo, evaluate, stop)
     if job.needs_base_check(record):  # the training point on more items: its accuracy with a smaller sampling error
         whole = datasets  # the tables' sets hold the whole split unless num_val cut it
         if "num_val" in cfg.data.options:
             cut = copy.deepcopy(cfg)
             cut.data.options = {k: v for k, v in cfg.data.options.items() if k != "num_val"}
             whole = build_eval_sets(cut, [max(base)], class_map)
-        view = view_of(whole, base_points[protocols[0]], base, job.base_samples)
-        result = evaluate_view(model, view, first, job.eval_batch_size, device, amp, workers)
-        record["base_check"] = dict(samples=job.base_samples, mode=first, **result)
+        result = evaluate(job.points[0], job.modes[0], job.bench.base_samples, whole)
+        record["base_check"] = dict(samples=job.bench.base_samples, mode=job.modes[0], **result)
     record["eval_seconds"] = round(time.perf_counter() - t0, 1) + (record.get("eval_seconds") or 0)
     record["eval_cpu_seconds"] = round(time.process_time() - c0, 1) + (record.get("eval_cpu_seconds") or 0)
     write_record(job.record_path, record)
     return record
 
 
+# ------------------------------------------------------------------------------------------- worker processes
+
+
+def _note_stop(signum, frame) -> None:
+    _WORKER_STOP.signum = _WORKER_STOP.signum or signum
+
+
 def _worker_init(threads: int, parent: int) -> None:
     torch.set_num_threads(threads)
+    for s in STOP_SIGNALS:  # a stop signal ends the run at its next step or point (the trainer's own handler nests)
+        signal.signal(s, _note_stop)
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
 
 
@@ -201,9 +707,9 @@ def _exit_with_parent(parent: int, poll_s: float = 1.0) -> None:
     os._exit(1)
 
 
-def _quiet_job(job: Job) -> dict:
-    """run_job in a worker process; the engine's per-epoch lines are kept, its progress bars are off."""
-    return run_job(job)
+def _worker_job(job: Job) -> dict:
+    """run_job in a worker process, stopped by the signals _worker_init catches."""
+    return run_job(job, stop=_WORKER_STOP)
 
 
 # ---------------------------------------------------------------------------------------------------- benchmark
@@ -220,11 +726,72 @@ def _summary_line(record: dict, points: list[Point]) -> str:
     return f"{', '.join(parts)} ({mode}){f', trained in {t:.0f} s' if t else ''}"
 
 
+class _Progress:
+    """One line per finished run with the time elapsed and left; failures kept for the end."""
+
+    def __init__(self, total: int, points: list[Point], log):
+        self.total, self.points, self.log = total, points, log
+        self.done, self.start, self.failures = 0, time.perf_counter(), []
+
+    def __call__(self, job: Job, record: dict | None, error: BaseException | None) -> None:
+        self.done += 1
+        elapsed = time.perf_counter() - self.start
+        eta = elapsed / self.done * (self.total - self.done)
+        status = f"FAILED: {type(error).__name__}: {error}" if error else _summary_line(record, self.points)
+        self.log(f"[{self.done}/{self.total}] {job.label}: {status} | {elapsed / 60:.1f} min elapsed, "
+                 f"~{eta / 60:.1f} min left")  # fmt: skip
+        if error:
+            self.failures.append(f"{job.label}: {type(error).__name__}: {error}")
+
+
+def _run_serial(pending: list[Job], progress: _Progress, log) -> None:
+    with StopOnSignal() as stop:
+        for job in pending:
+            try:
+                record = run_job(job, log, stop)
+            except (KeyboardInterrupt, SystemExit, BenchInterrupted):
+                raise
+            except Exception as e:  # one failed run does not lose the others; reported at the end
+                if os.environ.get("VISIONPE_DEBUG"):
+                    raise
+                progress(job, None, e)
+            else:
+                progress(job, record, None)
+
+
+def _run_parallel(pending: list[Job], bench: BenchConfig, progress: _Progress) -> None:
+    """Runs in worker processes. A stop signal here cancels the runs not started and passes SIGTERM on to the
+    workers, which checkpoint (training) or finish their point (evaluation) and stop; then BenchInterrupted."""
+    ctx = multiprocessing.get_context("spawn")
+    stopped: BenchInterrupted | None = None
+    with StopOnSignal() as stop, ProcessPoolExecutor(
+        min(bench.processes, len(pending)), mp_context=ctx, initializer=_worker_init,
+        initargs=(bench.threads, os.getpid()),
+    ) as pool:  # fmt: skip
+        futures = {pool.submit(_worker_job, job): job for job in pending}
+        remaining = set(futures)
+        while remaining:
+            finished, remaining = wait(remaining, timeout=0.5, return_when=FIRST_COMPLETED)
+            if stop.signum and stopped is None:
+                stopped = BenchInterrupted(f"stopped by {signal.Signals(stop.signum).name}", stop.signum)
+                remaining = {f for f in remaining if not f.cancel()}
+                for proc in list(getattr(pool, "_processes", {}).values()):  # the executor's own worker table
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(proc.pid, signal.SIGTERM)
+            for fut in finished:
+                err = None if fut.cancelled() else fut.exception()
+                if isinstance(err, BenchInterrupted):
+                    stopped = stopped or err
+                elif not fut.cancelled():
+                    progress(futures[fut], None if err else fut.result(), err)
+    if stopped is not None:
+        raise stopped
+
+
 def run_benchmark(bench: BenchConfig, cfg: Config, dry_run: bool = False, log=print) -> Path:
     """Check everything, run what is missing (in `bench.processes` processes), write the tables and the plot.
-    Returns the output directory."""
-    from .report import write_report
-
+    Returns the output directory. SIGTERM / SIGINT stop it cleanly (BenchInterrupted): trainings checkpoint,
+    evaluated points are kept, the tables are written from what exists, and a rerun continues."""
     plan = make_plan(bench, cfg)
     validate(plan)
     out = bench.out()
@@ -245,57 +812,21 @@ def run_benchmark(bench: BenchConfig, cfg: Config, dry_run: bool = False, log=pr
         out / "bench.yaml",
         yaml.safe_dump(dict(bench=dataclasses.asdict(bench), **config_to_dict(cfg)), sort_keys=False),
     )
-    failures: list[str] = []
-    t_start = time.perf_counter()
-    done = 0
-
-    def report(job: Job, record: dict | None, error: BaseException | None) -> None:
-        nonlocal done
-        done += 1
-        elapsed = time.perf_counter() - t_start
-        eta = elapsed / done * (len(pending) - done)
-        status = f"FAILED: {type(error).__name__}: {error}" if error else _summary_line(record, plan.points)
-        log(f"[{done}/{len(pending)}] {job.label}: {status} | {elapsed / 60:.1f} min elapsed, ~{eta / 60:.1f} min left")
-        if error:
-            failures.append(f"{job.label}: {type(error).__name__}: {error}")
-
+    progress = _Progress(len(pending), plan.points, log)
     try:
         if bench.processes == 1 or len(pending) <= 1:
-            for job in pending:
-                try:
-                    record = run_job(job, log)
-                except (KeyboardInterrupt, SystemExit):
-                    raise
-                except Exception as e:  # one failed run does not lose the others; reported at the end
-                    if os.environ.get("VISIONPE_DEBUG"):
-                        raise
-                    report(job, None, e)
-                else:
-                    report(job, record, None)
+            _run_serial(pending, progress, log)
         else:
-            ctx = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(
-                min(bench.processes, len(pending)),
-                mp_context=ctx,
-                initializer=_worker_init,
-                initargs=(bench.threads, os.getpid()),
-            ) as pool:
-                futures = {pool.submit(_quiet_job, job): job for job in pending}
-                remaining = set(futures)
-                while remaining:
-                    finished, remaining = wait(remaining, return_when=FIRST_COMPLETED)
-                    for fut in finished:
-                        err = fut.exception()
-                        report(futures[fut], None if err else fut.result(), err)
+            _run_parallel(pending, bench, progress)
     finally:
         records = [read_record(j.record_path) for j in plan.jobs if j.record_path.is_file()]
-        if records:
-            paths = write_report(records, plan, out, time.perf_counter() - t_start)
+        paths = write_report(records, plan, out, time.perf_counter() - progress.start)
+        if paths:
             log(f"wrote {', '.join(str(p) for p in paths)}")
-    if failures:
+    if progress.failures:
         raise RuntimeError(
-            f"{len(failures)} run(s) failed (the others are kept; rerun to retry only these):\n  "
-            + "\n  ".join(failures)
+            f"{len(progress.failures)} run(s) failed (the others are kept; rerun to retry only these):\n  "
+            + "\n  ".join(progress.failures)
         )
     return out
 
@@ -309,8 +840,6 @@ def _keys_help() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     ap = argparse.ArgumentParser(
         prog="visionpe-bench extrapolate",
         description=__doc__,
@@ -319,28 +848,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("-c", "--config", required=True, help="benchmark file, e.g. configs/bench/quick.yaml")
     ap.add_argument("--dry-run", action="store_true", help="check the benchmark and print the plan; train nothing")
-    ap.add_argument(
-        "--pretrained",
-        action="store_true",
-        help="evaluate pretrained weights without training (same as bench.pretrained=true; weights from "
-        "bench.checkpoints or timm)",
-    )
-    ap.add_argument(
-        "overrides",
-        nargs="*",
-        metavar="key=value",
-        help="bench.* keys (e.g. bench.seeds=0 bench.models=vit_n_ape,vit_n_cpe) or recipe keys "
-        "(e.g. train.epochs=1 data.options.num_train=500)",
-    )
+    ap.add_argument("--pretrained", action="store_true", help="evaluate weights without training (bench.pretrained)")
+    ap.add_argument("overrides", nargs="*", metavar="key=value", help="bench.* or recipe keys, e.g. bench.seeds=0,1")
     args = ap.parse_args(argv)
-    from ..engine.cli import USER_ERRORS, user_error
-
     try:
         overrides = [*args.overrides, *(["bench.pretrained=true"] if args.pretrained else [])]
         bench, cfg = load_bench(args.config, overrides)
         run_benchmark(bench, cfg, dry_run=args.dry_run)
     except (*USER_ERRORS, RuntimeError) as e:
         return user_error(e)
+    except BenchInterrupted as e:  # one line: what stopped, and how to continue
+        print(f"{e.args[0]}; checkpoints and evaluated points are kept: rerun the same command to continue",
+              file=sys.stderr)  # fmt: skip
+        return 128 + e.args[1]
     except KeyboardInterrupt:
         print("interrupted; rerun the same command to continue where it stopped", file=sys.stderr)
         return 130

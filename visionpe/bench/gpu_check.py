@@ -1,20 +1,5 @@
-"""`visionpe-bench gpu-check`: is this GPU set up right? One command, a few minutes on one GPU.
-
-1. Versions: torch, CUDA, xformers, the torch version the installed xformers was built for, and whether xformers'
-   compiled ops load and run.
-2. Agreement: the output of small models with a rotary PE (vit rope2d), bias PEs (iRPE; Swin's relative position
-   bias with the shifted-window mask) and a value PE (iRPE on q, k and v) under each attention backend
-   (xformers, sdpa) against the explicit math backend, in fp32 and bf16 (bf16 on CUDA only).
-3. Throughput: images/s and peak memory of ViT-B/16 at 224/512/1024 px per backend (CUDA only).
-On CPU, the agreement runs sdpa against math at tiny sizes, xformers is reported unavailable and the throughput rows
-are skipped with the reason. Results go to a JSON file and a Markdown table next to it.
-
-Known good pairs (wheel METADATA on PyPI): xformers 0.0.31 requires torch==2.7.1, 0.0.32.post2 torch==2.8.0,
-0.0.33.post1 torch==2.9.0, 0.0.34 torch==2.10.0. 0.0.35 says torch>=2.10, but its compiled ops are built for torch
-2.10.0 and do not load on torch 2.14.1 (xformers then imports, warns, and has no memory-efficient kernel). No
-xformers build matches torch 2.14.1 yet: the `[xformers]` extra pins the pair xformers 0.0.34 + torch 2.10.0, and
-this check reports the installed pair and whether the compiled ops load.
-"""
+"""`visionpe-bench gpu-check`: versions (torch, CUDA, xformers), attention backends against the math backend per
+PE in fp32 and bf16, and ViT-B/16 images/s and memory per backend (docs/benchmark.md)."""
 
 from __future__ import annotations
 
@@ -31,10 +16,8 @@ import visionpe  # noqa: F401  (registers the models)
 from visionpe import attn_backend
 
 from ..zoo import FAMILIES, create_model, family_of
-from .memprobe import cuda_peak_mb
-from .timing import Clock, interleave, model_step, spread
-
-__all__ = ["XFORMERS_TORCH", "AGREEMENT_MODELS", "TOLERANCE", "xformers_status", "agreement", "throughput", "main"]
+from .measure import Clock, cuda_peak_mb, interleave, model_step, paired_ratios, spread
+from .report import md_table
 
 XFORMERS_TORCH = {
     "0.0.31": "==2.7.1",
@@ -150,20 +133,10 @@ def throughput(
         tasks = {b: (lambda b=b: run(b)) for b in backends}
         rates = interleave(tasks, Clock("wall", device), rounds, steps=1)
         base = "sdpa" if "sdpa" in rates else backends[0]
+        ratios = paired_ratios(rates, base)
         for b in backends:
-            ratios = [a / c for a, c in zip(rates[b], rates[base])]
-            mem = cuda_peak_mb(lambda b=b: run(b), device)
-            rows.append(
-                dict(
-                    model=model_name,
-                    resolution=res,
-                    backend=b,
-                    images_per_s=spread(rates[b]).as_dict(),
-                    vs=base,
-                    ratio=spread(ratios).as_dict(),
-                    peak_mb=mem,
-                )
-            )
+            row = dict(model=model_name, resolution=res, backend=b, images_per_s=spread(rates[b]).as_dict(), vs=base)
+            rows.append(dict(row, ratio=spread(ratios[b]).as_dict(), peak_mb=cuda_peak_mb(lambda b=b: run(b), device)))
     return rows
 
 
@@ -202,25 +175,16 @@ def format_markdown(result: dict) -> str:
         + (f" (built for torch{v['xformers_requires_torch']})" if v.get("xformers_requires_torch") else "")
         + f"; xformers usable: {'yes' if v['usable'] else 'no (' + v['reason'] + ')'}.",
         "",
-        "| PE | model | dtype | backend | max rel. error vs math | tolerance | ok |",
-        "|---|---|---|---|---:|---:|---|",
     ]
-    for r in result["agreement"]:
-        err = f"{r['rel_err']:.2e}" if "rel_err" in r else r["error"]
-        tol = f"{r['tol']:.0e}" if "tol" in r else "-"
-        lines.append(f"| {r['pe']} | {r['model']} | {r['dtype']} | {r['backend']} | {err} | {tol} | {r['ok']} |")
+    rows = [[r["pe"], r["model"], r["dtype"], r["backend"], f"{r['rel_err']:.2e}" if "rel_err" in r else r["error"],
+             f"{r['tol']:.0e}" if "tol" in r else "-", r["ok"]] for r in result["agreement"]]  # fmt: skip
+    heads = ["PE", "model", "dtype", "backend", "max rel. error vs math", "tolerance", "ok"]
+    lines += md_table(heads, "llllrrl", rows)
     if result["throughput"]:
-        lines += [
-            "",
-            "| model | px | backend | images/s | vs | ratio | peak MiB |",
-            "|---|---:|---|---:|---|---:|---:|",
-        ]
-        for r in result["throughput"]:
-            ips, ratio = r["images_per_s"], r["ratio"]
-            lines.append(
-                f"| {r['model']} | {r['resolution']} | {r['backend']} | {ips['median']:.1f} | {r['vs']} | "
-                f"{ratio['median']:.2f} [{ratio['min']:.2f}-{ratio['max']:.2f}] | {r['peak_mb']:.0f} |"
-            )
+        rows = [[r["model"], r["resolution"], r["backend"], f"{r['images_per_s']['median']:.1f}", r["vs"],
+                 f"{r['ratio']['median']:.2f} [{r['ratio']['min']:.2f}-{r['ratio']['max']:.2f}]", f"{r['peak_mb']:.0f}"]
+                for r in result["throughput"]]  # fmt: skip
+        lines += ["", *md_table(["model", "px", "backend", "images/s", "vs", "ratio", "peak MiB"], "lrlrlrr", rows)]
     if result["skipped"]:
         lines += ["", "Skipped:", *[f"- {s}" for s in result["skipped"]]]
     return "\n".join(lines) + "\n"

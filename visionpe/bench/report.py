@@ -1,32 +1,21 @@
-"""Tables of an extrapolation benchmark: results.csv (one row per run, mode and evaluation point), results.md (mean and
-standard deviation over seeds per point, the protocols side by side, the change against the training point, and the
-papers' orderings judged against the seed spread), summary.json (what the model cards read)."""
+"""An extrapolation benchmark's results.csv, results.md, summary.json and results.png, and the papers' claims
+judged on them (the claims are data in visionpe/papers.py; docs/benchmark.md)."""
 
 from __future__ import annotations
 
 import csv
-import inspect
+import io
 import json
+import math
 import statistics
 import time
 from pathlib import Path
 
-from .claims import judge_claims, tally_text
-from .evalsizes import Point, point_label, size_label
-
-__all__ = [
-    "long_rows",
-    "aggregate",
-    "ordered_sizes",
-    "format_markdown",
-    "write_report",
-    "base_heading",
-    "point_heading",
-    "stat_text",
-    "cell_text",
-    "CSV_KEYS",
-    "PROTOCOL_TEXT",
-]
+from ..engine.checkpoint import atomic_write_text
+from ..papers import CLAIMS
+from ..zoo import FAMILIES, family_of
+from .measure import machine_description, machine_info
+from .protocols import Point, point_label, row_point, size_label
 
 # what each evaluation protocol shows, in words (the tables' legend)
 PROTOCOL_TEXT = {
@@ -36,24 +25,8 @@ PROTOCOL_TEXT = {
     "frames": "*frames* (`N f`): clips of N frames at the training frame size",
 }
 
-CSV_KEYS = (
-    "model",
-    "family",
-    "size",
-    "pe",
-    "seed",
-    "protocol",
-    "mode",
-    "height",
-    "width",
-    "frames",
-    "top1",
-    "top5",
-    "loss",
-    "images",
-    "same_as",
-    "train_seconds",
-)
+CSV_KEYS = ("model", "family", "size", "pe", "seed", "protocol", "mode", "height", "width", "frames", "top1", "top5",
+            "loss", "images", "same_as", "train_seconds")  # fmt: skip
 
 
 def long_rows(records: list[dict]) -> list[dict]:
@@ -64,9 +37,8 @@ def long_rows(records: list[dict]) -> list[dict]:
             out.append(
                 {
                     **{k: rec.get(k) for k in ("model", "family", "size", "pe", "seed", "train_seconds")},
-                    **{k: r.get(k) for k in ("mode", "height", "width", "top1", "top5", "loss", "images", "same_as")},
-                    "protocol": r.get("protocol", "upsample"),
-                    "frames": r.get("frames", 0),
+                    **{k: r.get(k) for k in ("protocol", "mode", "height", "width", "frames", "top1", "top5", "loss")},
+                    **{k: r.get(k) for k in ("images", "same_as")},
                 }
             )
     return out
@@ -82,8 +54,7 @@ def aggregate(rows: list[dict]) -> dict[tuple[str, str, Point], dict]:
     """(model, mode, point) -> {'mean', 'std', 'n'} of top-1 over seeds (sample std; 0 for one seed)."""
     groups: dict[tuple, list[float]] = {}
     for r in rows:
-        point = Point(r.get("protocol", "upsample"), r["height"], r["width"], r.get("frames", 0))
-        groups.setdefault((r["model"], r["mode"], point), []).append(r["top1"])
+        groups.setdefault((r["model"], r["mode"], row_point(r)), []).append(r["top1"])
     return {k: mean_std(v) for k, v in groups.items()}
 
 
@@ -111,27 +82,17 @@ def columns(plan) -> list[Point]:
     return [base] + [p for p in plan.points if p not in bases]
 
 
-def base_heading(base: tuple[int, int], base_frames: int, protocols: list[str]) -> str:
-    """'base (32)', or 'base (8 f, 32)' when clip lengths are among the protocols."""
-    frames = f"{base_frames} f, " if "frames" in protocols else ""
-    return f"base ({frames}{size_label(base)})"
+def point_heading(point: Point | None, base: tuple[int, int], base_frames: int, protocols: list[str]) -> str:
+    """A column heading: 'base (32)' ('base (8 f, 32)' with clip lengths) for the training point (None), else the
+    point ('up 48' when protocols sit side by side)."""
+    if point is None:
+        return f"base ({f'{base_frames} f, ' if 'frames' in protocols else ''}{size_label(base)})"
+    return ("up " if point.protocol == "upsample" and len(protocols) > 1 else "") + point_label(point)
 
 
-def point_heading(point: Point, is_base: bool, base: tuple[int, int], base_frames: int, protocols: list[str]) -> str:
-    """A table column's heading: the training point, else the point ('up 48' when protocols sit side by side)."""
-    if is_base:
-        return base_heading(base, base_frames, protocols)
-    side_by_side = point.protocol == "upsample" and len(protocols) > 1
-    return ("up " if side_by_side else "") + point_label(point)
-
-
-def _base_label(plan) -> str:
-    return base_heading(plan.base, plan.base_frames, plan.bench.protocols)
-
-
-def _column_label(point: Point, plan) -> str:
-    is_base = point == plan.base_point(point.protocol)
-    return point_heading(point, is_base, plan.base, plan.base_frames, plan.bench.protocols)
+def _headings(plan, cols: list[Point]) -> list[str]:
+    args = plan.base, plan.base_frames, plan.bench.protocols
+    return [point_heading(None if c == plan.base_point(c.protocol) else c, *args) for c in cols]
 
 
 def stat_text(st: dict) -> str:
@@ -169,16 +130,41 @@ def _quality_lines(stats: dict, models: list[str], plan) -> list[str]:
     hi = max(at_base, key=lambda x: x[1]["mean"])
     spread = max(at_base, key=lambda x: x[1]["std"])
     seeds = sorted({st["n"] for _, st in at_base})
+    heading = point_heading(None, plan.base, plan.base_frames, plan.bench.protocols)
     return [
         "## Statistics",
         "",
-        f"At the training point ({_base_label(plan)}): top-1 from {lo[1]['mean']:.1f} ({lo[0]}) to "
+        f"At the training point ({heading}): top-1 from {lo[1]['mean']:.1f} ({lo[0]}) to "
         f"{hi[1]['mean']:.1f} ({hi[0]}); the largest seed standard deviation is {spread[1]['std']:.2f} points "
         f"({spread[0]}); {'/'.join(map(str, seeds))} seed(s) per cell. An ordering *holds* when the mean difference "
         f"is at least twice its standard error sqrt(s_a²/n_a + s_b²/n_b), *does not hold* when it is at least twice "
         f"that the other way, and is *within noise* otherwise.",
         "",
     ]
+
+
+def fmt(v, spec: str = ".2f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def md_table(heads: list[str], align: str, rows) -> list[str]:
+    """The one Markdown table writer: `heads`, `align` one letter per column ('l' or 'r'), rows of cells."""
+    rule = "".join("---:|" if a == "r" else "---|" for a in align)
+    return [f"| {' | '.join(heads)} |", f"|{rule}", *(f"| {' | '.join(map(str, r))} |" for r in rows)]
+
+
+def accuracy_table(models, mode, cols, heads, stats, base_of, agree, first_mode, pe_of=None) -> list[str]:
+    """Top-1 per model (rows) and evaluation point (columns) in one position mode: the tables of results.md and of
+    the model cards. `stats`: (model, mode, point) -> {'mean', 'std', 'n'}; base_of(protocol): the training point;
+    `agree`: models whose two modes give the same logits (marked (=) after the first mode); `pe_of`: a PE column."""
+    rows = []
+    for m in models:
+        cells = [cell_text(stats.get((m, mode, c)), stats.get((m, mode, base_of(c.protocol))), c == base_of(c.protocol))
+                 for c in cols]  # fmt: skip
+        name = f"{m} (=)" if m in agree and mode != first_mode else m
+        rows.append([name, *([pe_of.get(m, "")] if pe_of is not None else []), *cells])
+    heads = ["model", *(["PE"] if pe_of is not None else []), *heads]
+    return [*md_table(heads, "l" * (len(heads) - len(cols)) + "r" * len(cols), rows), ""]
 
 
 def _claim_lines(judged: list[dict]) -> list[str]:
@@ -189,20 +175,14 @@ def _claim_lines(judged: list[dict]) -> list[str]:
     for j in judged:
         if not j["comparisons"]:
             continue
-        lines += [
-            f"### {j['claim']}",
-            "",
-            "| better? | than | protocol | point | mode | top-1 a | top-1 b | a - b | 2 x s.e. | verdict |",
-            "|---|---|---|---|---|---:|---:|---:|---:|---|",
-        ]
-        for c in j["comparisons"]:
-            point = Point(c["protocol"], c["height"], c["width"], c["frames"])
-            lines.append(
-                f"| {c['better']} | {c['worse']} | {c['protocol']} | {point_label(point)} | {c['mode']} | "
-                f"{stat_text(c['a'])} | {stat_text(c['b'])} | {c['diff']:+.1f} | {2 * c['se']:.1f} | "
-                f"{c['verdict']} |"
-            )
-        lines.append("")
+        rows = [
+            [c["better"], c["worse"], c["protocol"], point_label(Point(c["protocol"], c["height"], c["width"],
+             c["frames"])), c["mode"], stat_text(c["a"]), stat_text(c["b"]), f"{c['diff']:+.1f}",
+             f"{2 * c['se']:.1f}", c["verdict"]]
+            for c in j["comparisons"]
+        ]  # fmt: skip
+        heads = ["better?", "than", "protocol", "point", "mode", "top-1 a", "top-1 b", "a - b", "2 x s.e.", "verdict"]
+        lines += [f"### {j['claim']}", "", *md_table(heads, "lllllrrrrl", rows), ""]
     return lines
 
 
@@ -230,7 +210,8 @@ def format_markdown(records: list[dict], plan, seconds: float, machine: str) -> 
         how = (
             f"Trained on `{cfg.data.name}` at {cfg.data.resolution} px ({cfg.train.epochs} epochs, batch "
             f"{cfg.data.batch_size}, {cfg.optim.opt} lr {cfg.optim.lr:g}, data options: {opts}"
-            f"{model_opts}; augmentation: {augmentation_text(cfg)}), then "
+            f"{model_opts}; the dataset's training augmentation, aug.scale={cfg.aug.scale}, "
+            f"aug.hflip={cfg.aug.hflip}), then "
         )
     lines = [
         f"# Extrapolation: {b.name}",
@@ -246,28 +227,17 @@ def format_markdown(records: list[dict], plan, seconds: float, machine: str) -> 
         "in both modes. Models without test-time position modes (the video backbones) run as they are.",
         "",
     ]
+    heads = _headings(plan, cols)
     for mode in b.position_modes:
-        lines += [
-            f"## {mode}",
-            "",
-            "| model | PE | " + " | ".join(_column_label(c, plan) for c in cols) + " |",
-            "|---|---|" + "---:|" * len(cols),
-        ]
-        for m in models:
-            cells = []
-            for c in cols:
-                base = stats.get((m, mode, plan.base_point(c.protocol)))
-                cells.append(cell_text(stats.get((m, mode, c)), base, c == plan.base_point(c.protocol)))
-            mark = " (=)" if m in agree and mode != b.position_modes[0] else ""
-            lines.append(f"| {m}{mark} | {pe_of.get(m, '')} | " + " | ".join(cells) + " |")
-        lines.append("")
+        lines += [f"## {mode}", ""]
+        lines += accuracy_table(models, mode, cols, heads, stats, plan.base_point, agree, b.position_modes[0], pe_of)
     if agree and len(b.position_modes) > 1:
         lines += [
             "(=): the two position modes give this model identical logits (its PE reads no coordinates, or "
             "resamples its table either way), so one evaluation serves both.",
             "",
         ]
-    lines += [f"Note: {n}." for n in getattr(plan, "notes", [])] + ([""] if getattr(plan, "notes", []) else [])
+    lines += [f"Note: {n}." for n in plan.notes] + ([""] if plan.notes else [])
     lines += _quality_lines(stats, models, plan)
     lines += base_check_lines(
         base_checks(records, models), f"bench.base_samples; the tables read {'/'.join(map(str, images))}"
@@ -308,26 +278,8 @@ def _total_time_text(records: list[dict], processes: int) -> str:
     return text
 
 
-def augmentation_text(cfg) -> str:
-    """What the training images went through, in words (from the dataset's factory and options)."""
-    from ..data import get_dataset_info
-
-    params = inspect.signature(get_dataset_info(cfg.data.name).factory).parameters
-    crop = cfg.data.options.get("crop")
-    if crop == "rrc" or ("aug" in params and "crop" not in params):
-        a = cfg.aug
-        return f"random resized crops (area {a.scale}, aspect {[round(r, 2) for r in a.ratio]}) and flips (p={a.hflip})"
-    if "item" in params:
-        return f"the item placed at a random position on the canvas, flips (p={cfg.aug.hflip})"
-    if "training" in params:
-        return f"the dataset's default training augmentation{f' (crop={crop})' if crop else ''}"
-    return "none"
-
-
 def restrict(records: list[dict], plan) -> list[dict]:
     """The records' rows for the plan's modes and points only (a record keeps rows of points since dropped)."""
-    from .plan import row_point
-
     points, modes = set(plan.points), set(plan.bench.position_modes)
     return [
         dict(r, rows=[x for x in r.get("rows", []) if x["mode"] in modes and row_point(x) in points]) for r in records
@@ -340,21 +292,8 @@ def _summary(records: list[dict], plan, seconds: float, machine: dict) -> dict:
     for (model, mode, point), st in sorted(stats.items()):
         base = stats.get((model, mode, plan.base_point(point.protocol)))
         pe = next((r.get("pe") for r in records if r["model"] == model), model)
-        table.append(
-            dict(
-                model=model,
-                pe=pe,
-                protocol=point.protocol,
-                mode=mode,
-                height=point.height,
-                width=point.width,
-                frames=point.frames,
-                mean=st["mean"],
-                std=st["std"],
-                n=st["n"],
-                delta=st["mean"] - base["mean"] if base else None,
-            )
-        )
+        delta = st["mean"] - base["mean"] if base else None
+        table.append(dict(model=model, pe=pe, mode=mode, **point._asdict(), **st, delta=delta))
     cfg = plan.cfg
     return dict(
         name=plan.bench.name,
@@ -390,29 +329,253 @@ def _summary(records: list[dict], plan, seconds: float, machine: dict) -> dict:
     )
 
 
-def write_report(records: list[dict], plan, out: Path, seconds: float) -> list[Path]:
-    """results.csv, results.md, summary.json and results.png under `out`; returns the paths written."""
-    from .plots import plot_extrapolation
-    from .speed import machine_info
-    from .speed_report import machine_description
-
-    out.mkdir(parents=True, exist_ok=True)
+def write_report(records: list[dict], plan, out: Path, seconds: float, machine: dict | None = None) -> list[Path]:
+    """results.csv, results.md, summary.json and results.png under `out`; returns the paths written. Nothing is
+    written (and [] returned) when the records hold no row of the plan's points and modes: tables already there are
+    never replaced by empty ones. `machine`: what the runs were measured on (default: this machine)."""
     records = restrict(records, plan)
-    machine = machine_info()
-    machine["threads"] = plan.bench.threads
     rows = long_rows(records)
-    csv_path = out / "results.csv"
-    with open(csv_path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_KEYS, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows)
-    md_path = out / "results.md"
-    md_path.write_text(format_markdown(records, plan, seconds, machine_description(machine)))
+    if not rows:
+        return []
+    out.mkdir(parents=True, exist_ok=True)
+    machine = machine or dict(machine_info(), threads=plan.bench.threads)
+    table = io.StringIO()
+    w = csv.DictWriter(table, fieldnames=CSV_KEYS, extrasaction="ignore", lineterminator="\r\n")
+    w.writeheader()
+    w.writerows(rows)
     summary = _summary(records, plan, seconds, machine)
-    json_path = out / "summary.json"
-    json_path.write_text(json.dumps(summary, indent=1) + "\n")
-    paths = [csv_path, md_path, json_path]
+    paths = [out / "results.csv", out / "results.md", out / "summary.json"]
+    texts = [table.getvalue(), format_markdown(records, plan, seconds, machine_description(machine))]
+    for path, text in zip(paths, [*texts, json.dumps(summary, indent=1) + "\n"]):
+        atomic_write_text(path, text)
     png = plot_extrapolation(summary, out / "results.png")
-    if png is not None:
-        paths.append(png)
-    return paths
+    return paths + ([png] if png is not None else [])
+
+
+# -------------------------------------------------------------------------------------------------- the papers' claims
+
+VERDICTS = ("holds", "does not hold", "within noise", "one seed")
+
+
+def standard_error(a: dict, b: dict) -> float:
+    """Standard error of mean_a - mean_b from each side's sample std and number of seeds."""
+    return math.sqrt(a["std"] ** 2 / a["n"] + b["std"] ** 2 / b["n"])
+
+
+def verdict(a: dict, b: dict) -> str:
+    """Whether 'a above b' holds on {'mean', 'std', 'n'} statistics (see the module docstring)."""
+    if a["n"] < 2 or b["n"] < 2:
+        return "one seed"
+    diff, se = a["mean"] - b["mean"], standard_error(a, b)
+    if abs(diff) < 2 * se or diff == 0:
+        return "within noise"
+    return "holds" if diff > 0 else "does not hold"
+
+
+def _is_beyond(point, base) -> bool:
+    if point.protocol == "frames":
+        return point.frames > base.frames
+    return point.height * point.width > base.height * base.width
+
+
+def _selected(point, base, where: str) -> bool:
+    if where == "base":
+        return point == base
+    if where == "beyond":
+        return _is_beyond(point, base)
+    return True
+
+
+def _compare(claim, good: str, bad: str, stats: dict, points: list, modes: list[str], base_of) -> list[dict]:
+    """The comparisons of one model pair at every point and mode the claim covers."""
+    out = []
+    for mode in modes:
+        for point in points:
+            covered = not claim.protocols or point.protocol in claim.protocols
+            a, b = stats.get((good, mode, point)), stats.get((bad, mode, point))
+            if covered and a and b and _selected(point, base_of(point.protocol), claim.where):
+                diff, se = a["mean"] - b["mean"], standard_error(a, b)
+                where = dict(better=good, worse=bad, mode=mode, **point._asdict())
+                out.append(dict(where, a=dict(a), b=dict(b), diff=diff, se=se, verdict=verdict(a, b)))
+    return out
+
+
+def judge_claims(stats: dict, records: list[dict], points: list, modes: list[str], base_of) -> list[dict]:
+    """Every claim judged at every point and mode where the benchmark has both models of a pair.
+
+    stats: (model, mode, point) -> {'mean', 'std', 'n'}; records: per-run records (model, family, size, pe);
+    base_of(protocol) -> the training point of that protocol."""
+    by_pe: dict[str, dict[str, dict]] = {}
+    for rec in records:
+        by_pe.setdefault(rec.get("pe"), {}).setdefault(rec["model"], rec)
+    out = []
+    for claim in CLAIMS:
+        present = [
+            [ra["model"], rb["model"]]
+            for good, bad in claim.pairs
+            for ra in by_pe.get(good, {}).values()
+            for rb in by_pe.get(bad, {}).values()
+            if (ra.get("family"), ra.get("size")) == (rb.get("family"), rb.get("size"))
+        ]
+        comparisons = [c for a, b in present for c in _compare(claim, a, b, stats, points, modes, base_of)]
+        out.append(
+            dict(
+                claim=claim.text,
+                source=claim.source,
+                pairs=[list(p) for p in claim.pairs],
+                present=present,  # the (better, worse) model pairs the benchmark has, compared or not
+                where=claim.where + (f" ({', '.join(claim.protocols)})" if claim.protocols else ""),
+                comparisons=comparisons,
+                tally={v: sum(c["verdict"] == v for c in comparisons) for v in VERDICTS},
+            )
+        )
+    return out
+
+
+def tally_text(judged: dict) -> str:
+    """'upsample: holds at 5 of 8 comparisons, within noise at 3; fov: ...' or why nothing was compared."""
+    comparisons = judged["comparisons"]
+    if not comparisons and judged.get("present"):
+        models = "; ".join(" and ".join(pair) for pair in judged["present"])
+        where = judged["where"]
+        return f"not measured: this benchmark has {models}, but no evaluation point where the claim applies ({where})"
+    if not comparisons:
+        pes = sorted({pe for pair in judged["pairs"] for pe in pair})
+        return f"not measured: this benchmark lacks models with the PEs {', '.join(pes)} on one backbone"
+    parts = []
+    for protocol in dict.fromkeys(c["protocol"] for c in comparisons):
+        rows = [c for c in comparisons if c["protocol"] == protocol]
+        mine = [c["verdict"] for c in rows]
+        counts = ", ".join(f"{v} at {mine.count(v)}" for v in VERDICTS if v in mine)
+        ahead = sum(c["diff"] > 0 for c in rows if c["verdict"] == "one seed")
+        signs = f" (the claimed-better PE ahead at {ahead})" if "one seed" in mine else ""
+        parts.append(f"{protocol}: {counts}{signs} of {len(mine)} comparison(s)")
+    return "; ".join(parts)
+
+
+# ------------------------------------------------------------------------------------------------------------ the plot
+
+_AXES = {
+    "upsample": "evaluation resolution (px), content scaled",
+    "fov": "canvas size (px), content at training scale",
+    "frames": "clip length (frames)",
+}
+
+
+def plot_extrapolation(summary: dict, path: Path) -> Path | None:
+    """Draw summary.json's table to `path` (square sizes as lines, non-square shapes in their own panels); None when
+    matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # the tables do not need it
+        return None
+    modes = summary["modes"]
+    protocols = summary["protocols"]
+    square = [(p, m) for p in protocols for m in modes]
+    oblong = [(p, m) for p, m in square if p != "frames" and _oblong_shapes(summary["table"], p, m)]
+    labels = _labels(summary["models"])
+    n = len(square) + len(oblong)
+    fig, axes = plt.subplots(1, n, figsize=(5.2 * n, 4.6), sharey=True, squeeze=False)
+    for ax, (protocol, mode) in zip(axes[0][len(square) :], oblong):
+        _oblong_panel(ax, summary, protocol, mode, labels, len(modes) > 1)
+    for ax, (protocol, mode) in zip(axes[0], square):
+        ticks: set[int] = set()
+        for k, model in enumerate(summary["models"]):
+            pts = sorted(
+                (r["frames"] if protocol == "frames" else r["height"], r["mean"], r["std"])
+                for r in summary["table"]
+                if r["model"] == model and r["mode"] == mode and r["protocol"] == protocol and r["height"] == r["width"]
+            )
+            if not pts:
+                continue
+            xs, ys, es = zip(*pts)
+            ticks.update(xs)
+            ax.errorbar(
+                xs, ys, yerr=es if any(es) else None, marker="o", ms=4, capsize=2, label=labels[model], color=f"C{k}"
+            )
+        ax.axvline(summary["base_frames"] if protocol == "frames" else summary["base"][0], color="grey", ls=":")
+        if protocol == "frames":
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(sorted(ticks), [str(t) for t in sorted(ticks)])
+            ax.minorticks_off()
+        ax.set_title(f"{protocol}, {mode} positions" if len(modes) > 1 else protocol)
+        ax.set_xlabel(_AXES[protocol])
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("top-1 accuracy (%)")
+    handles, names = axes[0][0].get_legend_handles_labels()
+    # below the panels, outside every axes: no curve is hidden behind it
+    fig.legend(handles, names, loc="lower center", ncol=min(len(names), 6) or 1, fontsize=8, frameon=False)
+    seeds = len(summary["seeds"])
+    fig.suptitle(
+        f"{summary['dataset']}: trained at {summary['base'][0]} px"
+        + (f", {summary['base_frames']} frames" if "frames" in protocols else "")
+        + f", {seeds} seed{'s' if seeds > 1 else ''}",
+        fontsize=11,
+    )
+    rows = -(-len(names) // 6) if names else 0
+    fig.tight_layout(rect=(0, 0.05 * rows + 0.02, 1, 1))  # leave room for the legend's rows
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _labels(models: list[str]) -> dict[str, str]:
+    """PE names when all models share a backbone prefix (vit_n_ape -> ape), full names otherwise."""
+    parts = {m: split_name(m) for m in models}
+    backbones = {(f, s) for f, s, _ in parts.values()}
+    if len(backbones) == 1:
+        return {m: p[2] for m, p in parts.items()}
+    return {m: m for m in models}
+
+
+def _oblong_shapes(table: list[dict], protocol: str, mode: str) -> list[tuple[int, int]]:
+    """The non-square (height, width) shapes evaluated under `protocol` and `mode`, smallest first."""
+    return sorted(
+        {
+            (r["height"], r["width"])
+            for r in table
+            if r["mode"] == mode and r["protocol"] == protocol and r["height"] != r["width"]
+        },
+        key=lambda hw: (hw[0] * hw[1], hw),
+    )
+
+
+def _oblong_panel(ax, summary: dict, protocol: str, mode: str, labels: dict, name_mode: bool) -> None:
+    """Top-1 at each non-square shape: shapes on a categorical axis, one marker (with seed error bar) per PE."""
+    shapes = _oblong_shapes(summary["table"], protocol, mode)
+    models = summary["models"]
+    width = 0.8 / max(len(models), 1)
+    for k, model in enumerate(models):
+        pts = [
+            (shapes.index((r["height"], r["width"])), r["mean"], r["std"])
+            for r in summary["table"]
+            if r["model"] == model and r["mode"] == mode and r["protocol"] == protocol and r["height"] != r["width"]
+        ]
+        if not pts:
+            continue
+        xs, ys, es = zip(*sorted(pts))
+        offset = (k - (len(models) - 1) / 2) * width  # side by side within a shape: markers do not overlap
+        color = f"C{k}"  # the same colour as the model's line in the square panels (same order)
+        ax.errorbar([x + offset for x in xs], ys, yerr=es if any(es) else None, fmt="s", ms=4, capsize=2, color=color)
+    ax.set_xticks(range(len(shapes)), [f"{h}x{w}" for h, w in shapes])
+    ax.set_xlim(-0.6, len(shapes) - 0.4)
+    ax.set_title(f"{protocol}, {mode} positions, non-square" if name_mode else f"{protocol}, non-square")
+    ax.set_xlabel("evaluation shape (height x width, px)")
+    ax.grid(alpha=0.3, axis="y")
+
+
+def split_name(name: str) -> tuple[str, str, str]:
+    try:
+        fam = family_of(name)
+    except ValueError:
+        return name, "", name
+    rest = name[len(fam.name) + 1 :]
+    size = max((s for s in fam.sizes if rest == s or rest.startswith(s + "_")), key=len, default="")
+    pe = rest[len(size) + 1 :] if size else rest
+    if not pe:
+        pe = FAMILIES[fam.name].pes.get("", {}).get("pe", "default")
+    return fam.name, size, pe

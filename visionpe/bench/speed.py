@@ -1,63 +1,53 @@
-"""`visionpe-bench speed`: the one speed command. Images/s, peak memory, parameters and FLOPs of models at a list of
-resolutions (and clip lengths for video), against a baseline and timm's equivalent model measured in the same run.
+"""`visionpe-bench speed`: images/s, peak memory, parameters and FLOPs at a list of resolutions (and clip lengths),
+against a baseline and timm's equivalent model measured in the same rounds; `--zoo` for the cards, `--compile` for
+torch.compile, `--data` for loader throughput (docs/benchmark.md).
 
-    python -m visionpe.bench speed --models vit_s_ape swin_t_rpb cvt_13 --resolutions 224 384
-    python -m visionpe.bench speed --models 'vit_s_*' --baseline vit_s_ape --infer --resolutions 224   # PE cost
-    python -m visionpe.bench speed --models 'vit_s_*' --mode memory --infer --resolutions 512            # PE memory
-    python -m visionpe.bench speed --models swin_t_rpb 'cvt_13*' --infer                         # Swin vs timm, CvT PEs
-    python -m visionpe.bench speed --models 'vivit_s_*' --baseline vivit_s_ape --frames 4 8 16 32 --resolutions 112
-    python -m visionpe.bench speed --data fashion-mnist --models 'vit_n_*' --batch 128 --workers 0 1  # loader vs step
-    python -m visionpe.bench speed --data fashion-mnist-canvas --data-options num_train=18000 item=22 --resolutions 24 \
-        --models vit_n_nope --batch 32 --workers 0   # any registered image dataset, at a given size
-    python -m visionpe.bench speed --zoo          # what the model cards report (results/speed/zoo.json)
-    python -m visionpe.bench speed --compile      # torch.compile vs eager, ours vs timm (results/compile/compile.json)
-
-Models may be glob patterns over the registered models. Per model and size: parameters, GFLOPs (fvcore MACs with
-attention counted, see flops.py), inference and training images/s (clips/s for video), peak memory of one step of one
-item (see memprobe.py) and, for video training, the activations autograd saves. Models that take the same input run
-interleaved in random order each round (see timing.py); every ratio is taken per round against the baseline (the
---baseline model, else the first listed) and timm's equivalent (same architecture, e.g. vit_s_ape and
-vit_small_patch16_224), and reported as median [interquartile range, or min-max under 4 rounds]. With two or more
-sizes, the growth of time and memory with the token count is fitted as a power law (time ~ N^a). Results go to a JSON
-file and a Markdown table next to it.
+    python -m visionpe.bench speed --models 'vit_s_*' --baseline vit_s_ape --infer --resolutions 224
 """
 
 from __future__ import annotations
 
 import argparse
 import fnmatch
+import json
 import math
 import os
-import platform
+import statistics
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import timm
 import torch
+from timm.optim import create_optimizer_v2
 from torch import nn
 
 import visionpe  # noqa: F401  (registers the models)
 
+from ..data import build_dataset, build_train_loader, get_dataset_info
+from ..data.loader import dataset_num_classes
+from ..engine.checkpoint import atomic_write_text
 from ..engine.config import Config, apply_overrides
-from ..zoo import FAMILIES, create_model, list_visionpe_models, model_name
-from .flops import count_flops
-from .memprobe import example_input, is_video, peak_memory_mb, saved_activation_mb
-from .speed_report import format_markdown, scaling, write_results
-from .timing import CLOCKS, Clock, interleave, model_step, paired_ratios, spread, torch_threads
-
-__all__ = [
-    "TIMM_EQUIVALENTS",
-    "timm_equivalent",
-    "expand_models",
-    "machine_info",
-    "SpeedRow",
-    "measure",
-    "scaling",
-    "format_markdown",
-    "zoo_plan",
-    "main",
-]
+from ..zoo import FAMILIES, create_model, family_of, list_visionpe_models, model_name
+from .measure import (
+    CLOCKS,
+    Clock,
+    Spread,
+    count_flops,
+    example_input,
+    interleave,
+    is_video,
+    machine_description,
+    machine_info,
+    model_step,
+    paired_ratios,
+    peak_memory_mb,
+    saved_activation_mb,
+    spread,
+    torch_threads,
+)
+from .report import fmt, md_table
 
 _VIT_SIZES = {"t": "tiny", "s": "small", "b": "base", "l": "large"}
 _LS = dict(init_values=1e-5)  # timm's RoPE-ViT ports are DeiT-III models (LayerScale)
@@ -83,28 +73,6 @@ TIMM_EQUIVALENTS = _equivalents()
 def timm_equivalent(name: str) -> tuple[str, dict] | None:
     """(timm model, kwargs for ours) when timm has the same architecture, else None (e.g. cvt_13)."""
     return TIMM_EQUIVALENTS.get(name)
-
-
-def machine_info(device: str = "cpu") -> dict:
-    """What the figures were measured on (no host names)."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    except OSError:
-        pass
-    info = dict(
-        cpu=cpu,
-        cores=os.cpu_count(),
-        threads=torch.get_num_threads(),
-        torch=torch.__version__,
-        timm=timm.__version__,
-        device=device,
-        date=time.strftime("%Y-%m-%d"),
-    )
-    if device.startswith("cuda") and torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name(device)
-    return info
 
 
 def expand_models(patterns: list[str]) -> list[str]:
@@ -231,6 +199,39 @@ def _time_group(group: dict, rows: dict, baseline: str | None, x, train: bool, c
             setattr(row, f"{key}_vs_timm", spread(paired_ratios(rates, row.reference)[n]).as_dict())
 
 
+def _build_point(names: list[str], res: int, n_frames: int | None, with_timm: bool, log) -> dict:
+    """name -> (model, kwargs, ours) for the models measured at one point, timm's equivalents next to ours."""
+    built: dict[str, tuple[nn.Module, dict, bool]] = {}
+    for name in names:
+        pair = timm_equivalent(name) if with_timm and n_frames is None else None
+        kwargs = dict(pair[1]) if pair else {}
+        built[name] = (_build(name, kwargs, res, name in list_visionpe_models()), kwargs, True)
+        if pair and pair[0] not in built:
+            try:
+                built[pair[0]] = (_build(pair[0], {}, res, False), {"img_size": res}, False)
+            except Exception as e:  # a timm model that cannot take this size: measure ours alone
+                log(f"  {pair[0]} cannot be built at {res} px ({e}); measuring {name} alone")
+    return built
+
+
+def _static_row(name: str, built: dict, res: int, n_frames, with_timm: bool, flops: bool, device: str) -> SpeedRow:
+    """A model's row before timing: parameters, tokens, GFLOPs (the model is moved to `device`)."""
+    model, kwargs, ours = built[name]
+    model.to(device)
+    pair = timm_equivalent(name) if ours and with_timm else None
+    ref = pair[0] if pair and pair[0] in built else None
+    params = sum(p.numel() for p in model.parameters()) / 1e6
+    row = SpeedRow(name, res, ref, _tokens(model, res, n_frames), params, frames=n_frames)
+    if ours and kwargs:
+        row.notes.append(f"built with {kwargs} to match {pair[0]}")
+    if flops:
+        try:
+            row.gflops = _flops(model, example_input(name, res, 1, n_frames))
+        except Exception as e:  # a model fvcore cannot trace still gets its speed measured
+            row.notes.append(f"FLOPs not counted: {type(e).__name__}: {str(e)[:120]}")
+    return row
+
+
 def measure(
     models: list[str],
     resolutions: list[int],
@@ -259,33 +260,9 @@ def measure(
     rows: list[SpeedRow] = []
     for res, n_frames, names in _points(models, resolutions, frames):
         where = f"{res} px" + (f", {n_frames} frames" if n_frames else "")
-        built: dict[str, tuple[nn.Module, dict, bool]] = {}
-        for name in names:
-            pair = timm_equivalent(name) if with_timm and n_frames is None else None
-            kwargs = dict(pair[1]) if pair else {}
-            built[name] = (_build(name, kwargs, res, name in list_visionpe_models()), kwargs, True)
-            if pair and pair[0] not in built:
-                try:
-                    built[pair[0]] = (_build(pair[0], {}, res, False), {"img_size": res}, False)
-                except Exception as e:  # a timm model that cannot take this size: measure ours alone
-                    log(f"  {pair[0]} cannot be built at {res} px ({e}); measuring {name} alone")
-        by_name: dict[str, SpeedRow] = {}
-        for name, (model, kwargs, ours) in built.items():
-            model.to(device)
-            pair = timm_equivalent(name) if ours and with_timm else None
-            ref = pair[0] if pair and pair[0] in built else None
-            params = sum(p.numel() for p in model.parameters()) / 1e6
-            row = SpeedRow(name, res, ref, _tokens(model, res, n_frames), params, frames=n_frames)
-            if ours and kwargs:
-                row.notes.append(f"built with {kwargs} to match {pair[0]}")
-            x = example_input(name, res, 1, n_frames)
-            if flops:
-                try:
-                    row.gflops = _flops(model, x)
-                except Exception as e:  # a model fvcore cannot trace still gets its speed measured
-                    row.notes.append(f"FLOPs not counted: {type(e).__name__}: {str(e)[:120]}")
-            by_name[name] = row
-            rows.append(row)
+        built = _build_point(names, res, n_frames, with_timm, log)
+        by_name = {name: _static_row(name, built, res, n_frames, with_timm, flops, device) for name in built}
+        rows += by_name.values()
         if timing:
             groups: dict[str, dict[str, nn.Module]] = {}  # models that take the same input are interleaved together
             for n, (m, _, _) in built.items():
@@ -358,101 +335,45 @@ def run_zoo(args) -> list[SpeedRow]:
             continue
         res = _default_resolution(name)
         print(f"{name}: parameters and FLOPs at {res} px")
-        model = create_model(name)
-        row = SpeedRow(name, res, None, _tokens(model, res), sum(p.numel() for p in model.parameters()) / 1e6)
-        row.gflops = _flops(model, example_input(name, res, 1))
-        rows.append(row)
-        del model
+        rows.append(_static_row(name, {name: (create_model(name), {}, True)}, res, None, False, True, "cpu"))
     return rows
 
 
 def _measure_kwargs(args) -> dict:
-    return dict(
-        batch=args.batch,
-        rounds=args.rounds,
-        steps=args.steps,
-        train=args.train,
-        infer=args.infer,
-        memory=args.mode in ("memory", "both"),
-        timing=args.mode in ("time", "both"),
-        with_timm=args.timm,
-        flops=args.flops,
-        device=args.device,
-        clock=args.clock,
-    )
+    same = {k: getattr(args, k) for k in ("batch", "rounds", "steps", "train", "infer", "flops", "device", "clock")}
+    return dict(same, memory=args.mode != "time", timing=args.mode != "memory", with_timm=args.timm)
 
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="visionpe-bench speed", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument(
-        "--models",
-        nargs="+",
-        default=None,
-        help="model names or glob patterns (default: vit_s_ape vit_s_rope2d_mixed swin_t_rpb cvt_13; with --data: "
-        "every vit_n_* model)",
-    )
-    ap.add_argument("--baseline", default=None, help="the model every ratio is against (default: the first listed)")
-    ap.add_argument(
-        "--resolutions",
-        nargs="+",
-        type=int,
-        default=None,
-        help="image sizes (default 224; with --data: the size to measure and the multi-size loader's sizes, default "
-        "the dataset's own)",
-    )
-    ap.add_argument("--frames", nargs="+", type=int, default=None, help="clip lengths of video models")
-    ap.add_argument("--mode", choices=("time", "memory", "both"), default="both")
+    add = ap.add_argument
+    add("--models", nargs="+", help="names or glob patterns (default: vit_s_ape vit_s_rope2d_mixed swin_t_rpb cvt_13)")
+    add("--baseline", help="the model every ratio is against (default: the first listed)")
+    add("--resolutions", nargs="+", type=int, help="image sizes (default 224; with --data: the dataset's own)")
+    add("--frames", nargs="+", type=int, help="clip lengths of video models")
+    add("--mode", choices=("time", "memory", "both"), default="both")
     phase = ap.add_mutually_exclusive_group()
     phase.add_argument("--train", dest="phase", action="store_const", const="train", help="training steps only")
     phase.add_argument("--infer", dest="phase", action="store_const", const="infer", help="inference only")
     phase.add_argument("--no-train", dest="phase", action="store_const", const="infer", help=argparse.SUPPRESS)
-    ap.add_argument("--no-memory", dest="mode", action="store_const", const="time", help=argparse.SUPPRESS)
-    ap.add_argument(
-        "--zoo",
-        action="store_true",
-        help="every PE of one size per family at its default resolution, "
-        "plus parameters/FLOPs of every size (what the model cards report)",
-    )
-    ap.add_argument(
-        "--compile",
-        action="store_true",
-        help="torch.compile'd vs eager inference and compiled ours vs compiled timm (same weights), at the first "
-        "resolution (default models: vit_s_rope2d_mixed swin_t_rpb; batch 1); see compiled.py",
-    )
-    ap.add_argument("--data", default=None, help="image dataset name: training loader vs training step in images/s")
-    ap.add_argument(
-        "--data-options",
-        nargs="+",
-        default=[],
-        metavar="KEY=VALUE",
-        help="dataset options with --data (e.g. num_train=18000 item=22), as a config's data.options",
-    )
-    ap.add_argument("--workers", type=int, nargs="+", default=[0, 1], help="loader worker counts (with --data)")
-    ap.add_argument("--root", default=None, help="dataset folder (with --data)")
-    ap.add_argument("--batch", type=int, default=None, help="batch size (default 4; 128 with --data)")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=2)
-    ap.add_argument(
-        "--clock",
-        choices=CLOCKS,
-        default=None,
-        help="cpu: CPU seconds of one thread, robust on a shared machine (default on CPU); wall: wall-clock seconds "
-        "(default on GPU and with --data, whose loader workers are other processes)",
-    )
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: 1 with --clock cpu)")
-    ap.add_argument("--no-timm", dest="timm", action="store_false", help="do not measure timm's equivalents")
-    ap.add_argument(
-        "--no-flops", dest="flops", action="store_false", help="skip FLOP counting (its trace is slow at large sizes)"
-    )
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument(
-        "--out",
-        default=None,
-        help="output path without suffix (default results/speed/speed, results/speed/zoo with --zoo, "
-        "results/speed/data with --data); .json and .md are written",
-    )
+    add("--no-memory", dest="mode", action="store_const", const="time", help=argparse.SUPPRESS)
+    add("--zoo", action="store_true", help="every PE of one size per family, and every size's FLOPs (for the cards)")
+    add("--compile", action="store_true", help="torch.compile vs eager, compiled ours vs timm, at the first size")
+    add("--data", help="image dataset name: training loader vs training step in images/s (default models vit_n_*)")
+    add("--data-options", nargs="+", default=[], metavar="KEY=VALUE", help="dataset options with --data")
+    add("--workers", type=int, nargs="+", default=[0, 1], help="loader worker counts (with --data)")
+    add("--root", help="dataset folder (with --data)")
+    add("--batch", type=int, help="batch size (default 4; 1 with --compile; 128 with --data)")
+    add("--rounds", type=int, default=3)
+    add("--steps", type=int, default=2)
+    add("--clock", choices=CLOCKS, help="cpu: CPU seconds of one thread (default on CPU); wall: wall-clock")
+    add("--threads", type=int, help="torch threads (default: 1 with --clock cpu)")
+    add("--no-timm", dest="timm", action="store_false", help="do not measure timm's equivalents")
+    add("--no-flops", dest="flops", action="store_false", help="skip FLOP counting (slow at large sizes)")
+    add("--device", default="cpu")
+    add("--out", help="output path without suffix (default results/speed/{speed,zoo,data}); .json and .md")
     return ap
 
 
@@ -486,12 +407,8 @@ def main(argv: list[str] | None = None) -> int:
             batch=args.batch, rounds=args.rounds, steps=args.steps, clock=args.clock, zoo=args.zoo, mode=args.mode
         )
         if args.compile:
-            from .compiled import run_compile
-
             json_path, md_path = run_compile(args, models, machine, settings, t0)
         elif args.data:
-            from .data_throughput import measure_data, write_data_results
-
             options = _data_options(ap, args.data_options)
             result = measure_data(
                 args.data,
@@ -530,3 +447,345 @@ def _data_options(ap: argparse.ArgumentParser, items: list[str]) -> dict:
 
 _DEFAULT_MODELS = ["vit_s_ape", "vit_s_rope2d_mixed", "swin_t_rpb", "cvt_13"]
 _COMPILE_MODELS = ["vit_s_rope2d_mixed", "swin_t_rpb"]
+
+
+# ---------------------------------------------------------------------------------------------------------- the report
+
+
+def spread_text(d: dict | None) -> str:
+    return "-" if not d else Spread(**d).text()
+
+
+def memory_ratio_text(r: SpeedRow, base: SpeedRow | None) -> str:
+    parts = []
+    for key in ("infer_mem_mb", "train_mem_mb"):
+        a, b = getattr(r, key), base and getattr(base, key)
+        parts.append(f"{a / b:.2f}" if a and b else "-")
+    return " / ".join(parts)
+
+
+def growth_exponent(xs: list[float], ys: list[float]) -> float:
+    """Least-squares slope k of log y = k log x + c."""
+    return statistics.linear_regression([math.log(x) for x in xs], [math.log(y) for y in ys]).slope
+
+
+def scaling(rows: list[SpeedRow]) -> dict[str, dict]:
+    """Per model with two or more token counts: exponents a, b of time per item ~ N^a and memory ~ N^b (fit)."""
+    out = {}
+    for name in dict.fromkeys(r.model for r in rows):
+        rs = sorted((r for r in rows if r.model == name and r.tokens), key=lambda r: r.tokens)
+        if len(rs) < 2 or rs[0].tokens == rs[-1].tokens:
+            continue
+        entry: dict = dict(tokens=[rs[0].tokens, rs[-1].tokens])
+        timed = [r for r in rs if r.infer_ips or r.train_ips]
+        if len({r.tokens for r in timed}) >= 2:
+            key = "infer_ips" if all(r.infer_ips for r in timed) else "train_ips"
+            entry["time_exp"] = growth_exponent([r.tokens for r in timed], [1 / getattr(r, key) for r in timed])
+        mem_key = "infer_mem_mb" if any(r.infer_mem_mb for r in rs) else "train_mem_mb"
+        for key, label in ((mem_key, "memory_exp"), ("saved_act_mb", "activation_exp")):
+            mem = [r for r in rs if getattr(r, key)]
+            if len({r.tokens for r in mem}) >= 2:
+                entry[label] = growth_exponent([r.tokens for r in mem], [getattr(r, key) for r in mem])
+        if len(entry) > 1:
+            out[name] = entry
+    return out
+
+
+def _clock_text(settings: dict) -> str:
+    return Clock(settings.get("clock", "wall")).describe() if settings.get("clock") in CLOCKS else "wall-clock seconds"
+
+
+def format_markdown(rows: list[SpeedRow], machine: dict, settings: dict) -> str:
+    rounds = settings["rounds"]
+    spread_word = "interquartile range" if rounds >= 4 else "min-max"
+    lines = [
+        f"# Speed, memory and FLOPs ({machine['date']})",
+        "",
+        f"Measured on {machine_description(machine)}; batch {settings['batch']}, {rounds} interleaved rounds of "
+        f"{settings['steps']} steps, timed in {_clock_text(settings)}. Images/s (clips/s for video) are medians "
+        f"over the rounds; ratios are taken per round against the baseline and against timm's equivalent model "
+        f"(same architecture) measured in the same rounds, given as median [{spread_word}]. GFLOPs are fvcore "
+        f"MACs per item with attention counted; memory is the peak of one step of one item beyond the weights "
+        f"(infer / train).",
+        "",
+    ]
+    by = {(r.model, r.resolution, r.frames): r for r in rows}
+    table = [
+        [r.model, r.resolution, r.frames or "-", r.tokens, f"{r.params_m:.2f}", fmt(r.gflops, ".3f"),
+         fmt(r.infer_ips, ".1f"), fmt(r.train_ips, ".1f"), fmt(r.infer_mem_mb, ".0f"), fmt(r.train_mem_mb, ".0f"),
+         r.baseline or "-", spread_text(r.infer_vs_base), spread_text(r.train_vs_base),
+         memory_ratio_text(r, by.get((r.baseline, r.resolution, r.frames)) if r.baseline else None),
+         spread_text(r.infer_vs_timm), spread_text(r.train_vs_timm)]
+        for r in rows
+    ]  # fmt: skip
+    heads = ["model", "px", "frames", "tokens", "params (M)", "GFLOPs", "infer img/s", "train img/s", "infer MiB",
+             "train MiB", "baseline", "infer vs base", "train vs base", "memory vs base", "infer vs timm",
+             "train vs timm"]  # fmt: skip
+    lines += md_table(heads, "lrrrrrrrrrlrrrrr", table)
+    if any(r.saved_act_mb for r in rows):
+        lines += ["", "Activations autograd saves for backward (one clip, MiB):", ""]
+        lines += [f"- {r.model} @ {r.frames} x {r.resolution}: {r.saved_act_mb:.0f}" for r in rows if r.saved_act_mb]
+    grow = scaling(rows)
+    if grow:
+        lines += ["", "Growth with the number of tokens N (least-squares power-law fit over the sizes measured):", ""]
+        table = [[name, f"{g['tokens'][0]} -> {g['tokens'][1]}",
+                  *(f"{g[k]:.2f}" if k in g else "-" for k in ("time_exp", "memory_exp", "activation_exp"))]
+                 for name, g in grow.items()]  # fmt: skip
+        heads = ["model", "N", "time per item ~ N^a", "memory ~ N^b", "saved activations ~ N^c"]
+        lines += md_table(heads, "llrrr", table)
+    notes = [f"- {r.model} @ {r.resolution}: {n}" for r in rows for n in r.notes]
+    if notes:
+        lines += ["", "Notes:", *notes]
+    return "\n".join(lines) + "\n"
+
+
+def _write_pair(out: Path, data: dict, markdown: str) -> tuple[Path, Path]:
+    """out.json and out.md, atomically; nothing when nothing was measured (a committed file is never emptied)."""
+    json_path, md_path = out.with_suffix(".json"), out.with_suffix(".md")
+    if not data.get("rows"):
+        raise ValueError(f"nothing was measured; {json_path} and {md_path} are left as they are")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(json_path, json.dumps(data, indent=1) + "\n")
+    atomic_write_text(md_path, markdown)
+    return json_path, md_path
+
+
+def write_results(rows: list[SpeedRow], out: Path, machine: dict, settings: dict) -> tuple[Path, Path]:
+    data = dict(machine=machine, settings=settings, rows=[asdict(r) for r in rows], scaling=scaling(rows))
+    return _write_pair(out, data, format_markdown(rows, machine, settings))
+
+
+# ------------------------------------------------------------------------------------------------------- torch.compile
+
+
+@dataclass
+class CompileRow:
+    model: str
+    resolution: int
+    reference: str | None = None  # timm's model with the same weights, or None
+    compile_s: float = 0.0  # wall-clock seconds of the first compiled call (tracing + code generation)
+    ref_compile_s: float | None = None
+    eager_ips: float = 0.0  # images/s, median over the rounds
+    compiled_ips: float = 0.0
+    compiled_vs_eager: dict = field(default_factory=dict)  # Spread of per-round time ratios compiled / eager
+    ref_compiled_vs_eager: dict | None = None
+    ours_vs_timm_eager: dict | None = None  # Spread of per-round time ratios ours / timm's, both eager
+    ours_vs_timm_compiled: dict | None = None  # ... both compiled
+    max_diff_compiled: float = 0.0  # max |compiled - eager| of our logits
+    max_diff_timm: float | None = None  # max |ours - timm's| of the eager logits (same weights)
+    notes: list[str] = field(default_factory=list)
+
+
+def _same_weights(name: str, kwargs: dict, ref: nn.Module) -> nn.Module:
+    """Our model built to timm's architecture and loaded with timm's weights through the family's converter."""
+    ours = create_model(name, **kwargs)
+    state = family_of(name).filter_fn(ref.state_dict(), ours)
+    ours.load_state_dict(state)
+    return ours
+
+
+def _first_call(model: nn.Module, x: torch.Tensor) -> tuple[float, torch.Tensor]:
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = model(x)
+    return time.perf_counter() - start, out
+
+
+def _time_ratios(rates: dict[str, list[float]], a: str, b: str) -> dict:
+    """Per-round time of `a` over time of `b` (= rate of b / rate of a)."""
+    return spread([rb / ra for ra, rb in zip(rates[a], rates[b])]).as_dict()
+
+
+def measure_compiled(
+    models: list[str],
+    resolution: int = 224,
+    batch: int = 1,
+    rounds: int = 5,
+    steps: int = 2,
+    clock: str = "cpu",
+    with_timm: bool = True,
+    log=print,
+) -> list[CompileRow]:
+    """One CompileRow per model: eager and compiled inference (and timm's, same weights) interleaved."""
+    tick = Clock(clock, "cpu")
+    rows = []
+    for name in models:
+        pair = timm_equivalent(name) if with_timm else None
+        ref = timm.create_model(pair[0], img_size=resolution).eval() if pair else None
+        ours = (_same_weights(name, pair[1], ref) if pair else create_model(name)).eval()
+        x = example_input(name, resolution, batch)
+        row = CompileRow(name, resolution, pair[0] if pair else None)
+        with torch.inference_mode():
+            eager_out = ours(x)
+        if ref is not None:
+            with torch.inference_mode():
+                row.max_diff_timm = (eager_out - ref(x)).abs().max().item()
+        torch._dynamo.reset()
+        log(f"  {resolution} px: compiling {name}")
+        compiled = torch.compile(ours)
+        row.compile_s, out = _first_call(compiled, x)
+        row.max_diff_compiled = (out - eager_out).abs().max().item()
+        tasks = {"ours": model_step(ours, x, False), "ours+compile": model_step(compiled, x, False)}
+        if ref is not None:
+            log(f"  {resolution} px: compiling {pair[0]}")
+            ref_compiled = torch.compile(ref)
+            row.ref_compile_s, _ = _first_call(ref_compiled, x)
+            tasks.update(timm=model_step(ref, x, False), **{"timm+compile": model_step(ref_compiled, x, False)})
+        log(f"  {resolution} px: timing {', '.join(tasks)} ({rounds} interleaved rounds)")
+        rates = interleave(tasks, tick, rounds, steps)
+        row.eager_ips, row.compiled_ips = spread(rates["ours"]).median, spread(rates["ours+compile"]).median
+        row.compiled_vs_eager = _time_ratios(rates, "ours+compile", "ours")
+        if ref is not None:
+            row.ref_compiled_vs_eager = _time_ratios(rates, "timm+compile", "timm")
+            row.ours_vs_timm_eager = _time_ratios(rates, "ours", "timm")
+            row.ours_vs_timm_compiled = _time_ratios(rates, "ours+compile", "timm+compile")
+            row.notes.append(f"built with {pair[1] or 'defaults'} and loaded with {pair[0]}'s weights")
+        rows.append(row)
+        del compiled, ours, ref
+        torch._dynamo.reset()
+    return rows
+
+
+def format_compile_markdown(rows: list[CompileRow], machine: dict, settings: dict) -> str:
+    word = "interquartile range" if settings["rounds"] >= 4 else "min-max"
+    lines = [
+        f"# torch.compile: compiled vs eager, ours vs timm ({machine['date']})",
+        "",
+        f"Measured on {machine_description(machine)}; inference, batch {settings['batch']}, "
+        f"{settings['resolution']} px, {settings['rounds']} interleaved rounds of {settings['steps']} steps, timed "
+        f"in {Clock(settings['clock']).describe()}; load average {settings['load']}. `torch.compile` with its "
+        f"defaults (inductor). Ratios are of time per image, taken per round and given as median [{word}]: below 1 "
+        "is faster. timm's model is loaded with the same weights as ours. Compile time is the wall-clock time of "
+        "the first call (machine shared, so only indicative).",
+        "",
+    ]
+    table = [
+        [r.model, r.reference or "-", f"{r.eager_ips:.2f}", f"{r.compiled_ips:.2f}", spread_text(r.compiled_vs_eager),
+         spread_text(r.ref_compiled_vs_eager), spread_text(r.ours_vs_timm_eager),
+         spread_text(r.ours_vs_timm_compiled), f"{r.compile_s:.0f} / " + fmt(r.ref_compile_s, ".0f"),
+         f"{r.max_diff_compiled:.1e}", fmt(r.max_diff_timm, ".1e")]
+        for r in rows
+    ]  # fmt: skip
+    heads = ["model", "timm model", "eager img/s", "compiled img/s", "compiled / eager", "timm compiled / eager",
+             "ours / timm, eager", "ours / timm, compiled", "compile s (ours / timm)", "max diff compiled-eager",
+             "max diff ours-timm"]  # fmt: skip
+    lines += md_table(heads, "llrrrrrrrrr", table)
+    notes = [f"- {r.model}: {n}" for r in rows for n in r.notes]
+    return "\n".join(lines + (["", "Notes:", *notes] if notes else [])) + "\n"
+
+
+def write_compile_results(rows: list[CompileRow], out: Path, machine: dict, settings: dict) -> tuple[Path, Path]:
+    data = dict(machine=machine, settings=settings, rows=[asdict(r) for r in rows])
+    return _write_pair(out, data, format_compile_markdown(rows, machine, settings))
+
+
+def run_compile(args, models: list[str], machine: dict, settings: dict, t0: float) -> tuple[Path, Path]:
+    """`speed --compile`: measure at the first resolution and write results/compile/compile.{json,md} (not under
+    results/speed, whose files the model cards read as speed rows)."""
+    res = args.resolutions[0]
+    rows = measure_compiled(models, res, args.batch, args.rounds, args.steps, args.clock, args.timm)
+    load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
+    settings.update(seconds=round(time.perf_counter() - t0, 1), resolution=res, load=load)
+    return write_compile_results(rows, Path(args.out or "results/compile/compile"), machine, settings)
+
+
+# ----------------------------------------------------------------------------------------------------- data throughput
+
+_NATIVE_SIZE = {"fashion-mnist": 28}  # datasets measured at their own size when no --resolutions are given
+
+
+def _batches(dataset, batch: int, resolutions: list[int], workers: int):
+    """Endless training batches (a new epoch when one ends)."""
+    loader = build_train_loader(dataset, batch, resolutions, seed=0, workers=workers)
+    epoch = 0
+    while True:
+        loader.batch_sampler.set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+def _trainer(name: str, size: int, chans: int, classes: int) -> Callable:
+    model = timm.create_model(name, num_classes=classes, in_chans=chans, img_size=size)
+    opt = create_optimizer_v2(model, "adamw", lr=1e-3, weight_decay=0.05)
+
+    def step(x, y) -> int:
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return len(y)
+
+    return step
+
+
+def measure_data(
+    dataset_name: str,
+    models: list[str],
+    batch: int,
+    rounds: int,
+    steps: int,
+    workers: list[int],
+    root: str | None,
+    resolutions: list[int] | None = None,
+    options: dict | None = None,
+) -> dict:
+    """Images/s of each loader setting, training step and loop, with per-round ratios against the first step.
+    `resolutions`: the first is the measured size, all of them the multi-size loader's (default: the dataset's
+    native size and 0.7x / 1.3x of it); `options` go to the dataset factory (e.g. num_train, item)."""
+    info = get_dataset_info(dataset_name)
+    if info.kind != "image":
+        raise ValueError(f"--data measures image datasets; {dataset_name!r} is a {info.kind} dataset")
+    if not resolutions:
+        if dataset_name not in _NATIVE_SIZE:
+            raise ValueError(f"give the size to measure {dataset_name!r} at with --resolutions (e.g. --resolutions 32)")
+        size = _NATIVE_SIZE[dataset_name]
+        resolutions = [size, round(size * 0.7), round(size * 1.3)]
+    size, chans = resolutions[0], info.in_chans
+    ds = build_dataset(info, "train", size, root=root, options=options, training=True)
+    classes = dataset_num_classes(info, ds)
+    sizes = [(f"{size}px", [size])]
+    if len(resolutions) > 1:
+        sizes.append((f"sizes {'/'.join(map(str, resolutions))}", resolutions))
+    tasks: dict[str, Callable[[], int]] = {}
+    for w in workers:
+        for label, res in sizes:
+            it = _batches(ds, batch, res, w)
+            tasks[f"loader {label}, {w} worker(s)"] = lambda it=it: len(next(it).targets)
+    x, y = torch.randn(batch, chans, size, size), torch.randint(0, classes, (batch,))
+    for name in models:
+        trainer = _trainer(name, size, chans, classes)
+        tasks[f"step {name}"] = lambda s=trainer: s(x, y)
+    for w in workers:
+        it, s = _batches(ds, batch, [size], w), _trainer(models[0], size, chans, classes)
+        tasks[f"loop {models[0]}, {w} worker(s)"] = lambda it=it, s=s: (lambda b: s(b.inputs, b.targets))(next(it))
+    rates = interleave(tasks, Clock("wall"), rounds, steps, warmup=2)
+    baseline = f"step {models[0]}"
+    ratios = paired_ratios(rates, baseline)
+    rows = [dict(task=n, ips=spread(v).as_dict(), vs_base=spread(ratios[n]).as_dict()) for n, v in rates.items()]
+    return dict(
+        dataset=dataset_name,
+        options=options or {},
+        images=len(ds),
+        batch=batch,
+        workers=workers,
+        baseline=baseline,
+        rows=rows,
+    )
+
+
+def _options_text(options: dict | None) -> str:
+    return f" ({', '.join(f'{k}={v}' for k, v in options.items())})" if options else ""
+
+
+def write_data_results(result: dict, out: Path, machine: dict, settings: dict) -> tuple[Path, Path]:
+    lines = [
+        f"# Loader vs training step: {result['dataset']}{_options_text(result.get('options'))} ({machine['date']})",
+        "",
+        f"{machine['cpu']}, {machine['threads']} torch threads, batch {result['batch']}, {settings['rounds']} "
+        f"interleaved rounds of {settings['steps']} batches, wall-clock seconds. Ratios per round against "
+        f"{result['baseline']}: median [spread].",
+        "",
+    ]
+    table = [[r["task"], Spread(**r["ips"]).text(".0f"), Spread(**r["vs_base"]).text(".2f")] for r in result["rows"]]
+    lines += md_table(["task", "images/s", f"vs {result['baseline']}"], "lrr", table)
+    return _write_pair(out, dict(machine=machine, settings=settings, **result), "\n".join(lines) + "\n")

@@ -36,6 +36,8 @@ __all__ = [
     "load_config",
     "apply_overrides",
     "config_from_dict",
+    "read_section",
+    "setting",
     "config_to_dict",
     "config_keys",
     "format_config_help",
@@ -381,20 +383,25 @@ def config_from_dict(data: dict | None, where: str = "") -> Config:
             values = {}
         if not isinstance(values, dict):
             raise ConfigError(f"config section {section!r}{where} must be a mapping of keys, got {values!r}")
-        cls = sections[section]
-        hints = typing.get_type_hints(cls)
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        converted = {}
-        for k, v in values.items():
-            if k not in fields:
-                raise _unknown(f"{section}.{k}", where)
-            converted[k] = coerce(v, hints[k], f"{section}.{k}")
-            meta = fields[k].metadata
-            check_value(converted[k], meta.get("check", {}), f"{section}.{k}", meta.get("help", ""))
-            if meta.get("schema") is not None:
-                converted[k] = check_schema(converted[k], meta["schema"], f"{section}.{k}")
-        kwargs[section] = cls(**converted)
+        kwargs[section] = read_section(sections[section], values, section, where)
     return Config(**kwargs)
+
+
+def read_section(cls: type, values: dict, section: str, where: str = "", unknown=None) -> Any:
+    """One section (a dataclass of `setting`s, e.g. the benchmark's `bench:`) from a dict: every key converted to
+    its type and checked against its declaration; an unknown key raises `unknown(dotted key, where)`."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    converted = {}
+    for k, v in values.items():
+        if k not in fields:
+            raise (unknown or _unknown)(f"{section}.{k}", where)
+        converted[k] = coerce(v, hints[k], f"{section}.{k}")
+        meta = fields[k].metadata
+        check_value(converted[k], meta.get("check", {}), f"{section}.{k}", meta.get("help", ""))
+        if meta.get("schema") is not None:
+            converted[k] = check_schema(converted[k], meta["schema"], f"{section}.{k}")
+    return cls(**converted)
 
 
 def check_schema(values: dict, schema: type, key: str) -> dict:

@@ -12,16 +12,17 @@ from __future__ import annotations
 
 from timm.data import IMAGENET_INCEPTION_MEAN, IMAGENET_INCEPTION_STD
 
+from ..papers import paper
+
 __all__ = ["WEIGHTS", "model_args_for"]
 
 _HUB = "https://huggingface.co"
 _SWIN_RELEASE = "https://github.com/SwinTransformer/storage/releases/download"
 _INCEPTION = dict(mean=IMAGENET_INCEPTION_MEAN, std=IMAGENET_INCEPTION_STD)  # big_vision's ViTs: pixels in [-1, 1]
 
-DEIT = dict(paper_ids="arXiv:2012.12877", paper_name="Training data-efficient image transformers", crop_pct=0.875)
+DEIT = dict(**paper("2012.12877").cfg(), crop_pct=0.875)
 AUGREG = dict(
-    paper_ids="arXiv:2106.10270",
-    paper_name="How to train your ViT? Data, Augmentation, and Regularization in Vision Transformers",
+    **paper("2106.10270").cfg(),
     crop_pct=0.9,
     **_INCEPTION,
 )
@@ -50,8 +51,7 @@ def _vit() -> dict[str, dict[str, dict]]:
     # RoPE-ViT (DeiT-III recipe: LayerScale 1e-5; APE tables without a CLS entry). timm's hub holds the ported
     # weights; naver's own upload (its original layout, which the PE converts) is the url fallback.
     rope = dict(
-        paper_ids="arXiv:2403.13298",
-        paper_name="Rotary Position Embedding for Vision Transformer",
+        **paper("2403.13298").cfg(),
         crop_pct=0.9,
         license="apache-2.0",
         origin_url="https://github.com/naver-ai/rope-vit",
@@ -71,8 +71,7 @@ def _vit() -> dict[str, dict[str, dict]]:
             }
     # iRPE (DeiT + contextual product iRPE, 50 buckets shared by the heads, APE kept): the authors' release
     irpe = dict(
-        paper_ids="arXiv:2107.14222",
-        paper_name="Rethinking and Improving Relative Position Encoding for Vision Transformer",
+        **paper("2107.14222").cfg(),
         crop_pct=0.875,
         license="apache-2.0",
         origin_url="https://github.com/microsoft/Cream/tree/main/iRPE",
@@ -90,8 +89,7 @@ def _vit() -> dict[str, dict[str, dict]]:
     # DINOv3 (LVD-1689M): timm's hub copies, a backbone without a head (features; 256 px, no crop). timm's plain
     # ports have no qkv bias (the released q/v biases are zero); the filter gives the model's q/v bias zeros.
     dinov3 = dict(
-        paper_ids="arXiv:2508.10104",
-        paper_name="DINOv3",
+        **paper("2508.10104").cfg(),
         num_classes=0,
         input_size=(3, 256, 256),
         crop_pct=1.0,

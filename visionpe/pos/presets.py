@@ -7,9 +7,10 @@ no change (docs/adding_a_pe.md walks through one).
 
 One vocabulary: a preset name means the same PEs on every family, and no two presets share contents under different
 names. Model-level options a preset implies (CPVT-GAP's average pooling, ViTAR's token merger) live in
-`PRESET_MODEL_OPTIONS`, and each preset's paper in `PRESET_PAPERS`; the zoo reads both from here. Registered model
-names are kept for checkpoint compatibility and map a suffix to a preset per family: `vit_*_irpe` is the iRPE paper's
-DeiT, which keeps its APE (preset `irpe`), while `swin_*_irpe` / `cvt_*_irpe` have no APE (preset `irpe_k`).
+`PRESET_MODEL_OPTIONS`, and each preset's paper in `PRESET_PAPERS` (read from the papers' table, visionpe/papers.py);
+the zoo reads both from here. Registered model names are kept for checkpoint compatibility and map a suffix to a
+preset per family: `vit_*_irpe` is the iRPE paper's DeiT, which keeps its APE (preset `irpe`), while `swin_*_irpe` /
+`cvt_*_irpe` have no APE (preset `irpe_k`).
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from __future__ import annotations
 import difflib
 import inspect
 import math
-from dataclasses import dataclass
 
+from ..papers import Paper, preset_papers
 from .absolute import LearnedAPE, SinCos2D
 from .alibi2d import ALiBi2D
 from .ape_video import SpaceTimeAPE
@@ -129,85 +130,7 @@ PRESET_MODEL_OPTIONS: dict[str, dict] = {
 }
 
 
-@dataclass(frozen=True)
-class Paper:
-    """Where a PE comes from: arXiv id, title and official code."""
-
-    arxiv: str
-    title: str
-    code: str = ""
-
-    def cfg(self) -> dict:
-        """The timm pretrained-cfg fields of this paper."""
-        return dict(paper_ids=f"arXiv:{self.arxiv}", paper_name=self.title)
-
-
-_ROPE_VIT = Paper(
-    "2403.13298", "Rotary Position Embedding for Vision Transformer", "https://github.com/naver-ai/rope-vit"
-)
-_IRPE = Paper(
-    "2107.14222",
-    "Rethinking and Improving Relative Position Encoding for Vision Transformer",
-    "https://github.com/microsoft/Cream/tree/main/iRPE",
-)
-_CPVT = Paper(
-    "2102.10882", "Conditional Positional Encodings for Vision Transformers", "https://github.com/Meituan-AutoML/CPVT"
-)
-_VITAR = Paper("2403.18361", "ViTAR: Vision Transformer with Any Resolution")
-_SWIN = Paper(
-    "2103.14030",
-    "Swin Transformer: Hierarchical Vision Transformer using Shifted Windows",
-    "https://github.com/microsoft/Swin-Transformer",
-)
-
-_DINOV3 = Paper("2508.10104", "DINOv3", "https://github.com/facebookresearch/dinov3")
-_COMROPE = Paper(
-    "2506.03737",
-    "ComRoPE: Scalable and Robust Rotary Position Embedding Parameterized by Trainable Commuting Angle Matrices",
-    "https://github.com/Longin-Yu/ComRoPE",
-)
-_LOOKHERE = Paper(
-    "2405.13985",
-    "LookHere: Vision Transformers with Directed Attention Generalize and Extrapolate",
-    "https://github.com/GreenCUBIC/lookhere",
-)
-
-PRESET_PAPERS: dict[str, Paper] = {
-    "rope2d_dinov3": _DINOV3,
-    **{name: _ROPE_VIT for name in ("rope2d", "rope2d_mixed", "rope2d_ape", "rope2d_mixed_ape")},
-    **{name: _IRPE for name in ("irpe", "irpe_bias", "irpe_qkv", "irpe_k")},
-    "cpe": _CPVT,
-    "cpe_gap": _CPVT,
-    "lepe": Paper("2107.00652", "CSWin Transformer", "https://github.com/microsoft/CSWin-Transformer"),
-    "fuzzy": _VITAR,
-    "fuzzy_atm": _VITAR,
-    "rpb": _SWIN,
-    "mrope": Paper("2409.12191", "Qwen2-VL (M-RoPE)", "https://github.com/QwenLM/Qwen2-VL"),
-    "mrope_time": Paper("2502.13923", "Qwen2.5-VL (time-aligned M-RoPE)", "https://github.com/QwenLM/Qwen2.5-VL"),
-    "videorope": Paper(
-        "2502.05173", "VideoRoPE: What Makes for Good Video Rotary Position", "https://github.com/Wiselnn570/VideoRoPE"
-    ),
-    "vrope": Paper("2502.11664", "VRoPE: Rotary Position Embedding for Video LLMs"),
-    "v2pe": Paper("2412.09616", "V2PE: Variable Visual Position Encoding", "https://github.com/OpenGVLab/V2PE"),
-    "liere": Paper("2406.10322", "LieRE: Lie Rotational Positional Encodings", "https://github.com/StanfordMIMI/LieRE"),
-    "comrope_ap": _COMROPE,
-    "comrope_ld": _COMROPE,
-    "mrope_interleaved": Paper(
-        "2511.21631", "Qwen3-VL Technical Report (interleaved M-RoPE)", "https://github.com/QwenLM/Qwen3-VL"
-    ),
-    "hope": Paper(
-        "2505.20444",
-        "HoPE: Hybrid of Position Embedding for Length Generalization in Vision-Language Models",
-        "https://github.com/hrlics/HoPE",
-    ),
-    "alibi2d": Paper(
-        "2311.00566",
-        "CROMA: Remote Sensing Representations with Contrastive Radar-Optical Masked Autoencoders",
-        "https://github.com/antofuller/CROMA",
-    ),
-    **{name: _LOOKHERE for name in ("lookhere", "lookhere_90", "lookhere_45")},
-    "fire2d": Paper("2310.04418", "Functional Interpolation for Relative Positions Improves Long Context Transformers"),
-}
+PRESET_PAPERS: dict[str, Paper] = preset_papers()  # preset -> its paper, from the one table (visionpe/papers.py)
 
 
 def preset_cfg(preset: str) -> dict:

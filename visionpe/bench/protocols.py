@@ -1,14 +1,5 @@
-"""Evaluation at any height x width (square or not), clip length and test-time position mode, under a protocol.
-
-The engine's evaluation loop (`visionpe.engine.evaluate_loader`) does the counting; this file only brings the
-evaluation inputs to the point asked for. Protocols:
-- upsample: the image at another size, content scaled with it. Datasets that render any resolution draw each item at
-  max(H, W) and are resized to H x W (a stretched aspect ratio, the content unchanged); canvas datasets draw their
-  training-size canvas and resize it; others are resized from their own size.
-- fov: the field of view grows, the content keeps its training scale (`render_canvas(index, (H, W))`, see
-  visionpe.data.canvas): only the positions extrapolate.
-- frames: a clip of another length at the training frame size (`render(index, resolution, frames)`).
-"""
+"""Evaluation at any height x width, clip length and position mode under a protocol (upsample, fov, frames;
+docs/benchmark.md); the engine's evaluation loop does the counting."""
 
 from __future__ import annotations
 
@@ -24,21 +15,6 @@ from torch.utils.data._utils.collate import default_collate
 from ..data.multires import Batch
 from ..engine import DistContext, evaluate_loader
 from ..engine.setup import run_model
-
-__all__ = [
-    "PROTOCOLS",
-    "Point",
-    "point_label",
-    "SizedView",
-    "parse_size",
-    "size_label",
-    "has_position_modes",
-    "set_position_mode",
-    "modes_agree",
-    "evaluate_size",
-    "evaluate_view",
-    "first_inputs",
-]
 
 
 def parse_size(value) -> tuple[int, int]:
@@ -207,21 +183,6 @@ def modes_agree(model: nn.Module, x) -> bool:
     return torch.allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-def evaluate_size(
-    model: nn.Module,
-    dataset: Dataset,
-    size: tuple[int, int],
-    mode: str,
-    limit: int,
-    batch_size: int,
-    device: torch.device,
-    amp: torch.dtype | None,
-    workers: int = 0,
-) -> dict:
-    """{'top1', 'top5', 'loss', 'images'} of `model` on the first `limit` items at `size` in position `mode`."""
-    return evaluate_view(model, SizedView(dataset, size, limit), mode, batch_size, device, amp, workers)
-
-
 def evaluate_view(
     model: nn.Module,
     view: SizedView,
@@ -234,3 +195,7 @@ def evaluate_view(
     """{'top1', 'top5', 'loss', 'images'} of `model` on a view (any protocol) in position `mode`."""
     set_position_mode(model, mode)
     return evaluate_loader(model, loader(view, batch_size, workers), DistContext(device=device), amp)
+
+
+def row_point(row: dict) -> Point:
+    return Point(row["protocol"], row["height"], row["width"], row["frames"])

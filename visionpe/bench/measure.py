@@ -1,0 +1,333 @@
+"""What every benchmark measures with: the interleaved clock, FLOPs, peak memory and the machine (docs/benchmark.md)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import platform
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from math import prod
+
+import timm
+import torch
+from torch import nn
+
+import visionpe  # noqa: F401  (registers the models)
+
+from ..zoo import family_of, list_visionpe_models
+
+CLOCKS = ("wall", "cpu")
+
+
+@dataclass(frozen=True)
+class Clock:
+    kind: str = "wall"
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.kind not in CLOCKS:
+            raise ValueError(f"clock must be one of {', '.join(CLOCKS)}, got {self.kind!r}")
+        if self.kind == "cpu" and not self.device.startswith("cpu"):
+            raise ValueError(f"the 'cpu' clock counts CPU work; use the 'wall' clock on {self.device}")
+
+    @staticmethod
+    def default(device: str) -> str:
+        return "cpu" if device.startswith("cpu") else "wall"
+
+    def now(self) -> float:
+        if self.device.startswith("cuda"):
+            torch.cuda.synchronize(self.device)
+        return time.thread_time() if self.kind == "cpu" else time.perf_counter()
+
+    def describe(self) -> str:
+        if self.kind == "cpu":
+            return "CPU seconds of one thread (robust to other work on a shared machine)"
+        return "wall-clock seconds"
+
+
+@dataclass
+class Spread:
+    median: float
+    q1: float
+    q3: float
+    min: float
+    max: float
+    n: int
+
+    def text(self, spec: str = ".2f") -> str:
+        """'0.95 [0.93-0.97]': median and interquartile range (the range itself with fewer than 4 rounds)."""
+        lo, hi = (self.q1, self.q3) if self.n >= 4 else (self.min, self.max)
+        if self.n == 1:
+            return format(self.median, spec)
+        return f"{self.median:{spec}} [{lo:{spec}}-{hi:{spec}}]"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def spread(values: list[float]) -> Spread:
+    if not values:
+        raise ValueError("no values to summarise")
+    v = sorted(values)
+    q1, _, q3 = statistics.quantiles(v, n=4, method="inclusive") if len(v) > 1 else (v[0], v[0], v[0])
+    return Spread(statistics.median(v), q1, q3, v[0], v[-1], len(v))
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """Run with `n` torch threads (None: leave as is), restoring the previous count after."""
+    before = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def model_step(model: nn.Module, x, train: bool) -> Callable[[], int]:
+    """One forward (inference mode) or forward + backward of `model` on `x`; returns the batch size (items done)."""
+    batch = next(iter(x.values())).shape[0] if isinstance(x, dict) else x.shape[0]
+
+    def step() -> int:
+        model.train(train)
+        if train:
+            out = model(**x) if isinstance(x, dict) else model(x)
+            out.float().square().mean().backward()
+            for p in model.parameters():
+                p.grad = None
+        else:
+            with torch.inference_mode():
+                model(**x) if isinstance(x, dict) else model(x)
+        return batch
+
+    return step
+
+
+def interleave(
+    tasks: dict[str, Callable[[], int]], clock: Clock, rounds: int = 3, steps: int = 1, warmup: int = 1, seed: int = 0
+) -> dict[str, list[float]]:
+    """Items per second of each task in each of `rounds` rounds (`steps` calls timed per task and round); every task
+    runs `warmup` untimed calls first, and each round visits the tasks in a fresh random order."""
+    if rounds < 1 or steps < 1:
+        raise ValueError(f"rounds and steps must be at least 1, got {rounds} and {steps}")
+    for task in tasks.values():
+        for _ in range(warmup):
+            task()
+    rng = random.Random(seed)
+    rates: dict[str, list[float]] = {name: [] for name in tasks}
+    for _ in range(rounds):
+        for name in rng.sample(list(tasks), len(tasks)):
+            start = clock.now()
+            items = sum(tasks[name]() for _ in range(steps))
+            rates[name].append(items / max(clock.now() - start, 1e-9))
+    return rates
+
+
+def paired_ratios(rates: dict[str, list[float]], baseline: str) -> dict[str, list[float]]:
+    """Per-round rate of each task over the baseline's rate in the same round."""
+    if baseline not in rates:
+        raise ValueError(f"baseline {baseline!r} was not measured; measured: {', '.join(rates)}")
+    base = rates[baseline]
+    return {name: [a / b for a, b in zip(v, base)] for name, v in rates.items()}
+
+
+# --------------------------------------------------------------------------------------------------------------- FLOPs
+
+
+def _shape(value) -> list[int]:
+    from fvcore.nn.jit_handles import get_shape
+
+    shape = get_shape(value)
+    if shape is None:
+        raise ValueError("scaled_dot_product_attention traced without complete shapes; trace with real tensors")
+    return list(shape)
+
+
+def sdpa_flop_jit(inputs: list, outputs: list) -> int:
+    """aten::scaled_dot_product_attention(q [.., N, d], k [.., M, d], v [.., M, dv]): q k^T is N*M*d MACs per
+    batch x head, probs @ v is N*M*dv; the softmax and the mask are element-wise and not counted."""
+    q, k, v = (_shape(x) for x in inputs[:3])
+    batch_heads = prod(q[:-2])
+    n, d, m, dv = q[-2], q[-1], k[-2], v[-1]
+    return batch_heads * n * m * (d + dv)
+
+
+def count_flops(model: nn.Module, inputs, by_operator: bool = False):
+    """Total MACs of one forward pass (model in eval mode; `inputs` a tensor or a tuple of positional tensors).
+    With `by_operator`, also the Counter per aten op (e.g. {'linear': ..., 'scaled_dot_product_attention': ...})."""
+    try:
+        from fvcore.nn import FlopCountAnalysis
+    except ImportError:
+        raise ImportError('counting FLOPs needs fvcore: pip install "visionpe[bench]"') from None
+
+    was_training = model.training
+    model.eval()
+    args = inputs if isinstance(inputs, tuple) else (inputs,)
+    logging.getLogger("fvcore").setLevel(logging.ERROR)  # traces of our layout caches are harmless
+    try:
+        with torch.no_grad():
+            analysis = FlopCountAnalysis(model, args)
+            analysis.set_op_handle("aten::scaled_dot_product_attention", sdpa_flop_jit)
+            analysis.unsupported_ops_warnings(False).uncalled_modules_warnings(False).tracer_warnings("none")
+            total = analysis.total()
+            ops = analysis.by_operator() if by_operator else None
+    finally:
+        model.train(was_training)
+    return (total, ops) if by_operator else total
+
+
+# -------------------------------------------------------------------------------------------------------------- memory
+
+MMAP_THRESHOLD = 256 * 1024  # bytes: allocations this large get their own mapping in the probe process (glibc)
+
+
+def is_video(name: str) -> bool:
+    """True for models that take clips [B, C, T, H, W]."""
+    if name not in list_visionpe_models():
+        return False
+    make = getattr(family_of(name), "example_input", None)
+    return make is not None and isinstance(x := make(32, 1), torch.Tensor) and x.ndim == 5
+
+
+def example_input(name: str, size: int, batch: int, frames: int | None = None, in_chans: int = 3):
+    """A random input of `size` px for `name`: its family's example input (clips of `frames` frames for video)."""
+    if name in list_visionpe_models():
+        make = getattr(family_of(name), "example_input", None)
+        if make is not None:
+            x = make(size, batch)
+            if frames is not None and isinstance(x, torch.Tensor) and x.ndim == 5:
+                x = torch.randn(batch, x.shape[1], frames, size, size)
+            return x
+    return torch.randn(batch, in_chans, size, size)
+
+
+def cuda_peak_mb(step: Callable[[], object], device: str = "cuda") -> float:
+    """Peak CUDA memory (MiB) allocated by `step()` beyond what was allocated before it."""
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    step()
+    torch.cuda.synchronize(device)
+    return (torch.cuda.max_memory_allocated(device) - base) / 2**20
+
+
+def saved_activation_mb(model: nn.Module, x) -> float:
+    """MiB of tensors autograd saves for backward in one training forward (weights excluded)."""
+    params = {p.data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params:
+            seen[ptr] = max(seen.get(ptr, 0), t.untyped_storage().nbytes())
+        return t
+
+    was_training = model.training
+    model.train()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(**x) if isinstance(x, dict) else model(x)
+    model.train(was_training)
+    return sum(seen.values()) / 2**20
+
+
+def peak_memory_mb(
+    name: str,
+    size: int,
+    batch: int = 1,
+    train: bool = False,
+    model_kwargs: dict | None = None,
+    frames: int | None = None,
+    device: str = "cpu",
+    model: nn.Module | None = None,
+) -> float:
+    """Peak memory (MiB) of one step of model `name` at `size` px beyond its weights (`model`: reuse on CUDA)."""
+    kwargs = model_kwargs or {}
+    if device.startswith("cuda"):
+        model = (model or timm.create_model(name, **kwargs)).to(device).train(train)
+        x = example_input(name, size, batch, frames)
+        x = {k: v.to(device) for k, v in x.items()} if isinstance(x, dict) else x.to(device)
+        return cuda_peak_mb(model_step(model, x, train), device)
+    spec = dict(name=name, size=size, batch=batch, train=train, kwargs=kwargs, frames=frames)
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": os.environ.get("MALLOC_MMAP_THRESHOLD_", str(MMAP_THRESHOLD))}
+    out = subprocess.run(
+        [sys.executable, "-m", "visionpe.bench.measure", json.dumps(spec)], capture_output=True, text=True, env=env
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"memory probe for {name} at {size} px failed:\n{out.stderr[-2000:]}")
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+# ---------------------------------------------------------------------------------------------- child process
+
+
+def _status_mb(field: str) -> float:
+    with open("/proc/self/status") as f:
+        return next(int(ln.split()[1]) for ln in f if ln.startswith(field + ":")) / 1024  # kB
+
+
+def _reset_peak() -> bool:
+    """Reset VmHWM to the current RSS; False where /proc/self/clear_refs is not writable."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _child(spec: dict) -> float:
+    torch.set_num_threads(1)
+    name, train, frames = spec["name"], spec["train"], spec.get("frames")
+    model = timm.create_model(name, **spec.get("kwargs", {})).train(train)
+    x = example_input(name, spec["size"], spec["batch"], frames)
+    if "img_size" not in spec.get("kwargs", {}):  # timm's models are built for one size and cannot take 32 px
+        try:  # warm-up: kernels and thread pools
+            model_step(model, example_input(name, 32, 1, frames and 2), train)()
+        except ValueError:  # a model with a minimum size (e.g. ViTAR's token merger): its default size
+            model_step(model, example_input(name, model.pretrained_cfg["input_size"][-1], 1, frames and 2), train)()
+    before = _status_mb("VmRSS")
+    resettable = _reset_peak()
+    model_step(model, x, train)()
+    peak = _status_mb("VmHWM") if resettable else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return max(peak - before, 0.0)
+
+
+def machine_info(device: str = "cpu") -> dict:
+    """What the figures were measured on (no host names)."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    info = dict(
+        cpu=cpu,
+        cores=os.cpu_count(),
+        threads=torch.get_num_threads(),
+        torch=torch.__version__,
+        timm=timm.__version__,
+        device=device,
+        date=time.strftime("%Y-%m-%d"),
+    )
+    if device.startswith("cuda") and torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info
+
+
+def machine_description(machine: dict) -> str:
+    where = machine.get("gpu") or f"{machine['cpu']} ({machine['cores']} cores, {machine['threads']} torch threads)"
+    return f"{where}, torch {machine['torch']}, timm {machine['timm']}"
+
+
+if __name__ == "__main__":
+    print(f"{_child(json.loads(sys.argv[1])):.1f}")
