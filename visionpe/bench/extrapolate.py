@@ -210,12 +210,24 @@ _NOT_RECIPE = FREE_KEYS | {
 def recipe_of(cfg: dict | Config) -> dict:
     """The parts of a training config that decide what a run learns (for comparing a run with the benchmark)."""
     d = copy.deepcopy(config_to_dict(cfg) if isinstance(cfg, Config) else cfg)
-    for key in _NOT_RECIPE:
-        section, name = key.split(".")
-        d.get(section, {}).pop(name, None)
+    for key in _NOT_RECIPE:  # dotted paths, e.g. train.seed, data.native.eval_tokens
+        *parents, name = key.split(".")
+        node = d
+        for p in parents:
+            node = node.get(p) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(name, None)
     if d.get("model", {}).get("img_size") is None:
         d["model"]["img_size"] = d.get("data", {}).get("resolution")
+    for section, defaults in _NEW_KEY_DEFAULTS.items():  # keys added since: absent = at their default
+        for name, default in defaults.items():
+            if d.get(section, {}).get(name, default) == default:
+                d.get(section, {}).pop(name, None)
     return d
+
+
+# keys added after committed results were made, with the default that means "as before"
+_NEW_KEY_DEFAULTS = {"data": {"native": {}}}
 
 
 def _differences(a: dict, b: dict, prefix: str = "") -> list[str]:
