@@ -18,6 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "visionpe"
 RANK = {
     "layout": 0,
     "fx": 0,
+    "papers": 0,  # the table of papers (data only), read by presets, pretrained cfgs, reports and cards
     "attn_mask": 0,  # the masks of native-resolution batches (plain torch)
     "native": 0,  # BatchLayout: where each image of a native batch sits, beside TokenLayout
     "pos": 1,
@@ -148,4 +149,4 @@ def test_no_cycle_between_parts_and_no_part_imports_a_later_one():
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if part(m) in ("pos", "layout", "fx")))
 def test_the_lower_parts_never_name_a_backbone(module):
     """pos / layout / fx know no model family: their imports stay inside the lower parts."""
-    assert {part(t) for t in _graph()[module]} <= {"pos", "layout", "fx"}
+    assert {part(t) for t in _graph()[module]} <= {"pos", "layout", "fx", "papers"}

@@ -27,10 +27,12 @@ from tqdm import tqdm
 from ..data import get_dataset_info
 from ..data.folders import SkippedImagesWarning
 from ..data.loader import build_eval_loader, dataset_num_classes
+from ..data.native_loader import build_native_eval_loader
+from ..data.native_sampler import NativePlan
 from .checkpoint import CheckpointError, find_checkpoint, load_into_model, load_weights
 from .config import Config, apply_overrides, config_from_dict
 from .distributed import DistContext, all_reduce_sum, init_distributed
-from .native_train import native_eval_rows, plan_for
+from .native_train import eval_budgets, plan_for
 from .setup import (
     autocast,
     build_eval_sets,
@@ -47,6 +49,7 @@ __all__ = [
     "evaluate_loader",
     "evaluate_resolutions",
     "evaluate_checkpoint",
+    "native_eval_rows",
     "load_checkpoint",
     "format_table",
     "write_json",
@@ -268,3 +271,17 @@ def write_csv(rows: list[dict], path: str | os.PathLike) -> None:
         w = csv.DictWriter(f, fieldnames=RESULT_KEYS, extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
+
+
+def native_eval_rows(
+    model: nn.Module, cfg: Config, dataset: Dataset, plan: NativePlan, ctx: DistContext, amp, batch_size: int
+) -> list[dict]:
+    """One row per evaluation budget (resolution '<budget>tok'): each image at its aspect ratio, alone in a row."""
+    rows = []
+    for budget in eval_budgets(cfg, plan):
+        loader = build_native_eval_loader(
+            dataset, plan, budget, batch_size, cfg.data.resolution, cfg.data.workers, ctx.rank, ctx.world_size
+        )
+        where = f"{cfg.data.val_split} at {budget} tokens"
+        rows.append({"resolution": f"{budget}tok", **evaluate_loader(model, loader, ctx, amp, where, False)})
+    return rows

@@ -16,7 +16,7 @@ from .config import Config, ConfigError, native_settings
 from .distributed import DistContext, all_reduce_sum
 from .setup import autocast, run_model, to_device
 
-__all__ = ["plan_for", "check_native", "NativeWindow", "native_eval_rows"]
+__all__ = ["plan_for", "check_native", "NativeWindow", "eval_budgets"]
 
 
 def model_patch_size(model: nn.Module) -> int | None:
@@ -116,19 +116,3 @@ class NativeWindow:
             padding=1.0 - float(s[2]) / max(float(s[3]), 1.0),
             images=int(s[1]),
         )
-
-
-def native_eval_rows(
-    model: nn.Module, cfg: Config, dataset: Dataset, plan: NativePlan, ctx: DistContext, amp, batch_size: int
-) -> list[dict]:
-    """One row per evaluation budget (resolution '<budget>tok'): each image at its aspect ratio, alone in a row."""
-    from .evaluate import evaluate_loader
-
-    rows = []
-    for budget in eval_budgets(cfg, plan):
-        loader = build_native_eval_loader(
-            dataset, plan, budget, batch_size, cfg.data.resolution, cfg.data.workers, ctx.rank, ctx.world_size
-        )
-        where = f"{cfg.data.val_split} at {budget} tokens"
-        rows.append({"resolution": f"{budget}tok", **evaluate_loader(model, loader, ctx, amp, where, False)})
-    return rows

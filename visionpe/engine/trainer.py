@@ -59,11 +59,11 @@ from .distributed import (
     shutdown,
     timeouts_explained,
 )
-from .evaluate import evaluate_resolutions, format_table, json_safe, write_json
+from .evaluate import evaluate_resolutions, format_table, json_safe, native_eval_rows, write_json
 from .fsdp import ShardedEma, build_sharded_model, check_strategy, gathered
 from .interrupt import StopOnSignal, TrainingInterrupted, diverged, interrupted
 from .metrics_log import METRICS, append_metrics, trim_metrics
-from .native_train import NativeWindow, check_native, native_eval_rows, plan_for
+from .native_train import NativeWindow, check_native, plan_for
 from .run_dir import CorruptCheckpointWarning, resume_files
 from .runlock import RunLock, writable_run_dir
 from .setup import (

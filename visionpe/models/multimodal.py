@@ -139,6 +139,10 @@ class MultimodalEncoder(TokenEncoder):
         layout = self.scheme_layout(self.segments(ids.shape[1], grid, k), x.device)
         return self.add_prefix(x), layout, (k + 1, tuple(grid))
 
+    def checked_text(self, text_ids: torch.Tensor | None, batch: int, device) -> torch.Tensor:
+        """text_ids validated against this model's vocabulary (`check_text`): long [B, L]."""
+        return check_text(text_ids, self.vocab_size, batch, device)
+
     # ----------------------------------------------------------------------------------------------------- forward
 
     def forward_features(

@@ -17,8 +17,6 @@ __all__ = ["embed_native_sequence"]
 
 def embed_native_sequence(model, batch: dict, text_ids: torch.Tensor | None, text_split: int | None):
     """-> tokens [B, L, D] (before the token-site PEs) and their BatchLayout (one sequence per row)."""
-    from .multimodal import check_text  # (multimodal imports this module)
-
     if "image_ids" in batch:
         raise ValueError("the multimodal encoder takes one visual input per row (a padded native batch, no image_ids)")
     proj = model.patch_embed.proj
@@ -27,7 +25,7 @@ def embed_native_sequence(model, batch: dict, text_ids: torch.Tensor | None, tex
     vis = native_layout(coords, ids, 0, lambda grid: None)  # cells of each row's visual grid
     e = F.linear(patches.to(weight.dtype), weight, proj.bias).flatten(0, 1)  # [B * N, D]
     b, d = patches.shape[0], e.shape[-1]
-    text = check_text(text_ids, model.vocab_size, b, e.device)
+    text = model.checked_text(text_ids, b, e.device)
     k = model.text_split if text_split is None else text_split
     k = min(k, text.shape[1]) if text_split is None else k
     if not 0 <= k <= text.shape[1]:
