@@ -19,7 +19,7 @@ import visionpe  # noqa: F401
 import visionpe.attention
 import visionpe.engine
 from visionpe.attention import attn_backend
-from visionpe.bench import gpu_check
+from visionpe.bench import gpu_check, gpu_native
 from visionpe.bench.__main__ import main as bench_main
 from visionpe.bench.cards import write_cards
 from visionpe.bench.extrapolate import BenchConfigError, load_bench, make_plan, run_benchmark, validate
@@ -497,6 +497,7 @@ def test_gpu_check_on_cpu_compares_sdpa_with_math_and_says_what_it_skipped(tmp_p
     assert {r["model"] for r in result["agreement"]} == set(gpu_check.AGREEMENT_MODELS.values())
     assert all(r["ok"] and r["rel_err"] <= r["tol"] for r in result["agreement"])
     assert result["throughput"] == [] and any("no CUDA device" in s for s in result["skipped"])
+    assert result["masked"] == result["native"] == [] and any("masked attention" in s for s in result["skipped"])
     assert "| bias (Swin RPB + shift mask) | swin_n_rpb | float32 | sdpa |" in (tmp_path / "g.md").read_text()
 
 
@@ -507,10 +508,17 @@ def _fake_xformers(monkeypatch, calls: list):
     def memory_efficient_attention(q, k, v, attn_bias=None, scale=None):
         calls.append(q.shape)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        attn = (q * scale) @ k.transpose(-2, -1) + (0 if attn_bias is None else attn_bias)
+        attn = (q * scale) @ k.transpose(-2, -1) + (0 if attn_bias is None else attn_bias.to(q.dtype))
         return (attn.softmax(-1) @ v).transpose(1, 2)
 
+    class BlockDiagonalMask:  # stands in for fmha's: here the dense additive mask of the segments
+        @staticmethod
+        def from_seqlens(seqlens):
+            ids = torch.repeat_interleave(torch.arange(len(seqlens)), torch.tensor(seqlens))
+            return torch.zeros(len(ids), len(ids)).masked_fill(ids[:, None] != ids[None, :], float("-inf"))
+
     ops.memory_efficient_attention = memory_efficient_attention
+    ops.fmha = types.SimpleNamespace(BlockDiagonalMask=BlockDiagonalMask)
     pkg = types.ModuleType("xformers")
     pkg.ops = ops
     monkeypatch.setitem(sys.modules, "xformers", pkg)
@@ -521,6 +529,14 @@ def test_gpu_check_cuda_branches_run_with_a_mocked_gpu(monkeypatch):
     calls: list = []
     _fake_xformers(monkeypatch, calls)
     allocated = iter(range(0, 10**9, 2**20))  # every reading 1 MiB more: the probe must subtract its base
+    real_flex, cuda_is_available = visionpe.attention.flex_attend, torch.cuda.is_available
+
+    def flex_attend(*args):  # the real flex attention (eager on CPU); dynamo inside it must see no CUDA
+        with monkeypatch.context() as m:
+            m.setattr(torch.cuda, "is_available", cuda_is_available)
+            return real_flex(*args)
+
+    monkeypatch.setattr(visionpe.attention, "flex_attend", flex_attend)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Mock GPU")
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
@@ -529,7 +545,8 @@ def test_gpu_check_cuda_branches_run_with_a_mocked_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: next(allocated) + 5 * 2**20)
     monkeypatch.setattr(gpu_check, "xformers_status", lambda: dict(torch="t", cuda="c", usable=True, reason=""))
     monkeypatch.setattr(visionpe.attention, "xformers_supports", lambda q, bias: (True, ""))
-    result = gpu_check.run_check("cpu", "vit_n_ape", (32,), batch=1)
+    shape = dict(rows=2, length=48, images_per_row=3, heads=2, head_dim=8, reps=1)
+    result = gpu_check.run_check("cpu", "vit_n_ape", (32,), 1, "vit_n_rope2d_mixed", gpu_check._tiny, shape)
     assert result["gpu"] == "Mock GPU" and result["backends"] == ["sdpa", "xformers"]
     got = {(r["model"], r["dtype"], r["backend"]) for r in result["agreement"]}
     assert got == {
@@ -538,10 +555,33 @@ def test_gpu_check_cuda_branches_run_with_a_mocked_gpu(monkeypatch):
         for d in ("float32", "bfloat16")
         for b in ("sdpa", "xformers")
     }
-    assert calls and all(r["ok"] for r in result["agreement"])
+    assert calls and all(r["ok"] for r in result["agreement"]), [r for r in result["agreement"] if not r["ok"]]
     assert [r["backend"] for r in result["throughput"]] == ["math", "sdpa", "xformers"]
     assert all(r["peak_mb"] == 6.0 and r["vs"] == "sdpa" for r in result["throughput"])  # 1 MiB step + 5 MiB peak
-    assert "| vit_n_ape | 32 | xformers |" in gpu_check.format_markdown(result)
+    md = gpu_check.format_markdown(result)
+    assert "| vit_n_ape | 32 | xformers |" in md
+    # native-resolution batches: a masked-attention line and a packed-model line per backend, all within tolerance
+    masked = ["flex", "xformers", "sdpa"]
+    assert [r["backend"] for r in result["masked"]] == [r["backend"] for r in result["native"]] == masked
+    for r in result["masked"]:  # the math reference is float64 on CPU: fp32 agrees to ~1e-7, bf16 to ~1e-2
+        assert r["ok"] and r["fp32_max_rel_err"] < 1e-5 and 0 < r["bf16_max_rel_err"] <= 3e-2, r
+        assert r["images"] == 6 and r["fp32_images_per_s"] > 0 and r["bf16_images_per_s"] > 0
+    for r in result["native"]:
+        assert r["ok"] and r["fp32_max_rel_err"] < 1e-5 and r["images"] == 8, r
+    assert "| xformers (block-diagonal) | " in md and "vit_n_rope2d_mixed on a packed batch" in md
+    assert result["ok"]
+
+
+def test_gpu_check_reports_a_failing_masked_backend_and_fails(monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("no triton")
+
+    monkeypatch.setattr(gpu_native, "check_masked_backend", broken)
+    rows = gpu_native.masked_attention(["flex", "sdpa"], "cpu")
+    assert [r["ok"] for r in rows] == [False, False] and rows[0]["error"] == "RuntimeError: no triton"
+    assert "| flex (block mask) | RuntimeError: no triton | - | False |" in "\n".join(
+        gpu_native.format_native(rows, [])
+    )
 
 
 def test_gpu_check_reports_an_xformers_build_for_another_torch(monkeypatch):

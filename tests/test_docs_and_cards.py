@@ -172,3 +172,25 @@ def test_cards_show_memory_only_speed_files_against_their_baseline(tmp_path):
     (card,) = write_cards(tmp_path / "results", tmp_path / "cards", ["vit"])
     section = card.read_text().split("### Cost against a baseline: vit_b_memory")[1].split("\n## ")[0]
     assert "| vit_b_irpe | 1024 | - | vit_b_ape | - | - | 1.15 / - |" in section  # 230 / 200 MiB
+
+
+def _measured_models() -> set[str]:
+    """Every model with a committed accuracy or speed result (read from the results files directly)."""
+    found = set()
+    for summary in REPO.glob("results/*/summary.json"):
+        found |= set(yaml.safe_load(summary.read_text())["models"])
+    for speed in REPO.glob("results/speed/*.json"):
+        found |= {r["model"] for r in yaml.safe_load(speed.read_text()).get("rows", [])}
+    return found
+
+
+def test_cards_list_every_pe_of_the_zoo_and_say_which_have_no_results(cards):
+    measured = _measured_models()
+    for name, fam in FAMILIES.items():
+        table = cards[name].split("### PE variants\n\n")[1].split("\n\n")[0].splitlines()[2:]
+        rows = {r.split(" | ")[0].strip("| `"): r.rsplit(" | ", 1)[1].removesuffix(" |") for r in table}
+        assert set(rows) == {pe or "(none)" for pe in fam.pes}, name
+        for pe in fam.pes:
+            models = {f"{name}_{size}" + (f"_{pe}" if pe else "") for size in fam.sizes}
+            assert (rows[pe or "(none)"] == "none yet") == (not models & measured), (name, pe, rows[pe or "(none)"])
+    assert "| `lookhere_45` |" in cards["vit"] and "| `hope` |" in cards["mm"]

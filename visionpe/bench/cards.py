@@ -238,8 +238,17 @@ def _weights_table(fam: Family) -> list[str]:
     return [*md_table(["model.tag (first tag of a model: its default)", "source"], "ll", rows), ""]
 
 
-def _details_section(fam: Family, speed: dict) -> list[str]:
-    """Model details: type, weights, license, each size's configuration and cost, each PE variant and its paper."""
+def _measured_text(fam: Family, pe: str, speed: dict, summaries: list[tuple[Path, dict]]) -> str:
+    """Where results of models with this PE suffix are (the benchmarks by name, `speed`), or 'none yet'."""
+    mine = {model_name(fam.name, size, pe) for size in fam.sizes}
+    found = [s["name"] for _, s, models in family_summaries(fam, summaries) if mine & set(models)]
+    found += ["speed"] if any(m in mine for m, _ in speed) else []
+    return ", ".join(found) or "none yet"
+
+
+def _details_section(fam: Family, speed: dict, summaries: list[tuple[Path, dict]] = ()) -> list[str]:
+    """Model details: type, weights, license, each size's configuration and cost, each PE variant, its paper and
+    which results measure it."""
     first_pe = next(iter(fam.pes))
     sizes = []
     for size, kwargs in fam.sizes.items():
@@ -251,8 +260,9 @@ def _details_section(fam: Family, speed: dict) -> list[str]:
         preset = kwargs.get("pe", "")
         extra = {**preset_model_options(kwargs), **{k: v for k, v in kwargs.items() if k != "pe"}}
         paper = _pe_paper(fam, pe, preset)
+        measured = _measured_text(fam, pe, speed, summaries)
         variants.append([f"`{pe or '(none)'}`", f"{preset}: {_preset_text(preset)}", _size_text(extra) or "-",
-                         f"{paper[0]} ({paper[1]})" if paper else "-"])  # fmt: skip
+                         f"{paper[0]} ({paper[1]})" if paper else "-", measured])  # fmt: skip
     return [
         "## Model details",
         "",
@@ -270,7 +280,12 @@ def _details_section(fam: Family, speed: dict) -> list[str]:
         "",
         "### PE variants",
         "",
-        *md_table(["suffix", "PE preset (kinds and options)", "model options", "paper"], "llll", variants),
+        *md_table(
+            ["suffix", "PE preset (kinds and options)", "model options", "paper", "measured in"], "lllll", variants
+        ),  # fmt: skip
+        "",
+        "*Measured in*: the benchmarks under `results/` (and the speed files) with a model of that PE; *none yet*: "
+        "registered and tested, but no committed measurement.",
         "",
     ]
 
@@ -335,7 +350,7 @@ def family_card(
         f"(`fixed_input_size=False`).",
         "",
         *([*(f"- {n}" for n in notes), ""] if notes else []),
-        *_details_section(fam, speed),
+        *_details_section(fam, speed, summaries),
         *usage_section(fam, names),
         *_training_section(fam, summaries, out_dir),
         *accuracy_section(fam, summaries, out_dir),

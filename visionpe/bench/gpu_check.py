@@ -1,5 +1,7 @@
 """`visionpe-bench gpu-check`: versions (torch, CUDA, xformers), attention backends against the math backend per
-PE in fp32 and bf16, and ViT-B/16 images/s and memory per backend (docs/benchmark.md)."""
+PE in fp32 and bf16, ViT-B/16 images/s and memory per backend, and the masked attention of native-resolution
+batches per backend (flex, xformers block-diagonal, sdpa; fp32/bf16 against math, images/s, memory) with a ViT on
+a packed batch against each image alone (docs/benchmark.md, docs/native_resolution.md)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import visionpe  # noqa: F401  (registers the models)
 from visionpe import attn_backend
 
 from ..zoo import FAMILIES, create_model, family_of
+from .gpu_native import NATIVE_MODEL, format_native, masked_attention, masked_backends, native_model
 from .measure import Clock, cuda_peak_mb, interleave, model_step, paired_ratios, spread
 from .report import md_table
 
@@ -141,9 +144,16 @@ def throughput(
 
 
 def run_check(
-    device: str | None = None, throughput_model: str = "vit_b_ape", resolutions=(224, 512, 1024), batch: int = 8
+    device: str | None = None,
+    throughput_model: str = "vit_b_ape",
+    resolutions=(224, 512, 1024),
+    batch: int = 8,
+    native: str = NATIVE_MODEL,
+    native_build: Callable[[str], torch.nn.Module] = create_model,
+    masked_shape: dict | None = None,
 ) -> dict:
-    """Everything the command reports, as one dict (the CUDA-only parts run where torch.cuda.is_available())."""
+    """Everything the command reports, as one dict (the CUDA-only parts run where torch.cuda.is_available()).
+    native / native_build: the model of the packed-batch check; masked_shape: check_masked_backend's sizes."""
     cuda = torch.cuda.is_available()
     device = device or ("cuda" if cuda else "cpu")
     status = xformers_status()
@@ -158,10 +168,17 @@ def run_check(
     if cuda:
         result["gpu"] = torch.cuda.get_device_name(device)
         result["throughput"] = throughput(["math", *backends], device, throughput_model, tuple(resolutions), batch)
+        masked = masked_backends(status["usable"])
+        result["masked"] = masked_attention(masked, device, **(masked_shape or {}))
+        result["native"] = native_model(masked, device, native, native_build)
     else:
-        result["throughput"] = []
+        result["throughput"], result["masked"], result["native"] = [], [], []
         result["skipped"].append("throughput and peak memory of ViT-B/16: no CUDA device")
-    result["ok"] = all(r["ok"] for r in result["agreement"])
+        result["skipped"].append(
+            "masked attention of native-resolution batches (flex, xformers block-diagonal, sdpa): no CUDA device "
+            "(on CPU masked calls take sdpa with a boolean mask, tested by tests/test_native_attention.py)"
+        )
+    result["ok"] = all(r["ok"] for r in result["agreement"] + result["masked"] + result["native"])
     return result
 
 
@@ -185,6 +202,7 @@ def format_markdown(result: dict) -> str:
                  f"{r['ratio']['median']:.2f} [{r['ratio']['min']:.2f}-{r['ratio']['max']:.2f}]", f"{r['peak_mb']:.0f}"]
                 for r in result["throughput"]]  # fmt: skip
         lines += ["", *md_table(["model", "px", "backend", "images/s", "vs", "ratio", "peak MiB"], "lrlrlrr", rows)]
+    lines += format_native(result.get("masked", []), result.get("native", []))
     if result["skipped"]:
         lines += ["", "Skipped:", *[f"- {s}" for s in result["skipped"]]]
     return "\n".join(lines) + "\n"
@@ -197,11 +215,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="vit_b_ape", help="model of the throughput rows (default ViT-B/16, APE)")
     ap.add_argument("--resolutions", nargs="+", type=int, default=[224, 512, 1024])
     ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--native-model", default=NATIVE_MODEL, help=f"model of the packed-batch check ({NATIVE_MODEL})")
     ap.add_argument("--out", default="results/gpu_check", help="output path without suffix (.json and .md)")
     args = ap.parse_args(argv)
     if args.batch <= 0 or any(r <= 0 for r in args.resolutions):
         ap.error("--batch and --resolutions must be positive")
-    result = run_check(None, args.model, args.resolutions, args.batch)
+    result = run_check(None, args.model, args.resolutions, args.batch, args.native_model)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str) + "\n")
