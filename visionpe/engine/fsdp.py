@@ -4,10 +4,10 @@ optimizer state instead of a full replica.
     model = build_sharded_model(cfg, num_classes, in_chans, ctx, amp)  # built on meta, sharded, then initialised
 
 Sharding units: every block of every `blocks` list (the ViT trunk's blocks, each Swin / CvT stage's blocks), each in
-one group with its PE's modules of that layer (`PosEncoding.layer_modules`: LePE's and CPE's convs, called during or
-right after the block), then the root, which keeps everything else (stem, head, norms, downsampling, and the PE
-parameters read before a block runs, in `context()`: model-level ones such as RoPE-Mixed's [2, depth, H, d/2]
-frequencies, and per-layer tables such as iRPE's). A unit's parameters are gathered
+one group with its PE's modules of that layer (`PosEncoding.layer_modules`, called inside the block: LePE's convs),
+then the root, which keeps everything else (stem, head, norms, downsampling, and the PE parameters read outside the
+blocks: in `context()` before a block runs, model-level ones such as RoPE-Mixed's [2, depth, H, d/2] frequencies and
+per-layer tables such as iRPE's, and at site 'block' after it, CPE's convs). A unit's parameters are gathered
 before its forward and freed after it (`train.fsdp.reshard_after_forward`, default true; false keeps them gathered
 until the backward: faster, more memory). With `train.amp`, the gathered parameters are cast to its dtype and
 gradients are reduced in fp32. The model is built on the meta device, sharded, materialised on this rank's device

@@ -214,11 +214,12 @@ class PosEncoding(nn.Module):
         return next((int(part) for part in name.split(".") if part.isdigit()), None)
 
     def layer_modules(self, i: int) -> list[nn.Module]:
-        """The submodules that hold only layer i's parameters, sharded with block i under FSDP2 (in one group with
-        it, gathered when the block runs). Each must be called as a module during block i's forward (e.g. from a
-        value term) or right after it (site 'block'): FSDP2 frees a group once each of its modules has run.
-        Parameters read in `context()` are read before the block runs, so they stay with the model (the root).
-        Default: none."""
+        """The submodules that hold only layer i's parameters, sharded with block i under FSDP2 (one group with it,
+        gathered when the block starts, freed when each of the group's modules has run). Each must be called as a
+        module inside block i's forward (e.g. from a value term), and every time the block runs: a module called
+        after it (site 'block', once per image group of a native batch) would gather its group again per call, a
+        count that differs between ranks. Parameters read in `context()` or at site 'block' stay with the model
+        (the root group, gathered for the whole forward). Default: none."""
         return []
 
     def convert_checkpoint(self, entries: dict[str, torch.Tensor], source: CheckpointSource) -> dict:

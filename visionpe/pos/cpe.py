@@ -58,9 +58,6 @@ class CPE(PosEncoding):
         for key in [k for k in self.convs if int(k) >= depth]:
             del self.convs[key]
 
-    def layer_modules(self, i):
-        return [self.convs[str(i)]] if str(i) in self.convs else []  # called right after block i (site 'block')
-
     def block(self, i: int, x: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
         conv = self.convs[str(i)] if i in self.blocks else None
         if conv is None:
