@@ -25,13 +25,14 @@ from visionpe.engine.checkpoint import KILL_AT_ENV, load_weights
 from visionpe.engine.cli import train_main
 from visionpe.engine.distributed import DistContext
 from visionpe.engine.export import export_main
-from visionpe.engine.fsdp import build_sharded_model, check_strategy, full_state_dict
+from visionpe.engine.fsdp import build_sharded_model, check_strategy, full_state_dict, sharding_units
 from visionpe.engine.trainer import Trainer
+from visionpe.native import pack_images
 
 REPO = Path(__file__).resolve().parents[1]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 ENV = {**os.environ, "VISIONPE_ATTN": "sdpa", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-COMPARED = ("vit_n_rope2d_mixed", "vit_n_irpe", "vit_n_cpe", "swin_n_rpb", "cvt_n_cpe")
+COMPARED = ("vit_n_rope2d_mixed", "vit_n_irpe", "vit_n_cpe", "vit_n_lepe", "swin_n_rpb", "swin_n_lepe", "cvt_n_cpe")
 STEPS, LR = 3, 1e-3  # as in fsdp_worker.py
 
 
@@ -121,6 +122,77 @@ def _inputs(name: str):
 def _call(model, x):
     with torch.no_grad():
         return model(**x) if isinstance(x, dict) else model(x)
+
+
+# ---------------------------------------------------------------------------------------------- sharding groups
+
+
+def _group_names(model: nn.Module, unit: nn.Module) -> set[str]:
+    """The parameter names FSDP holds in unit's group."""
+    held = {id(fp.sharded_param) for fp in unit._get_fsdp_state()._fsdp_param_group.fsdp_params}
+    return {n for n, p in model.named_parameters() if id(p) in held}
+
+
+def _sharded_copy(name: str) -> tuple[nn.Module, nn.Module]:
+    """(a model built normally, the same weights in a sharded model on one rank)."""
+    cfg = load_config(
+        None, [f"model.name={name}", "data.resolution=32", "train.amp=none", "model.kwargs.drop_path_rate=0"]
+    )
+    torch.manual_seed(0)
+    normal = timm.create_model(name, num_classes=10, img_size=32, drop_path_rate=0.0)
+    sharded = build_sharded_model(cfg, 10, 3, _one_rank(), None)
+    with torch.no_grad():
+        for k, v in sharded.state_dict().items():
+            v.to_local().copy_(normal.state_dict()[k]) if hasattr(v, "to_local") else v.copy_(normal.state_dict()[k])
+    return normal, sharded
+
+
+@pytest.mark.parametrize("name", ["vit_n_lepe", "swin_n_lepe"])
+def test_per_layer_pe_parameters_shard_with_their_block(name):
+    """LePE's conv of layer i is called inside block i: it shards in block i's group."""
+    normal, model = _sharded_copy(name)
+    pe_key = "pe.encodings.lepe.convs"
+    units = sharding_units(model)
+    block_names = {
+        id(u): {n for n, p in model.named_parameters() if any(p is q for q in u.parameters())} for u in units
+    }
+    for i, unit in enumerate(units):
+        own = {n for n in _group_names(model, unit) if n.startswith("pe.")}
+        assert own == {f"{pe_key}.{i}.weight", f"{pe_key}.{i}.bias"}, (i, own)
+        assert _group_names(model, unit) - own == block_names[id(unit)]
+    assert not any(n.startswith("pe.") for n in _group_names(model, model))  # the root holds none of them
+    # each block's group (its PE conv included) is freed before the next block runs, for one grid and for a native
+    # batch of three grids (the conv runs once per grid inside the block), and the gradients are the unsharded ones
+    freed = []
+    for i, unit in enumerate(units[1:], 1):
+        state = units[i - 1]._get_fsdp_state()
+        unit.register_forward_pre_hook(lambda *_, s=state: freed.append(s._fsdp_param_group.is_sharded))
+    torch.manual_seed(1)
+    images = [torch.randn(3, 32, 32), torch.randn(3, 16, 24), torch.randn(3, 24, 16)]
+    for x in (torch.stack([images[0]] * 2), pack_images(images, 4)) if name.startswith("vit") else (images[0][None],):
+        y = torch.arange(len(images) if isinstance(x, dict) else x.shape[0])
+        for m in (normal, model):
+            m.zero_grad()
+            with attn_backend("sdpa"):
+                nn.functional.cross_entropy(_call_train(m, x), y).backward()
+        got = {n: p.grad.full_tensor() for n, p in model.named_parameters()}
+        for n, p in normal.named_parameters():  # the same arithmetic, gathered
+            torch.testing.assert_close(got[n], p.grad, rtol=1e-5, atol=1e-6)
+    assert freed and all(freed)
+
+
+def test_model_level_and_read_before_the_block_pe_parameters_stay_with_the_root():
+    _, model = _sharded_copy("vit_n_rope2d_mixed_ape")  # RoPE-Mixed's [2, depth, H, d/2] frequencies, APE's table
+    root = _group_names(model, model)
+    assert {"pe.encodings.rope2d.freqs", "pe.encodings.ape.pos_embed"} <= root
+    _, model = _sharded_copy("swin_n_rpb")  # per-layer bias tables, read by context() before each block runs
+    root = _group_names(model, model)
+    assert {f"pe.encodings.irpe.bias_tables.{i}" for i in range(len(sharding_units(model)))} <= root
+
+
+def _call_train(model, x):
+    model.train()
+    return model(x)
 
 
 # ------------------------------------------------------------------------------------------ activation checkpointing

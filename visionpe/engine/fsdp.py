@@ -3,9 +3,11 @@ optimizer state instead of a full replica.
 
     model = build_sharded_model(cfg, num_classes, in_chans, ctx, amp)  # built on meta, sharded, then initialised
 
-Sharding units: every block of every `blocks` list (the ViT trunk's blocks, each Swin / CvT stage's blocks), then the
-root, which keeps everything else (stem, head, norms, downsampling, and the PEs' parameters, which are read by the
-model outside the blocks' forward, e.g. RoPE-Mixed's [2, depth, H, d/2] frequencies). A unit's parameters are gathered
+Sharding units: every block of every `blocks` list (the ViT trunk's blocks, each Swin / CvT stage's blocks), each in
+one group with its PE's modules of that layer (`PosEncoding.layer_modules`, called inside the block: LePE's convs),
+then the root, which keeps everything else (stem, head, norms, downsampling, and the PE parameters read outside the
+blocks: in `context()` before a block runs, model-level ones such as RoPE-Mixed's [2, depth, H, d/2] frequencies and
+per-layer tables such as iRPE's, and at site 'block' after it, CPE's convs). A unit's parameters are gathered
 before its forward and freed after it (`train.fsdp.reshard_after_forward`, default true; false keeps them gathered
 until the backward: faster, more memory). With `train.amp`, the gathered parameters are cast to its dtype and
 gradients are reduced in fp32. The model is built on the meta device, sharded, materialised on this rank's device
@@ -24,6 +26,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from ..pos.base import PosEncoding
 from .config import Config, ConfigError
 from .distributed import DistContext
 from .setup import build_model
@@ -34,6 +37,7 @@ __all__ = [
     "fsdp_options",
     "check_strategy",
     "sharding_units",
+    "sharding_groups",
     "construct_on_meta",
     "build_sharded_model",
     "load_full_state",
@@ -79,6 +83,16 @@ def sharding_units(model: nn.Module) -> list[nn.Module]:
         if isinstance(module, nn.ModuleList) and name.rsplit(".", 1)[-1] == "blocks":
             units += list(module)
     return units
+
+
+def sharding_groups(model: nn.Module) -> list[list[nn.Module]]:
+    """[block i, *its PE's submodules of layer i] for every sharding unit: one FSDP group each. The PE's modules
+    are the model's `pe.layer_modules(i)` when its blocks are its attention layers one to one (block i of the
+    forward order is layer i); otherwise, or without a PE, the blocks alone."""
+    units, pe = sharding_units(model), getattr(model, "pe", None)
+    if not isinstance(pe, PosEncoding) or pe.host.depth != len(units):
+        return [[block] for block in units]
+    return [[block, *pe.layer_modules(i)] for i, block in enumerate(units)]
 
 
 # ---------------------------------------------------------------------------------------------- construction
@@ -199,8 +213,8 @@ def build_sharded_model(
         model.set_grad_checkpointing(True)
     reshard = fsdp_options(cfg)["reshard_after_forward"]
     policy = MixedPrecisionPolicy(param_dtype=amp, reduce_dtype=torch.float32) if amp else MixedPrecisionPolicy()
-    for block in sharding_units(model):
-        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+    for group in sharding_groups(model):
+        fully_shard(group if len(group) > 1 else group[0], mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
     model.fsdp_reshard_after_forward = reshard  # read by `gathered`
     model.to_empty(device=ctx.device)
@@ -256,7 +270,12 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _fsdp_modules(model: nn.Module) -> list[FSDPModule]:
-    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+    """One module of each FSDP group (a block's PE modules share its group)."""
+    units = {}
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            units.setdefault(id(m._get_fsdp_state()), m)
+    return list(units.values())
 
 
 @contextlib.contextmanager
