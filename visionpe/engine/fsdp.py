@@ -26,7 +26,6 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from ..pos.base import PosEncoding
 from .config import Config, ConfigError
 from .distributed import DistContext
 from .setup import build_model
@@ -90,7 +89,7 @@ def sharding_groups(model: nn.Module) -> list[list[nn.Module]]:
     are the model's `pe.layer_modules(i)` when its blocks are its attention layers one to one (block i of the
     forward order is layer i); otherwise, or without a PE, the blocks alone."""
     units, pe = sharding_units(model), getattr(model, "pe", None)
-    if not isinstance(pe, PosEncoding) or pe.host.depth != len(units):
+    if not hasattr(pe, "layer_modules") or pe.host.depth != len(units):
         return [[block] for block in units]
     return [[block, *pe.layer_modules(i)] for i, block in enumerate(units)]
 
