@@ -77,6 +77,8 @@ class ContractModel(nn.Module):
     (`init_non_persistent_buffers`, which timm's `reinit_non_persistent_buffers` calls), activation checkpointing
     (`set_grad_checkpointing`) and the TorchScript error."""
 
+    intermediate_formats: tuple[str, ...] = ("NCHW",)  # forward_intermediates' output formats, the default first
+
     def init_weights(self) -> None:
         """Every parameter and buffer drawn or computed afresh (also after `to_empty()`)."""
         reset_to_defaults(self)
@@ -86,6 +88,15 @@ class ContractModel(nn.Module):
     def init_non_persistent_buffers(self) -> None:
         """The PEs' index / frequency buffers and caches rebuilt (timm's reinit_non_persistent_buffers)."""
         self.pe.init_non_persistent_buffers()
+
+    def intermediate_format(self, output_fmt: str | None) -> str:
+        """forward_intermediates' `output_fmt` checked against the model's `intermediate_formats` (None: the first)."""
+        formats = self.intermediate_formats
+        if output_fmt is None:
+            return formats[0]
+        if output_fmt not in formats:
+            raise ValueError(f"output_fmt must be one of {formats}, got {output_fmt!r}")
+        return output_fmt
 
     @torch.jit.ignore
     def set_grad_checkpointing(self, enable: bool = True) -> None:
