@@ -3,6 +3,8 @@ their place.
 
 - `factory_kwargs`: a model's `__init__` takes `device=` and `dtype=` (timm >= 1.0.21 passes them to every model):
   the model is built inside `torch.device(device)` (directly there, also on "meta") and cast to `dtype` after.
+  It also takes timm's size flags (`TIMM_SIZE_FLAGS`: dynamic_img_size, dynamic_img_pad, strict_img_size) for
+  compatibility; every model here takes any input size and pads partial patches, whatever their value.
 - `reset_to_defaults`: every submodule with a `reset_parameters()` (linear, conv, norm, embedding, LayerScale and
   each PE's own parameters) draws its parameters afresh; a backbone's `init_weights()` runs it before its own init,
   so that after `to_empty()` no parameter or buffer is left uninitialised. The constructor does not run it, so a
@@ -20,18 +22,31 @@ from contextlib import nullcontext
 import torch
 from torch import nn
 
-__all__ = ["ContractModel", "UnsupportedPool", "factory_kwargs", "not_scriptable", "place_like", "reset_to_defaults"]
+__all__ = [
+    "TIMM_SIZE_FLAGS",
+    "ContractModel",
+    "UnsupportedPool",
+    "factory_kwargs",
+    "not_scriptable",
+    "place_like",
+    "reset_to_defaults",
+]
 
 
 class UnsupportedPool(ValueError, AssertionError):
     """A global pool the model does not take (raised by the constructor and by reset_classifier alike)."""
 
 
+TIMM_SIZE_FLAGS = ("dynamic_img_size", "dynamic_img_pad", "strict_img_size")
+
+
 def factory_kwargs(init):
-    """Decorate a model's `__init__` so it takes timm's `device=` / `dtype=` factory kwargs."""
+    """Decorate a model's `__init__` so it takes timm's `device=` / `dtype=` factory kwargs (and its size flags)."""
 
     @functools.wraps(init)
     def wrapped(self, *args, device=None, dtype=None, **kwargs):
+        for flag in TIMM_SIZE_FLAGS:
+            kwargs.pop(flag, None)
         if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise ValueError(f"dtype must be a floating-point torch.dtype (e.g. torch.bfloat16), got {dtype!r}")
         with torch.device(device) if device is not None else nullcontext():

@@ -62,17 +62,12 @@ class TokenEncoder(ContractModel):
         norm_layer: type[nn.Module] | None = None,
         act_layer: type[nn.Module] | None = None,
         norm_eps: float = 1e-6,
-        dynamic_img_size: bool = True,
-        dynamic_img_pad: bool = True,
-        strict_img_size: bool = False,
     ):
         """grid: the reference (H, W) patch grid the PEs are built for (frames: its token frames T);
         default_scheme: the position scheme of the layout when no PE declares one (e.g. for a learned APE);
         embed_prefix: a learned APE has entries for the prefix tokens too; fc_norm: norm after pooling instead of
         before (default: with average pooling); qkv_bias: True, False or "qv" (no k bias, as DINOv3);
-        norm_eps: the LayerNorm epsilon when norm_layer is not given (1e-6; DINOv3 uses 1e-5).
-        dynamic_img_size / dynamic_img_pad / strict_img_size: timm's flags, accepted for compatibility; every model
-        here takes any input size and pads partial patches, whatever their value."""
+        norm_eps: the LayerNorm epsilon when norm_layer is not given (1e-6; DINOv3 uses 1e-5)."""
         super().__init__()
         _check_pool(global_pool, class_token)
         norm_layer = norm_layer or partial(nn.LayerNorm, eps=norm_eps)
