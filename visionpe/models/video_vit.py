@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..fx import fx_unsupported, is_fx_tracing
+from ..layers.checks import check_tensor
 from ..layout import TokenLayout
 from .construction import factory_kwargs
 from .native_batch import embed_tubelets
@@ -30,11 +31,7 @@ def _pair(v) -> tuple[int, int]:
 
 def check_clip(x: torch.Tensor, in_chans: int, tubelet: int, patch: int) -> tuple[int, int, int]:
     """Validate a clip batch [B, C, T, H, W]; returns (T, H, W)."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"expected a tensor of clips [B, C, T, H, W], got {type(x).__name__}")
-    if x.ndim != 5:
-        hint = " (images [B, C, H, W]: add a time axis with x.unsqueeze(2))" if x.ndim == 4 else ""
-        raise ValueError(f"expected clips of shape [B, C, T, H, W], got a {x.ndim}-D tensor {tuple(x.shape)}{hint}")
+    check_tensor(x, "clips", "B, C, T, H, W", {4: "images [B, C, H, W]: add a time axis with x.unsqueeze(2)"})
     if x.shape[1] != in_chans:
         raise ValueError(
             f"expected {in_chans} channels in dim 1 of [B, C, T, H, W], got shape {tuple(x.shape)}; "
