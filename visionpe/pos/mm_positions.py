@@ -263,9 +263,7 @@ def _hope(segments, scale: float, training: bool, scales: Sequence[float], gener
     training); the next token starts at the block's last temporal index + 1."""
 
     def visual(size, nxt):
-        gamma = scale
-        if training:
-            gamma = float(scales[int(torch.randint(len(scales), (1,), generator=generator))])
+        gamma = _draw(scales, generator) if training else scale
         t, h, w = _diagonal_block(nxt, *size, gamma)
         return torch.stack([t, h, w], dim=1), t.max() + 1
 
@@ -325,13 +323,25 @@ def _v2pe(segments, delta: float, training: bool, deltas: Sequence[float], gener
             last, after_visual = start + size - 1, False
             continue
         n = math.prod(size)
-        d = delta
-        if training:
-            d = float(deltas[int(torch.randint(len(deltas), (1,), generator=generator))])
+        d = _draw(deltas, generator) if training else delta
         first = 0.0 if last is None else last + d
         rows.append(first + d * torch.arange(n, dtype=torch.float64))
         last, after_visual = first + d * (n - 1), True
     return torch.cat(rows)[:, None]
+
+
+def _per_segment(options: dict, key: str, default: float, many: str, defaults, check) -> tuple[float, tuple]:
+    """A setting drawn per visual segment in training (HoPE's temporal scale, V2PE's delta): (its evaluation value
+    `options[key]`, the training candidates `options[many]`), each value checked by `check`."""
+    candidates = tuple(check(v) for v in options.get(many, defaults))
+    if not candidates:
+        raise ValueError(f"`{many}` needs at least one candidate {key}, got none")
+    return check(options.get(key, default)), candidates
+
+
+def _draw(candidates, generator) -> float:
+    """One of the candidates, drawn from `generator` (per visual segment in training)."""
+    return float(candidates[int(torch.randint(len(candidates), (1,), generator=generator))])
 
 
 def _compute(segments, scheme: str, options: dict) -> torch.Tensor:
@@ -340,18 +350,12 @@ def _compute(segments, scheme: str, options: dict) -> torch.Tensor:
     elif scheme == "mrope_interleaved":
         pos = _interleaved_mrope(segments)
     elif scheme == "hope":
-        scales = tuple(_check_scale(s) for s in options.get("scales", HOPE_SCALES))
-        if not scales:
-            raise ValueError("HoPE needs at least one candidate temporal scale in `scales`")
-        scale = _check_scale(options.get("temporal_scale", HOPE_EVAL_SCALE))
+        scale, scales = _per_segment(options, "temporal_scale", HOPE_EVAL_SCALE, "scales", HOPE_SCALES, _check_scale)
         pos = _hope(segments, scale, bool(options.get("training", False)), scales, options.get("generator"))
     elif scheme == "vrope":
         pos = _vrope(segments)
     elif scheme == "v2pe":
-        deltas = tuple(_check_delta(d) for d in options.get("deltas", V2PE_DELTAS))
-        if not deltas:
-            raise ValueError("V2PE needs at least one candidate delta in `deltas`")
-        delta = _check_delta(options.get("delta", V2PE_EVAL_DELTA))
+        delta, deltas = _per_segment(options, "delta", V2PE_EVAL_DELTA, "deltas", V2PE_DELTAS, _check_delta)
         pos = _v2pe(segments, delta, bool(options.get("training", False)), deltas, options.get("generator"))
     else:
         stride = float(options.get("temporal_stride", 2.0))
