@@ -91,5 +91,5 @@ def test_video_models_equal_plain_rope_at_the_training_clip_and_change_beyond(sc
         model.position_mode = "extrapolate"
         assert torch.equal(model(longer), plain[1])
     assert timm.create_model("vivit_n_rope3d", position_mode="yarn").position_mode == "yarn"
-    with pytest.raises(ValueError, match="video position_mode must be one of"):
+    with pytest.raises(ValueError, match="position_mode must be one of"):
         model.position_mode = "interpolate"

@@ -13,6 +13,8 @@ evaluation split that the training split does not have is an error, or dropped a
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import warnings
 from collections import Counter
@@ -225,23 +227,11 @@ def transform_kwargs(training: bool, aug: dict | None, mean, std, interpolation:
 
 
 @register_dataset("imagenet", num_classes=1000, in_chans=3, kind="image")
-def imagenet(
-    split: str = "train",
-    resolution: int = 224,
-    root: str | None = None,
-    training: bool = False,
-    class_map: dict | None = None,
-    aug: dict | None = None,
-    mean=None,
-    std=None,
-    interpolation: str | None = None,
-    crop_pct: float | None = None,
-    drop_unknown_classes: bool = False,
-) -> ImageFolderDataset:
+@functools.wraps(image_folder, assigned=())  # image_folder's options (inspect.signature follows __wrapped__)
+def imagenet(*args, **options) -> ImageFolderDataset:
     """ImageNet-1k in the usual `root/train/n01440764/*.JPEG`, `root/val/n01440764/*.JPEG` layout."""
-    ds = image_folder(
-        split, resolution, root, training, class_map, aug, mean, std, interpolation, crop_pct, drop_unknown_classes
-    )
+    ds = image_folder(*args, **options)
+    class_map = inspect.signature(image_folder).bind(*args, **options).arguments.get("class_map")
     if ds.num_classes != 1000 and not class_map:
         raise ValueError(
             f"{ds.split_dir} has {ds.num_classes} class folders, ImageNet-1k has 1000; use "

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from .registry import register_dataset
-from .rendered import RenderedDataset, side_pair
+from .rendered import RenderedDataset, no_files, side_pair
 from .splits import split_size
 
 __all__ = ["ImageTextShapes", "CLASS_NAMES", "COLOURS", "SHAPES", "image_text_shapes", "question_ids", "vocab_size"]
@@ -59,23 +59,12 @@ def render_board(colours: list[int], shapes: list[int], grid: int, resolution, b
     return img.permute(2, 0, 1).contiguous()
 
 
-class ImageTextShapes(RenderedDataset):
+class ImageTextShapes(RenderedDataset, classes=CLASS_NAMES, default_sizes=DEFAULT_SIZES):
     """({"pixels", "text_ids"}, class) items; `render(i, resolution)` draws item i at any size."""
 
-    num_classes = len(CLASS_NAMES)
-    classes = CLASS_NAMES
-    default_sizes = DEFAULT_SIZES
-
-    def __init__(
-        self,
-        split: str = "train",
-        resolution=32,
-        grid: int = 3,
-        num_samples: int | None = None,
-        seed: int = 0,
-        noise: float = 0.05,
-    ):
-        super().__init__(split, num_samples, seed, noise)
+    def __init__(self, split: str = "train", resolution=32, grid: int = 3, **draw):
+        """draw: num_samples (default: the class's split sizes), seed, noise (see RenderedDataset)."""
+        super().__init__(split, **draw)
         if grid < 2:
             raise ValueError(f"the board needs at least 2 x 2 cells for positions to matter, got grid={grid}")
         self.resolution = side_pair(resolution)
@@ -124,8 +113,7 @@ def image_text_shapes(
 ) -> ImageTextShapes:
     """7 answer classes (4 colours, 3 shapes) to [ASK, COLOUR|SHAPE, ROW, COL] questions about a G x G board;
     6000 / 1000 items unless num_train / num_val (or num_samples, both splits) say otherwise."""
-    if root:
-        raise ValueError(f"image-text-shapes is generated, it reads no files; drop data.root (got {root!r})")
+    no_files("image-text-shapes", root)
     return ImageTextShapes(
         split, resolution, grid, num_samples=split_size(split, num_samples, num_train, num_val), seed=seed, noise=noise
     )

@@ -9,7 +9,7 @@ from torch.utils.data import Dataset
 
 from .splits import split_kind
 
-__all__ = ["RenderedDataset", "side_pair"]
+__all__ = ["RenderedDataset", "no_files", "side_pair"]
 
 
 def side_pair(resolution) -> tuple[int, int]:
@@ -20,12 +20,27 @@ def side_pair(resolution) -> tuple[int, int]:
     return int(h), int(w)
 
 
-class RenderedDataset(Dataset):
-    """A split of `num_samples` drawn items (default: the class's `default_sizes` of the split kind)."""
+def no_files(name: str, root: str | None) -> None:
+    """The one-line error of a generated dataset given a data root."""
+    if root:
+        raise ValueError(f"{name} is generated, it reads no files; drop data.root (got {root!r})")
 
+
+class RenderedDataset(Dataset):
+    """A split of `num_samples` drawn items (default: the class's `default_sizes` of the split kind). A subclass
+    names its classes and split sizes in its class line:
+    `class Shapes(RenderedDataset, classes=CLASS_NAMES, default_sizes={"train": 5000, "val": 1000})`."""
+
+    classes: tuple[str, ...] = ()
+    num_classes = 0
     default_sizes: dict[str, int] = {"train": 5000, "val": 1000}
 
-    def __init__(self, split: str, num_samples: int | None, seed: int, noise: float):
+    def __init_subclass__(cls, classes: tuple[str, ...] = (), default_sizes: dict[str, int] | None = None, **kw):
+        super().__init_subclass__(**kw)
+        cls.classes, cls.num_classes = tuple(classes), len(classes)
+        cls.default_sizes = default_sizes or cls.default_sizes
+
+    def __init__(self, split: str, num_samples: int | None = None, seed: int = 0, noise: float = 0.05):
         kind = split_kind(split)
         self.split_id = 0 if kind == "train" else 1
         self.num_samples = int(num_samples if num_samples is not None else self.default_sizes[kind])

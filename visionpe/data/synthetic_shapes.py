@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from .registry import register_dataset
-from .rendered import RenderedDataset
+from .rendered import RenderedDataset, no_files
 from .seeding import mix_seed
 from .splits import split_size
 
@@ -41,23 +41,12 @@ def _sdf(shape: int, x: np.ndarray, y: np.ndarray, r: float) -> np.ndarray:
     return np.minimum(bar, np.maximum(ay - r, ax - 0.3 * r))  # cross: two bars
 
 
-class SyntheticShapes(RenderedDataset):
+class SyntheticShapes(RenderedDataset, classes=CLASS_NAMES, default_sizes=DEFAULT_SIZES):
     """Shapes x quadrants; `render(i, resolution)` draws item i at any size, `self[i]` at the default size."""
 
-    num_classes = len(CLASS_NAMES)
-    classes = CLASS_NAMES
-    default_sizes = DEFAULT_SIZES
-
-    def __init__(
-        self,
-        split: str = "train",
-        resolution: int = 32,
-        num_samples: int | None = None,
-        seed: int = 0,
-        noise: float = 0.05,
-    ):
-        """num_samples: items in this split (default 5000 train / 1000 val)."""
-        super().__init__(split, num_samples, seed, noise)
+    def __init__(self, split: str = "train", resolution: int = 32, **draw):
+        """draw: num_samples (default: the class's split sizes), seed, noise (see RenderedDataset)."""
+        super().__init__(split, **draw)
         self.resolution = int(resolution)
 
     def scene(self, index: int) -> dict:
@@ -119,7 +108,6 @@ def synthetic_shapes(
     noise: float = 0.05,
 ) -> SyntheticShapes:
     """16 classes (4 shapes x 4 quadrants) rendered procedurally at any resolution; num_train / num_val items."""
-    if root:
-        raise ValueError(f"synthetic-shapes is generated, it reads no files; drop data.root (got {root!r})")
+    no_files("synthetic-shapes", root)
     n = split_size(split, None, num_train, num_val)
     return SyntheticShapes(split, resolution, num_samples=n, seed=seed, noise=noise)

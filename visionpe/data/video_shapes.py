@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from .registry import register_dataset
-from .rendered import RenderedDataset, side_pair
+from .rendered import RenderedDataset, no_files, side_pair
 from .splits import split_size
 
 __all__ = ["VideoShapes", "CLASS_NAMES", "DIRECTIONS", "render_scene", "reverse_scene", "video_shapes"]
@@ -62,23 +62,12 @@ def reverse_scene(scene: dict) -> dict:
     return {**scene, "start": ends, "direction": opposite, "first": first, "target": first * 4 + opposite}
 
 
-class VideoShapes(RenderedDataset):
+class VideoShapes(RenderedDataset, classes=CLASS_NAMES, default_sizes=DEFAULT_SIZES):
     """Clips [3, T, H, W] and their class; `render(i, resolution, frames)` draws item i at any size and length."""
 
-    num_classes = len(CLASS_NAMES)
-    classes = CLASS_NAMES
-    default_sizes = DEFAULT_SIZES
-
-    def __init__(
-        self,
-        split: str = "train",
-        resolution=32,
-        frames: int = 8,
-        num_samples: int | None = None,
-        seed: int = 0,
-        noise: float = 0.05,
-    ):
-        super().__init__(split, num_samples, seed, noise)
+    def __init__(self, split: str = "train", resolution=32, frames: int = 8, **draw):
+        """draw: num_samples (default: the class's split sizes), seed, noise (see RenderedDataset)."""
+        super().__init__(split, **draw)
         if frames < 2:
             raise ValueError(f"video-shapes needs at least 2 frames to show an order of motion, got {frames}")
         self.resolution = side_pair(resolution)
@@ -133,8 +122,7 @@ def video_shapes(
 ) -> VideoShapes:
     """8 classes (which shape moves first x direction) of clips [3, T, H, W] at any length and size; 4000 / 800
     items unless num_train / num_val (or num_samples, both splits) say otherwise."""
-    if root:
-        raise ValueError(f"video-shapes is generated, it reads no files; drop data.root (got {root!r})")
+    no_files("video-shapes", root)
     return VideoShapes(
         split,
         resolution,

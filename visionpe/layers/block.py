@@ -1,4 +1,5 @@
-"""Pre-norm transformer block (DeiT / timm names: norm1, attn, ls1, norm2, mlp, ls2)."""
+"""Pre-norm transformer blocks: `PreNormBlock` owns the residual pair every backbone here shares (timm names norm1,
+attn, ls1, norm2, mlp, ls2); `Block` is the DeiT / timm block over tokens with a PE context."""
 
 from __future__ import annotations
 
@@ -9,10 +10,43 @@ from torch import nn
 from ..pos.base import PosContext
 from .attention import Attention
 
-__all__ = ["Block"]
+__all__ = ["Block", "PreNormBlock"]
 
 
-class Block(nn.Module):
+class PreNormBlock(nn.Module):
+    """x + attn(norm1(x)), then x + mlp(norm2(x)), each branch with optional LayerScale and drop path. A subclass
+    builds its attention (the constructor's RNG draws: attention, then MLP) and says how it runs (`forward`)."""
+
+    def __init__(
+        self,
+        dim: int,
+        attn: nn.Module,
+        mlp_ratio: float,
+        proj_drop: float,
+        drop_path: float,
+        act_layer: type[nn.Module],
+        norm_layer: type[nn.Module],
+        init_values: float | None = None,
+    ):
+        super().__init__()
+        self.norm1 = norm_layer(dim)
+        self.attn = attn
+        self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.norm2 = norm_layer(dim)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, drop=proj_drop)
+        self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def add_attn(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """x plus the attention branch's output (computed from norm1(x))."""
+        return x + self.drop_path1(self.ls1(out))
+
+    def add_mlp(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+
+
+class Block(PreNormBlock):
     def __init__(
         self,
         dim: int,
@@ -26,16 +60,8 @@ class Block(nn.Module):
         act_layer: type[nn.Module] = nn.GELU,
         norm_layer: type[nn.Module] = nn.LayerNorm,
     ):
-        super().__init__()
-        self.norm1 = norm_layer(dim)
-        self.attn = Attention(dim, num_heads, qkv_bias, qk_norm, proj_drop=proj_drop, norm_layer=norm_layer)
-        self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
-        self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
-        self.norm2 = norm_layer(dim)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, drop=proj_drop)
-        self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
-        self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        attn = Attention(dim, num_heads, qkv_bias, qk_norm, proj_drop=proj_drop, norm_layer=norm_layer)
+        super().__init__(dim, attn, mlp_ratio, proj_drop, drop_path, act_layer, norm_layer, init_values)
 
     def forward(self, x: torch.Tensor, ctx: PosContext | None = None) -> torch.Tensor:
-        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), ctx)))
-        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+        return self.add_mlp(self.add_attn(x, self.attn(self.norm1(x), ctx)))

@@ -3,6 +3,8 @@ their place.
 
 - `factory_kwargs`: a model's `__init__` takes `device=` and `dtype=` (timm >= 1.0.21 passes them to every model):
   the model is built inside `torch.device(device)` (directly there, also on "meta") and cast to `dtype` after.
+  It also takes timm's size flags (`TIMM_SIZE_FLAGS`: dynamic_img_size, dynamic_img_pad, strict_img_size) for
+  compatibility; every model here takes any input size and pads partial patches, whatever their value.
 - `reset_to_defaults`: every submodule with a `reset_parameters()` (linear, conv, norm, embedding, LayerScale and
   each PE's own parameters) draws its parameters afresh; a backbone's `init_weights()` runs it before its own init,
   so that after `to_empty()` no parameter or buffer is left uninitialised. The constructor does not run it, so a
@@ -20,18 +22,31 @@ from contextlib import nullcontext
 import torch
 from torch import nn
 
-__all__ = ["ContractModel", "UnsupportedPool", "factory_kwargs", "not_scriptable", "place_like", "reset_to_defaults"]
+__all__ = [
+    "TIMM_SIZE_FLAGS",
+    "ContractModel",
+    "UnsupportedPool",
+    "factory_kwargs",
+    "not_scriptable",
+    "place_like",
+    "reset_to_defaults",
+]
 
 
 class UnsupportedPool(ValueError, AssertionError):
     """A global pool the model does not take (raised by the constructor and by reset_classifier alike)."""
 
 
+TIMM_SIZE_FLAGS = ("dynamic_img_size", "dynamic_img_pad", "strict_img_size")
+
+
 def factory_kwargs(init):
-    """Decorate a model's `__init__` so it takes timm's `device=` / `dtype=` factory kwargs."""
+    """Decorate a model's `__init__` so it takes timm's `device=` / `dtype=` factory kwargs (and its size flags)."""
 
     @functools.wraps(init)
     def wrapped(self, *args, device=None, dtype=None, **kwargs):
+        for flag in TIMM_SIZE_FLAGS:
+            kwargs.pop(flag, None)
         if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise ValueError(f"dtype must be a floating-point torch.dtype (e.g. torch.bfloat16), got {dtype!r}")
         with torch.device(device) if device is not None else nullcontext():
@@ -77,6 +92,8 @@ class ContractModel(nn.Module):
     (`init_non_persistent_buffers`, which timm's `reinit_non_persistent_buffers` calls), activation checkpointing
     (`set_grad_checkpointing`) and the TorchScript error."""
 
+    intermediate_formats: tuple[str, ...] = ("NCHW",)  # forward_intermediates' output formats, the default first
+
     def init_weights(self) -> None:
         """Every parameter and buffer drawn or computed afresh (also after `to_empty()`)."""
         reset_to_defaults(self)
@@ -86,6 +103,15 @@ class ContractModel(nn.Module):
     def init_non_persistent_buffers(self) -> None:
         """The PEs' index / frequency buffers and caches rebuilt (timm's reinit_non_persistent_buffers)."""
         self.pe.init_non_persistent_buffers()
+
+    def intermediate_format(self, output_fmt: str | None) -> str:
+        """forward_intermediates' `output_fmt` checked against the model's `intermediate_formats` (None: the first)."""
+        formats = self.intermediate_formats
+        if output_fmt is None:
+            return formats[0]
+        if output_fmt not in formats:
+            raise ValueError(f"output_fmt must be one of {formats}, got {output_fmt!r}")
+        return output_fmt
 
     @torch.jit.ignore
     def set_grad_checkpointing(self, enable: bool = True) -> None:

@@ -114,17 +114,12 @@ class ConvolutionalVisionTransformer(StagedModel):
         pe_kwargs: dict | None = None,
         act_layer: str | type[nn.Module] = "quick_gelu",
         norm_layer: type[nn.Module] | None = None,
-        dynamic_img_size: bool = True,
-        dynamic_img_pad: bool = True,
-        strict_img_size: bool = False,
     ):
         """embed_dims/depths/num_heads and the patch_* conv settings are per stage. cls_token: a CLS token joins in
         the last stage (then global_pool defaults to 'token', else 'avg'). drop_path_rate: the last stage's rate
         (official: stages 1-2 have none), or one per stage, linear over each stage's blocks.
         pe: a PE preset (visionpe.pos.PE_PRESETS), 'nope' for the paper's models; pe_kwargs override its options.
-        act_layer: 'quick_gelu' (official weights) or 'gelu' (Hugging Face transformers port).
-        dynamic_img_size / dynamic_img_pad / strict_img_size: timm's flags, accepted for compatibility; the model
-        takes any input size whatever their value."""
+        act_layer: 'quick_gelu' (official weights) or 'gelu' (Hugging Face transformers port)."""
         super().__init__()
         n = len(depths)
         embed_dims, num_heads = _stage_tuple(embed_dims, n, "embed_dims"), _stage_tuple(num_heads, n, "num_heads")

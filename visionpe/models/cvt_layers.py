@@ -8,10 +8,9 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import torch
-from timm.layers import DropPath, Mlp
 from torch import nn
 
-from ..layers import attention_core
+from ..layers import PreNormBlock, attention_core
 from ..pos.base import PosContext
 
 __all__ = ["ConvAttention", "ConvEmbed", "CvtBlock", "CvtStage", "conv_out_size", "conv_projection"]
@@ -107,7 +106,7 @@ class ConvAttention(nn.Module):
         return self.proj_drop(self.proj(out))
 
 
-class CvtBlock(nn.Module):
+class CvtBlock(PreNormBlock):
     """Pre-norm block (official names norm1, attn, norm2, mlp)."""
 
     def __init__(
@@ -122,16 +121,11 @@ class CvtBlock(nn.Module):
         norm_layer: type[nn.Module] = nn.LayerNorm,
         **attn_kwargs,
     ):
-        super().__init__()
-        self.norm1 = norm_layer(dim)
-        self.attn = ConvAttention(dim, num_heads, qkv_bias, proj_drop=proj_drop, **attn_kwargs)
-        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
-        self.norm2 = norm_layer(dim)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, drop=proj_drop)
+        attn = ConvAttention(dim, num_heads, qkv_bias, proj_drop=proj_drop, **attn_kwargs)
+        super().__init__(dim, attn, mlp_ratio, proj_drop, drop_path, act_layer, norm_layer)
 
     def forward(self, x: torch.Tensor, hw: tuple[int, int], num_prefix: int, ctx: PosContext | None = None):
-        x = x + self.drop_path(self.attn(self.norm1(x), hw, num_prefix, ctx))
-        return x + self.drop_path(self.mlp(self.norm2(x)))
+        return self.add_mlp(self.add_attn(x, self.attn(self.norm1(x), hw, num_prefix, ctx)))
 
 
 class CvtStage(nn.Module):

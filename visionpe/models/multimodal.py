@@ -17,8 +17,7 @@ from ..layout import TokenLayout
 from ..native import is_native_batch
 from .construction import factory_kwargs
 from .native_sequence import embed_native_sequence
-from .token_encoder import TokenEncoder
-from .video_vit import VISUAL_FORMATS, TubeletEmbed
+from .video_vit import TubeletEncoder
 
 __all__ = ["MultimodalEncoder", "check_text"]
 
@@ -48,7 +47,7 @@ def check_text(text_ids: torch.Tensor | None, vocab_size: int, batch: int, devic
     return text_ids.long().to(device)
 
 
-class MultimodalEncoder(TokenEncoder):
+class MultimodalEncoder(TubeletEncoder):
     @factory_kwargs
     def __init__(
         self,
@@ -59,43 +58,24 @@ class MultimodalEncoder(TokenEncoder):
         in_chans: int = 3,
         vocab_size: int = 512,
         text_split: int = 1,
-        num_classes: int = 1000,
         global_pool: str = "avg",
         class_token: bool = False,
         embed_dim: int = 768,
-        depth: int = 12,
-        num_heads: int = 12,
         pe: str = "mrope",
-        pe_kwargs: dict | None = None,
         **kwargs,
     ):
         """pe: the RoPE scheme preset (rope1d, mrope, videorope, vrope, v2pe); text_split: how many leading text ids
         go before the visual input (the rest follow it); the scheme's options (RoPE base `theta`, V2PE's visual step
-        `delta`) go in pe_kwargs. Other kwargs: see TokenEncoder."""
-        stem = TubeletEmbed(img_size, num_frames, patch_size, tubelet_size, in_chans, embed_dim)
-        super().__init__(
-            grid=stem.grid_size[1:],
-            num_classes=num_classes,
-            global_pool=global_pool,
-            embed_dim=embed_dim,
-            depth=depth,
-            num_heads=num_heads,
-            class_token=class_token,
-            pe=pe,
-            pe_kwargs=pe_kwargs,
-            default_scheme="rope1d",
-            frames=stem.grid_size[0],
-            **kwargs,
-        )
+        `delta`) go in pe_kwargs. Other kwargs (num_classes, depth, num_heads, pe_kwargs, ...): see TokenEncoder."""
         if text_split < 0:
             raise ValueError(f"text_split must be >= 0, got {text_split}")
-        self.patch_embed = stem
-        self.in_chans = in_chans
+        stem = (img_size, num_frames, patch_size, tubelet_size, in_chans, embed_dim)
+        trunk = dict(global_pool=global_pool, class_token=class_token, pe=pe, default_scheme="rope1d")
+        super().__init__(*stem, **trunk, **kwargs)
         self.vocab_size = vocab_size
         self.text_split = text_split
         self.text_embed = nn.Embedding(vocab_size, embed_dim)
         self.markers = nn.Parameter(torch.zeros(2, embed_dim))  # <img>, </img>
-        self.feature_info = [dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=patch_size) for i in range(depth)]
         self._init_layers()
 
     def _init_layers(self) -> None:
@@ -178,13 +158,12 @@ class MultimodalEncoder(TokenEncoder):
         return_prefix_tokens: bool = False,
         norm: bool = False,
         stop_early: bool = False,
-        output_fmt: str = "NCTHW",
+        output_fmt: str | None = None,
         intermediates_only: bool = False,
     ):
         """Features of the chosen blocks (timm's API): the visual tokens as NCTHW maps (NCHW for an image or a
         one-tubelet clip), or every non-prefix token of the sequence (text included) as NLC."""
-        if output_fmt not in VISUAL_FORMATS:
-            raise ValueError(f"output_fmt must be one of {VISUAL_FORMATS}, got {output_fmt!r}")
+        output_fmt = self.intermediate_format(output_fmt)
         if is_native_batch(pixels):
             (x, layout), visual = embed_native_sequence(self, pixels, text_ids, text_split), None
         else:

@@ -20,7 +20,6 @@ __all__ = ["StagedModel"]
 class StagedModel(ContractModel):
     stage_attr = "stages"  # attribute holding the nn.ModuleList of stages
     width_attr = "dims"  # attribute holding each stage's width
-    intermediate_formats: tuple[str, ...] = ("NCHW",)
     pruned_pool = ""  # the head's pool after pruning to an earlier stage
 
     def forward_intermediates(
@@ -29,14 +28,12 @@ class StagedModel(ContractModel):
         indices: int | list[int] | None = None,
         norm: bool = False,
         stop_early: bool = False,
-        output_fmt: str = "NCHW",
+        output_fmt: str | None = None,
         intermediates_only: bool = False,
     ):
-        """Per-stage features (timm's API) in `output_fmt`; `norm` applies the final norm to the last stage."""
-        if output_fmt not in self.intermediate_formats:
-            raise ValueError(
-                f"output_fmt must be {' or '.join(map(repr, self.intermediate_formats))}, got {output_fmt!r}"
-            )
+        """Per-stage features (timm's API) in `output_fmt` (default the first of `intermediate_formats`); `norm`
+        applies the final norm to the last stage."""
+        output_fmt = self.intermediate_format(output_fmt)
         n = len(getattr(self, self.stage_attr))
         take_indices, max_index = feature_take_indices(n, indices)
         last = max_index if stop_early else n - 1

@@ -21,14 +21,14 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
-from timm.layers import ClassifierHead, DropPath, Mlp, PatchEmbed, to_2tuple, trunc_normal_
+from timm.layers import ClassifierHead, PatchEmbed, to_2tuple, trunc_normal_
 from timm.models.swin_transformer import PatchMerging
 from torch import nn
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.utils.checkpoint import checkpoint
 
 from ..fx import fx_unsupported, is_fx_tracing
-from ..layers import Attention
+from ..layers import Attention, PreNormBlock
 from ..layers.checks import check_images
 from ..layout import TokenLayout, image_layout, is_symbolic, window_layout
 from ..pos.base import AttnSpec, PEHost, PosContext, merge_contexts
@@ -63,7 +63,7 @@ def stage_windows(window_size, num_stages: int) -> tuple[tuple[int, int], ...]:
     return out
 
 
-class SwinBlock(nn.Module):
+class SwinBlock(PreNormBlock):
     """Window attention + MLP, pre-norm (timm names norm1, attn.{qkv, proj}, norm2, mlp)."""
 
     def __init__(
@@ -78,20 +78,14 @@ class SwinBlock(nn.Module):
         act_layer: type[nn.Module] = nn.GELU,
         norm_layer: type[nn.Module] = nn.LayerNorm,
     ):
-        super().__init__()
+        attn = Attention(dim, num_heads, qkv_bias, proj_drop=proj_drop)
+        super().__init__(dim, attn, mlp_ratio, proj_drop, drop_path, act_layer, norm_layer)
         self.shifted = shifted
-        self.norm1 = norm_layer(dim)
-        self.attn = Attention(dim, num_heads, qkv_bias, proj_drop=proj_drop)
-        self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
-        self.norm2 = norm_layer(dim)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, drop=proj_drop)
-        self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def forward(self, x: torch.Tensor, plan: WindowPlan, ctx: PosContext | None = None) -> torch.Tensor:
         """x [B, H, W, C]; attention runs on the windows of `plan` with the (PE + mask) context."""
         windows = self.attn(plan.partition(self.norm1(x)), ctx)  # (B * nW, wh * ww, C)
-        x = x + self.drop_path1(plan.reverse(windows, x.shape[0]))
-        return x + self.drop_path2(self.mlp(self.norm2(x)))
+        return self.add_mlp(self.add_attn(x, plan.reverse(windows, x.shape[0])))
 
 
 class EvenPatchMerging(PatchMerging):
@@ -170,15 +164,10 @@ class SwinTransformer(StagedModel):
         pe_kwargs: dict | None = None,
         norm_layer: type[nn.Module] | None = None,
         act_layer: type[nn.Module] | None = None,
-        dynamic_img_size: bool = True,
-        dynamic_img_pad: bool = True,
-        strict_img_size: bool = False,
     ):
         """embed_dim: width of stage 1 (doubling per stage). window_size: one for all stages or one per stage.
         pe: a PE preset (visionpe.pos.PE_PRESETS), 'rpb' being Swin's relative position bias; pe_kwargs override
-        its options.
-        dynamic_img_size / dynamic_img_pad / strict_img_size: timm's flags, accepted for compatibility; the model
-        takes any input size whatever their value."""
+        its options."""
         super().__init__()
         _check_pool(global_pool)
         if len(num_heads) != len(depths):

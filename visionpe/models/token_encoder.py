@@ -19,7 +19,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..layers import Block
 from ..layout import TokenLayout
-from ..native import BatchLayout
+from ..native import BatchLayout, is_native_batch
 from ..pos.base import AttnSpec, PEHost
 from ..pos.mm_positions import segment_layout
 from ..pos.presets import build_pos_encoding
@@ -33,6 +33,9 @@ POOLS = ("", "avg", "token")
 
 
 class TokenEncoder(ContractModel):
+    intermediate_formats: tuple[str, ...] = ("NCHW", "NLC")  # forward_intermediates' formats, the default first
+    position_modes: tuple[str, ...] = ("extrapolate",)  # the test-time position modes the model takes
+
     def __init__(
         self,
         grid: tuple[int, int],
@@ -59,17 +62,12 @@ class TokenEncoder(ContractModel):
         norm_layer: type[nn.Module] | None = None,
         act_layer: type[nn.Module] | None = None,
         norm_eps: float = 1e-6,
-        dynamic_img_size: bool = True,
-        dynamic_img_pad: bool = True,
-        strict_img_size: bool = False,
     ):
         """grid: the reference (H, W) patch grid the PEs are built for (frames: its token frames T);
         default_scheme: the position scheme of the layout when no PE declares one (e.g. for a learned APE);
         embed_prefix: a learned APE has entries for the prefix tokens too; fc_norm: norm after pooling instead of
         before (default: with average pooling); qkv_bias: True, False or "qv" (no k bias, as DINOv3);
-        norm_eps: the LayerNorm epsilon when norm_layer is not given (1e-6; DINOv3 uses 1e-5).
-        dynamic_img_size / dynamic_img_pad / strict_img_size: timm's flags, accepted for compatibility; every model
-        here takes any input size and pads partial patches, whatever their value."""
+        norm_eps: the LayerNorm epsilon when norm_layer is not given (1e-6; DINOv3 uses 1e-5)."""
         super().__init__()
         _check_pool(global_pool, class_token)
         norm_layer = norm_layer or partial(nn.LayerNorm, eps=norm_eps)
@@ -141,6 +139,18 @@ class TokenEncoder(ContractModel):
             position_mode=ref.get("position_mode", "extrapolate"),
         )
 
+    @property
+    def position_mode(self) -> str:
+        return self._pe_ref.get("position_mode", "extrapolate")
+
+    @position_mode.setter
+    def position_mode(self, mode: str) -> None:
+        if mode not in self.position_modes:
+            raise ValueError(f"position_mode must be one of {self.position_modes}, got {mode!r}")
+        if self._pe_ref.get("position_mode") != mode:
+            self._pe_ref["position_mode"] = mode
+            self.pe.set_host(self._host())  # the PEs read the mode from their host (ntk / yarn)
+
     def set_reference(self, grid: tuple[int, int], frames: int | None = None) -> None:
         """A new reference grid (timm's set_input_size): the PEs adapt their tables through `set_host`."""
         self._pe_ref["grid"] = tuple(grid)
@@ -205,6 +215,44 @@ class TokenEncoder(ContractModel):
             x = self.pool(x)
         x = self.head_drop(self.fc_norm(x))
         return x if pre_logits else self.head(x)
+
+    def block_features(self, reduction: int) -> list[dict]:
+        """timm's feature_info: every block's tokens, `reduction` pixels a token."""
+        dim = self.embed_dim
+        return [dict(module=f"blocks.{i}", num_chs=dim, reduction=reduction) for i in range(len(self.blocks))]
+
+    def embed_native(self, x: dict) -> tuple[torch.Tensor, BatchLayout]:
+        """A native batch (visionpe.native) -> tokens [B, L, C] and their BatchLayout (models with a native stem)."""
+        raise TypeError(f"{type(self).__name__} takes no native batch")
+
+    def forward_features(self, x: torch.Tensor | dict) -> torch.Tensor | dict:
+        """Input -> tokens [B, P + N, C] (see `embed`); a native batch (visionpe.native) -> a dict of every item's
+        tokens, for forward_head."""
+        if is_native_batch(x):
+            return self.native_features(*self.embed_native(x))
+        return self.run_blocks(*self.embed(x))
+
+    def forward(self, x: torch.Tensor | dict) -> torch.Tensor:
+        """Logits [B, classes]; for a native batch one row per item (row order, then item order)."""
+        return self.forward_head(self.forward_features(x))
+
+    def forward_intermediates(
+        self,
+        x: torch.Tensor | dict,
+        indices: int | list[int] | None = None,
+        return_prefix_tokens: bool = False,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str | None = None,
+        intermediates_only: bool = False,
+    ):
+        """Features of the chosen blocks (timm's API) in one of `intermediate_formats` (default the first): maps
+        (NCTHW, or NCHW for one frame) or NLC tokens, optionally with prefix tokens."""
+        output_fmt = self.intermediate_format(output_fmt)
+        x, layout = self.embed_native(x) if is_native_batch(x) else self.embed(x)
+        return self.intermediates(
+            x, layout, indices, return_prefix_tokens, norm, stop_early, output_fmt, intermediates_only
+        )
 
     def intermediates(
         self,

@@ -13,13 +13,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..fx import fx_unsupported, is_fx_tracing
+from ..layers.checks import check_tensor
 from ..layout import TokenLayout
-from ..native import is_native_batch
 from .construction import factory_kwargs
 from .native_batch import embed_tubelets
 from .token_encoder import TokenEncoder
 
-__all__ = ["TubeletEmbed", "VideoViT", "check_clip"]
+__all__ = ["TubeletEmbed", "TubeletEncoder", "VideoViT", "check_clip"]
 
 VIDEO_POSITION_MODES = ("extrapolate", "ntk", "yarn")  # ntk / yarn: test-time RoPE scaling (visionpe.pos.rope_nd)
 VISUAL_FORMATS = ("NCTHW", "NCHW", "NLC")  # maps over (T, H, W), maps over (H, W) when T = 1, tokens
@@ -31,11 +31,7 @@ def _pair(v) -> tuple[int, int]:
 
 def check_clip(x: torch.Tensor, in_chans: int, tubelet: int, patch: int) -> tuple[int, int, int]:
     """Validate a clip batch [B, C, T, H, W]; returns (T, H, W)."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"expected a tensor of clips [B, C, T, H, W], got {type(x).__name__}")
-    if x.ndim != 5:
-        hint = " (images [B, C, H, W]: add a time axis with x.unsqueeze(2))" if x.ndim == 4 else ""
-        raise ValueError(f"expected clips of shape [B, C, T, H, W], got a {x.ndim}-D tensor {tuple(x.shape)}{hint}")
+    check_tensor(x, "clips", "B, C, T, H, W", {4: "images [B, C, H, W]: add a time axis with x.unsqueeze(2)"})
     if x.shape[1] != in_chans:
         raise ValueError(
             f"expected {in_chans} channels in dim 1 of [B, C, T, H, W], got shape {tuple(x.shape)}; "
@@ -97,7 +93,23 @@ class TubeletEmbed(nn.Module):
         return F.linear(x, self.proj.weight.flatten(1), self.proj.bias), grid  # [B, T'*H'*W', D]
 
 
-class VideoViT(TokenEncoder):
+class TubeletEncoder(TokenEncoder):
+    """The token-encoder trunk behind a tubelet stem (the video ViT and the multimodal encoder): the stem is built
+    before the trunk, so that parameters draw from the RNG in the stem -> PE -> blocks order."""
+
+    intermediate_formats = VISUAL_FORMATS
+
+    def __init__(self, img_size, num_frames, patch_size, tubelet_size, in_chans, embed_dim, **trunk):
+        stem = TubeletEmbed(img_size, num_frames, patch_size, tubelet_size, in_chans, embed_dim)
+        super().__init__(grid=stem.grid_size[1:], frames=stem.grid_size[0], embed_dim=embed_dim, **trunk)
+        self.patch_embed = stem
+        self.in_chans = in_chans
+        self.feature_info = self.block_features(patch_size)
+
+
+class VideoViT(TubeletEncoder):
+    position_modes = VIDEO_POSITION_MODES
+
     @factory_kwargs
     def __init__(
         self,
@@ -107,51 +119,20 @@ class VideoViT(TokenEncoder):
         tubelet_size: int = 2,
         in_chans: int = 3,
         num_classes: int = 400,
-        global_pool: str = "token",
         embed_dim: int = 768,
-        depth: int = 12,
-        num_heads: int = 12,
         pe: str = "rope3d",
-        pe_kwargs: dict | None = None,
         position_mode: str = "extrapolate",
         **kwargs,
     ):
         """pe: a PE preset (visionpe.pos.PE_PRESETS), e.g. 'ape_st', 'rope3d', 'vrope'; its options (e.g. V2PE's
         visual step `delta`) go in pe_kwargs. position_mode: 'extrapolate' (raw positions) or 'ntk' / 'yarn'
         (RoPE-ND schemes rescale their frequencies beyond the training clip; other PEs read them as 'extrapolate').
-        Other kwargs: see TokenEncoder."""
-        stem = TubeletEmbed(img_size, num_frames, patch_size, tubelet_size, in_chans, embed_dim)
-        super().__init__(
-            grid=stem.grid_size[1:],
-            num_classes=num_classes,
-            global_pool=global_pool,
-            embed_dim=embed_dim,
-            depth=depth,
-            num_heads=num_heads,
-            pe=pe,
-            pe_kwargs=pe_kwargs,
-            default_scheme="rope3d",
-            frames=stem.grid_size[0],
-            **kwargs,
-        )
-        self.patch_embed = stem
-        self.in_chans = in_chans
+        Other kwargs (depth, num_heads, global_pool, pe_kwargs, ...): see TokenEncoder."""
+        stem = (img_size, num_frames, patch_size, tubelet_size, in_chans, embed_dim)
+        super().__init__(*stem, num_classes=num_classes, pe=pe, default_scheme="rope3d", **kwargs)
         self.num_frames = num_frames
         self.position_mode = position_mode
-        self.feature_info = [dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=patch_size) for i in range(depth)]
         self._init_layers()
-
-    @property
-    def position_mode(self) -> str:
-        return self._pe_ref.get("position_mode", "extrapolate")
-
-    @position_mode.setter
-    def position_mode(self, mode: str) -> None:
-        if mode not in VIDEO_POSITION_MODES:
-            raise ValueError(f"video position_mode must be one of {VIDEO_POSITION_MODES}, got {mode!r}")
-        if self._pe_ref.get("position_mode") != mode:
-            self._pe_ref["position_mode"] = mode
-            self.pe.set_host(self._host())  # the PEs read the mode from their host
 
     def layout(self, grid: tuple[int, int, int], device=None) -> TokenLayout:
         """Layout of a T x H x W token grid under the model's position scheme ((t, y, x) for rope3d and the APE)."""
@@ -162,36 +143,10 @@ class VideoViT(TokenEncoder):
         x, grid = self.patch_embed(x)
         return self.add_prefix(x), self.layout(grid, x.device)
 
-    def forward_features(self, x: torch.Tensor | dict) -> torch.Tensor | dict:
-        """Clips [B, C, T, H, W] -> tokens [B, P + N, D]; a native batch of clips of different lengths and sizes
-        (visionpe.native: tubelets with (t, y, x) coordinates) -> a dict of every clip's tokens, for forward_head."""
-        if is_native_batch(x):
-            return self.native_features(*embed_tubelets(self, x))
-        x, layout = self.embed(x)
-        return self.run_blocks(x, layout)
-
-    def forward(self, x: torch.Tensor | dict) -> torch.Tensor:
-        """Logits [B, classes]; for a native batch one row per clip (row order, then clip order)."""
-        return self.forward_head(self.forward_features(x))
-
-    def forward_intermediates(
-        self,
-        x: torch.Tensor,
-        indices: int | list[int] | None = None,
-        return_prefix_tokens: bool = False,
-        norm: bool = False,
-        stop_early: bool = False,
-        output_fmt: str = "NCTHW",
-        intermediates_only: bool = False,
-    ):
-        """Features of the chosen blocks (timm's API): NCTHW maps, NCHW maps (clips of one tubelet) or NLC tokens,
-        optionally with prefix tokens."""
-        if output_fmt not in VISUAL_FORMATS:
-            raise ValueError(f"output_fmt must be one of {VISUAL_FORMATS}, got {output_fmt!r}")
-        x, layout = embed_tubelets(self, x) if is_native_batch(x) else self.embed(x)
-        return self.intermediates(
-            x, layout, indices, return_prefix_tokens, norm, stop_early, output_fmt, intermediates_only
-        )
+    def embed_native(self, x: dict):
+        """A native batch of clips of different lengths and sizes (visionpe.native: tubelets with (t, y, x)
+        coordinates) -> tokens [B, L, D] and their BatchLayout."""
+        return embed_tubelets(self, x)
 
     def set_input_size(self, img_size=None, num_frames: int | None = None) -> None:
         """Change the reference clip size: the APE's spatial table is resampled (its temporal table is resampled

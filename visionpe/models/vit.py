@@ -17,7 +17,6 @@ from ..fx import is_fx_tracing
 from ..layers.checks import check_images, patch_grid
 from ..layers.token_merger import AdaptiveTokenMerger
 from ..layout import TokenLayout, image_layout
-from ..native import is_native_batch
 from .construction import factory_kwargs
 from .native_batch import embed_patches
 from .token_encoder import TokenEncoder
@@ -28,6 +27,8 @@ POSITION_MODES = ("extrapolate", "interpolate", "ntk", "yarn")
 
 
 class VisionTransformer(TokenEncoder):
+    position_modes = POSITION_MODES
+
     @factory_kwargs
     def __init__(
         self,
@@ -104,8 +105,7 @@ class VisionTransformer(TokenEncoder):
         self.no_embed_class = no_embed_class
         self.position_mode = position_mode
         self.merge_factor, self.merger_grid = merge, merger_grid
-        r = self.patch_embed.patch_size[0] * merge
-        self.feature_info = [dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=r) for i in range(depth)]
+        self.feature_info = self.block_features(self.patch_embed.patch_size[0] * merge)
         self._init_layers()
 
     @property
@@ -124,18 +124,6 @@ class VisionTransformer(TokenEncoder):
             layout = layout.with_pos(layout.pos * scale)
         return layout
 
-    @property
-    def position_mode(self) -> str:
-        return self._pe_ref["position_mode"]
-
-    @position_mode.setter
-    def position_mode(self, mode: str) -> None:
-        if mode not in POSITION_MODES:
-            raise ValueError(f"position_mode must be one of {POSITION_MODES}, got {mode!r}")
-        if self._pe_ref.get("position_mode") != mode:
-            self._pe_ref["position_mode"] = mode
-            self.pe.set_host(self._host())  # the PEs read the mode from their host (ntk / yarn)
-
     def set_position_mode(self, mode: str) -> None:
         self.position_mode = mode
 
@@ -153,34 +141,9 @@ class VisionTransformer(TokenEncoder):
             (Hp, Wp), device = self.pe_grid, next(self.parameters()).device
         return self.add_prefix(x.reshape(B, Hp * Wp, C)), self.layout((Hp, Wp), device)
 
-    def forward_features(self, x: torch.Tensor | dict) -> torch.Tensor | dict:
-        """Images [B, C, H, W] -> tokens [B, P + N, C]; a native batch (a NaFlex dict, visionpe.native) -> a dict
-        with the tokens of every image, for forward_head."""
-        if is_native_batch(x):
-            return self.native_features(*embed_patches(self, x))
-        return self.run_blocks(*self.embed(x))
-
-    def forward(self, x: torch.Tensor | dict) -> torch.Tensor:
-        """Logits [B, classes]; for a native batch one row per image (row order, then image order)."""
-        return self.forward_head(self.forward_features(x))
-
-    def forward_intermediates(
-        self,
-        x: torch.Tensor,
-        indices: int | list[int] | None = None,
-        return_prefix_tokens: bool = False,
-        norm: bool = False,
-        stop_early: bool = False,
-        output_fmt: str = "NCHW",
-        intermediates_only: bool = False,
-    ):
-        """Features of the chosen blocks (timm's API): NCHW maps or NLC tokens, optionally with prefix tokens."""
-        if output_fmt not in ("NCHW", "NLC"):
-            raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
-        x, layout = embed_patches(self, x) if is_native_batch(x) else self.embed(x)
-        return self.intermediates(
-            x, layout, indices, return_prefix_tokens, norm, stop_early, output_fmt, intermediates_only
-        )
+    def embed_native(self, x: dict):
+        """A native batch (a NaFlex dict, visionpe.native) -> tokens [B, L, C] and their BatchLayout."""
+        return embed_patches(self, x)
 
     # --------------------------------------------------------------------------------------------- timm interface
 

@@ -83,12 +83,7 @@ class LearnedAPE(PosEncoding):
         trunc_normal_(self.pos_embed, std=self.std)
 
     def set_grid(self, grid):
-        grid = tuple(grid)
-        if grid != self.grid:
-            with torch.no_grad():
-                table = self.table(grid).detach().clone()
-            self.pos_embed = nn.Parameter(table, requires_grad=self.pos_embed.requires_grad)
-            self.grid = grid
+        self.regrid_table("pos_embed", grid, self.table)
 
     def no_weight_decay(self):
         return {"pos_embed"}

@@ -65,12 +65,7 @@ class SpaceTimeAPE(PosEncoding):
         return torch.cat([x[:, :p], x[:, p:] + pe], dim=1) if p else x + pe
 
     def set_grid(self, grid):
-        grid = tuple(grid)
-        if grid != self.grid:
-            with torch.no_grad():
-                table = self.space_table(grid).detach().clone()
-            self.space = nn.Parameter(table, requires_grad=self.space.requires_grad)
-            self.grid = grid
+        self.regrid_table("space", grid, self.space_table)
 
     def no_weight_decay(self):
         return {"space", "time"} | ({"prefix"} if self.prefix is not None else set())

@@ -203,6 +203,18 @@ class PosEncoding(nn.Module):
     def set_grid(self, grid: tuple[int, int]) -> None:
         """A new reference grid (timm's set_input_size): learned tables are resampled to it."""
 
+    def regrid_table(self, name: str, grid, resample) -> None:
+        """`set_grid` of a PE with one learned grid table, the parameter `name`: at a new grid it becomes
+        `resample(grid)` (computed before `self.grid` moves), a new parameter with no history and the old one's
+        requires_grad."""
+        grid = tuple(grid)
+        if grid == self.grid:
+            return
+        with torch.no_grad():
+            table = resample(grid).detach().clone()
+        setattr(self, name, nn.Parameter(table, requires_grad=getattr(self, name).requires_grad))
+        self.grid = grid
+
     def no_weight_decay(self) -> set[str]:
         """Parameter names (relative to this module) to exclude from weight decay."""
         return set()

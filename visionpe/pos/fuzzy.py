@@ -79,14 +79,11 @@ class FuzzyPE(PosEncoding):
         return torch.cat([x[:, :p], x[:, p:] + pe], dim=1) if p else x + pe
 
     def set_grid(self, grid):
-        grid = tuple(grid)
-        if grid != self.grid:
-            with torch.no_grad():
-                table = resample_abs_pos_embed(
-                    self.pos_embed, new_size=list(grid), old_size=list(self.grid), num_prefix_tokens=0
-                )
-            self.pos_embed = nn.Parameter(table.detach().clone(), requires_grad=self.pos_embed.requires_grad)
-            self.grid = grid
+        self.regrid_table("pos_embed", grid, self._resampled)
+
+    def _resampled(self, grid) -> torch.Tensor:
+        old, new = list(self.grid), list(grid)
+        return resample_abs_pos_embed(self.pos_embed, new_size=new, old_size=old, num_prefix_tokens=0)
 
     def reset_parameters(self):
         trunc_normal_(self.pos_embed, std=self.std)

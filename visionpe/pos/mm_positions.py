@@ -211,6 +211,20 @@ def _time_aligned(t: torch.Tensor, interval: float) -> torch.Tensor:
     return (t.to(torch.float32) * torch.tensor(interval, dtype=torch.float32)).floor().to(torch.float64)
 
 
+def _walk(segments, streams: int, visual) -> torch.Tensor:
+    """Positions [N, streams] of a segment spec: a text token takes the running index on every stream, a visual
+    block is placed by `visual(size, start) -> (its rows, the running index after it)`."""
+    rows, nxt = [], 0.0
+    for kind, size in segments:
+        if kind == "text":
+            rows.append((torch.arange(size, dtype=torch.float64) + nxt)[:, None].expand(-1, streams))
+            nxt = nxt + size
+        else:
+            block, nxt = visual(size, nxt)
+            rows.append(block)
+    return torch.cat(rows)
+
+
 def _three_stream(
     segments, scheme: str, temporal_stride: float = 2.0, interval: float = 1.0, after_visual: str = "max"
 ) -> torch.Tensor:
@@ -218,13 +232,8 @@ def _three_stream(
     next token starts at the max over all streams + 1 (Qwen2-VL's rule), except VideoRoPE, whose official
     `get_t_scale_rope_index` continues from the block's last temporal index + 1 (its y / x streams, centred on t,
     may run past it)."""
-    rows, nxt = [], 0.0
-    for kind, size in segments:
-        if kind == "text":
-            p = torch.arange(size, dtype=torch.float64) + nxt
-            rows.append(p[:, None].expand(-1, 3))
-            nxt += size
-            continue
+
+    def visual(size, nxt):
         T, H, W = size
         if scheme == "videorope":
             t, h, w = _diagonal_block(nxt, T, H, W, temporal_stride)
@@ -234,12 +243,12 @@ def _three_stream(
                 t = _time_aligned(t, interval)
             t, h, w = nxt + t, nxt + h, nxt + w
         block = torch.stack([t, h, w], dim=1)
-        rows.append(block)
         if after_visual == "hw":
-            nxt = nxt + max(H, W)
-        else:  # a 0-d tensor: no host sync (torch.compile traces it without a graph break)
-            nxt = (t if scheme == "videorope" else block).max() + 1
-    return torch.cat(rows)
+            return block, nxt + max(H, W)
+        # a 0-d tensor: no host sync (torch.compile traces it without a graph break)
+        return block, (t if scheme == "videorope" else block).max() + 1
+
+    return _walk(segments, 3, visual)
 
 
 def _diagonal_block(start, T: int, H: int, W: int, stride: float):
@@ -252,36 +261,27 @@ def _diagonal_block(start, T: int, H: int, W: int, stride: float):
 def _hope(segments, scale: float, training: bool, scales: Sequence[float], generator) -> torch.Tensor:
     """HoPE's dynamic temporal scaling on VideoRoPE's layout: gamma per visual segment (drawn from `scales` in
     training); the next token starts at the block's last temporal index + 1."""
-    rows, nxt = [], 0.0
-    for kind, size in segments:
-        if kind == "text":
-            rows.append((torch.arange(size, dtype=torch.float64) + nxt)[:, None].expand(-1, 3))
-            nxt = nxt + size
-            continue
-        gamma = scale
-        if training:
-            gamma = float(scales[int(torch.randint(len(scales), (1,), generator=generator))])
+
+    def visual(size, nxt):
+        gamma = _draw(scales, generator) if training else scale
         t, h, w = _diagonal_block(nxt, *size, gamma)
-        rows.append(torch.stack([t, h, w], dim=1))
-        nxt = t.max() + 1
-    return torch.cat(rows)
+        return torch.stack([t, h, w], dim=1), t.max() + 1
+
+    return _walk(segments, 3, visual)
 
 
 def _interleaved_mrope(segments) -> torch.Tensor:
     """Qwen3-VL's ids: text t = h = w = running index; every frame of a visual block at t = s, (h, w) = s + (row,
     col), then s advances by max(H, W)."""
-    rows, nxt = [], 0
-    for kind, size in segments:
-        if kind == "text":
-            rows.append((torch.arange(size, dtype=torch.float64) + nxt)[:, None].expand(-1, 3))
-            nxt = nxt + size
-            continue
+
+    def visual(size, nxt):
         T, H, W = size
         _, h, w = _grid(1, H, W)
-        for _ in range(T):
-            rows.append(torch.stack([torch.full_like(h, nxt), h + nxt, w + nxt], dim=1))
-            nxt = nxt + max(H, W)
-    return torch.cat(rows)
+        starts = [nxt + k * max(H, W) for k in range(T)]
+        frames = [torch.stack([torch.full_like(h, s), h + s, w + s], dim=1) for s in starts]
+        return torch.cat(frames), nxt + T * max(H, W)
+
+    return _walk(segments, 3, visual)
 
 
 def _check_scale(scale: float) -> float:
@@ -293,20 +293,15 @@ def _check_scale(scale: float) -> float:
 
 def _vrope(segments) -> torch.Tensor:
     """Four symmetric diagonal indices per visual token; the running index advances T (H + W - 1) per video."""
-    rows, nxt = [], 0.0
-    for kind, size in segments:
-        if kind == "text":
-            p = torch.arange(size, dtype=torch.float64) + nxt
-            rows.append(p[:, None].expand(-1, 4))
-            nxt += size
-            continue
+
+    def visual(size, nxt):
         T, H, W = size
         t, h, w = _grid(T, H, W)
         base = t * (H + W - 1) + nxt
         hr, wr = (H - 1) - h, (W - 1) - w
-        rows.append(torch.stack([h + w, h + wr, hr + w, hr + wr], dim=1) + base[:, None])
-        nxt += T * (H + W - 1)
-    return torch.cat(rows)
+        return torch.stack([h + w, h + wr, hr + w, hr + wr], dim=1) + base[:, None], nxt + T * (H + W - 1)
+
+    return _walk(segments, 4, visual)
 
 
 def _check_delta(delta: float) -> float:
@@ -328,13 +323,25 @@ def _v2pe(segments, delta: float, training: bool, deltas: Sequence[float], gener
             last, after_visual = start + size - 1, False
             continue
         n = math.prod(size)
-        d = delta
-        if training:
-            d = float(deltas[int(torch.randint(len(deltas), (1,), generator=generator))])
+        d = _draw(deltas, generator) if training else delta
         first = 0.0 if last is None else last + d
         rows.append(first + d * torch.arange(n, dtype=torch.float64))
         last, after_visual = first + d * (n - 1), True
     return torch.cat(rows)[:, None]
+
+
+def _per_segment(options: dict, key: str, default: float, many: str, defaults, check) -> tuple[float, tuple]:
+    """A setting drawn per visual segment in training (HoPE's temporal scale, V2PE's delta): (its evaluation value
+    `options[key]`, the training candidates `options[many]`), each value checked by `check`."""
+    candidates = tuple(check(v) for v in options.get(many, defaults))
+    if not candidates:
+        raise ValueError(f"`{many}` needs at least one candidate {key}, got none")
+    return check(options.get(key, default)), candidates
+
+
+def _draw(candidates, generator) -> float:
+    """One of the candidates, drawn from `generator` (per visual segment in training)."""
+    return float(candidates[int(torch.randint(len(candidates), (1,), generator=generator))])
 
 
 def _compute(segments, scheme: str, options: dict) -> torch.Tensor:
@@ -343,18 +350,12 @@ def _compute(segments, scheme: str, options: dict) -> torch.Tensor:
     elif scheme == "mrope_interleaved":
         pos = _interleaved_mrope(segments)
     elif scheme == "hope":
-        scales = tuple(_check_scale(s) for s in options.get("scales", HOPE_SCALES))
-        if not scales:
-            raise ValueError("HoPE needs at least one candidate temporal scale in `scales`")
-        scale = _check_scale(options.get("temporal_scale", HOPE_EVAL_SCALE))
+        scale, scales = _per_segment(options, "temporal_scale", HOPE_EVAL_SCALE, "scales", HOPE_SCALES, _check_scale)
         pos = _hope(segments, scale, bool(options.get("training", False)), scales, options.get("generator"))
     elif scheme == "vrope":
         pos = _vrope(segments)
     elif scheme == "v2pe":
-        deltas = tuple(_check_delta(d) for d in options.get("deltas", V2PE_DELTAS))
-        if not deltas:
-            raise ValueError("V2PE needs at least one candidate delta in `deltas`")
-        delta = _check_delta(options.get("delta", V2PE_EVAL_DELTA))
+        delta, deltas = _per_segment(options, "delta", V2PE_EVAL_DELTA, "deltas", V2PE_DELTAS, _check_delta)
         pos = _v2pe(segments, delta, bool(options.get("training", False)), deltas, options.get("generator"))
     else:
         stride = float(options.get("temporal_stride", 2.0))
