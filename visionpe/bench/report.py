@@ -153,7 +153,7 @@ def _quality_lines(stats: dict, models: list[str], plan) -> list[str]:
     hi = max(at_base, key=lambda x: x[1]["mean"])
     spread = max(at_base, key=lambda x: x[1]["std"])
     seeds = sorted({st["n"] for _, st in at_base})
-    heading = point_heading(None, plan.base, plan.base_frames, plan.bench.protocols)
+    heading = _headings(plan, [base])[0]
     return [
         "## Statistics",
         "",
