@@ -122,7 +122,6 @@ def test_native_protocol_end_to_end_agrees_with_each_image_run_alone(tmp_path, m
 
 def test_native_views_draw_every_image_at_the_points_budget_and_shape(tmp_path):
     root = _fashion_folder(tmp_path / "fm")
-    assert len({r["top1"] for r in rows}) > 2  # trained past chance (25%): the counts below tell points apart
     ds = build_dataset("fashion-mnist-native", "val", 16, root=str(root), options=dict(item=16, side=18))
     wide = first_inputs(NativeView(ds, Point("native", 1, 3, 0, 48), 4), 6)
     grids = (wide["patch_coord"].amax(1) + 1) * wide["patch_valid"].any(1, keepdim=True)
