@@ -200,7 +200,7 @@ def _claim_lines(judged: list[dict]) -> list[str]:
             continue
         rows = [
             [c["better"], c["worse"], c["protocol"], point_label(Point(c["protocol"], c["height"], c["width"],
-             c["frames"])), c["mode"], stat_text(c["a"]), stat_text(c["b"]), f"{c['diff']:+.1f}",
+             c["frames"], c.get("tokens", 0))), c["mode"], stat_text(c["a"]), stat_text(c["b"]), f"{c['diff']:+.1f}",
              f"{2 * c['se']:.1f}", c["verdict"]]
             for c in j["comparisons"]
         ]  # fmt: skip
