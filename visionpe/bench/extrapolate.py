@@ -1,5 +1,6 @@
-"""Extrapolation: train models with one recipe at a base size (and clip length), evaluate them at other sizes,
-fields of view and clip lengths in each test-time position mode (docs/benchmark.md).
+"""Extrapolation: train models with one recipe at a base size (and clip length, or token budget), evaluate them at
+other sizes, fields of view, clip lengths, token budgets and aspect ratios in each test-time position mode
+(docs/benchmark.md).
 
     python -m visionpe.bench extrapolate -c configs/bench/quick.yaml [bench.seeds=0,1 train.epochs=2 ...]
     python -m visionpe.bench extrapolate --pretrained -c configs/bench/imagenet-pretrained.yaml data.root=...
@@ -42,23 +43,27 @@ from ..engine.config import (
     check_value,
     config_from_dict,
     config_to_dict,
+    native_settings,
     read_section,
     read_yaml,
     setting,
 )
 from ..engine.interrupt import STOP_SIGNALS, StopOnSignal, TrainingInterrupted
+from ..engine.native_train import model_patch_size
 from ..engine.setup import build_eval_sets, build_model, build_split, resolve_amp, run_model, to_device
 from ..engine.yaml_io import YamlError, load_yaml_text
 from ..recipes import resolve_recipe
 from ..zoo import create_model
 from .protocols import (
     PROTOCOLS,
+    NativeView,
     Point,
     SizedView,
     evaluate_view,
     first_inputs,
     has_position_modes,
     modes_agree,
+    parse_aspect,
     parse_size,
     point_label,
     row_point,
@@ -99,8 +104,15 @@ class BenchConfig:
     protocols: list[str] = setting(
         ["upsample"],
         "upsample (content scaled with the image), fov (larger canvas, content at its training scale; canvas "
-        "datasets), frames (clip lengths of bench.frames at the training frame size; video datasets)",
+        "datasets), frames (clip lengths of bench.frames at the training frame size; video datasets), native "
+        "(token budgets of bench.tokens and aspect ratios of bench.aspects; recipes with data.native)",
         choices=PROTOCOLS,
+    )
+    tokens: list[int] = setting(
+        [], "native protocol: token budgets per image, each image at its own aspect ratio (training's added)", ge=1
+    )
+    aspects: list[str] = setting(
+        [], "native protocol: aspect ratios W:H at the training budget, every image on a canvas of that shape"
     )
     frames: list[int] = setting(
         [], "clip lengths evaluated by the frames protocol (the training length is added)", ge=1
@@ -302,8 +314,11 @@ class Plan:
     notes: list[str] = field(default_factory=list)  # what validation noticed (e.g. sizes that need padding)
     points: list[Point] = field(default_factory=list)
     base_frames: int = 0
+    base_tokens: int = 0  # the training budget per image of a data.native recipe
 
     def base_point(self, protocol: str) -> Point:
+        if protocol == "native":
+            return Point("native", 0, 0, 0, self.base_tokens)
         return Point(protocol, *self.base, self.base_frames if protocol == "frames" else 0)
 
 
@@ -318,11 +333,36 @@ def _option_default(cfg: Config, key: str) -> int:
     return int(param.default) if param is not None and isinstance(param.default, int) else 0
 
 
-def make_points(bench: BenchConfig, sizes: list[tuple[int, int]], base_frames: int) -> list[Point]:
-    """Upsample and fov points at every size; frames points at the base size for every length (base first)."""
+def base_tokens(cfg: Config) -> int:
+    """The training budget per image of a data.native recipe (the largest of data.native.seq_lens); 0 without."""
+    settings = native_settings(cfg)
+    if settings is None:
+        return 0
+    return max(settings.seq_lens) if settings.seq_lens else settings.max_tokens
+
+
+def native_points(bench: BenchConfig, tokens: int) -> list[Point]:
+    """The native protocol's points: the training budget, then bench.tokens at each image's own aspect ratio, then
+    every aspect ratio of bench.aspects at the training budget."""
+    points = [Point("native", 0, 0, 0, t) for t in dict.fromkeys([tokens, *bench.tokens])]
+    for a in bench.aspects:
+        try:
+            h, w = parse_aspect(a)
+        except ValueError as e:
+            raise BenchConfigError(f"bench.aspects: {e}") from None
+        if Point("native", h, w, 0, tokens) not in points:
+            points.append(Point("native", h, w, 0, tokens))
+    return points
+
+
+def make_points(bench: BenchConfig, sizes: list[tuple[int, int]], base_frames: int, tokens: int = 0) -> list[Point]:
+    """Upsample and fov points at every size; frames points at the base size for every length; native points at
+    every budget and aspect ratio (base first)."""
     points = []
     for protocol in bench.protocols:
-        if protocol == "frames":
+        if protocol == "native":
+            points += native_points(bench, tokens)
+        elif protocol == "frames":
             lengths = [base_frames] + [f for f in bench.frames if f != base_frames]
             points += [Point("frames", *sizes[0], f) for f in lengths]
         else:
@@ -355,7 +395,10 @@ def make_plan(bench: BenchConfig, cfg: Config) -> Plan:
         if size not in sizes:
             sizes.append(size)
     base_frames = _option_default(cfg, "frames")
-    points = make_points(bench, sizes, base_frames)
+    tokens = base_tokens(cfg)
+    if "native" in bench.protocols and not tokens:
+        raise BenchConfigError("the native protocol evaluates token budgets; the recipe needs data.native settings")
+    points = make_points(bench, sizes, base_frames, tokens)
     seeds = [0] if bench.pretrained else bench.seeds  # published weights are one run
     jobs = [
         Job(model, seed, _job_cfg(cfg, bench, model, seed), bench, sizes, points, base_frames,
@@ -363,7 +406,7 @@ def make_plan(bench: BenchConfig, cfg: Config) -> Plan:
         for model in bench.models
         for seed in seeds
     ]  # fmt: skip
-    return Plan(bench, cfg, jobs, base, sizes, points=points, base_frames=base_frames)
+    return Plan(bench, cfg, jobs, base, sizes, points=points, base_frames=base_frames, base_tokens=tokens)
 
 
 # ------------------------------------------------------------------------------------------------------ validation
@@ -389,13 +432,18 @@ def _check_settings(b: BenchConfig) -> None:
             "the frames protocol and bench.frames go together: list clip lengths (bench.frames=4,16,32) with "
             "bench.protocols including frames, or neither"
         )
+    if ("native" in b.protocols) != bool(b.tokens or b.aspects):
+        raise BenchConfigError(
+            "the native protocol and bench.tokens / bench.aspects go together: list budgets (bench.tokens=144,256) "
+            "or aspect ratios (bench.aspects=1:3,3:1) with bench.protocols including native, or neither"
+        )
     for key in ("checkpoints", "model_kwargs"):
         unknown = sorted(set(getattr(b, key)) - set(b.models))
         if unknown:
             raise BenchConfigError(f"bench.{key} names model(s) {unknown} that are not in bench.models")
     if b.checkpoints and not b.pretrained:
         raise BenchConfigError("bench.checkpoints are evaluated without training; add bench.pretrained=true")
-    if not b.resolutions and not b.shapes and "frames" not in b.protocols:
+    if not b.resolutions and not b.shapes and not {"frames", "native"} & set(b.protocols):
         raise BenchConfigError(
             "bench.resolutions and bench.shapes are both empty; list the sizes to evaluate at, "
             "e.g. bench.resolutions=28,42,56"
@@ -434,6 +482,11 @@ def _check_data(plan: Plan):
         )
     if "frames" in b.protocols and info.kind != "video":
         raise BenchConfigError(f"the frames protocol evaluates clip lengths; dataset {cfg.data.name!r} is not a video")
+    if "native" in b.protocols and (info.kind != "image" or native_settings(cfg).mode == "buckets"):
+        raise BenchConfigError(
+            f"the native protocol evaluates image models on native-aspect batches (data.native.mode packed or "
+            f"padded); got dataset {cfg.data.name!r} ({info.kind}), mode {native_settings(cfg).mode}"
+        )
     if "fov" in b.protocols and info.kind != "image":
         raise BenchConfigError(f"the fov protocol places images on canvases; dataset {cfg.data.name!r} is a video")
     return info
@@ -468,8 +521,11 @@ def _check_recipes(plan: Plan) -> None:
             )
 
 
-def view_of(evals: dict, point: Point, base: tuple[int, int], limit: int = 0) -> SizedView:
-    """The evaluation inputs of one point: upsample reads the set built for its size, fov and frames the base set."""
+def view_of(evals: dict, point: Point, base: tuple[int, int], limit: int = 0, patch: int | None = None):
+    """The evaluation inputs of one point: upsample reads the set built for its size, fov, frames and native (at
+    `patch` px patches) the base set."""
+    if point.protocol == "native":
+        return NativeView(evals[max(base)], point, patch or 16, limit, max(base))
     if point.protocol == "upsample":
         return SizedView(evals[max(point.size)], point.size, limit, "upsample", base)
     return SizedView(evals[max(base)], point.size, limit, point.protocol, base, point.frames)
@@ -486,7 +542,9 @@ def eval_split_classes(cfg: Config, info, pretrained: bool) -> tuple[int, dict |
 def _padding_note(model, model_name: str, points: list[Point]) -> str | None:
     patch = getattr(getattr(model, "patch_embed", None), "patch_size", None)
     patch = patch[-1] if isinstance(patch, (tuple, list)) else patch
-    padded = sorted({point_label(p) for p in points if patch and (p.height % patch or p.width % patch)})
+    padded = sorted(
+        {point_label(p) for p in points if patch and p.protocol != "native" and (p.height % patch or p.width % patch)}
+    )
     if not padded:
         return None
     return (
@@ -496,7 +554,7 @@ def _padding_note(model, model_name: str, points: list[Point]) -> str | None:
 
 
 def _try_point(model, model_name: str, x, point: Point, mode: str, amp, num_classes: int) -> None:
-    unit = "" if point.protocol == "frames" else " px"
+    unit = "" if point.protocol in ("frames", "native") else " px"
     try:
         with torch.autocast("cpu", dtype=amp or torch.float32, enabled=amp is not None):
             out = run_model(model, x)
@@ -528,9 +586,10 @@ def _check_models(plan: Plan, info) -> None:
         note = _padding_note(model, model_name, plan.points)
         if note:
             plan.notes.append(note)
+        patch = model_patch_size(model)
         for point in plan.points:
             try:
-                x = first_inputs(view_of(evals, point, plan.base, 1), 1)
+                x = first_inputs(view_of(evals, point, plan.base, 1, patch), 1)
             except ValueError as e:
                 raise BenchConfigError(f"cannot evaluate at {point_label(point)}: {e}") from None
             for mode in plan.bench.position_modes:
@@ -623,11 +682,12 @@ def _modes_agree(job: Job, model, datasets: dict, device) -> bool:
     """Whether both position modes give the same logits at the largest point of each protocol and at every
     non-square one (then one evaluation serves both modes)."""
     protocols = dict.fromkeys(p.protocol for p in job.points)
-    probes = [max((p for p in job.points if p.protocol == pr), key=lambda p: (p.frames, p.height * p.width))
+    probes = [max((p for p in job.points if p.protocol == pr), key=lambda p: (p.frames, p.tokens, p.height * p.width))
               for pr in protocols]  # fmt: skip
     probes += [p for p in job.points if p.height != p.width and p not in probes]
-    base = tuple(job.sizes[0])
-    return all(modes_agree(model, to_device(first_inputs(view_of(datasets, p, base, 4), 4), device)) for p in probes)
+    base, patch = tuple(job.sizes[0]), model_patch_size(model)
+    views = [view_of(datasets, p, base, 4, patch) for p in probes]
+    return all(modes_agree(model, to_device(first_inputs(v, 4), device)) for v in views)
 
 
 def _evaluate_points(job: Job, record: dict, todo: list, evaluate, stop) -> None:
@@ -640,6 +700,8 @@ def _evaluate_points(job: Job, record: dict, todo: list, evaluate, stop) -> None
         if stop is not None and stop.signum:
             raise _stopped(stop, job, "during the evaluation of")
         fields = dict(protocol=point.protocol, mode=mode, height=point.height, width=point.width, frames=point.frames)
+        if point.protocol == "native":
+            fields["tokens"] = point.tokens
         same = _coinciding(job, rows, record["modes_agree"], mode, point)
         if same is not None:
             rows[(mode, point)] = dict(same[0], **fields, same_as=same[1])
@@ -676,8 +738,10 @@ def run_job(job: Job, log=print, stop=None) -> dict:
     datasets = build_eval_sets(cfg, sorted({max(s) for s in job.sizes}), class_map)
     amp = resolve_amp(cfg.train.amp, device)
 
+    patch = model_patch_size(model)
+
     def evaluate(point: Point, mode: str, limit: int, sets: dict = datasets) -> dict:
-        view = view_of(sets, point, base, limit)
+        view = view_of(sets, point, base, limit, patch)
         return evaluate_view(model, view, mode, job.bench.eval_batch_size, device, amp, cfg.data.workers)
 
     record["modes_agree"] = len(job.modes) > 1 and _modes_agree(job, model, datasets, device)  # probed only if used

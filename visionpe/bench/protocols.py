@@ -1,8 +1,9 @@
-"""Evaluation at any height x width, clip length and position mode under a protocol (upsample, fov, frames;
-docs/benchmark.md); the engine's evaluation loop does the counting."""
+"""Evaluation at any height x width, clip length, token budget, aspect ratio and position mode under a protocol
+(upsample, fov, frames, native; docs/benchmark.md); the engine's evaluation loop does the counting."""
 
 from __future__ import annotations
 
+import math
 from functools import partial
 from typing import NamedTuple
 
@@ -13,6 +14,8 @@ from torch.utils.data import DataLoader, Dataset
 from torch.utils.data._utils.collate import default_collate
 
 from ..data.multires import Batch
+from ..data.native_loader import build_native_eval_loader
+from ..data.native_sampler import NativePlan
 from ..engine import DistContext, evaluate_loader
 from ..engine.setup import run_model
 
@@ -41,16 +44,29 @@ def size_label(size: tuple[int, int]) -> str:
     return str(size[0]) if size[0] == size[1] else f"{size[0]}x{size[1]}"
 
 
-PROTOCOLS = ("upsample", "fov", "frames")
+def parse_aspect(value) -> tuple[int, int]:
+    """An aspect ratio W:H as (H, W) in lowest terms: '3:1' (wide) -> (1, 3), '1:2' -> (2, 1)."""
+    parts = str(value).split(":")
+    if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"an aspect ratio is W:H in whole numbers (e.g. 3:1 wide, 1:3 tall), got {value!r}")
+    w, h = (int(p) for p in parts)
+    g = math.gcd(w, h)
+    return h // g, w // g
+
+
+PROTOCOLS = ("upsample", "fov", "frames", "native")
 
 
 class Point(NamedTuple):
-    """Where a model is evaluated: protocol, frame size and clip length (0 for images and the default length)."""
+    """Where a model is evaluated: protocol, frame size and clip length (0 for images and the default length).
+    native: `tokens` per image, height = width = 0 at each image's own aspect ratio, else every image on a canvas of
+    aspect ratio width:height (small whole numbers, e.g. 1, 3 for 3:1)."""
 
     protocol: str
     height: int
     width: int
     frames: int = 0
+    tokens: int = 0
 
     @property
     def size(self) -> tuple[int, int]:
@@ -58,7 +74,9 @@ class Point(NamedTuple):
 
 
 def point_label(point: Point) -> str:
-    """'48' (upsample), 'fov 48', '16 f' (frames)."""
+    """'48' (upsample), 'fov 48', '16 f' (frames), '144 tok' (native), '3:1 64 tok' (native, one aspect ratio)."""
+    if point.protocol == "native":
+        return f"{point.width}:{point.height} {point.tokens} tok" if point.height else f"{point.tokens} tok"
     if point.protocol == "frames":
         return f"{point.frames} f"
     label = size_label(point.size)
@@ -144,12 +162,54 @@ def _collate(items, size: tuple[int, int], collate_inputs=None) -> Batch:
     return Batch(inputs, torch.as_tensor(ys), size[0], skipped)
 
 
-def loader(view: SizedView, batch_size: int, workers: int = 0) -> DataLoader:
+class NativeView(Dataset):
+    """The first `limit` items of an evaluation set (one with `render_size`, e.g. fashion-mnist-native, or square
+    items) at a native point: each image resized to `point.tokens` patches of `patch` px keeping its own aspect
+    ratio, or drawn on a canvas of the point's aspect ratio; one image per row, padded to the budget."""
+
+    def __init__(self, dataset: Dataset, point: Point, patch: int, limit: int = 0, resolution: int = 32):
+        if point.protocol != "native" or point.tokens < 1:
+            raise ValueError(f"a native view needs a native point with a token budget, got {point}")
+        if point.height and not callable(getattr(dataset, "render_size", None)):
+            raise ValueError(
+                f"aspect ratio {point_label(point)} needs a dataset that draws items at any height x width "
+                f"(render_size, e.g. fashion-mnist-native); {type(dataset).__name__} has none"
+            )
+        self.dataset, self.point, self.patch, self.resolution = dataset, point, int(patch), int(resolution)
+        self.length = min(len(dataset), limit) if limit else len(dataset)
+        own = getattr(dataset, "native_size", None)
+        self.native_size = own if callable(own) and not point.height else self._size
+        if callable(getattr(dataset, "render_size", None)):
+            self.render_size = dataset.render_size
+        if callable(getattr(dataset, "render", None)):
+            self.render = dataset.render
+
+    def _size(self, index: int) -> tuple[int, int]:
+        """The point's aspect ratio (in units large enough for the budget's rounding), else the square size."""
+        if self.point.height:
+            return self.point.height * 1000, self.point.width * 1000
+        return self.resolution, self.resolution
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int):
+        return self.dataset[index]
+
+    def loader(self, batch_size: int, workers: int = 0) -> DataLoader:
+        tokens = self.point.tokens
+        plan = NativePlan(self.patch, "padded", (tokens,), tokens * batch_size, tokens, 1)
+        return build_native_eval_loader(self, plan, tokens, batch_size, self.resolution, workers)
+
+
+def loader(view: SizedView | NativeView, batch_size: int, workers: int = 0) -> DataLoader:
+    if isinstance(view, NativeView):
+        return view.loader(batch_size, workers)
     collate = partial(_collate, size=view.size, collate_inputs=getattr(view.dataset, "collate_inputs", None))
     return DataLoader(view, batch_size=batch_size, shuffle=False, num_workers=workers, collate_fn=collate)
 
 
-def first_inputs(view: SizedView, n: int):
+def first_inputs(view: SizedView | NativeView, n: int):
     """The model inputs of the view's first n items as one batch (a tensor or a dict of tensors)."""
     return next(iter(loader(view, n))).inputs
 
@@ -185,7 +245,7 @@ def modes_agree(model: nn.Module, x) -> bool:
 
 def evaluate_view(
     model: nn.Module,
-    view: SizedView,
+    view: SizedView | NativeView,
     mode: str,
     batch_size: int,
     device: torch.device,
@@ -198,4 +258,4 @@ def evaluate_view(
 
 
 def row_point(row: dict) -> Point:
-    return Point(row["protocol"], row["height"], row["width"], row["frames"])
+    return Point(row["protocol"], row["height"], row["width"], row["frames"], row.get("tokens", 0))

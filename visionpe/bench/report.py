@@ -23,10 +23,13 @@ PROTOCOL_TEXT = {
     "fov": "*fov* (`fov N`): an N px canvas with the content at its training scale, placed at random (the same "
     "canvases for every model), so only the field of view and the positions change",
     "frames": "*frames* (`N f`): clips of N frames at the training frame size",
+    "native": "*native* (`N tok`): each image resized to N patches keeping its own aspect ratio, alone in a padded "
+    "row; `W:H N tok`: every image on a canvas of aspect ratio W:H (width to height) at N patches, the content at "
+    "the scale of the budget",
 }
 
-CSV_KEYS = ("model", "family", "size", "pe", "seed", "protocol", "mode", "height", "width", "frames", "top1", "top5",
-            "loss", "images", "same_as", "train_seconds")  # fmt: skip
+CSV_KEYS = ("model", "family", "size", "pe", "seed", "protocol", "mode", "height", "width", "frames", "tokens", "top1",
+            "top5", "loss", "images", "same_as", "train_seconds")  # fmt: skip
 
 
 def long_rows(records: list[dict]) -> list[dict]:
@@ -39,6 +42,7 @@ def long_rows(records: list[dict]) -> list[dict]:
                     **{k: rec.get(k) for k in ("model", "family", "size", "pe", "seed", "train_seconds")},
                     **{k: r.get(k) for k in ("protocol", "mode", "height", "width", "frames", "top1", "top5", "loss")},
                     **{k: r.get(k) for k in ("images", "same_as")},
+                    "tokens": r.get("tokens", 0),
                 }
             )
     return out
@@ -75,11 +79,13 @@ def cell_text(stat: dict | None, base: dict | None, is_base: bool) -> str:
 
 
 def columns(plan) -> list[Point]:
-    """Table columns: the training point once, then every other point of each protocol (at the training point all
-    protocols show the same inputs)."""
-    base = plan.base_point(plan.bench.protocols[0])
+    """Table columns: the training point once, then every other point of each protocol (at the training point the
+    image protocols show the same inputs; the native protocol's own training budget gets a column of its own)."""
+    first = [plan.base_point(plan.bench.protocols[0])]
+    if "native" in plan.bench.protocols and first[0].protocol != "native":
+        first.append(plan.base_point("native"))
     bases = {plan.base_point(p) for p in plan.bench.protocols}
-    return [base] + [p for p in plan.points if p not in bases]
+    return first + [p for p in plan.points if p not in bases]
 
 
 def point_heading(point: Point | None, base: tuple[int, int], base_frames: int, protocols: list[str]) -> str:
@@ -92,7 +98,24 @@ def point_heading(point: Point | None, base: tuple[int, int], base_frames: int, 
 
 def _headings(plan, cols: list[Point]) -> list[str]:
     args = plan.base, plan.base_frames, plan.bench.protocols
-    return [point_heading(None if c == plan.base_point(c.protocol) else c, *args) for c in cols]
+    heads = []
+    for c in cols:
+        if c == plan.base_point(c.protocol):
+            heads.append(f"base ({point_label(c)})" if c.protocol == "native" else point_heading(None, *args))
+        else:
+            heads.append(point_heading(c, *args))
+    return heads
+
+
+def native_text(cfg) -> str:
+    """How a data.native recipe batches its images, for the tables' first sentence ('' without data.native)."""
+    n = cfg.data.native
+    if not n:
+        return ""
+    budget = f"seq_lens {n['seq_lens']}" if n.get("seq_lens") else f"{n.get('max_tokens', 64)} tokens per image"
+    aspect = cfg.data.options.get("max_aspect")
+    shapes = f" (canvases of 1:{aspect:g} to {aspect:g}:1)" if isinstance(aspect, (int, float)) else ""
+    return f", at native aspect ratios{shapes}, {budget}, {n.get('mode', 'packed')} rows"
 
 
 def stat_text(st: dict) -> str:
@@ -130,7 +153,7 @@ def _quality_lines(stats: dict, models: list[str], plan) -> list[str]:
     hi = max(at_base, key=lambda x: x[1]["mean"])
     spread = max(at_base, key=lambda x: x[1]["std"])
     seeds = sorted({st["n"] for _, st in at_base})
-    heading = point_heading(None, plan.base, plan.base_frames, plan.bench.protocols)
+    heading = _headings(plan, [base])[0]
     return [
         "## Statistics",
         "",
@@ -177,7 +200,7 @@ def _claim_lines(judged: list[dict]) -> list[str]:
             continue
         rows = [
             [c["better"], c["worse"], c["protocol"], point_label(Point(c["protocol"], c["height"], c["width"],
-             c["frames"])), c["mode"], stat_text(c["a"]), stat_text(c["b"]), f"{c['diff']:+.1f}",
+             c["frames"], c.get("tokens", 0))), c["mode"], stat_text(c["a"]), stat_text(c["b"]), f"{c['diff']:+.1f}",
              f"{2 * c['se']:.1f}", c["verdict"]]
             for c in j["comparisons"]
         ]  # fmt: skip
@@ -208,8 +231,8 @@ def format_markdown(records: list[dict], plan, seconds: float, machine: str) -> 
         how = "Pretrained weights (no training) "
     else:
         how = (
-            f"Trained on `{cfg.data.name}` at {cfg.data.resolution} px ({cfg.train.epochs} epochs, batch "
-            f"{cfg.data.batch_size}, {cfg.optim.opt} lr {cfg.optim.lr:g}, data options: {opts}"
+            f"Trained on `{cfg.data.name}` at {cfg.data.resolution} px{native_text(cfg)} ({cfg.train.epochs} epochs, "
+            f"batch {cfg.data.batch_size}, {cfg.optim.opt} lr {cfg.optim.lr:g}, data options: {opts}"
             f"{model_opts}; the dataset's training augmentation, aug.scale={cfg.aug.scale}, "
             f"aug.hflip={cfg.aug.hflip}), then "
         )
@@ -303,6 +326,7 @@ def _summary(records: list[dict], plan, seconds: float, machine: dict) -> dict:
         modes=list(plan.bench.position_modes),
         protocols=list(plan.bench.protocols),
         base_frames=plan.base_frames,
+        base_tokens=plan.base_tokens,
         pretrained=plan.bench.pretrained,
         seeds=sorted({r["seed"] for r in records}),
         models=[m for m in plan.bench.models if any(r["model"] == m for r in records)],
@@ -373,6 +397,8 @@ def verdict(a: dict, b: dict) -> str:
 
 
 def _is_beyond(point, base) -> bool:
+    if point.protocol == "native":  # a larger budget, or an aspect ratio other than square
+        return point.tokens > base.tokens or point.height != point.width
     if point.protocol == "frames":
         return point.frames > base.frames
     return point.height * point.width > base.height * base.width
@@ -459,7 +485,23 @@ _AXES = {
     "upsample": "evaluation resolution (px), content scaled",
     "fov": "canvas size (px), content at training scale",
     "frames": "clip length (frames)",
+    "native": "tokens per image, each at its own aspect ratio",
 }
+
+
+def _line_x(row: dict, protocol: str) -> int | None:
+    """A row's x in a protocol's line panel, None when the row belongs to the shapes panel."""
+    if protocol == "native":
+        return row.get("tokens") if row["height"] == 0 else None
+    if row["height"] != row["width"]:
+        return None
+    return row["frames"] if protocol == "frames" else row["height"]
+
+
+def _base_x(summary: dict, protocol: str) -> int:
+    if protocol == "native":
+        return summary.get("base_tokens", 0)
+    return summary["base_frames"] if protocol == "frames" else summary["base"][0]
 
 
 def plot_extrapolation(summary: dict, path: Path) -> Path | None:
@@ -485,10 +527,11 @@ def plot_extrapolation(summary: dict, path: Path) -> Path | None:
         ticks: set[int] = set()
         for k, model in enumerate(summary["models"]):
             pts = sorted(
-                (r["frames"] if protocol == "frames" else r["height"], r["mean"], r["std"])
+                (_line_x(r, protocol), r["mean"], r["std"])
                 for r in summary["table"]
-                if r["model"] == model and r["mode"] == mode and r["protocol"] == protocol and r["height"] == r["width"]
-            )
+                if r["model"] == model and r["mode"] == mode and r["protocol"] == protocol
+                and _line_x(r, protocol) is not None
+            )  # fmt: skip
             if not pts:
                 continue
             xs, ys, es = zip(*pts)
@@ -496,8 +539,8 @@ def plot_extrapolation(summary: dict, path: Path) -> Path | None:
             ax.errorbar(
                 xs, ys, yerr=es if any(es) else None, marker="o", ms=4, capsize=2, label=labels[model], color=f"C{k}"
             )
-        ax.axvline(summary["base_frames"] if protocol == "frames" else summary["base"][0], color="grey", ls=":")
-        if protocol == "frames":
+        ax.axvline(_base_x(summary, protocol), color="grey", ls=":")
+        if protocol in ("frames", "native"):
             ax.set_xscale("log", base=2)
             ax.set_xticks(sorted(ticks), [str(t) for t in sorted(ticks)])
             ax.minorticks_off()
@@ -509,8 +552,9 @@ def plot_extrapolation(summary: dict, path: Path) -> Path | None:
     # below the panels, outside every axes: no curve is hidden behind it
     fig.legend(handles, names, loc="lower center", ncol=min(len(names), 6) or 1, fontsize=8, frameon=False)
     seeds = len(summary["seeds"])
+    trained = f"{summary['base_tokens']} tokens" if "native" in protocols else f"{summary['base'][0]} px"
     fig.suptitle(
-        f"{summary['dataset']}: trained at {summary['base'][0]} px"
+        f"{summary['dataset']}: trained at {trained}"
         + (f", {summary['base_frames']} frames" if "frames" in protocols else "")
         + f", {seeds} seed{'s' if seeds > 1 else ''}",
         fontsize=11,
@@ -532,16 +576,18 @@ def _labels(models: list[str]) -> dict[str, str]:
     return {m: m for m in models}
 
 
+def _in_shapes_panel(r: dict, protocol: str) -> bool:
+    """Native: every fixed aspect ratio (1:1 too); the others: every non-square shape."""
+    return r["height"] > 0 if protocol == "native" else r["height"] != r["width"]
+
+
 def _oblong_shapes(table: list[dict], protocol: str, mode: str) -> list[tuple[int, int]]:
-    """The non-square (height, width) shapes evaluated under `protocol` and `mode`, smallest first."""
-    return sorted(
-        {
-            (r["height"], r["width"])
-            for r in table
-            if r["mode"] == mode and r["protocol"] == protocol and r["height"] != r["width"]
-        },
-        key=lambda hw: (hw[0] * hw[1], hw),
-    )
+    """The shapes panel's (height, width) under `protocol` and `mode`: non-square sizes smallest first, or the native
+    protocol's aspect ratios tallest first."""
+    key = (lambda hw: hw[1] / hw[0]) if protocol == "native" else (lambda hw: (hw[0] * hw[1], hw))
+    shapes = {(r["height"], r["width"]) for r in table
+              if r["mode"] == mode and r["protocol"] == protocol and _in_shapes_panel(r, protocol)}  # fmt: skip
+    return sorted(shapes, key=key)
 
 
 def _oblong_panel(ax, summary: dict, protocol: str, mode: str, labels: dict, name_mode: bool) -> None:
@@ -553,7 +599,7 @@ def _oblong_panel(ax, summary: dict, protocol: str, mode: str, labels: dict, nam
         pts = [
             (shapes.index((r["height"], r["width"])), r["mean"], r["std"])
             for r in summary["table"]
-            if r["model"] == model and r["mode"] == mode and r["protocol"] == protocol and r["height"] != r["width"]
+            if r["model"] == model and r["mode"] == mode and r["protocol"] == protocol and _in_shapes_panel(r, protocol)
         ]
         if not pts:
             continue
@@ -561,10 +607,13 @@ def _oblong_panel(ax, summary: dict, protocol: str, mode: str, labels: dict, nam
         offset = (k - (len(models) - 1) / 2) * width  # side by side within a shape: markers do not overlap
         color = f"C{k}"  # the same colour as the model's line in the square panels (same order)
         ax.errorbar([x + offset for x in xs], ys, yerr=es if any(es) else None, fmt="s", ms=4, capsize=2, color=color)
-    ax.set_xticks(range(len(shapes)), [f"{h}x{w}" for h, w in shapes])
+    native = protocol == "native"
+    ax.set_xticks(range(len(shapes)), [f"{w}:{h}" if native else f"{h}x{w}" for h, w in shapes])
     ax.set_xlim(-0.6, len(shapes) - 0.4)
-    ax.set_title(f"{protocol}, {mode} positions, non-square" if name_mode else f"{protocol}, non-square")
-    ax.set_xlabel("evaluation shape (height x width, px)")
+    kind = "aspect ratios" if native else "non-square"
+    ax.set_title(f"{protocol}, {mode} positions, {kind}" if name_mode else f"{protocol}, {kind}")
+    tokens = f" at {summary.get('base_tokens')} tokens" if native else ""
+    ax.set_xlabel(f"aspect ratio (width:height){tokens}" if native else "evaluation shape (height x width, px)")
     ax.grid(alpha=0.3, axis="y")
 
 
