@@ -19,13 +19,14 @@ import yaml
 import visionpe  # noqa: F401  (registers the families)
 
 from ..data import get_dataset_info
+from ..data.registry import augmentation_text
 from ..engine.checkpoint import atomic_write_text
 from ..models.pretrained_cfgs import WEIGHTS
 from ..papers import PAPERS, bibtex
 from ..pos.presets import PE_PRESETS
 from ..zoo import FAMILIES, Family, model_name, preset_model_options
 from .measure import machine_description
-from .protocols import Point, row_point, size_label
+from .protocols import Point, point_label, row_point, size_label
 from .report import PROTOCOL_TEXT, accuracy_table, base_check_lines, fmt, md_table, point_heading, tally_text
 from .speed import ZOO_SIZES, SpeedRow, memory_ratio_text, spread_text
 
@@ -164,7 +165,9 @@ def _recipe_text(s: dict, folder: Path) -> str:
     """The recipe in one line (model options from the run's saved config, bench.yaml)."""
     r = dict(s.get("recipe", {}))
     opts = r.pop("data_options", {}) or {}
+    aug = {k: r.pop(k) for k in ("scale", "hflip") if k in r}
     parts = [f"{k}={v}" for k, v in r.items()] + [f"data.{k}={v}" for k, v in opts.items()]
+    parts.append(f"augmentation: {augmentation_text(s['dataset'], opts, aug)}")
     if (folder / "bench.yaml").is_file():
         kwargs = (yaml.safe_load((folder / "bench.yaml").read_text()).get("model") or {}).get("kwargs") or {}
         parts += [f"model.{k}={v}" for k, v in kwargs.items()]
@@ -185,10 +188,9 @@ def _training_section(fam: Family, summaries: list[tuple[Path, dict]], out_dir: 
         folder = f"{path.parent.parent.name}/{path.parent.name}"  # results/<name>
         data = DATASETS.get(s["dataset"], (None, s["dataset"]))[1]
         how = (
-            f"Pretrained weights evaluated without training at {size_label(tuple(s['base']))} px"
+            f"Pretrained weights evaluated without training at {_trained_where(s)}"
             if s.get("pretrained")
-            else f"Trained from random initialisation at {size_label(tuple(s['base']))} px"
-            + (f" on {s['base_frames']}-frame clips" if s.get("base_frames") else "")
+            else f"Trained from random initialisation at {_trained_where(s)}"
             + f" with {_recipe_text(s, path.parent)}; seeds {s['seeds']}"
         )
         lines += [
@@ -431,8 +433,22 @@ def family_models(fam: Family, s: dict) -> list[str]:
 
 
 def _base_of(s: dict):
-    base, frames = tuple(s["base"]), s["base_frames"]
-    return lambda protocol: Point(protocol, *base, frames if protocol == "frames" else 0)
+    base, frames, tokens = tuple(s["base"]), s["base_frames"], s.get("base_tokens", 0)
+
+    def base_of(protocol: str) -> Point:
+        if protocol == "native":  # the training budget, each image at its own aspect ratio
+            return Point(protocol, 0, 0, 0, tokens)
+        return Point(protocol, *base, frames if protocol == "frames" else 0)
+
+    return base_of
+
+
+def _trained_where(s: dict) -> str:
+    """Where the models were trained: '32 px', '8 frames of 32 px' or '64 tokens per image at native aspect ratios'."""
+    base = size_label(tuple(s["base"]))
+    if "native" in s["protocols"]:
+        return f"{s.get('base_tokens', 0)} tokens per image at native aspect ratios"
+    return f"{s['base_frames']} frames of {base} px" if "frames" in s["protocols"] else f"{base} px"
 
 
 def summary_points(s: dict) -> list[Point]:
@@ -444,7 +460,7 @@ def summary_points(s: dict) -> list[Point]:
     cols = [base_of(protocols[0])]
     for pr in protocols:
         mine = [p for p in have if p.protocol == pr and p != base_of(pr)]
-        cols += sorted(mine, key=lambda p: (p.frames, order.get(p.size, len(order)), p.size))
+        cols += sorted(mine, key=lambda p: (p.frames, p.height > 0, p.tokens, order.get(p.size, len(order)), p.size))
     return cols
 
 
@@ -481,8 +497,7 @@ def family_claims(models: list[str], s: dict) -> list[dict]:
 
 
 def _heading(s: dict) -> str:
-    base = size_label(tuple(s["base"]))
-    where = f"{s['base_frames']} frames of {base} px" if "frames" in s["protocols"] else f"{base} px"
+    where = _trained_where(s)
     n = len(s["seeds"])
     seeds = f"{n} seeds" if n > 1 else "1 seed (single runs: no spread)"
     how = f"pretrained weights at {where}" if s.get("pretrained") else f"trained at {where}, {seeds}"
@@ -513,7 +528,12 @@ def _summary_block(fam: Family, path: Path, s: dict, models: list[str], out_dir:
     base, frames = tuple(s["base"]), s["base_frames"]
     agree = s.get("modes_agree", [])
     for mode in s["modes"]:
-        heads = [point_heading(None if c == base_of(c.protocol) else c, base, frames, protocols) for c in cols]
+        heads = [
+            f"base ({point_label(c)})"
+            if c == base_of(c.protocol) and c.protocol == "native"
+            else point_heading(None if c == base_of(c.protocol) else c, base, frames, protocols)
+            for c in cols
+        ]
         lines += [
             f"*{mode}* positions:",
             "",

@@ -11,6 +11,7 @@ import statistics
 import time
 from pathlib import Path
 
+from ..data.registry import augmentation_text
 from ..engine.checkpoint import atomic_write_text
 from ..papers import CLAIMS
 from ..zoo import FAMILIES, family_of
@@ -233,8 +234,8 @@ def format_markdown(records: list[dict], plan, seconds: float, machine: str) -> 
         how = (
             f"Trained on `{cfg.data.name}` at {cfg.data.resolution} px{native_text(cfg)} ({cfg.train.epochs} epochs, "
             f"batch {cfg.data.batch_size}, {cfg.optim.opt} lr {cfg.optim.lr:g}, data options: {opts}"
-            f"{model_opts}; the dataset's training augmentation, aug.scale={cfg.aug.scale}, "
-            f"aug.hflip={cfg.aug.hflip}), then "
+            f"{model_opts}; augmentation: {augmentation_text(cfg.data.name, cfg.data.options, vars(cfg.aug))}), "
+            "then "
         )
     lines = [
         f"# Extrapolation: {b.name}",

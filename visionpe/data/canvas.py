@@ -79,7 +79,12 @@ class CanvasDataset(Dataset):
         return self.render(index, self.resolution)
 
 
-@register_dataset("fashion-mnist-canvas", num_classes=10, in_chans=1, kind="image")
+def _canvas_augmentation(options: dict, aug: dict) -> str:
+    garment = fm.garment_augmentation({"shift": 0, **options}, aug)
+    return "the garment at a random position on the canvas" + ("" if garment == "none" else f"; {garment}")
+
+
+@register_dataset("fashion-mnist-canvas", num_classes=10, in_chans=1, kind="image", augmentation=_canvas_augmentation)
 def fashion_mnist_canvas(
     split: str = "train",
     resolution: int = 32,

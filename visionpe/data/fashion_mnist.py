@@ -201,7 +201,21 @@ def _normalised_at(x: torch.Tensor, resolution: int) -> torch.Tensor:
     return (x - MEAN) / STD
 
 
-@register_dataset("fashion-mnist", num_classes=10, in_chans=1, kind="image")
+def garment_augmentation(options: dict, aug: dict) -> str:
+    """fashion-mnist's training augmentation in words (also the garment's on the canvas datasets)."""
+    if not options.get("augment", True):
+        return "none"
+    hflip = aug.get("hflip", 0.5)
+    parts = [f"flips (p={hflip})"] if hflip else []
+    if options.get("crop", "shift") == "rrc":
+        ratio = [round(r, 2) for r in aug.get("ratio", (3 / 4, 4 / 3))]
+        parts.insert(0, f"random resized crops (area {list(aug.get('scale', (0.08, 1.0)))}, aspect {ratio})")
+    elif options.get("shift", 2):
+        parts.insert(0, f"random shifts of up to {options.get('shift', 2)} px")
+    return " and ".join(parts) or "none"
+
+
+@register_dataset("fashion-mnist", num_classes=10, in_chans=1, kind="image", augmentation=garment_augmentation)
 def fashion_mnist(
     split: str = "train",
     resolution: int = 28,

@@ -178,7 +178,15 @@ def _check_classes(split_dir: Path, class_map: dict, drop: bool) -> int:
     return n
 
 
-@register_dataset("imagefolder", num_classes=None, in_chans=3, kind="image")
+def folder_augmentation(options: dict, aug: dict) -> str:
+    """timm's training transforms with the aug settings, in words."""
+    ratio = [round(r, 2) for r in aug.get("ratio") or (3 / 4, 4 / 3)]
+    extra = [f"{k}={aug[k]}" for k in ("auto_augment", "re_prob", "color_jitter") if aug.get(k)]
+    text = f"random resized crops (area {list(aug.get('scale') or (0.08, 1.0))}, aspect {ratio}) and flips"
+    return text + f" (p={aug.get('hflip', 0.5)})" + (f", {', '.join(extra)}" if extra else "") + " (timm's transforms)"
+
+
+@register_dataset("imagefolder", num_classes=None, in_chans=3, kind="image", augmentation=folder_augmentation)
 def image_folder(
     split: str = "train",
     resolution: int = 224,
@@ -226,7 +234,7 @@ def transform_kwargs(training: bool, aug: dict | None, mean, std, interpolation:
     return kwargs
 
 
-@register_dataset("imagenet", num_classes=1000, in_chans=3, kind="image")
+@register_dataset("imagenet", num_classes=1000, in_chans=3, kind="image", augmentation=folder_augmentation)
 @functools.wraps(image_folder, assigned=())  # image_folder's options (inspect.signature follows __wrapped__)
 def imagenet(*args, **options) -> ImageFolderDataset:
     """ImageNet-1k in the usual `root/train/n01440764/*.JPEG`, `root/val/n01440764/*.JPEG` layout."""

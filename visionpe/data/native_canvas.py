@@ -68,7 +68,15 @@ class AspectCanvas(Dataset):
         return self.render_size(index, self.native_size(index))
 
 
-@register_dataset("fashion-mnist-native", num_classes=10, in_chans=1, kind="image")
+def _native_canvas_augmentation(options: dict, aug: dict) -> str:
+    garment = fm.garment_augmentation({"shift": 0, **options, "crop": "shift"}, aug)
+    where = "the garment at a random position on a canvas of its item's aspect ratio"
+    return where + ("" if garment == "none" else f"; {garment}")
+
+
+@register_dataset(
+    "fashion-mnist-native", num_classes=10, in_chans=1, kind="image", augmentation=_native_canvas_augmentation
+)
 def fashion_mnist_native(
     split: str = "train",
     resolution: int = 32,

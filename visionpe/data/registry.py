@@ -17,7 +17,14 @@ import difflib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["DatasetInfo", "DATASETS", "register_dataset", "register_name_resolver", "get_dataset_info"]
+__all__ = [
+    "DatasetInfo",
+    "DATASETS",
+    "register_dataset",
+    "augmentation_text",
+    "register_name_resolver",
+    "get_dataset_info",
+]
 
 
 @dataclass(frozen=True)
@@ -28,6 +35,8 @@ class DatasetInfo:
     in_chans: int
     kind: str  # "image", "video" or "image_text"
     description: str = ""
+    # what training items go through, in words, from (data.options, the aug settings); None: no augmentation
+    augmentation: Callable[[dict, dict], str] | None = None
 
 
 DATASETS: dict[str, DatasetInfo] = {}
@@ -40,14 +49,30 @@ def register_name_resolver(claims: Callable[[str], bool], info: Callable[[str], 
     _RESOLVERS.append((claims, info))
 
 
-def register_dataset(name: str, *, num_classes: int | None, in_chans: int, kind: str = "image", description: str = ""):
-    """Decorator registering a dataset factory under `name`."""
+def register_dataset(
+    name: str,
+    *,
+    num_classes: int | None,
+    in_chans: int,
+    kind: str = "image",
+    description: str = "",
+    augmentation: Callable[[dict, dict], str] | None = None,
+):
+    """Decorator registering a dataset factory under `name`. augmentation(options, aug) says in words what its
+    training items go through (for reports and model cards); None: nothing."""
 
     def wrap(factory: Callable) -> Callable:
-        DATASETS[name] = DatasetInfo(name, factory, num_classes, in_chans, kind, description or (factory.__doc__ or ""))
+        doc = description or (factory.__doc__ or "")
+        DATASETS[name] = DatasetInfo(name, factory, num_classes, in_chans, kind, doc, augmentation)
         return factory
 
     return wrap
+
+
+def augmentation_text(name: str, options: dict | None, aug: dict | None) -> str:
+    """What the training items of dataset `name` go through with these data options and aug settings, in words."""
+    info = get_dataset_info(name)
+    return info.augmentation(dict(options or {}), dict(aug or {})) if info.augmentation else "none"
 
 
 def get_dataset_info(name: str) -> DatasetInfo:
