@@ -37,7 +37,31 @@ class Batch(NamedTuple):
     skipped: tuple[str, ...]  # unreadable files replaced (training) or left out (evaluation) in this batch
 
 
-class ResolutionBatchSampler(Sampler):
+class EpochBatchSampler(Sampler):
+    """A batch sampler over an index `sampler` (a DistributedSampler's `set_epoch` is forwarded) that resumes
+    mid-epoch: `start_at(b)` skips the epoch's first b batches. Subclasses give `num_batches()` and `__iter__`."""
+
+    sampler: object
+    epoch: int = 0
+    start: int = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+    def start_at(self, batch: int) -> None:
+        """Skip the first `batch` batches of the epoch (to resume mid-epoch)."""
+        self.start = batch
+
+    def num_batches(self) -> int:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        return max(self.num_batches() - self.start, 0)
+
+
+class ResolutionBatchSampler(EpochBatchSampler):
     """Groups an index sampler into batches of keys, one resolution per batch drawn uniformly from `resolutions`.
 
     `sampler` may be a DistributedSampler (its `set_epoch` is forwarded); every rank draws the same resolution for the
@@ -66,21 +90,9 @@ class ResolutionBatchSampler(Sampler):
         self.epoch = 0
         self.start = 0
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-        if hasattr(self.sampler, "set_epoch"):
-            self.sampler.set_epoch(epoch)
-
-    def start_at(self, batch: int) -> None:
-        """Skip the first `batch` batches of the epoch (to resume mid-epoch)."""
-        self.start = batch
-
     def num_batches(self) -> int:
         n = len(self.sampler)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
-
-    def __len__(self) -> int:
-        return max(self.num_batches() - self.start, 0)
 
     def schedule(self) -> list[int]:
         """The resolution of every batch of the current epoch."""

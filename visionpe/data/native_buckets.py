@@ -14,9 +14,8 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
-from torch.utils.data import Sampler
 
-from .multires import Batch
+from .multires import Batch, EpochBatchSampler
 from .native_sampler import NativeKey
 from .seeding import mix_seed
 
@@ -44,7 +43,7 @@ def nearest_bucket(size: tuple[int, int], aspects: Sequence[float]) -> int:
     return min(range(len(aspects)), key=lambda i: abs(math.log(aspects[i]) - r))
 
 
-class AspectBucketSampler(Sampler):
+class AspectBucketSampler(EpochBatchSampler):
     """Batches of NativeKey of one bucket size each, over an index sampler (this rank's DistributedSampler)."""
 
     def __init__(
@@ -64,19 +63,8 @@ class AspectBucketSampler(Sampler):
         # a lower bound over any split of the shard into buckets: each bucket leaves less than one batch unused
         self._num_batches = max(1, len(sampler) // max(self.per_batch) - len(self.shapes))
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-        if hasattr(self.sampler, "set_epoch"):
-            self.sampler.set_epoch(epoch)
-
-    def start_at(self, batch: int) -> None:
-        self.start = batch
-
     def num_batches(self) -> int:
         return self._num_batches
-
-    def __len__(self) -> int:
-        return max(self._num_batches - self.start, 0)
 
     def epoch_batches(self) -> list[list[NativeKey]]:
         """Every batch of the epoch, in order (full batches only)."""

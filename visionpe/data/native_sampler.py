@@ -17,8 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from torch.utils.data import Sampler
-
+from .multires import EpochBatchSampler
 from .native_pack import OnlinePacker
 from .native_resize import budget_size
 from .seeding import mix_seed
@@ -60,7 +59,7 @@ class NativePlan:
         return (size[0] // self.patch) * (size[1] // self.patch)
 
 
-class NativeBatchSampler(Sampler):
+class NativeBatchSampler(EpochBatchSampler):
     """Groups an index sampler (a DistributedSampler: this rank's shard) into native-aspect batches of NativeKey.
     `sizes(index) -> (h, w)` gives an image's native size without loading it."""
 
@@ -69,20 +68,8 @@ class NativeBatchSampler(Sampler):
         self.epoch, self.start = 0, 0
         self._num_batches = self._estimate_batches()
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-        if hasattr(self.sampler, "set_epoch"):
-            self.sampler.set_epoch(epoch)
-
-    def start_at(self, batch: int) -> None:
-        """Skip the first `batch` batches of the epoch (to resume mid-epoch)."""
-        self.start = batch
-
     def num_batches(self) -> int:
         return self._num_batches
-
-    def __len__(self) -> int:
-        return max(self._num_batches - self.start, 0)
 
     def _estimate_batches(self) -> int:
         """Batches per epoch and rank: this shard's images at the sampled images' mean tokens (packed) or mean
