@@ -78,7 +78,7 @@ def test_tiny_extrapolation_writes_tables_and_reruns_only_what_is_missing(tmp_pa
     assert "## extrapolate" in md and "## interpolate" in md and "| vit_n_rope2d_mixed |" in md
     assert "vit_n_ape (=)" in md  # a resampled APE gives the same logits in both modes
     assert (
-        "model options: embed_dim=32, depth=1, num_heads=2; the dataset's training augmentation" in md
+        "model options: embed_dim=32, depth=1, num_heads=2; augmentation: none)" in md
     )  # what the models were built with
     assert (out / "results.png").stat().st_size > 1000
     summary = json.loads((out / "summary.json").read_text())
@@ -161,7 +161,8 @@ def test_base_samples_evaluate_the_training_point_on_more_items(tmp_path, monkey
     top1 = again["base_check"]["top1"]
     assert "The training point on 1000 validation items (the tables read fewer" in card.read_text()
     assert (
-        "hflip=0.5, data." in card.read_text()
+        "augmentation: none, model." in card.read_text()  # synthetic shapes are drawn, not augmented
+        and "hflip" not in card.read_text()
         and "model.embed_dim=32, model.depth=1, model.num_heads=2" in card.read_text()
     )
     assert f"vit_n_ape {top1:.1f}." in card.read_text()
