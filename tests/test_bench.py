@@ -19,7 +19,7 @@ import visionpe  # noqa: F401
 import visionpe.attention
 import visionpe.engine
 from visionpe.attention import attn_backend
-from visionpe.bench import gpu_check, gpu_native
+from visionpe.bench import gpu_check
 from visionpe.bench.__main__ import main as bench_main
 from visionpe.bench.cards import write_cards
 from visionpe.bench.extrapolate import BenchConfigError, load_bench, make_plan, run_benchmark, validate
@@ -579,12 +579,10 @@ def test_gpu_check_reports_a_failing_masked_backend_and_fails(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("no triton")
 
-    monkeypatch.setattr(gpu_native, "check_masked_backend", broken)
-    rows = gpu_native.masked_attention(["flex", "sdpa"], "cpu")
+    monkeypatch.setattr(gpu_check, "check_masked_backend", broken)
+    rows = gpu_check.masked_attention(["flex", "sdpa"], "cpu")
     assert [r["ok"] for r in rows] == [False, False] and rows[0]["error"] == "RuntimeError: no triton"
-    assert "| flex (block mask) | RuntimeError: no triton | - | False |" in "\n".join(
-        gpu_native.format_native(rows, [])
-    )
+    assert "| flex (block mask) | RuntimeError: no triton | - | False |" in "\n".join(gpu_check.format_native(rows, []))
 
 
 def test_gpu_check_reports_an_xformers_build_for_another_torch(monkeypatch):
