@@ -222,6 +222,9 @@ _NOT_RECIPE = FREE_KEYS | {
 def recipe_of(cfg: dict | Config) -> dict:
     """The parts of a training config that decide what a run learns (for comparing a run with the benchmark)."""
     d = copy.deepcopy(config_to_dict(cfg) if isinstance(cfg, Config) else cfg)
+    # a key the saved config lacks (added to the engine since the run) stands at its default
+    defaults = config_to_dict(Config())
+    d = {**defaults, **{k: {**defaults.get(k, {}), **v} if isinstance(v, dict) else v for k, v in d.items()}}
     for key in _NOT_RECIPE:  # dotted paths, e.g. train.seed, data.native.eval_tokens
         *parents, name = key.split(".")
         node = d
@@ -231,15 +234,7 @@ def recipe_of(cfg: dict | Config) -> dict:
             node.pop(name, None)
     if d.get("model", {}).get("img_size") is None:
         d["model"]["img_size"] = d.get("data", {}).get("resolution")
-    for section, defaults in _NEW_KEY_DEFAULTS.items():  # keys added since: absent = at their default
-        for name, default in defaults.items():
-            if d.get(section, {}).get(name, default) == default:
-                d.get(section, {}).pop(name, None)
     return d
-
-
-# keys added after committed results were made, with the default that means "as before"
-_NEW_KEY_DEFAULTS = {"data": {"native": {}}}
 
 
 def _differences(a: dict, b: dict, prefix: str = "") -> list[str]:
