@@ -201,17 +201,21 @@ def _normalised_at(x: torch.Tensor, resolution: int) -> torch.Tensor:
     return (x - MEAN) / STD
 
 
+# the factory's augmentation defaults, also read by garment_augmentation
+SHIFT, HFLIP, RRC_SCALE, RRC_RATIO = 2, 0.5, (0.08, 1.0), (3 / 4, 4 / 3)
+
+
 def garment_augmentation(options: dict, aug: dict) -> str:
     """fashion-mnist's training augmentation in words (also the garment's on the canvas datasets)."""
     if not options.get("augment", True):
         return "none"
-    hflip = aug.get("hflip", 0.5)
+    hflip = aug.get("hflip", HFLIP)
     parts = [f"flips (p={hflip})"] if hflip else []
     if options.get("crop", "shift") == "rrc":
-        ratio = [round(r, 2) for r in aug.get("ratio", (3 / 4, 4 / 3))]
-        parts.insert(0, f"random resized crops (area {list(aug.get('scale', (0.08, 1.0)))}, aspect {ratio})")
-    elif options.get("shift", 2):
-        parts.insert(0, f"random shifts of up to {options.get('shift', 2)} px")
+        ratio = [round(r, 2) for r in aug.get("ratio", RRC_RATIO)]
+        parts.insert(0, f"random resized crops (area {list(aug.get('scale', RRC_SCALE))}, aspect {ratio})")
+    elif options.get("shift", SHIFT):
+        parts.insert(0, f"random shifts of up to {options.get('shift', SHIFT)} px")
     return " and ".join(parts) or "none"
 
 
@@ -222,7 +226,7 @@ def fashion_mnist(
     root: str | None = None,
     training: bool = False,
     augment: bool = True,
-    shift: int = 2,
+    shift: int = SHIFT,
     num_train: int | None = None,
     num_val: int | None = None,
     crop: str = "shift",
@@ -234,7 +238,7 @@ def fashion_mnist(
     if crop not in ("shift", "rrc"):
         raise ValueError(f"fashion-mnist option crop must be 'shift' or 'rrc' (random resized crop), got {crop!r}")
     aug = aug or {}
-    rrc = dict(crop_scale=tuple(aug.get("scale", (0.08, 1.0))), crop_ratio=tuple(aug.get("ratio", (3 / 4, 4 / 3))))
+    rrc = dict(crop_scale=tuple(aug.get("scale", RRC_SCALE)), crop_ratio=tuple(aug.get("ratio", RRC_RATIO)))
     return FashionMNIST(
         root or DEFAULT_ROOT,
         split,
@@ -242,6 +246,6 @@ def fashion_mnist(
         augment=augment and training,
         shift=shift,
         num_samples=n,
-        hflip=aug.get("hflip", 0.5),
+        hflip=aug.get("hflip", HFLIP),
         **(rrc if crop == "rrc" else {}),
     )
