@@ -117,8 +117,7 @@ def _speed_section(fam: Family, speed: dict, machines: dict) -> str:
     text = T["speed"].format(family=fam.name, size=size, res=res, how=how, first=names[0],
                              table="\n".join(md_table([*heads, "infer MiB"], "lrrrrrrr", rows)))  # fmt: skip
     timm_rows = []
-    for n in measured:
-        r = speed[(n, res)]
+    for n, r in ((n, speed[(n, res)]) for n in measured):
         if r.get("reference"):
             ref = speed.get((r["reference"], res), {})
             flops = f"{fmt(r.get('gflops'))} / {fmt(ref.get('gflops'))}"
@@ -173,13 +172,8 @@ def family_models(fam: Family, s: dict) -> list[str]:
 def _base_of(s: dict):
     """protocol -> the training point of a summary (what plan.base_point gives for its benchmark)."""
     base, frames, tokens = tuple(s["base"]), s["base_frames"], s.get("base_tokens", 0)
-
-    def base_of(protocol: str) -> Point:
-        if protocol == "native":  # the training budget, each image at its own aspect ratio
-            return Point(protocol, 0, 0, 0, tokens)
-        return Point(protocol, *base, frames if protocol == "frames" else 0)
-
-    return base_of
+    # native: the training budget, each image at its own aspect ratio
+    return lambda pr: Point(pr, 0, 0, 0, tokens) if pr == "native" else Point(pr, *base, frames * (pr == "frames"))
 
 
 def _trained_where(s: dict) -> str:
@@ -267,35 +261,30 @@ def _heading(s: dict) -> str:
 
 def _summary_block(path: Path, s: dict, models: list[str], out_dir: Path) -> str:
     """One benchmark's tables for the family's models, its base check, machine, chance level and claims."""
-    rel = relative_link(path.parent, out_dir)
-    base_of, cols = _base_of(s), summary_points(s)
+    rel, seeds, chance = relative_link(path.parent, out_dir), s["seeds"], chance_level(s)
+    base_of, cols, modes = _base_of(s), summary_points(s), s["modes"]
     stats = {(r["model"], r["mode"], row_point(r)): r for r in s["table"]}
     heads = headings(cols, base_of, tuple(s["base"]), s["base_frames"], s["protocols"])
-    agree = s.get("modes_agree", [])
-    tables = "".join(f"*{mode}* positions:\n\n" + "\n".join(accuracy_table(
-        models, mode, cols, heads, stats, base_of, agree, s["modes"][0])) + "\n\n" for mode in s["modes"])  # fmt: skip
-    checks = {m: c for m, c in (s.get("base_check") or {}).items() if m in models}
-    chance = chance_level(s)
-    notes = (T["modes_agree"] if len(s["modes"]) > 1 else "") + (
-        f" Chance level: {chance:.1f}%." if chance is not None else ""
-    )
-    one = len(s["seeds"]) == 1
+    tables = [accuracy_table(models, mode, cols, heads, stats, base_of, s.get("modes_agree", []), modes[0])
+              for mode in modes]  # fmt: skip
+    mine = {m: c for m, c in (s.get("base_check") or {}).items() if m in models}
+    checks = base_check_lines(mine, "the tables read fewer")
+    one = f"one run (seed {seeds[0]}) per cell, so no spread is given"
+    plot = (path.parent / "results.png").exists()
     text = T["accuracy"].format(
         heading=_heading(s),
         dataset=s["dataset"],
-        spread=f"one run (seed {s['seeds'][0]}) per cell, so no spread is given"
-        if one
-        else f"mean ± standard deviation over the seeds {s['seeds']}",
+        spread=f"mean ± standard deviation over the seeds {seeds}" if len(seeds) > 1 else one,
         protocols=protocols_text(s["protocols"]),
         rel=rel,
-        plot=f", ![top-1 against the evaluation point]({rel}/results.png)"
-        if (path.parent / "results.png").exists()
-        else "",
-        tables=tables,
-        base_check="".join(line + "\n" for line in base_check_lines(checks, "the tables read fewer")),
+        plot=f", ![top-1 against the evaluation point]({rel}/results.png)" if plot else "",
+        tables="".join(f"*{m}* positions:\n\n" + "\n".join(t) + "\n\n" for m, t in zip(modes, tables)),
+        base_check="".join(line + "\n" for line in checks),
         machine=machine_description(s["machine"]),
         date=s["date"],
-        notes=notes + (T["at_chance"] if at_chance(s) else ""),
+        notes=(T["modes_agree"] if len(modes) > 1 else "")
+        + (f" Chance level: {chance:.1f}%." if chance else "")
+        + (T["at_chance"] if at_chance(s) else ""),
     )
     claims = []
     for j in s["claims"]:  # the claims with comparisons between the family's models, restricted to those
@@ -383,12 +372,7 @@ def card_metadata(fam: Family, summaries: list[tuple[Path, dict]]) -> str:
     meta = dict(library_name="timm", license="apache-2.0", pipeline_tag=pipeline, tags=tags, metrics=["accuracy"])
     if any(hub_ids):
         meta["datasets"] = list(dict.fromkeys(h for h in hub_ids if h))
-    try:
-        from huggingface_hub import ModelCardData
-    except ImportError:  # optional dependency ([hub] extra): the same keys as plain YAML
-        body = yaml.safe_dump(meta, sort_keys=True, default_flow_style=False).strip()
-    else:
-        body = ModelCardData(**meta).to_yaml()
+    body = yaml.safe_dump(meta, sort_keys=True, default_flow_style=False).strip()  # what huggingface_hub writes
     return f"---\n{body}\n---\n"
 
 
