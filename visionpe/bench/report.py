@@ -180,10 +180,10 @@ def _how_trained(cfg) -> str:
     ) + " "  # fmt: skip
 
 
-def format_markdown(records: list[dict], plan, seconds: float, machine: str) -> str:
-    b = plan.bench
-    rows = long_rows(records)
-    stats, cols = aggregate(rows), columns(plan)
+def format_markdown(records: list[dict], rows: list[dict], stats: dict, judged: list[dict], plan, seconds: float,
+                    machine: str) -> str:  # fmt: skip
+    """results.md: results_template.md filled with the accuracy tables, notes, statistics and the claims."""
+    b, cols = plan.bench, columns(plan)
     models = [m for m in b.models if any(r["model"] == m for r in rows)]
     pe_of = {rec["model"]: rec.get("pe", rec["model"]) for rec in records}
     agree = {rec["model"] for rec in records if rec.get("modes_agree")}
@@ -196,7 +196,7 @@ def format_markdown(records: list[dict], plan, seconds: float, machine: str) -> 
     sections += "".join(f"Note: {n}.\n" for n in plan.notes) + ("\n" if plan.notes else "")
     sections += _statistics(stats, models, plan, heads[0])
     checks = base_check_lines(base_checks(records, models), f"bench.base_samples; the tables read {images}")
-    sections += "".join(line + "\n" for line in checks) + _claims(_judged(records, plan))
+    sections += "".join(line + "\n" for line in checks) + _claims(judged)
     cpu = [r["train_cpu_seconds"] for r in records if r.get("train_cpu_seconds")] or [0]
     ev = [r["eval_cpu_seconds"] for r in records if r.get("eval_cpu_seconds")] or [0]
     return T["results"].format(
@@ -230,14 +230,8 @@ def restrict(records: list[dict], plan) -> list[dict]:
             for r in records]  # fmt: skip
 
 
-def _judged(records: list[dict], plan) -> list[dict]:
-    stats = aggregate(long_rows(records))
-    return judge_claims(stats, records, plan.points, list(plan.bench.position_modes), plan.base_point)
-
-
-def _summary(records: list[dict], plan, seconds: float, machine: dict) -> dict:
+def _summary(records: list[dict], stats: dict, judged: list[dict], plan, seconds: float, machine: dict) -> dict:
     """summary.json: the aggregated table (with each cell's change against the training point) and the setup."""
-    stats = aggregate(long_rows(records))
     table = []
     for (model, mode, point), st in sorted(stats.items()):
         base = stats.get((model, mode, plan.base_point(point.protocol)))
@@ -256,7 +250,7 @@ def _summary(records: list[dict], plan, seconds: float, machine: dict) -> dict:
         seconds=round(seconds, 1),
         cpu_seconds={k: round(sum(r.get(f"{k}_cpu_seconds") or 0 for r in records), 1) for k in ("train", "eval")},
         date=time.strftime("%Y-%m-%d"), table=table, base_check=base_checks(records, b.models),
-        claims=_judged(records, plan),
+        claims=judged,
     )  # fmt: skip
 
 
@@ -274,9 +268,15 @@ def write_report(records: list[dict], plan, out: Path, seconds: float, machine: 
     w = csv.DictWriter(table, fieldnames=CSV_KEYS, extrasaction="ignore", lineterminator="\r\n")
     w.writeheader()
     w.writerows(rows)
-    summary = _summary(records, plan, seconds, machine)
-    texts = {"results.csv": table.getvalue(), "results.md": format_markdown(records, plan, seconds,
-             machine_description(machine)), "summary.json": json.dumps(summary, indent=1) + "\n"}  # fmt: skip
+    stats = aggregate(rows)
+    judged = judge_claims(stats, records, plan.points, list(plan.bench.position_modes), plan.base_point)
+    summary = _summary(records, stats, judged, plan, seconds, machine)
+    markdown = format_markdown(records, rows, stats, judged, plan, seconds, machine_description(machine))
+    texts = {
+        "results.csv": table.getvalue(),
+        "results.md": markdown,
+        "summary.json": json.dumps(summary, indent=1) + "\n",
+    }
     for name, text in texts.items():
         atomic_write_text(out / name, text)
     png = plot_extrapolation(summary, out / "results.png")
