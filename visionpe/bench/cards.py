@@ -27,7 +27,7 @@ from ..pos.presets import PE_PRESETS
 from ..zoo import FAMILIES, Family, model_name, preset_model_options
 from .measure import machine_description
 from .protocols import Point, row_point, size_label
-from .report import accuracy_table, base_check_lines, fmt, headings, md_table, protocols_text, tally_text, template
+from .report import accuracy_table, base_check_text, fmt, headings, md_table, protocols_text, tally_text, template
 from .speed import ZOO_SIZES, SpeedRow, memory_ratio_text, spread_text
 
 T = template("card_template.md")
@@ -268,7 +268,6 @@ def _summary_block(path: Path, s: dict, models: list[str], out_dir: Path) -> str
     tables = [accuracy_table(models, mode, cols, heads, stats, base_of, s.get("modes_agree", []), modes[0])
               for mode in modes]  # fmt: skip
     mine = {m: c for m, c in (s.get("base_check") or {}).items() if m in models}
-    checks = base_check_lines(mine, "the tables read fewer")
     one = f"one run (seed {seeds[0]}) per cell, so no spread is given"
     plot = (path.parent / "results.png").exists()
     text = T["accuracy"].format(
@@ -279,7 +278,7 @@ def _summary_block(path: Path, s: dict, models: list[str], out_dir: Path) -> str
         rel=rel,
         plot=f", ![top-1 against the evaluation point]({rel}/results.png)" if plot else "",
         tables="".join(f"*{m}* positions:\n\n" + "\n".join(t) + "\n\n" for m, t in zip(modes, tables)),
-        base_check="".join(line + "\n" for line in checks),
+        base_check=base_check_text(mine, "the tables read fewer"),
         machine=machine_description(s["machine"]),
         date=s["date"],
         notes=(T["modes_agree"] if len(modes) > 1 else "")

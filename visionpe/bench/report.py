@@ -91,10 +91,14 @@ def columns(plan) -> list[Point]:
 def headings(cols: list[Point], base_of, base: tuple[int, int], frames: int, protocols: list[str]) -> list[str]:
     """Column headings: 'base (32)' ('base (8 f, 32)' with clip lengths, 'base (64 tok)' for the native budget) at
     the training point, else the point ('up 48' when protocols sit side by side)."""
-    up = "up " if len(protocols) > 1 else ""
     train = f"base ({f'{frames} f, ' if 'frames' in protocols else ''}{size_label(base)})"
-    return [(f"base ({point_label(c)})" if c.protocol == "native" else train) if c == base_of(c.protocol)
-            else (up if c.protocol == "upsample" else "") + point_label(c) for c in cols]  # fmt: skip
+
+    def heading(c: Point) -> str:
+        if c != base_of(c.protocol):
+            return ("up " if c.protocol == "upsample" and len(protocols) > 1 else "") + point_label(c)
+        return f"base ({point_label(c)})" if c.protocol == "native" else train
+
+    return [heading(c) for c in cols]
 
 
 def accuracy_table(models, mode, cols, heads, stats, base_of, agree, first_mode, pe_of=None) -> list[str]:
@@ -129,13 +133,13 @@ def base_checks(records: list[dict], models: list[str]) -> dict[str, dict]:
     return out
 
 
-def base_check_lines(checks: dict[str, dict], tables: str) -> list[str]:
-    """The sentence ranking base_checks() best first; `tables` says what the tables read instead."""
+def base_check_text(checks: dict[str, dict], tables: str) -> str:
+    """The paragraph ranking base_checks() best first ('' without checks); `tables`: what the tables read instead."""
     if not checks:
-        return []
+        return ""
     ranking = ", ".join(f"{m} {stat_text(c)}" for m, c in sorted(checks.items(), key=lambda kv: -kv[1]["mean"]))
     images = "/".join(str(i) for i in sorted({c["images"] for c in checks.values()}))
-    return [f"The training point on {images} validation items ({tables}, with a larger sampling error): {ranking}.", ""]
+    return f"The training point on {images} validation items ({tables}, with a larger sampling error): {ranking}.\n\n"
 
 
 def _statistics(stats: dict, models: list[str], plan, heading: str) -> str:
@@ -147,7 +151,9 @@ def _statistics(stats: dict, models: list[str], plan, heading: str) -> str:
     (lo_model, lo), (hi_model, hi) = min(at_base, key=lambda x: x[1]["mean"]), max(at_base, key=lambda x: x[1]["mean"])
     sd_model, sd = max(at_base, key=lambda x: x[1]["std"])
     seeds = "/".join(map(str, sorted({st["n"] for _, st in at_base})))
-    return T["statistics"].format(**locals()) + "\n\n"
+    text = T["statistics"].format(heading=heading, lo=lo, lo_model=lo_model, hi=hi, hi_model=hi_model, sd=sd,
+                                  sd_model=sd_model, seeds=seeds)  # fmt: skip
+    return text + "\n\n"
 
 
 def _claims(judged: list[dict]) -> str:
@@ -195,8 +201,8 @@ def format_markdown(records: list[dict], rows: list[dict], stats: dict, judged: 
     sections = T["modes_agree"] + "\n\n" if agree and len(b.position_modes) > 1 else ""
     sections += "".join(f"Note: {n}.\n" for n in plan.notes) + ("\n" if plan.notes else "")
     sections += _statistics(stats, models, plan, heads[0])
-    checks = base_check_lines(base_checks(records, models), f"bench.base_samples; the tables read {images}")
-    sections += "".join(line + "\n" for line in checks) + _claims(judged)
+    sections += base_check_text(base_checks(records, models), f"bench.base_samples; the tables read {images}")
+    sections += _claims(judged)
     cpu = [r["train_cpu_seconds"] for r in records if r.get("train_cpu_seconds")] or [0]
     ev = [r["eval_cpu_seconds"] for r in records if r.get("eval_cpu_seconds")] or [0]
     return T["results"].format(
