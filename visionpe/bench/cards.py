@@ -107,21 +107,21 @@ def _speed_section(fam: Family, speed: dict, machines: dict) -> str:
     measured = [n for n in names if (n, res) in speed]
     if not measured:
         return T["no_speed"] + "\n"
-    base = speed.get((names[0], res), {})
-    rows = [[n, f"{r['params_m']:.2f}", fmt(r.get("gflops")), fmt(r.get("infer_ips"), ".1f"),
-             _ratio(r, base, "infer_ips"), fmt(r.get("train_ips"), ".1f"), _ratio(r, base, "train_ips"),
-             fmt(r.get("infer_mem_mb"), ".0f")] for n in measured for r in [speed[(n, res)]]]  # fmt: skip
+    base, rows, timm_rows = speed.get((names[0], res), {}), [], []
+    for n in measured:
+        r = speed[(n, res)]
+        rows.append([n, f"{r['params_m']:.2f}", fmt(r.get("gflops")), fmt(r.get("infer_ips"), ".1f"),
+                     _ratio(r, base, "infer_ips"), fmt(r.get("train_ips"), ".1f"), _ratio(r, base, "train_ips"),
+                     fmt(r.get("infer_mem_mb"), ".0f")])  # fmt: skip
+        if r.get("reference"):
+            ref = speed.get((r["reference"], res), {})
+            flops = f"{fmt(r.get('gflops'))} / {fmt(ref.get('gflops'))}"
+            timm_rows.append([n, r["reference"], flops, _ratio(r, ref, "infer_ips"), _ratio(r, ref, "train_ips")])
     heads = ["model", "params (M)", "GFLOPs", "infer img/s", "infer vs first", "train img/s", "train vs first"]
     m = machines[measured[0]]
     how = _how_measured(m, m.get("settings", {}))
     text = T["speed"].format(family=fam.name, size=size, res=res, how=how, first=names[0],
                              table="\n".join(md_table([*heads, "infer MiB"], "lrrrrrrr", rows)))  # fmt: skip
-    timm_rows = []
-    for n, r in ((n, speed[(n, res)]) for n in measured):
-        if r.get("reference"):
-            ref = speed.get((r["reference"], res), {})
-            flops = f"{fmt(r.get('gflops'))} / {fmt(ref.get('gflops'))}"
-            timm_rows.append([n, r["reference"], flops, _ratio(r, ref, "infer_ips"), _ratio(r, ref, "train_ips")])
     if timm_rows:
         heads = ["ours", "timm", "GFLOPs (ours / timm)", "inference speed ratio", "training speed ratio"]
         text += "\n\n" + T["speed_timm"].format(table="\n".join(md_table(heads, "llrrr", timm_rows)))
@@ -172,8 +172,13 @@ def family_models(fam: Family, s: dict) -> list[str]:
 def _base_of(s: dict):
     """protocol -> the training point of a summary (what plan.base_point gives for its benchmark)."""
     base, frames, tokens = tuple(s["base"]), s["base_frames"], s.get("base_tokens", 0)
-    # native: the training budget, each image at its own aspect ratio
-    return lambda pr: Point(pr, 0, 0, 0, tokens) if pr == "native" else Point(pr, *base, frames * (pr == "frames"))
+
+    def base_of(protocol: str) -> Point:
+        if protocol == "native":  # the training budget, each image at its own aspect ratio
+            return Point(protocol, 0, 0, 0, tokens)
+        return Point(protocol, *base, frames if protocol == "frames" else 0)
+
+    return base_of
 
 
 def _trained_where(s: dict) -> str:
