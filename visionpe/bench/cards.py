@@ -386,9 +386,8 @@ def family_card(fam: Family, speed: dict, machines: dict, summaries: list[tuple[
     names = [model_name(fam.name, s, p) for s in fam.sizes for p in fam.pes]
     notes = fam.cfg.get("notes") or ()
     found = family_summaries(fam, summaries)
-    limits = ([] if found else [T["no_accuracy_limit"]]) + (
-        [T["toy_data_limit"]] if fam.name in ("vivit", "mm") else []
-    )
+    limits = "" if found else T["no_accuracy_limit"] + "\n"
+    limits += T["toy_data_limit"] + "\n" if fam.name in ("vivit", "mm") else ""  # generated toy tasks
     papers = _paper_names(fam)
     text = T["card"].format(
         metadata=card_metadata(fam, summaries),
@@ -406,7 +405,7 @@ def family_card(fam: Family, speed: dict, machines: dict, summaries: list[tuple[
         accuracy="\n".join(_summary_block(p, s, m, out_dir) for p, s, m in found) or T["no_accuracy"] + "\n",
         speed=_speed_section(fam, speed, machines),
         cost_spread=_cost_spread_section(fam, list(speed_files), out_dir),
-        limitations="".join(line + "\n" for line in limits),
+        limitations=limits,
         weights=_weights_section(fam),
         papers="\n".join(f"- {name} ({ids})" for ids, name in papers.items()),
         bibtex="\n\n".join(entry for entry in map(bibtex, papers) if entry),
