@@ -23,6 +23,9 @@ VIT_PES = {
     **same_name("ape", "sincos", "nope", "rope2d", "rope2d_mixed", "rope2d_ape", "rope2d_mixed_ape"),
     **same_name("irpe", "irpe_bias", "irpe_qkv", "cpe", "cpe_gap", "lepe", "fuzzy", "fuzzy_atm"),
     "rope2d_dinov3": dict(pe="rope2d_dinov3", **DINOV3_ARCH),  # DINOv3's ViT (timm's vit_*_patch16_dinov3)
+    # the same model trained as DINOv3 trains it: coordinates rescaled by a log-uniform factor in [1/2, 2] per layer
+    # (training only; in eval it equals rope2d_dinov3)
+    "rope2d_dinov3_aug": dict(pe="rope2d_dinov3", pe_kwargs=dict(rescale_coords=2.0), **DINOV3_ARCH),
     **same_name("liere", "comrope_ap", "comrope_ld", "alibi2d", "fire2d"),
     **same_name("lookhere", "lookhere_90", "lookhere_45"),  # LH-180, LH-90, LH-45
 }
