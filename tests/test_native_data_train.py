@@ -16,6 +16,7 @@ from tiny_runs import tiny_run
 
 from visionpe.data import build_dataset
 from visionpe.data.native_loader import build_native_train_loader, native_plan
+from visionpe.data.share import Share
 from visionpe.engine import train
 from visionpe.engine.checkpoint import find_checkpoint, load_weights
 from visionpe.engine.config import ConfigError, NativeConfig
@@ -64,7 +65,7 @@ def test_native_training_logs_batch_statistics_and_evaluates_at_budgets(tmp_path
 def test_native_batches_are_the_same_with_loader_workers():
     ds = build_dataset("fashion-mnist-native", "train", 16, options=dict(num_train=64, side=32, item=16), training=True)
     plan = native_plan(NativeConfig(seq_lens=[8, 16], row_tokens=48, tokens_per_batch=192), 4)
-    a, b = (list(build_native_train_loader(ds, plan, 16, seed=1, workers=w)) for w in (0, 1))
+    a, b = (list(build_native_train_loader(ds, plan, 16, seed=1, share=Share(workers=w))) for w in (0, 1))
     assert len(a) == len(b) > 1
     for x, y in zip(a, b):
         assert all(torch.equal(x.inputs[k], y.inputs[k]) for k in x.inputs) and torch.equal(x.targets, y.targets)

@@ -55,3 +55,25 @@ def test_every_model_runs_forward_and_backward_at_two_resolutions(name):
         out.square().mean().backward()
         grads = [p.grad for p in model.parameters() if p.requires_grad]
         assert all(g is not None and torch.isfinite(g).all() for g in grads), "every parameter gets a gradient"
+
+
+def test_each_family_reads_its_paper_and_evaluation_size_from_the_tables():
+    from visionpe.models import FAMILIES
+    from visionpe.papers import PAPERS, family_paper
+
+    assert sorted(p.family for p in PAPERS.values() if p.family) == sorted(FAMILIES)  # one backbone row per family
+    for fam in FAMILIES.values():
+        row = family_paper(fam.name)
+        assert fam.cfg["paper_ids"] == f"arXiv:{row.arxiv}"
+        assert fam.cfg["paper_name"] == (row.family_name or row.title)
+        assert fam.cfg.get("origin_url", "") == row.code  # the family's official code, where the row has one
+        for size, kwargs in fam.sizes.items():  # a size with an img_size is evaluated there, uncropped
+            cfg = {**fam.cfg, **fam.size_cfg.get(size, {})}
+            side = kwargs.get("img_size", 224)
+            assert cfg["input_size"] == (3, side, side)
+            assert cfg["crop_pct"] == (1.0 if "img_size" in kwargs else fam.cfg["crop_pct"])
+    assert timm.models.get_pretrained_cfg("cvt_n").input_size == (3, 32, 32)
+    assert timm.models.get_pretrained_cfg("swin_t_rpb").origin_url == "https://github.com/microsoft/Swin-Transformer"
+    assert timm.models.get_pretrained_cfg("vit_s_nope").paper_name == "Training data-efficient image transformers"
+    with pytest.raises(KeyError, match="names the family 'nofam'"):
+        family_paper("nofam")

@@ -112,7 +112,10 @@ def xformers_supports(q: torch.Tensor, bias: torch.Tensor | None) -> tuple[bool,
 # -------------------------------------------------------------------------------------------------------- backends
 
 
-def _math(q, k, v, bias, scale, mask: AttnMask | None = None):
+def attend_with_probs(q, k, v, bias=None, scale: float | None = None, mask: AttnMask | None = None):
+    """The math reference: `attend`'s output (tensors as there) and the attention probabilities [B, H, N, M]."""
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
     attn = (q * scale) @ k.transpose(-2, -1)
     if bias is not None:
         attn = attn + bias.to(attn.dtype)  # as SDPA does: an fp32 bias on a bf16 model
@@ -214,21 +217,7 @@ def attend(
         except Exception as error:  # noqa: BLE001
             flex_failed(error)
             return _sdpa(q, k, v, bias, scale, mask)
-    return _math(q, k, v, bias, scale, mask)[0]
-
-
-def attend_with_probs(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    scale: float | None = None,
-    mask: AttnMask | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Like `attend`, also returning the attention probabilities [B, H, N, M] (always the math path)."""
-    if scale is None:
-        scale = q.shape[-1] ** -0.5
-    return _math(q, k, v, bias, scale, mask)
+    return attend_with_probs(q, k, v, bias, scale, mask)[0]
 
 
 # ------------------------------------------------------------------------------------------------ row-block terms

@@ -1,6 +1,7 @@
-"""The papers visionpe implements or cites: one row per paper, read by the PE presets (`pos/presets.py`), the
-pretrained cfgs (`paper_ids` / `paper_name`), the benchmark's claims (`visionpe.bench.report`) and the model cards'
-BibTeX. Adding a PE with a paper is one `Paper(...)` row here, naming the presets it introduces.
+"""The papers visionpe implements or cites: one row per paper, read by the PE presets (`pos/presets.py`), the model
+families and the published weights (`paper_ids` / `paper_name` / `origin_url` of the pretrained cfgs), the
+benchmark's claims (`visionpe.bench.report`) and the model cards' BibTeX. Adding a PE with a paper is one `Paper(...)`
+row here, naming the presets it introduces; a backbone's paper names the model family its architecture is.
 
 A claim is an ordering a benchmark can judge on its own numbers: (better PE, worse PE) pairs of preset names as in
 model names, and where the ordering is meant to hold ("beyond": larger than the training size or clip length;
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Claim", "Paper", "PAPERS", "CLAIMS", "paper", "preset_papers", "bibtex"]
+__all__ = ["Claim", "Paper", "PAPERS", "CLAIMS", "paper", "preset_papers", "family_paper", "bibtex"]
 
 
 @dataclass(frozen=True)
@@ -38,10 +39,18 @@ class Paper:
     key: str = ""  # BibTeX key
     presets: tuple[str, ...] = ()
     claims: tuple[Claim, ...] = ()
+    family: str = ""  # the model family (visionpe.models) whose architecture this paper is, e.g. "swin"
+    family_name: str = ""  # the paper's name in that family's pretrained cfgs, where it is not the title
 
-    def cfg(self) -> dict:
-        """The timm pretrained-cfg fields of this paper."""
-        return dict(paper_ids=f"arXiv:{self.arxiv}", paper_name=self.title)
+    def cfg(self, origin: bool = False) -> dict:
+        """The timm pretrained-cfg fields of this paper; `origin`: also its official code as the `origin_url`."""
+        return dict(paper_ids=f"arXiv:{self.arxiv}", paper_name=self.title) | (
+            dict(origin_url=self.code) if origin and self.code else {}
+        )
+
+    def family_cfg(self) -> dict:
+        """The pretrained-cfg fields of the family whose architecture this paper is: its name there and its code."""
+        return self.cfg(origin=True) | dict(paper_name=self.family_name or self.title)
 
     def cite(self) -> str:
         """'Heo et al., Rotary Position Embedding for Vision Transformer (ECCV 2024)'."""
@@ -65,23 +74,25 @@ _ROWS = (
     # ------------------------------------------------------------------------------------------------ backbones
     Paper("2012.12877", "Training data-efficient image transformers & distillation through attention", "",
           "Touvron, Hugo and Cord, Matthieu and Douze, Matthijs and Massa, Francisco and Sablayrolles, Alexandre "
-          "and J{\\'e}gou, Herv{\\'e}", 2021, "ICML", "touvron2021deit"),
+          "and J{\\'e}gou, Herv{\\'e}", 2021, "ICML", "touvron2021deit", family="vit",
+          family_name="Training data-efficient image transformers"),
     Paper("2106.10270", "How to train your ViT? Data, Augmentation, and Regularization in Vision Transformers", "",
           "Steiner, Andreas and Kolesnikov, Alexander and Zhai, Xiaohua and Wightman, Ross and Uszkoreit, Jakob "
           "and Beyer, Lucas", 2022, "TMLR", "steiner2022augreg"),
     Paper("2103.14030", "Swin Transformer: Hierarchical Vision Transformer using Shifted Windows",
           "https://github.com/microsoft/Swin-Transformer",
           "Liu, Ze and Lin, Yutong and Cao, Yue and Hu, Han and Wei, Yixuan and Zhang, Zheng and Lin, Stephen "
-          "and Guo, Baining", 2021, "ICCV", "liu2021swin", presets=("rpb",)),
-    Paper("2103.15808", "CvT: Introducing Convolutions to Vision Transformers", "",
+          "and Guo, Baining", 2021, "ICCV", "liu2021swin", presets=("rpb",), family="swin"),
+    Paper("2103.15808", "CvT: Introducing Convolutions to Vision Transformers", "https://github.com/leoxiaobin/CvT",
           "Wu, Haiping and Xiao, Bin and Codella, Noel and Liu, Mengchen and Dai, Xiyang and Yuan, Lu and Zhang, Lei",
-          2021, "ICCV", "wu2021cvt"),
+          2021, "ICCV", "wu2021cvt", family="cvt"),
     Paper("2103.15691", "ViViT: A Video Vision Transformer", "",
           "Arnab, Anurag and Dehghani, Mostafa and Heigold, Georg and Sun, Chen and Lu{\\v{c}}i{\\'c}, Mario "
-          "and Schmid, Cordelia", 2021, "ICCV", "arnab2021vivit"),
+          "and Schmid, Cordelia", 2021, "ICCV", "arnab2021vivit", family="vivit"),
     Paper("2104.09864", "RoFormer: Enhanced Transformer with Rotary Position Embedding", "",
           "Su, Jianlin and Lu, Yu and Pan, Shengfeng and Murtadha, Ahmed and Wen, Bo and Liu, Yunfeng", 2021,
-          "Neurocomputing (2024)", "su2021roformer"),
+          "Neurocomputing (2024)", "su2021roformer", family="mm",
+          family_name="RoFormer: Enhanced Transformer with Rotary Position Embedding (1D RoPE)"),
     # ------------------------------------------------------------------------------------------- image PEs
     Paper("2403.13298", "Rotary Position Embedding for Vision Transformer", "https://github.com/naver-ai/rope-vit",
           "Heo, Byeongho and Park, Song and Han, Dongyoon and Yun, Sangdoo", 2024, "ECCV", "heo2024ropevit",
@@ -193,6 +204,14 @@ def paper(arxiv: str) -> Paper:
 def preset_papers() -> dict[str, Paper]:
     """PE preset -> the paper that introduces it."""
     return {preset: p for p in _ROWS for preset in p.presets}
+
+
+def family_paper(family: str) -> Paper:
+    """The paper whose architecture a model family is."""
+    rows = [p for p in _ROWS if p.family == family]
+    if not rows:
+        raise KeyError(f"no paper in visionpe.papers names the family {family!r}; give its backbone's row family=")
+    return rows[0]
 
 
 def bibtex(paper_ids: str) -> str | None:

@@ -18,7 +18,7 @@ from torch.utils.data import Dataset
 from . import fashion_mnist as fm
 from .registry import register_dataset
 
-__all__ = ["place", "canvas_offset", "CanvasDataset", "fashion_mnist_canvas"]
+__all__ = ["place", "canvas_offset", "OnCanvas", "CanvasDataset", "fashion_mnist_canvas"]
 
 
 def place(item: torch.Tensor, canvas: tuple[int, int], top: int, left: int, fill: float) -> torch.Tensor:
@@ -41,22 +41,30 @@ def canvas_offset(
     return int(top), int(left)
 
 
-class CanvasDataset(Dataset):
-    """Items of `base` rendered at `item_size` px and placed on canvases; `render(i, R)` gives an R x R canvas,
-    `render_canvas(i, (H, W))` any canvas, `[i]` the canvas of `resolution` px."""
+class OnCanvas(Dataset):
+    """The items of `base` (a dataset that renders them at a chosen size), each placed on a canvas of `fill`: at a
+    random place in training, at one seeded by the item (and `seed`) in evaluation. Its classes are the base's."""
 
-    def __init__(self, base: Dataset, item_size: int, resolution: int, fill: float, training: bool, seed: int = 0):
+    def __init__(self, base: Dataset, fill: float, training: bool, seed: int = 0):
         if not callable(getattr(base, "render", None)):
             raise TypeError(f"{type(base).__name__} cannot render items at a chosen size; a canvas needs render()")
-        if resolution < item_size:
-            raise ValueError(f"the canvas ({resolution} px) must be at least the item size ({item_size} px)")
-        self.base, self.item_size, self.resolution = base, int(item_size), int(resolution)
-        self.fill, self.training, self.seed = float(fill), training, int(seed)
+        self.base, self.fill, self.training, self.seed = base, float(fill), training, int(seed)
         self.num_classes = getattr(base, "num_classes", None)
         self.classes = getattr(base, "classes", None)
 
     def __len__(self) -> int:
         return len(self.base)
+
+
+class CanvasDataset(OnCanvas):
+    """Items of `base` rendered at `item_size` px and placed on canvases; `render(i, R)` gives an R x R canvas,
+    `render_canvas(i, (H, W))` any canvas, `[i]` the canvas of `resolution` px."""
+
+    def __init__(self, base: Dataset, item_size: int, resolution: int, fill: float, training: bool, seed: int = 0):
+        super().__init__(base, fill, training, seed)
+        if resolution < item_size:
+            raise ValueError(f"the canvas ({resolution} px) must be at least the item size ({item_size} px)")
+        self.item_size, self.resolution = int(item_size), int(resolution)
 
     def render_canvas(self, index: int, size: tuple[int, int]) -> tuple[torch.Tensor, int]:
         h, w = size
@@ -102,4 +110,4 @@ def fashion_mnist_canvas(
     base = fm.fashion_mnist(
         split, item, root, training=training, shift=shift, num_train=num_train, num_val=num_val, crop=crop, aug=aug
     )
-    return CanvasDataset(base, item, resolution, fill=(0.0 - fm.MEAN) / fm.STD, training=training)
+    return CanvasDataset(base, item, resolution, fill=fm.BLACK, training=training)

@@ -37,6 +37,7 @@ FILES = {
 }
 CLASS_NAMES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
 MEAN, STD = 0.2860, 0.3530  # over the training images
+BLACK = (0.0 - MEAN) / STD  # a black pixel, normalised (the background of the images, and of canvases around them)
 RESIZED_CACHE_BYTES = 128 * 2**20  # the most a split resized once may take (FashionMNIST._resized)
 
 

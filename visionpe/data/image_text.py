@@ -85,18 +85,13 @@ class ImageTextShapes(RenderedDataset, classes=CLASS_NAMES, default_sizes=DEFAUL
 
     def render(self, index: int, resolution=None) -> tuple[dict, int]:
         """Item `index` ({"pixels": [3, H, W], "text_ids": long [4]}, class) at `resolution` (default size if None)."""
-        if not 0 <= index < self.num_samples:
-            raise IndexError(f"index {index} out of range for {self.num_samples} samples")
         res = self.resolution if resolution is None else side_pair(resolution)
-        s = self.scene(index)
+        s = self.checked_scene(index)
         img = render_board(s["colours"], s["shapes"], self.grid, res)
         if self.noise > 0:
             img = img + self.noise * torch.randn(img.shape, generator=self._generator(index, res[0] * 257 + res[1]))
         text = question_ids(s["kind"], s["row"], s["col"], self.grid)
         return {"pixels": (img - MEAN) / STD, "text_ids": text}, s["target"]
-
-    def __getitem__(self, index: int) -> tuple[dict, int]:
-        return self.render(index)
 
 
 @register_dataset("image-text-shapes", num_classes=len(CLASS_NAMES), in_chans=3, kind="image_text")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import inspect
 from functools import partial
 
-import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from .multires import ResolutionBatchSampler, collate_to_resolution, eval_batches
@@ -19,6 +18,7 @@ from .native_loader import build_native_train_loader
 from .native_sampler import NativePlan
 from .registry import DatasetInfo, get_dataset_info
 from .seeding import preserved_rngs, seed_rngs
+from .share import Share
 from .streams import build_stream_eval_loader, build_stream_train_loader, is_stream
 
 __all__ = [
@@ -119,16 +119,9 @@ class KeyedDataset(Dataset):
         return item[0], item[1], resolution, skipped
 
 
-def _loader(keyed: KeyedDataset, batch_sampler, workers: int, pin_memory: bool) -> DataLoader:
-    return DataLoader(
-        keyed,
-        batch_sampler=batch_sampler,
-        num_workers=workers,
-        collate_fn=partial(collate_to_resolution, collate_inputs=getattr(keyed.dataset, "collate_inputs", None)),
-        pin_memory=pin_memory,
-        generator=torch.Generator(),  # keeps the loader from drawing from the global RNG (exact resume)
-        persistent_workers=False,
-    )
+def _loader(keyed: KeyedDataset, batch_sampler, share: Share) -> DataLoader:
+    collate_inputs = getattr(keyed.dataset, "collate_inputs", None)
+    return share.loader(keyed, batch_sampler, partial(collate_to_resolution, collate_inputs=collate_inputs))
 
 
 def build_train_loader(
@@ -147,13 +140,13 @@ def build_train_loader(
     `batch_sampler` has set_epoch / start_at for resuming (see epoch_batches). Streams go to streams.py;
     `native`: native-aspect batches of that plan instead (native_loader.py; `resolutions[0]` is the native size of
     datasets that only draw squares; `aug`: the augmentation settings, for timm's NaFlex loader)."""
+    share = Share(workers, rank, world_size, pin_memory)
     if native is not None:
         if is_stream(dataset):
             raise ValueError("native-aspect batches (data.native) need an indexed dataset, not a stream")
-        args = (resolutions[0], seed, workers, rank, world_size, pin_memory, aug)
-        return build_native_train_loader(dataset, native, *args)
+        return build_native_train_loader(dataset, native, resolutions[0], seed, share, aug)
     if is_stream(dataset):
-        return build_stream_train_loader(dataset, batch_size, resolutions, seed, workers, rank, world_size, pin_memory)
+        return build_stream_train_loader(dataset, batch_size, resolutions, seed, share)
     keyed = KeyedDataset(dataset)
     sampler = DistributedSampler(keyed, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
     batches = ResolutionBatchSampler(sampler, batch_size, resolutions, drop_last=True, seed=seed)
@@ -162,7 +155,7 @@ def build_train_loader(
             f"the training set has {len(dataset)} items, fewer than one batch of {batch_size} per "
             f"process x {world_size} process(es); lower data.batch_size or use more data"
         )
-    return _loader(keyed, batches, workers, pin_memory)
+    return _loader(keyed, batches, share)
 
 
 def build_eval_loader(
@@ -175,9 +168,8 @@ def build_eval_loader(
     pin_memory: bool = False,
 ) -> DataLoader:
     """Ordered batches over this rank's contiguous shard (no padding: metrics summed over ranks are exact)."""
+    share = Share(workers, rank, world_size, pin_memory)
     if is_stream(dataset):
-        return build_stream_eval_loader(dataset, resolution, batch_size, workers, rank, world_size, pin_memory)
-    n = len(dataset)
-    per = -(-n // world_size)
-    indices = range(rank * per, min(n, (rank + 1) * per))
-    return _loader(KeyedDataset(dataset), eval_batches(indices, batch_size, resolution), workers, pin_memory)
+        return build_stream_eval_loader(dataset, resolution, batch_size, share)
+    batches = eval_batches(share.shard(len(dataset)), batch_size, resolution)
+    return _loader(KeyedDataset(dataset), batches, share)

@@ -17,35 +17,28 @@ import torch
 from torch.utils.data import Dataset
 
 from . import fashion_mnist as fm
-from .canvas import place
+from .canvas import OnCanvas, place
 from .registry import register_dataset
 from .seeding import mix_seed
 
 __all__ = ["AspectCanvas", "fashion_mnist_native"]
 
 
-class AspectCanvas(Dataset):
+class AspectCanvas(OnCanvas):
     """Items of `base` on canvases of varied aspect ratio; `native_size(i)`, `render_size(i, (H, W))`."""
 
     def __init__(
         self, base: Dataset, item: int, side: int, max_aspect: float, fill: float, training: bool, seed: int = 0
     ):
-        if not callable(getattr(base, "render", None)):
-            raise TypeError(f"{type(base).__name__} cannot render items at a chosen size; a canvas needs render()")
+        super().__init__(base, fill, training, seed)
         if max_aspect < 1:
             raise ValueError(f"max_aspect must be at least 1 (1: square canvases), got {max_aspect}")
-        self.base, self.item, self.side, self.max_aspect = base, int(item), int(side), float(max_aspect)
-        self.fill, self.training, self.seed = float(fill), training, int(seed)
-        self.num_classes = getattr(base, "num_classes", None)
-        self.classes = getattr(base, "classes", None)
+        self.item, self.side, self.max_aspect = int(item), int(side), float(max_aspect)
         g = torch.Generator().manual_seed(mix_seed(self.seed, 0xA5C))
         log_ar = (2 * torch.rand(len(base), generator=g, dtype=torch.float64) - 1) * math.log(self.max_aspect)
         ar = log_ar.exp()  # W / H
         self.heights = (self.side / ar.sqrt()).round().clamp(min=self.item).long()
         self.widths = (self.side * ar.sqrt()).round().clamp(min=self.item).long()
-
-    def __len__(self) -> int:
-        return len(self.base)
 
     def native_size(self, index: int) -> tuple[int, int]:
         return int(self.heights[index]), int(self.widths[index])
@@ -97,4 +90,4 @@ def fashion_mnist_native(
         split, item, root, training=training, shift=shift, num_train=num_train, num_val=num_val, aug=aug
     )
     split_seed = 0 if split == "train" else 1
-    return AspectCanvas(base, item, side, max_aspect, (0.0 - fm.MEAN) / fm.STD, training, seed=split_seed)
+    return AspectCanvas(base, item, side, max_aspect, fm.BLACK, training, seed=split_seed)

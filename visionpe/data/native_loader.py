@@ -11,7 +11,6 @@ Evaluation: this rank's contiguous shard in order, one image per row padded to t
 
 from __future__ import annotations
 
-import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from .native_buckets import DEFAULT_ASPECTS, AspectBucketSampler, bucket_sizes, collate_buckets, nearest_bucket
@@ -20,6 +19,7 @@ from .native_items import NativeDataset, native_sizes
 from .native_resize import budget_size
 from .native_sampler import NativeBatchSampler, NativeKey, NativePlan
 from .native_timm import TimmNaflexBatches
+from .share import Share
 
 __all__ = ["native_plan", "build_native_train_loader", "build_native_eval_loader"]
 
@@ -44,15 +44,8 @@ def native_plan(settings, patch: int) -> NativePlan:
     return NativePlan(int(patch), settings.mode, budgets, tpb, row, buffer, aspects, settings.loader)
 
 
-def _loader(dataset: NativeDataset, batch_sampler, workers: int, pin_memory: bool) -> DataLoader:
-    return DataLoader(
-        dataset,
-        batch_sampler=batch_sampler,
-        num_workers=workers,
-        collate_fn=collate_native if dataset.patch else collate_buckets,
-        pin_memory=pin_memory,
-        generator=torch.Generator(),  # keeps the loader from drawing from the global RNG (exact resume)
-    )
+def _loader(dataset: NativeDataset, batch_sampler, share: Share) -> DataLoader:
+    return share.loader(dataset, batch_sampler, collate_native if dataset.patch else collate_buckets)
 
 
 def build_native_train_loader(
@@ -60,24 +53,22 @@ def build_native_train_loader(
     plan: NativePlan,
     resolution: int,
     seed: int = 0,
-    workers: int = 0,
-    rank: int = 0,
-    world_size: int = 1,
-    pin_memory: bool = False,
+    share: Share | None = None,
     aug: dict | None = None,
 ) -> DataLoader:
     """Shuffled native-aspect batches; `resolution`: the native size of datasets that only draw squares; `aug`: the
     augmentation settings timm's loader applies (plan.loader == "timm", native_timm.py)."""
+    share = share or Share()
     if plan.loader == "timm":
-        return TimmNaflexBatches(dataset, plan, aug or {}, seed, workers, rank, world_size)
-    shard = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
+        return TimmNaflexBatches(dataset, plan, aug or {}, seed, share.workers, share.rank, share.world_size)
+    shard = DistributedSampler(dataset, num_replicas=share.world_size, rank=share.rank, shuffle=True, seed=seed)
     sizes = native_sizes(dataset, resolution)
     if plan.mode == "buckets":
         budget, tpb = max(plan.budgets), plan.tokens_per_batch
         batches = AspectBucketSampler(shard, sizes, plan.aspects, budget, plan.patch, tpb, seed)
-        return _loader(NativeDataset(dataset, None), batches, workers, pin_memory)
+        return _loader(NativeDataset(dataset, None), batches, share)
     batches = NativeBatchSampler(shard, sizes, plan, seed)
-    return _loader(NativeDataset(dataset, plan.patch), batches, workers, pin_memory)
+    return _loader(NativeDataset(dataset, plan.patch), batches, share)
 
 
 def eval_keys(sizes, indices, plan: NativePlan, budget: int, batch_size: int) -> list[list[NativeKey]]:
@@ -122,12 +113,10 @@ def build_native_eval_loader(
 ) -> DataLoader:
     """This rank's contiguous shard at a token budget of `budget` per image (no padding duplicates: sums over ranks
     are exact)."""
-    n = len(dataset)
-    per = -(-n // world_size)
-    indices = range(rank * per, min(n, (rank + 1) * per))
-    sizes = native_sizes(dataset, resolution)
+    share = Share(workers, rank, world_size, pin_memory)
+    indices, sizes = share.shard(len(dataset)), native_sizes(dataset, resolution)
     if plan.mode == "buckets":
         keys = bucket_eval_keys(sizes, indices, plan, budget, batch_size)
-        return _loader(NativeDataset(dataset, None), keys, workers, pin_memory)
+        return _loader(NativeDataset(dataset, None), keys, share)
     keys = eval_keys(sizes, indices, plan, budget, batch_size)
-    return _loader(NativeDataset(dataset, plan.patch), keys, workers, pin_memory)
+    return _loader(NativeDataset(dataset, plan.patch), keys, share)

@@ -28,7 +28,8 @@ def no_files(name: str, root: str | None) -> None:
 
 class RenderedDataset(Dataset):
     """A split of `num_samples` drawn items (default: the class's `default_sizes` of the split kind). A subclass
-    names its classes and split sizes in its class line:
+    describes item i in `scene(i)`, draws it in `render(i, resolution)` and names its classes and split sizes in
+    its class line:
     `class Shapes(RenderedDataset, classes=CLASS_NAMES, default_sizes={"train": 5000, "val": 1000})`."""
 
     classes: tuple[str, ...] = ()
@@ -51,6 +52,17 @@ class RenderedDataset(Dataset):
 
     def __len__(self) -> int:
         return self.num_samples
+
+    def __getitem__(self, index: int):
+        """Item `index` at the dataset's own size (a subclass sets `resolution` and draws in `render`)."""
+        return self.render(index, self.resolution)
+
+    def checked_scene(self, index: int) -> dict:
+        """The resolution-free description of item `index` (the subclass's `scene`); an IndexError outside the
+        split."""
+        if not 0 <= index < self.num_samples:
+            raise IndexError(f"index {index} out of range for {self.num_samples} samples")
+        return self.scene(index)
 
     def _generator(self, index: int, salt: int = 0) -> torch.Generator:
         """The generator of item `index` (salt: another stream of the same item, e.g. its noise at one size)."""

@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from .multires import Batch, collate_to_resolution, resolution_schedule
 from .seeding import mix_seed, seeded_rngs
+from .share import Share
 
 __all__ = ["StreamBatches", "build_stream_train_loader", "build_stream_eval_loader", "is_stream", "first_stream_item"]
 
@@ -150,41 +151,23 @@ class StreamBatches(IterableDataset):
             yield self._batch(items, res, 0)
 
 
-def _configure(stream, training: bool, rank: int, world_size: int, workers: int) -> None:
+def _configure(stream, training: bool, share: Share) -> None:
     configure = getattr(stream, "configure_stream", None)
     if configure is not None:
-        configure(training=training, rank=rank, world_size=world_size, workers=workers)
-    elif world_size > 1:
+        configure(training=training, rank=share.rank, world_size=share.world_size, workers=share.workers)
+    elif share.world_size > 1:
         raise ValueError(
             f"{type(stream).__name__} is a stream with no configure_stream(training, rank, world_size, workers) "
             f"to split it over processes; run it in one process"
         )
 
 
-def _loader(batches: StreamBatches, workers: int, pin_memory: bool) -> DataLoader:
-    return DataLoader(
-        batches,
-        batch_size=None,  # the stream makes whole batches (one resolution each)
-        num_workers=workers,
-        pin_memory=pin_memory,
-        generator=batches.generator,
-        persistent_workers=False,
-    )
-
-
 def build_stream_train_loader(
-    stream: IterableDataset,
-    batch_size: int,
-    resolutions: list[int],
-    seed: int = 0,
-    workers: int = 0,
-    rank: int = 0,
-    world_size: int = 1,
-    pin_memory: bool = False,
+    stream: IterableDataset, batch_size: int, resolutions: list[int], seed: int, share: Share
 ) -> DataLoader:
     """Training batches from a stream; the loader's `dataset` (a StreamBatches) has set_epoch / start_at /
     num_batches, like the index loader's batch sampler."""
-    _configure(stream, True, rank, world_size, workers)
+    _configure(stream, True, share)
     batches = StreamBatches(stream, batch_size, resolutions, seed, training=True, generator=torch.Generator())
     batches.set_epoch(0)
     if batches.num_batches() == 0:
@@ -192,21 +175,11 @@ def build_stream_train_loader(
             f"the training stream gives {len(stream)} items per epoch to this process, fewer than one batch of "
             f"{batch_size}; lower data.batch_size or use more data"
         )
-    return _loader(batches, workers, pin_memory)
+    return share.loader(batches, generator=batches.generator)  # the stream makes whole batches (one resolution each)
 
 
-def build_stream_eval_loader(
-    stream: IterableDataset,
-    resolution: int,
-    batch_size: int,
-    workers: int = 0,
-    rank: int = 0,
-    world_size: int = 1,
-    pin_memory: bool = False,
-) -> DataLoader:
+def build_stream_eval_loader(stream: IterableDataset, resolution: int, batch_size: int, share: Share) -> DataLoader:
     """Evaluation batches of this process's share of a stream (every item once over all processes)."""
-    _configure(stream, False, rank, world_size, workers)
+    _configure(stream, False, share)
     generator = torch.Generator().manual_seed(0)  # fixed worker seeds: evaluation draws nothing at random
-    return _loader(
-        StreamBatches(stream, batch_size, [resolution], training=False, generator=generator), workers, pin_memory
-    )
+    return share.loader(StreamBatches(stream, batch_size, [resolution], training=False, generator=generator))

@@ -75,9 +75,7 @@ class SyntheticShapes(RenderedDataset, classes=CLASS_NAMES, default_sizes=DEFAUL
 
     def render(self, index: int, resolution: int) -> tuple[torch.Tensor, int]:
         """Item `index` as a normalised image [3, R, R] and its class."""
-        if not 0 <= index < self.num_samples:
-            raise IndexError(f"index {index} out of range for {self.num_samples} samples")
-        s = self.scene(index)
+        s = self.checked_scene(index)
         R = int(resolution)
         c = (np.arange(R, dtype=np.float32) + 0.5) / R  # pixel centres in [0, 1]
         x, y = (c - s["centre"][0])[None, :], (c - s["centre"][1])[:, None]  # broadcast to (R, R)
@@ -92,9 +90,6 @@ class SyntheticShapes(RenderedDataset, classes=CLASS_NAMES, default_sizes=DEFAUL
             img = img + self.noise * rng.standard_normal((3, R, R), dtype=np.float32)
         img = torch.from_numpy(img.astype(np.float32))
         return (img - MEAN) / STD, s["target"]
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        return self.render(index, self.resolution)
 
 
 @register_dataset("synthetic-shapes", num_classes=len(CLASS_NAMES), in_chans=3, kind="image")

@@ -94,18 +94,13 @@ class VideoShapes(RenderedDataset, classes=CLASS_NAMES, default_sizes=DEFAULT_SI
 
     def render(self, index: int, resolution=None, frames: int | None = None) -> tuple[torch.Tensor, int]:
         """Item `index` as a clip [3, T, H, W] (default length and size unless given) and its class."""
-        if not 0 <= index < self.num_samples:
-            raise IndexError(f"index {index} out of range for {self.num_samples} samples")
         frames = self.frames if frames is None else int(frames)
         res = self.resolution if resolution is None else side_pair(resolution)
-        s = self.scene(index)
+        s = self.checked_scene(index)
         clip = render_scene(
             s, frames, res, self.noise, self._generator(index, salt=frames * 65537 + res[0] * 257 + res[1])
         )
         return clip, s["target"]
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        return self.render(index)
 
 
 @register_dataset("video-shapes", num_classes=len(CLASS_NAMES), in_chans=3, kind="video")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .cvt import ConvolutionalVisionTransformer
 from .cvt_weights import checkpoint_filter_fn
-from .family import Family, base_cfg, same_name
+from .family import Family, same_name
 
 _NANO_EMBED = dict(patch_size=(3, 3, 3), patch_stride=(2, 2, 2), patch_padding=(1, 1, 1))  # 32 px -> 16, 8, 4
 
@@ -24,7 +24,6 @@ CVT_PES = {
     **same_name("cpe", "liere", "comrope_ap", "comrope_ld", "alibi2d", "fire2d"),
 }
 
-CVT_PAPER = dict(paper_ids="arXiv:2103.15808", paper_name="CvT: Introducing Convolutions to Vision Transformers")
 ACT_NOTE = (
     "Official CvT weights use QuickGELU (act_layer='quick_gelu', the default); the Hugging Face transformers port "
     "(CvtForImageClassification) uses exact GELU: build with act_layer='gelu' to reproduce its outputs.",
@@ -36,15 +35,7 @@ CVT = Family(
     model_cls=ConvolutionalVisionTransformer,
     sizes=CVT_SIZES,
     pes=CVT_PES,
-    cfg=base_cfg(
-        **CVT_PAPER,
-        first_conv="stages.0.patch_embed.proj",
-        classifier="head",
-        license="mit",
-        origin_url="https://github.com/leoxiaobin/CvT",
-        notes=ACT_NOTE,
-    ),
-    size_cfg={"n": dict(input_size=(3, 32, 32), crop_pct=1.0)},
+    cfg=dict(first_conv="stages.0.patch_embed.proj", license="mit", notes=ACT_NOTE),
     filter_fn=checkpoint_filter_fn,
     feature_cfg=dict(out_indices=(0, 1, 2), feature_cls="getter"),
     tiny=dict(

@@ -1,4 +1,6 @@
-"""What a backbone family declares for the zoo: its size table, the PE presets it offers and its base pretrained cfg.
+"""What a backbone family declares for the zoo: its size table, the PE presets it offers and its own pretrained-cfg
+fields. The rest of its pretrained cfg is common (`base_cfg`), from its paper's row in visionpe.papers (the row that
+names the family) or from its size table (a size with an `img_size` is evaluated at that size, uncropped).
 
 Every `*_zoo.py` here declares one `Family` and lists it in `FAMILIES`; visionpe.zoo registers them with timm.
 """
@@ -10,7 +12,12 @@ from dataclasses import dataclass, field
 
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
-__all__ = ["FAMILIES", "Family", "base_cfg", "same_name"]
+from ..papers import family_paper
+
+__all__ = ["FAMILIES", "Family", "TOKEN_FEATURES", "base_cfg", "same_name"]
+
+# features of token models (video, multimodal) come as [B, N, C]: timm's Format has no 'NCTHW'
+TOKEN_FEATURES = dict(out_indices=3, feature_cls="getter", output_fmt="NLC")
 
 
 @dataclass
@@ -21,9 +28,9 @@ class Family:
     model_cls: type
     sizes: dict[str, dict]  # size -> model kwargs (dims, depth, heads, ...)
     pes: dict[str, dict]  # name suffix -> model kwargs (pe preset and anything it implies); "" means no suffix
-    cfg: dict  # base pretrained cfg (paper, mean/std, crop, ...)
+    cfg: dict = field(default_factory=dict)  # own pretrained-cfg fields; after construction the family's whole cfg
     module: str = ""  # module timm lists the models under; default: the model class's
-    size_cfg: dict[str, dict] = field(default_factory=dict)  # per-size cfg overrides (e.g. input size)
+    size_cfg: dict[str, dict] = field(default_factory=dict)  # per-size cfg overrides (input size: from `img_size`)
     pe_cfg: dict[str, dict] = field(default_factory=dict)  # per-PE cfg overrides (the paper comes from the preset)
     filter_fn: Callable | None = None  # checkpoint filter (published weights -> our names)
     feature_cfg: dict = field(default_factory=lambda: dict(out_indices=3, feature_cls="getter"))
@@ -33,6 +40,11 @@ class Family:
 
     def __post_init__(self):
         self.module = self.module or self.model_cls.__module__
+        self.cfg = base_cfg(**(family_paper(self.name).family_cfg() | self.cfg))
+        for size, kwargs in self.sizes.items():
+            if "img_size" in kwargs:
+                own = dict(input_size=(3, kwargs["img_size"], kwargs["img_size"]), crop_pct=1.0)
+                self.size_cfg[size] = own | self.size_cfg.get(size, {})
 
 
 FAMILIES: dict[str, Family] = {}  # name -> Family, in registration order (filled by visionpe.models)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .family import Family, base_cfg
+from .family import TOKEN_FEATURES, Family
 from .multimodal import MultimodalEncoder
 
 MM_SIZES = {  # DeiT widths; n(ano) for CPU experiments on small images
@@ -20,19 +20,13 @@ MM_PES = {
     for scheme in ("rope1d", "mrope", "videorope", "vrope", "v2pe", "mrope_interleaved", "hope")
 }
 
-MM = Family(
+MM = Family(  # RoFormer's paper (visionpe.papers): 1D RoPE over the text and the visual tokens
     name="mm",
     model_cls=MultimodalEncoder,
     sizes=MM_SIZES,
     pes=MM_PES,
-    cfg=base_cfg(
-        paper_ids="arXiv:2104.09864",
-        paper_name="RoFormer: Enhanced Transformer with Rotary Position Embedding (1D RoPE)",
-        crop_pct=1.0,
-        notes=("forward(pixels [B, C, H, W] or [B, C, T, H, W], text_ids=[B, L])",),
-    ),
-    size_cfg={"n": dict(input_size=(3, 32, 32))},
-    feature_cfg=dict(out_indices=3, feature_cls="getter", output_fmt="NLC"),  # timm's Format has no 'NCTHW'
+    cfg=dict(crop_pct=1.0, notes=("forward(pixels [B, C, H, W] or [B, C, T, H, W], text_ids=[B, L])",)),
+    feature_cfg=TOKEN_FEATURES,
     tiny=dict(embed_dim=32, depth=2, num_heads=2, patch_size=8, img_size=32, vocab_size=32),
 )
 

@@ -51,10 +51,9 @@ def _vit() -> dict[str, dict[str, dict]]:
     # RoPE-ViT (DeiT-III recipe: LayerScale 1e-5; APE tables without a CLS entry). timm's hub holds the ported
     # weights; naver's own upload (its original layout, which the PE converts) is the url fallback.
     rope = dict(
-        **paper("2403.13298").cfg(),
+        **paper("2403.13298").cfg(origin=True),
         crop_pct=0.9,
         license="apache-2.0",
-        origin_url="https://github.com/naver-ai/rope-vit",
     )
     for size, name in (("s", "small"), ("b", "base"), ("l", "large")):
         for pe, timm_pe, naver_pe in (
@@ -71,10 +70,9 @@ def _vit() -> dict[str, dict[str, dict]]:
             }
     # iRPE (DeiT + contextual product iRPE, 50 buckets shared by the heads, APE kept): the authors' release
     irpe = dict(
-        **paper("2107.14222").cfg(),
+        **paper("2107.14222").cfg(origin=True),
         crop_pct=0.875,
         license="apache-2.0",
-        origin_url="https://github.com/microsoft/Cream/tree/main/iRPE",
     )
     for size, name, on in (
         ("t", "tiny", "k"),
@@ -89,12 +87,11 @@ def _vit() -> dict[str, dict[str, dict]]:
     # DINOv3 (LVD-1689M): timm's hub copies, a backbone without a head (features; 256 px, no crop). timm's plain
     # ports have no qkv bias (the released q/v biases are zero); the filter gives the model's q/v bias zeros.
     dinov3 = dict(
-        **paper("2508.10104").cfg(),
+        **paper("2508.10104").cfg(origin=True),
         num_classes=0,
         input_size=(3, 256, 256),
         crop_pct=1.0,
         license="dinov3-license",
-        origin_url="https://github.com/facebookresearch/dinov3",
     )
     for size, name in (("s", "small"), ("b", "base"), ("l", "large")):
         w[f"vit_{size}_rope2d_dinov3"] = {"lvd1689m": _timm(f"vit_{name}_patch16_dinov3", "lvd1689m", **dinov3)}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .family import Family, base_cfg, same_name
+from .family import Family, same_name
 from .swin import SwinTransformer
 from .swin_weights import checkpoint_filter_fn
 
@@ -22,24 +22,14 @@ SWIN_PES = {
     **same_name("lepe", "liere", "comrope_ap", "comrope_ld", "nope", "alibi2d", "fire2d"),
 }
 
-SWIN_PAPER = dict(
-    paper_ids="arXiv:2103.14030", paper_name="Swin Transformer: Hierarchical Vision Transformer using Shifted Windows"
-)
-
 SWIN = Family(
     name="swin",
     model_cls=SwinTransformer,
     sizes=SWIN_SIZES,
     pes=SWIN_PES,
-    cfg=base_cfg(
-        **SWIN_PAPER,
-        crop_pct=0.9,
-        classifier="head.fc",
-        license="mit",
-        origin_url="https://github.com/microsoft/Swin-Transformer",
-        pool_size=(7, 7),  # the last stage's map at 224 px (patch 4, three merges)
-    ),
-    size_cfg={"n": dict(input_size=(3, 32, 32), crop_pct=1.0, pool_size=(2, 2))},
+    # pool_size: the last stage's map at 224 px (patch 4, three merges); 32 px for size n (patch 2)
+    cfg=dict(crop_pct=0.9, classifier="head.fc", license="mit", pool_size=(7, 7)),
+    size_cfg={"n": dict(pool_size=(2, 2))},
     filter_fn=checkpoint_filter_fn,
     feature_cfg=dict(out_indices=(0, 1, 2, 3), feature_cls="getter"),
     tiny=dict(embed_dim=16, depths=(2, 2), num_heads=(1, 2), window_size=4, patch_size=2, img_size=32, num_classes=10),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .family import Family, base_cfg, same_name
+from .family import TOKEN_FEATURES, Family, same_name
 from .video_vit import VideoViT
 
 VIDEO_SIZES = {  # DeiT widths; tubelets 2 x 16 x 16 over 16 frames (VideoMAE); n(ano) for CPU experiments
@@ -21,20 +21,13 @@ VIDEO_PES = {
     **{name: dict(pe=name, pe_kwargs={"lie_rope": {"num_axes": 3}}) for name in ("liere", "comrope_ap", "comrope_ld")},
 }
 
-VIVIT = dict(paper_ids="arXiv:2103.15691", paper_name="ViViT: A Video Vision Transformer")
-VIDEO = Family(
+VIDEO = Family(  # ViViT's paper (visionpe.papers)
     name="vivit",
     model_cls=VideoViT,
     sizes=VIDEO_SIZES,
     pes=VIDEO_PES,
-    cfg=base_cfg(
-        **VIVIT,
-        num_classes=400,
-        crop_pct=1.0,
-        notes=("clips [B, C, T, H, W]; reference clip 16 frames (8 for size n)",),
-    ),
-    size_cfg={"n": dict(input_size=(3, 32, 32))},
-    feature_cfg=dict(out_indices=3, feature_cls="getter", output_fmt="NLC"),  # timm's Format has no 'NCTHW'
+    cfg=dict(num_classes=400, crop_pct=1.0, notes=("clips [B, C, T, H, W]; reference clip 16 frames (8 for size n)",)),
+    feature_cfg=TOKEN_FEATURES,
     tiny=dict(embed_dim=32, depth=2, num_heads=2, patch_size=8, img_size=32, num_frames=4),
 )
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .family import Family, base_cfg, same_name
+from .family import Family, same_name
 from .vit import VisionTransformer
 from .vit_weights import checkpoint_filter_fn
 
@@ -30,14 +30,11 @@ VIT_PES = {
     **same_name("lookhere", "lookhere_90", "lookhere_45"),  # LH-180, LH-90, LH-45
 }
 
-DEIT = dict(paper_ids="arXiv:2012.12877", paper_name="Training data-efficient image transformers")
-VIT = Family(
+VIT = Family(  # DeiT's paper (visionpe.papers)
     name="vit",
     model_cls=VisionTransformer,
     sizes=VIT_SIZES,
     pes=VIT_PES,
-    cfg=base_cfg(**DEIT),
-    size_cfg={"n": dict(input_size=(3, 32, 32), crop_pct=1.0)},
     filter_fn=checkpoint_filter_fn,
     tiny=dict(embed_dim=32, depth=2, num_heads=2, patch_size=8, img_size=32, num_classes=10),
     test_sizes=(32, 40),
