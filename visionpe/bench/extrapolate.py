@@ -822,20 +822,16 @@ def run_benchmark(bench: BenchConfig, cfg: Config, dry_run: bool = False, log=pr
     return out
 
 
-def _keys_help() -> str:
-    lines = ["bench keys (default, then help):"]
-    for f in dataclasses.fields(BenchConfig):
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        lines.append(f"  bench.{f.name} = {default}\n      {f.metadata['help']}")
-    return "\n".join(lines) + "\n\nthe other sections are train.py's recipe keys (python train.py --help)"
-
-
 def main(argv: list[str] | None = None) -> int:
+    keys = [
+        f"  bench.{f.name} = {getattr(BenchConfig(), f.name)}\n      {f.metadata['help']}"
+        for f in dataclasses.fields(BenchConfig)
+    ]
+    epilog = "\n".join(["bench keys (default, then help):", *keys])
+    epilog += "\n\nthe other sections are train.py's recipe keys (python train.py --help)"
+    formatter = argparse.RawDescriptionHelpFormatter
     ap = argparse.ArgumentParser(
-        prog="visionpe-bench extrapolate",
-        description=__doc__,
-        epilog=_keys_help(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "visionpe-bench extrapolate", description=__doc__, epilog=epilog, formatter_class=formatter
     )
     ap.add_argument("-c", "--config", required=True, help="benchmark file, e.g. configs/bench/quick.yaml")
     ap.add_argument("--dry-run", action="store_true", help="check the benchmark and print the plan; train nothing")
