@@ -34,7 +34,7 @@ from .. import engine
 from ..data import get_dataset_info
 from ..data.loader import dataset_num_classes
 from ..engine import config as engine_config
-from ..engine.changes import FREE_KEYS
+from ..engine.changes import FREE_KEYS, changed_keys, flatten
 from ..engine.checkpoint import atomic_write_text, find_checkpoint
 from ..engine.cli import USER_ERRORS, user_error
 from ..engine.config import Config, ConfigError, config_to_dict, native_settings, setting
@@ -204,17 +204,6 @@ def recipe_of(cfg: dict | Config) -> dict:
     if d.get("model", {}).get("img_size") is None:
         d["model"]["img_size"] = d.get("data", {}).get("resolution")
     return d
-
-
-def _differences(a: dict, b: dict, prefix: str = "") -> list[str]:
-    out = []
-    for k in sorted(set(a) | set(b)):
-        va, vb = a.get(k), b.get(k)
-        if isinstance(va, dict) and isinstance(vb, dict):
-            out += _differences(va, vb, f"{prefix}{k}.")
-        elif va != vb:
-            out.append(f"{prefix}{k}: {va!r} there, {vb!r} now")
-    return out
 
 
 @dataclass
@@ -456,10 +445,11 @@ def _check_recipes(plan: Plan) -> None:
             theirs = read_record(job.record_path).get("recipe")
         elif (job.run_dir / "config.yaml").is_file():
             theirs, where = yaml.safe_load((job.run_dir / "config.yaml").read_text()), job.run_dir
-        diff = [] if theirs is None else _differences(recipe_of(theirs), recipe_of(job.cfg))
-        if diff:
+        changed = {} if theirs is None else changed_keys(flatten(recipe_of(theirs)), flatten(recipe_of(job.cfg)))
+        if changed:
+            diff = "; ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in list(changed.items())[:4])
             raise BenchConfigError(
-                f"{where} was made with another recipe ({'; '.join(diff[:4])}); keep it and write elsewhere with "
+                f"{where} was made with another recipe ({diff}); keep it and write elsewhere with "
                 f"bench.name=<new name> (or bench.output_dir=... bench.runs_dir=...), or delete it to redo the run"
             )
 
