@@ -231,11 +231,6 @@ class Job:
     def modes(self) -> list[str]:
         return list(self.bench.position_modes)
 
-    @property
-    def checkpoint(self) -> str | None:
-        """Pretrained mode: the weights file or run directory (None: timm's weights)."""
-        return self.bench.checkpoints.get(self.model)
-
     def eval_key(self) -> dict:
         return dict(split=self.cfg.data.val_split, samples=self.bench.eval_samples)
 
@@ -542,18 +537,20 @@ def _stopped(stop, job: Job, where: str) -> BenchInterrupted:
     return BenchInterrupted(f"stopped by {signal.Signals(stop.signum).name} {where} {job.label}", stop.signum)
 
 
-def _load_pretrained(job: Job, num_classes: int, in_chans: int):
-    """(model, cfg): a visionpe run directory, a weights file through the model's pretrained filter, or timm's."""
-    cfg, source = job.cfg, job.checkpoint
+def _load_pretrained(job: Job, record: dict, info):
+    """(model, cfg, class map) of published weights: a visionpe run directory, a weights file through the model's
+    pretrained filter (official/timm layouts convert), or timm's own."""
+    num_classes, class_map = eval_split_classes(job.cfg, info, True)
+    source = job.bench.checkpoints.get(job.model)
+    record["pretrained"] = source or "timm"
+    record.pop("run_dir", None)
     if source and Path(source).is_dir():
         model, cfg, _ = engine.load_checkpoint(source, device="cpu")
-        return model, cfg
-    c = copy.deepcopy(cfg)
-    overlay = dict(num_classes=num_classes)  # keep the checkpoint's head when it has the dataset's classes
-    if source:
-        overlay["file"] = str(source)
+        return model, cfg, class_map
+    c = copy.deepcopy(job.cfg)  # the checkpoint's head is kept when it has the dataset's classes
+    overlay = dict(num_classes=num_classes, **({"file": str(source)} if source else {}))
     c.model.kwargs = dict(c.model.kwargs, pretrained=True, pretrained_cfg_overlay=overlay)
-    return build_model(c, num_classes, in_chans), cfg
+    return build_model(c, num_classes, info.in_chans), job.cfg, class_map
 
 
 def _trained_model(job: Job, record: dict):
@@ -650,12 +647,8 @@ def run_job(job: Job, log=print, stop=None) -> dict:
     todo = job.missing(record)
     if record is None or record.get("eval") != job.eval_key():
         record = _new_record(job)
-    info = get_dataset_info(job.cfg.data.name)
     if job.bench.pretrained:
-        num_classes, class_map = eval_split_classes(job.cfg, info, True)
-        model, cfg = _load_pretrained(job, num_classes, info.in_chans)
-        record["pretrained"] = job.checkpoint or "timm"
-        record.pop("run_dir", None)
+        model, cfg, class_map = _load_pretrained(job, record, get_dataset_info(job.cfg.data.name))
     else:
         model, cfg, class_map = _trained_model(job, record)
     device = torch.device(job.bench.device)
