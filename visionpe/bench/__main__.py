@@ -8,9 +8,10 @@ visionpe-bench cards [--results results] [--out model_cards]           # model c
 
 from __future__ import annotations
 
+import importlib
 import sys
 
-COMMANDS = {
+COMMANDS = {  # command: (module, one line of help)
     "extrapolate": (
         "visionpe.bench.extrapolate",
         "train over seeds (image, video, image-text), evaluate at other sizes and clip lengths",
@@ -23,27 +24,19 @@ COMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+    if not argv or argv[0] not in COMMANDS:
         width = max(map(len, COMMANDS))
-        lines = [f"  {name:<{width}}  {help_text}" for name, (_, help_text) in COMMANDS.items()]
-        print(
-            "usage: visionpe-bench {"
-            + ",".join(COMMANDS)
-            + "} [options]\n\n"
-            + "\n".join(lines)
-            + "\n\n`visionpe-bench <command> --help` lists the options of a command."
-        )
+        listed = "\n".join(f"  {name:<{width}}  {help_text}" for name, (_, help_text) in COMMANDS.items())
+        print(f"usage: visionpe-bench {{{','.join(COMMANDS)}}} [options]\n\n{listed}\n\n"
+              "`visionpe-bench <command> --help` lists the options of a command.")  # fmt: skip
         if argv and argv[0] not in ("-h", "--help"):
             print(f"\nerror: unknown command {argv[0]!r}", file=sys.stderr)
             return 2
         return 0
-    import importlib
-
     from visionpe.engine.cli import USER_ERRORS, user_error
 
-    module = importlib.import_module(COMMANDS[argv[0]][0])
     try:
-        return int(module.main(argv[1:]) or 0)
+        return int(importlib.import_module(COMMANDS[argv[0]][0]).main(argv[1:]) or 0)
     except USER_ERRORS as e:  # bad input: one line (VISIONPE_DEBUG=1 for the traceback)
         return user_error(e)
 

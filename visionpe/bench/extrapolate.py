@@ -33,42 +33,19 @@ import yaml
 from .. import engine
 from ..data import get_dataset_info
 from ..data.loader import dataset_num_classes
-from ..engine.changes import FREE_KEYS
+from ..engine import config as engine_config
+from ..engine.changes import FREE_KEYS, changed_keys, flatten
 from ..engine.checkpoint import atomic_write_text, find_checkpoint
 from ..engine.cli import USER_ERRORS, user_error
-from ..engine.config import (
-    Config,
-    ConfigError,
-    apply_overrides,
-    check_value,
-    config_from_dict,
-    config_to_dict,
-    native_settings,
-    read_section,
-    read_yaml,
-    setting,
-)
+from ..engine.config import Config, ConfigError, config_to_dict, native_settings, setting
 from ..engine.interrupt import STOP_SIGNALS, StopOnSignal, TrainingInterrupted
 from ..engine.native_train import model_patch_size
-from ..engine.setup import build_eval_sets, build_model, build_split, resolve_amp, run_model, to_device
+from ..engine.setup import autocast, build_eval_sets, build_model, build_split, resolve_amp, run_model, to_device
 from ..engine.yaml_io import YamlError, load_yaml_text
 from ..recipes import resolve_recipe
 from ..zoo import create_model
-from .protocols import (
-    PROTOCOLS,
-    NativeView,
-    Point,
-    SizedView,
-    evaluate_view,
-    first_inputs,
-    has_position_modes,
-    modes_agree,
-    parse_aspect,
-    parse_size,
-    point_label,
-    row_point,
-    set_position_mode,
-)
+from . import protocols
+from .protocols import PROTOCOLS, Point, point_label, row_point
 from .report import split_name, write_report
 
 POSITION_MODES = ("extrapolate", "interpolate")  # the default list
@@ -148,22 +125,18 @@ class BenchConfig:
         return Path(self.runs_dir.replace("{name}", self.name))
 
 
-# ------------------------------------------------------------------------------------------------ config loading
-
-
 def _unknown_bench_key(key: str, where: str) -> BenchConfigError:
     keys = [f.name for f in dataclasses.fields(BenchConfig)]
     close = difflib.get_close_matches(key.removeprefix("bench."), keys, n=1, cutoff=0.0)
     return BenchConfigError(f"unknown key {key}{where}; did you mean bench.{close[0]}? (keys: {', '.join(keys)})")
 
 
-def _bench_from_dict(data, where: str) -> BenchConfig:
+def _read_bench(data, where: str) -> BenchConfig:
+    """The bench section, each key converted and range-checked by the engine's config reader."""
     if not isinstance(data, dict):
         raise BenchConfigError(f"the bench section{where} must be a mapping of keys, got {data!r}")
     try:
-        return read_section(BenchConfig, data, "bench", where, _unknown_bench_key)
-    except BenchConfigError:
-        raise
+        return engine_config.read_section(BenchConfig, data, "bench", where, _unknown_bench_key)
     except ConfigError as e:
         raise BenchConfigError(str(e)) from None
 
@@ -182,30 +155,26 @@ def load_bench(
     path: str | os.PathLike | None, overrides: list[str] | tuple[str, ...] = ()
 ) -> tuple[BenchConfig, Config]:
     """(bench section, training recipe) from a benchmark file, then `bench.key=value` and recipe overrides."""
-    data: dict = {}
-    where = ""
+    data, where = {}, ""
     if path is not None:
         path = resolve_recipe(path, kind="bench")  # a file, or a packaged benchmark name such as "quick"
-        data = read_yaml(path) or {}  # duplicate keys refused, the file named in every error
+        data = engine_config.read_yaml(path) or {}  # duplicate keys refused, the file named in every error
         if not isinstance(data, dict):
             raise BenchConfigError(f"{path} must be a mapping of sections (bench, model, data, ...)")
         where = f" in {path}"
     data = dict(data)
-    bench = _bench_from_dict(data.pop("bench", None) or {}, where)
-    cfg = config_from_dict(data, where)
+    bench = _read_bench(data.pop("bench", None) or {}, where)
+    cfg = engine_config.config_from_dict(data, where)
     bench_over = [o for o in overrides if o.split("=", 1)[0].strip().startswith("bench.")]
     if bench_over:
         merged = dataclasses.asdict(bench)
         for item in bench_over:
             merged[item.split("=", 1)[0].strip().removeprefix("bench.")] = _override_value(item)
-        bench = _bench_from_dict(merged, " on the command line")
-    cfg = apply_overrides(cfg, [o for o in overrides if o not in bench_over])
-    if not bench.name:
-        bench.name = path.stem if path is not None else "bench"
+        bench = _read_bench(merged, " on the command line")
+    cfg = engine_config.apply_overrides(cfg, [o for o in overrides if o not in bench_over])
+    bench.name = bench.name or (path.stem if path is not None else "bench")
     return bench, cfg
 
-
-# ------------------------------------------------------------------------------------------------------- the plan
 
 # keys that name a run or how it is run, not what it learns: the engine's free keys (a resume may change them) and
 # the run's name, seed, device and execution strategy (fsdp = ddp and checkpointed blocks = plain, to fp32 precision)
@@ -237,17 +206,6 @@ def recipe_of(cfg: dict | Config) -> dict:
     return d
 
 
-def _differences(a: dict, b: dict, prefix: str = "") -> list[str]:
-    out = []
-    for k in sorted(set(a) | set(b)):
-        va, vb = a.get(k), b.get(k)
-        if isinstance(va, dict) and isinstance(vb, dict):
-            out += _differences(va, vb, f"{prefix}{k}.")
-        elif va != vb:
-            out.append(f"{prefix}{k}: {va!r} there, {vb!r} now")
-    return out
-
-
 @dataclass
 class Job:
     """One (model, seed): its training config, the benchmark's settings, its evaluation points and its record."""
@@ -273,13 +231,11 @@ class Job:
     def modes(self) -> list[str]:
         return list(self.bench.position_modes)
 
-    @property
-    def checkpoint(self) -> str | None:
-        """Pretrained mode: the weights file or run directory (None: timm's weights)."""
-        return self.bench.checkpoints.get(self.model)
-
     def eval_key(self) -> dict:
         return dict(split=self.cfg.data.val_split, samples=self.bench.eval_samples)
+
+    def record(self) -> dict | None:
+        return read_record(self.record_path) if self.record_path.is_file() else None
 
     def missing(self, record: dict | None) -> list[tuple[str, Point]]:
         """(mode, point) pairs the record lacks."""
@@ -288,15 +244,14 @@ class Job:
             have = {(r["mode"], row_point(r)) for r in record.get("rows", [])}
         return [(m, p) for m in self.modes for p in self.points if (m, p) not in have]
 
-    def done(self, record: dict | None) -> bool:
-        """Whether the record holds everything this job evaluates."""
-        return not self.missing(record) and not self.needs_base_check(record)
-
     def needs_base_check(self, record: dict | None) -> bool:
         """Whether the training point still has to be evaluated on bench.base_samples items."""
         if self.bench.base_samples is None:
             return False
         return not record or (record.get("base_check") or {}).get("samples") != self.bench.base_samples
+
+    def done(self, record: dict | None) -> bool:
+        return not self.missing(record) and not self.needs_base_check(record)
 
 
 @dataclass
@@ -328,38 +283,26 @@ def _option_default(cfg: Config, key: str) -> int:
     return int(param.default) if param is not None and isinstance(param.default, int) else 0
 
 
-def base_tokens(cfg: Config) -> int:
-    """The training budget per image of a data.native recipe (the largest of data.native.seq_lens); 0 without."""
-    settings = native_settings(cfg)
-    if settings is None:
-        return 0
-    return max(settings.seq_lens) if settings.seq_lens else settings.max_tokens
-
-
-def native_points(bench: BenchConfig, tokens: int) -> list[Point]:
-    """The native protocol's points: the training budget, then bench.tokens at each image's own aspect ratio, then
-    every aspect ratio of bench.aspects at the training budget."""
-    points = [Point("native", 0, 0, 0, t) for t in dict.fromkeys([tokens, *bench.tokens])]
-    for a in bench.aspects:
-        try:
-            h, w = parse_aspect(a)
-        except ValueError as e:
-            raise BenchConfigError(f"bench.aspects: {e}") from None
-        if Point("native", h, w, 0, tokens) not in points:
-            points.append(Point("native", h, w, 0, tokens))
-    return points
+def _parsed(parse, value, keys: str):
+    try:
+        return parse(value)
+    except ValueError as e:
+        raise BenchConfigError(f"{keys}: {e}") from None
 
 
 def make_points(bench: BenchConfig, sizes: list[tuple[int, int]], base_frames: int, tokens: int = 0) -> list[Point]:
-    """Upsample and fov points at every size; frames points at the base size for every length; native points at
-    every budget and aspect ratio (base first)."""
+    """Per protocol, its base first: upsample and fov at every size, frames at the base size for every length,
+    native at every budget (each image at its own aspect ratio), then every aspect ratio at the training budget."""
     points = []
     for protocol in bench.protocols:
         if protocol == "native":
-            points += native_points(bench, tokens)
+            aspects = [_parsed(protocols.parse_aspect, a, "bench.aspects") for a in bench.aspects]
+            native = [Point("native", 0, 0, 0, t) for t in [tokens, *bench.tokens]]
+            points += dict.fromkeys(native + [Point("native", h, w, 0, tokens) for h, w in aspects])
         elif protocol == "frames":
-            lengths = [base_frames] + [f for f in bench.frames if f != base_frames]
-            points += [Point("frames", *sizes[0], f) for f in lengths]
+            points += [
+                Point("frames", *sizes[0], f) for f in [base_frames, *(f for f in bench.frames if f != base_frames)]
+            ]
         else:
             points += [Point(protocol, *s, 0) for s in sizes]
     return points
@@ -370,8 +313,7 @@ def _job_cfg(cfg: Config, bench: BenchConfig, model: str, seed: int) -> Config:
     c.model.name = model
     c.model.kwargs = {**c.model.kwargs, **(bench.model_kwargs.get(model) or {})}
     c.train.seed = seed
-    c.train.output_dir = str(bench.runs())
-    c.train.run_name = f"{model}-s{seed}"
+    c.train.output_dir, c.train.run_name = str(bench.runs()), f"{model}-s{seed}"
     c.train.threads = bench.threads
     c.train.progress = c.train.progress and bench.processes == 1
     c.eval.resolutions = [cfg.data.resolution]
@@ -381,16 +323,13 @@ def _job_cfg(cfg: Config, bench: BenchConfig, model: str, seed: int) -> Config:
 
 def make_plan(bench: BenchConfig, cfg: Config) -> Plan:
     base = (cfg.data.resolution, cfg.data.resolution)
-    sizes = [base]
-    for s in [*bench.resolutions, *bench.shapes]:
-        try:
-            size = parse_size(s)
-        except ValueError as e:
-            raise BenchConfigError(f"bench.resolutions / bench.shapes: {e}") from None
-        if size not in sizes:
-            sizes.append(size)
+    sized = [
+        _parsed(protocols.parse_size, s, "bench.resolutions / bench.shapes") for s in bench.resolutions + bench.shapes
+    ]
+    sizes = list(dict.fromkeys([base, *sized]))
     base_frames = _option_default(cfg, "frames")
-    tokens = base_tokens(cfg)
+    native = native_settings(cfg)  # the training budget per image: the largest of data.native.seq_lens
+    tokens = 0 if native is None else max(native.seq_lens) if native.seq_lens else native.max_tokens
     if "native" in bench.protocols and not tokens:
         raise BenchConfigError("the native protocol evaluates token budgets; the recipe needs data.native settings")
     points = make_points(bench, sizes, base_frames, tokens)
@@ -404,21 +343,17 @@ def make_plan(bench: BenchConfig, cfg: Config) -> Plan:
     return Plan(bench, cfg, jobs, base, sizes, points=points, base_frames=base_frames, base_tokens=tokens)
 
 
-# ------------------------------------------------------------------------------------------------------ validation
+# (the bench key, an example value) for the keys that must list at least one value, each once
+_NON_EMPTY = dict(models="vit_n_ape,vit_n_rope2d", seeds="0,1,2", position_modes="extrapolate,interpolate",
+                  protocols="upsample,fov")  # fmt: skip
 
 
 def _check_settings(b: BenchConfig) -> None:
-    """The bench keys: each against its declaration (as when read from a file), then the checks across keys."""
-    for f in dataclasses.fields(BenchConfig):
-        try:
-            check_value(getattr(b, f.name), f.metadata.get("check", {}), f"bench.{f.name}", f.metadata["help"])
-        except ConfigError as e:
-            raise BenchConfigError(str(e)) from None
-    for key, example in (("models", "vit_n_ape,vit_n_rope2d"), ("seeds", "0,1,2"),
-                         ("position_modes", "extrapolate,interpolate"), ("protocols", "upsample,fov")):  # fmt: skip
-        if not getattr(b, key):
-            raise BenchConfigError(f"bench.{key} is empty; list at least one, e.g. bench.{key}={example}")
+    """The checks across bench keys (each key's own range is checked when it is read, from its declaration)."""
+    for key, example in _NON_EMPTY.items():
         values = getattr(b, key)
+        if not values:
+            raise BenchConfigError(f"bench.{key} is empty; list at least one, e.g. bench.{key}={example}")
         dups = sorted({str(v) for v in values if values.count(v) > 1})
         if dups:
             raise BenchConfigError(f"bench.{key} lists {', '.join(dups)} more than once")
@@ -455,41 +390,40 @@ def _check_settings(b: BenchConfig) -> None:
 
 
 def _check_data(plan: Plan):
-    """The recipe and the dataset against the protocols; returns the dataset's info."""
-    b, cfg = plan.bench, plan.cfg
+    """The recipe, the models' names and the dataset against the protocols; returns the dataset's info."""
+    b, cfg, name = plan.bench, plan.cfg, plan.cfg.data.name
     if cfg.data.train_resolutions:
         raise BenchConfigError("the benchmark trains at one base resolution; drop data.train_resolutions")
-    for model in b.models:
-        if not timm.is_model(model):
-            try:
-                create_model(model)
-            except ValueError as e:
-                raise BenchConfigError(f"bench.models: {e}") from None
-    info = get_dataset_info(cfg.data.name)
-    if info.kind not in ("image", "video", "image_text"):
+    for model in (m for m in b.models if not timm.is_model(m)):
+        try:
+            create_model(model)
+        except ValueError as e:
+            raise BenchConfigError(f"bench.models: {e}") from None
+    info = get_dataset_info(name)
+    kind, mode = info.kind, getattr(native_settings(cfg), "mode", None)
+    if kind not in ("image", "video", "image_text"):
         raise BenchConfigError(
-            f"the extrapolation benchmark evaluates image, video and image-text classifiers; dataset "
-            f"{cfg.data.name!r} is {info.kind!r}"
+            f"the extrapolation benchmark evaluates image, video and image-text classifiers; dataset {name!r} is "
+            f"{kind!r}"
         )
-    if info.kind == "image_text" and b.protocols != ["upsample"]:
+    if kind == "image_text" and b.protocols != ["upsample"]:
         raise BenchConfigError(
             f"image-text datasets are evaluated with more visual tokens (bench.protocols=upsample), got {b.protocols}"
         )
-    if "frames" in b.protocols and info.kind != "video":
-        raise BenchConfigError(f"the frames protocol evaluates clip lengths; dataset {cfg.data.name!r} is not a video")
-    if "native" in b.protocols and (info.kind != "image" or native_settings(cfg).mode == "buckets"):
+    if "frames" in b.protocols and kind != "video":
+        raise BenchConfigError(f"the frames protocol evaluates clip lengths; dataset {name!r} is not a video")
+    if "native" in b.protocols and (kind != "image" or mode == "buckets"):
         raise BenchConfigError(
             f"the native protocol evaluates image models on native-aspect batches (data.native.mode packed or "
-            f"padded); got dataset {cfg.data.name!r} ({info.kind}), mode {native_settings(cfg).mode}"
+            f"padded); got dataset {name!r} ({kind}), mode {mode}"
         )
-    if "fov" in b.protocols and info.kind != "image":
-        raise BenchConfigError(f"the fov protocol places images on canvases; dataset {cfg.data.name!r} is a video")
+    if "fov" in b.protocols and kind != "image":
+        raise BenchConfigError(f"the fov protocol places images on canvases; dataset {name!r} is a video")
     return info
 
 
 def validate(plan: Plan, check_models: bool = True) -> None:
-    """Every check that can fail before training: the settings, names, the data, each model at each point and mode,
-    and earlier results made with another recipe. Raises BenchConfigError (or the engine's error) naming the fix."""
+    """Every check that can fail before training; raises BenchConfigError (or the engine's error) naming the fix."""
     _check_settings(plan.bench)
     info = _check_data(plan)
     if not plan.bench.pretrained:
@@ -501,34 +435,31 @@ def validate(plan: Plan, check_models: bool = True) -> None:
 def _check_recipes(plan: Plan) -> None:
     """Results or runs left by a benchmark with another recipe are never mixed in (nor overwritten)."""
     for job in plan.jobs:
-        theirs = None
+        theirs, where = None, job.record_path
         if job.record_path.is_file():
-            theirs, where = read_record(job.record_path).get("recipe"), job.record_path
+            theirs = read_record(job.record_path).get("recipe")
         elif (job.run_dir / "config.yaml").is_file():
             theirs, where = yaml.safe_load((job.run_dir / "config.yaml").read_text()), job.run_dir
-        if theirs is None:
-            continue
-        diff = _differences(recipe_of(theirs), recipe_of(job.cfg))
-        if diff:
+        changed = {} if theirs is None else changed_keys(flatten(recipe_of(theirs)), flatten(recipe_of(job.cfg)))
+        if changed:
+            diff = "; ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in list(changed.items())[:4])
             raise BenchConfigError(
-                f"{where} was made with another recipe ({'; '.join(diff[:4])}); keep it and write elsewhere with "
+                f"{where} was made with another recipe ({diff}); keep it and write elsewhere with "
                 f"bench.name=<new name> (or bench.output_dir=... bench.runs_dir=...), or delete it to redo the run"
             )
 
 
 def view_of(evals: dict, point: Point, base: tuple[int, int], limit: int = 0, patch: int | None = None):
-    """The evaluation inputs of one point: upsample reads the set built for its size, fov, frames and native (at
-    `patch` px patches) the base set."""
+    """The inputs of one point: upsample reads the set built for its size, the others the base size's."""
     if point.protocol == "native":
-        return NativeView(evals[max(base)], point, patch or 16, limit, max(base))
+        return protocols.NativeView(evals[max(base)], point, patch or 16, limit, max(base))
     if point.protocol == "upsample":
-        return SizedView(evals[max(point.size)], point.size, limit, "upsample", base)
-    return SizedView(evals[max(base)], point.size, limit, point.protocol, base, point.frames)
+        return protocols.SizedView(evals[max(point.size)], point.size, limit, "upsample", base)
+    return protocols.SizedView(evals[max(base)], point.size, limit, point.protocol, base, point.frames)
 
 
 def eval_split_classes(cfg: Config, info, pretrained: bool) -> tuple[int, dict | None]:
-    """(number of classes, class map) from the training split, or the evaluation split for pretrained weights
-    (an ImageNet-style val folder needs no train folder next to it)."""
+    """(number of classes, class map) of the training split, or of the evaluation split for pretrained weights."""
     split = cfg.data.val_split if pretrained else cfg.data.train_split
     ds = build_split(cfg, split, cfg.data.resolution, training=not pretrained)
     return dataset_num_classes(info, ds), getattr(ds, "class_to_idx", None)
@@ -536,22 +467,20 @@ def eval_split_classes(cfg: Config, info, pretrained: bool) -> tuple[int, dict |
 
 def _padding_note(model, model_name: str, points: list[Point]) -> str | None:
     patch = getattr(getattr(model, "patch_embed", None), "patch_size", None)
-    patch = patch[-1] if isinstance(patch, (tuple, list)) else patch
-    padded = sorted(
-        {point_label(p) for p in points if patch and p.protocol != "native" and (p.height % patch or p.width % patch)}
-    )
-    if not padded:
-        return None
-    return (
-        f"{model_name}: {', '.join(padded)} are not multiples of its {patch} px patch; the "
-        f"model zero-pads them at the bottom/right, which costs accuracy of its own"
-    )
+    patch = patch[-1] if isinstance(patch, (tuple, list)) else patch  # a video tubelet's is (frames, h, w)
+    odd = [p for p in points if patch and p.protocol != "native" and (p.height % patch or p.width % patch)]
+    if odd:
+        return (
+            f"{model_name}: {', '.join(sorted({point_label(p) for p in odd}))} are not multiples of its {patch} px "
+            f"patch; the model zero-pads them at the bottom/right, which costs accuracy of its own"
+        )
+    return None
 
 
 def _try_point(model, model_name: str, x, point: Point, mode: str, amp, num_classes: int) -> None:
     unit = "" if point.protocol in ("frames", "native") else " px"
     try:
-        with torch.autocast("cpu", dtype=amp or torch.float32, enabled=amp is not None):
+        with autocast(torch.device("cpu"), amp):
             out = run_model(model, x)
     except (RuntimeError, ValueError, TypeError, AssertionError) as e:
         raise BenchConfigError(
@@ -578,20 +507,15 @@ def _check_models(plan: Plan, info) -> None:
             model = build_model(c, num_classes, info.in_chans).eval()
         except (TypeError, ValueError, RuntimeError) as e:
             raise BenchConfigError(f"model {model_name!r} cannot be built for {cfg.data.name!r}: {e}") from None
-        note = _padding_note(model, model_name, plan.points)
-        if note:
-            plan.notes.append(note)
-        patch = model_patch_size(model)
+        plan.notes += filter(None, [_padding_note(model, model_name, plan.points)])
         for point in plan.points:
             try:
-                x = first_inputs(view_of(evals, point, plan.base, 1, patch), 1)
+                x = protocols.first_inputs(view_of(evals, point, plan.base, 1, model_patch_size(model)), 1)
             except ValueError as e:
                 raise BenchConfigError(f"cannot evaluate at {point_label(point)}: {e}") from None
-            for mode in plan.bench.position_modes:
-                set_position_mode(model, mode)
+            for mode in plan.bench.position_modes[: None if protocols.has_position_modes(model) else 1]:
+                protocols.set_position_mode(model, mode)
                 _try_point(model, model_name, x, point, mode, amp, num_classes)
-                if not has_position_modes(model):
-                    break
 
 
 def read_record(path: Path) -> dict:
@@ -606,35 +530,32 @@ def write_record(path: Path, record: dict) -> None:
     atomic_write_text(path, json.dumps(record, indent=1) + "\n")
 
 
-# ---------------------------------------------------------------------------------------------------- one run
-
-
 _WORKER_STOP = types.SimpleNamespace(signum=0)  # the stop signal a worker process received (0: none)
 
 
 def _stopped(stop, job: Job, where: str) -> BenchInterrupted:
-    name = signal.Signals(stop.signum).name
-    return BenchInterrupted(f"stopped by {name} {where} {job.label}", stop.signum)
+    return BenchInterrupted(f"stopped by {signal.Signals(stop.signum).name} {where} {job.label}", stop.signum)
 
 
-def _load_pretrained(job: Job, num_classes: int, in_chans: int):
-    """(model, cfg) for pretrained mode: a visionpe run directory, a weights file through the model's pretrained
-    filter (official/timm layouts convert), or timm's own pretrained weights."""
-    cfg, source = job.cfg, job.checkpoint
+def _load_pretrained(job: Job, record: dict, info):
+    """(model, cfg, class map) of published weights: a visionpe run directory, a weights file through the model's
+    pretrained filter (official/timm layouts convert), or timm's own."""
+    num_classes, class_map = eval_split_classes(job.cfg, info, True)
+    source = job.bench.checkpoints.get(job.model)
+    record["pretrained"] = source or "timm"
+    record.pop("run_dir", None)
     if source and Path(source).is_dir():
         model, cfg, _ = engine.load_checkpoint(source, device="cpu")
-        return model, cfg
-    c = copy.deepcopy(cfg)
-    overlay = dict(num_classes=num_classes)  # keep the checkpoint's head when it has the dataset's classes
-    if source:
-        overlay["file"] = str(source)
+        return model, cfg, class_map
+    c = copy.deepcopy(job.cfg)  # the checkpoint's head is kept when it has the dataset's classes
+    overlay = dict(num_classes=num_classes, **({"file": str(source)} if source else {}))
     c.model.kwargs = dict(c.model.kwargs, pretrained=True, pretrained_cfg_overlay=overlay)
-    return build_model(c, num_classes, in_chans), cfg
+    return build_model(c, num_classes, info.in_chans), job.cfg, class_map
 
 
 def _trained_model(job: Job, record: dict):
-    """Train (or resume, or reuse) the run of `job`; returns (model, cfg, class map). A stop signal during training
-    checkpoints at the next step (the engine's trainer) and raises BenchInterrupted: a rerun resumes there."""
+    """(model, cfg, class map) of the job's run, trained, resumed or reused; a stop signal checkpoints (the trainer)
+    and raises BenchInterrupted, and a rerun resumes there."""
     ref = find_checkpoint(job.run_dir) if job.run_dir.is_dir() else None
     if ref is None or not (ref.info or {}).get("finished"):
         try:
@@ -674,20 +595,17 @@ def _coinciding(job: Job, rows: dict, agree: bool, mode: str, point: Point) -> t
 
 
 def _modes_agree(job: Job, model, datasets: dict, device) -> bool:
-    """Whether both position modes give the same logits at the largest point of each protocol and at every
-    non-square one (then one evaluation serves both modes)."""
-    protocols = dict.fromkeys(p.protocol for p in job.points)
-    probes = [max((p for p in job.points if p.protocol == pr), key=lambda p: (p.frames, p.tokens, p.height * p.width))
-              for pr in protocols]  # fmt: skip
+    """Whether both modes give the same logits at each protocol's largest point and at every non-square one."""
+    kinds = dict.fromkeys(p.protocol for p in job.points)
+    probes = [max((p for p in job.points if p.protocol == k), key=lambda p: (p.frames, p.tokens, p.height * p.width))
+              for k in kinds]  # fmt: skip
     probes += [p for p in job.points if p.height != p.width and p not in probes]
-    base, patch = tuple(job.sizes[0]), model_patch_size(model)
-    views = [view_of(datasets, p, base, 4, patch) for p in probes]
-    return all(modes_agree(model, to_device(first_inputs(v, 4), device)) for v in views)
+    views = [view_of(datasets, p, tuple(job.sizes[0]), 4, model_patch_size(model)) for p in probes]
+    return all(protocols.modes_agree(model, to_device(protocols.first_inputs(v, 4), device)) for v in views)
 
 
 def _evaluate_points(job: Job, record: dict, todo: list, evaluate, stop) -> None:
-    """Evaluate the (mode, point) pairs the record lacks, writing the record after each; a stop signal ends it
-    after the point in progress."""
+    """Evaluate `todo` (mode, point) pairs, writing the record after each; a stop signal ends it between points."""
     rows = {(r["mode"], row_point(r)): r for r in record["rows"]}
     order = {p: i for i, p in enumerate(job.points)}
     rank = {m: i for i, m in enumerate(job.modes)}
@@ -706,11 +624,22 @@ def _evaluate_points(job: Job, record: dict, todo: list, evaluate, stop) -> None
         write_record(job.record_path, record)
 
 
+def _base_check(job: Job, cfg: Config, datasets: dict, class_map, evaluate) -> dict:
+    """The training point on bench.base_samples items of the whole validation split (a smaller sampling error)."""
+    whole = datasets  # the tables' sets hold the whole split unless num_val cut it
+    if "num_val" in cfg.data.options:
+        cut = copy.deepcopy(cfg)
+        cut.data.options = {k: v for k, v in cfg.data.options.items() if k != "num_val"}
+        whole = build_eval_sets(cut, [max(job.sizes[0])], class_map)
+    result = evaluate(job.points[0], job.modes[0], job.bench.base_samples, whole)
+    return dict(samples=job.bench.base_samples, mode=job.modes[0], **result)
+
+
 def run_job(job: Job, log=print, stop=None) -> dict:
     """Train (or resume, or reuse) one run, or load pretrained weights; evaluate what its record lacks; return the
-    record. `stop.signum` (a stop signal received) ends the job at the next step or evaluation point."""
+    record. `stop.signum` (a stop signal received) ends it at the next step or evaluation point."""
     torch.set_num_threads(job.bench.threads)
-    record = read_record(job.record_path) if job.record_path.is_file() else None
+    record = job.record()
     if job.done(record):
         return record
     if stop is not None and stop.signum:
@@ -718,45 +647,29 @@ def run_job(job: Job, log=print, stop=None) -> dict:
     todo = job.missing(record)
     if record is None or record.get("eval") != job.eval_key():
         record = _new_record(job)
-    info = get_dataset_info(job.cfg.data.name)
     if job.bench.pretrained:
-        num_classes, class_map = eval_split_classes(job.cfg, info, True)
-        model, cfg = _load_pretrained(job, num_classes, info.in_chans)
-        record["pretrained"] = job.checkpoint or "timm"
-        record.pop("run_dir", None)
+        model, cfg, class_map = _load_pretrained(job, record, get_dataset_info(job.cfg.data.name))
     else:
         model, cfg, class_map = _trained_model(job, record)
     device = torch.device(job.bench.device)
     model.eval().to(device)
     record["params"] = sum(p.numel() for p in model.parameters())
-    base = tuple(job.sizes[0])
     datasets = build_eval_sets(cfg, sorted({max(s) for s in job.sizes}), class_map)
-    amp = resolve_amp(cfg.train.amp, device)
-
-    patch = model_patch_size(model)
+    amp, patch = resolve_amp(cfg.train.amp, device), model_patch_size(model)
 
     def evaluate(point: Point, mode: str, limit: int, sets: dict = datasets) -> dict:
-        view = view_of(sets, point, base, limit, patch)
-        return evaluate_view(model, view, mode, job.bench.eval_batch_size, device, amp, cfg.data.workers)
+        view = view_of(sets, point, tuple(job.sizes[0]), limit, patch)
+        return protocols.evaluate_view(model, view, mode, job.bench.eval_batch_size, device, amp, cfg.data.workers)
 
     record["modes_agree"] = len(job.modes) > 1 and _modes_agree(job, model, datasets, device)  # probed only if used
     t0, c0 = time.perf_counter(), time.process_time()
     _evaluate_points(job, record, todo, evaluate, stop)
-    if job.needs_base_check(record):  # the training point on more items: its accuracy with a smaller sampling error
-        whole = datasets  # the tables' sets hold the whole split unless num_val cut it
-        if "num_val" in cfg.data.options:
-            cut = copy.deepcopy(cfg)
-            cut.data.options = {k: v for k, v in cfg.data.options.items() if k != "num_val"}
-            whole = build_eval_sets(cut, [max(base)], class_map)
-        result = evaluate(job.points[0], job.modes[0], job.bench.base_samples, whole)
-        record["base_check"] = dict(samples=job.bench.base_samples, mode=job.modes[0], **result)
+    if job.needs_base_check(record):
+        record["base_check"] = _base_check(job, cfg, datasets, class_map, evaluate)
     record["eval_seconds"] = round(time.perf_counter() - t0, 1) + (record.get("eval_seconds") or 0)
     record["eval_cpu_seconds"] = round(time.process_time() - c0, 1) + (record.get("eval_cpu_seconds") or 0)
     write_record(job.record_path, record)
     return record
-
-
-# ------------------------------------------------------------------------------------------- worker processes
 
 
 def _note_stop(signum, frame) -> None:
@@ -771,30 +684,14 @@ def _worker_init(threads: int, parent: int) -> None:
 
 
 def _exit_with_parent(parent: int, poll_s: float = 1.0) -> None:
-    """Stop this worker once the benchmark process that started it is gone (killed, say): an orphaned worker would
-    go on training its run and write into a runs folder the user may have moved or reused since."""
+    """Stop this worker once the benchmark process is gone: an orphan would go on writing into its runs folder."""
     while os.getppid() == parent:
         time.sleep(poll_s)
     os._exit(1)
 
 
 def _worker_job(job: Job) -> dict:
-    """run_job in a worker process, stopped by the signals _worker_init catches."""
     return run_job(job, stop=_WORKER_STOP)
-
-
-# ---------------------------------------------------------------------------------------------------- benchmark
-
-
-def _summary_line(record: dict, points: list[Point]) -> str:
-    mode = record["rows"][0]["mode"] if record.get("rows") else "extrapolate"
-    rows = {(r["mode"], row_point(r)): r for r in record.get("rows", [])}
-    shown = [points[0]] + [
-        [p for p in points if p.protocol == pr][-1] for pr in dict.fromkeys(p.protocol for p in points)
-    ]
-    parts = [f"{point_label(p)} {rows[(mode, p)]['top1']:.1f}%" for p in dict.fromkeys(shown) if (mode, p) in rows]
-    t = record.get("train_seconds")
-    return f"{', '.join(parts)} ({mode}){f', trained in {t:.0f} s' if t else ''}"
 
 
 class _Progress:
@@ -804,11 +701,20 @@ class _Progress:
         self.total, self.points, self.log = total, points, log
         self.done, self.start, self.failures = 0, time.perf_counter(), []
 
+    def summary(self, record: dict) -> str:
+        mode = record["rows"][0]["mode"] if record.get("rows") else "extrapolate"
+        rows = {(r["mode"], row_point(r)): r for r in record.get("rows", [])}
+        kinds = dict.fromkeys(p.protocol for p in self.points)
+        shown = dict.fromkeys([self.points[0]] + [[p for p in self.points if p.protocol == k][-1] for k in kinds])
+        parts = [f"{point_label(p)} {rows[(mode, p)]['top1']:.1f}%" for p in shown if (mode, p) in rows]
+        t = record.get("train_seconds")
+        return f"{', '.join(parts)} ({mode}){f', trained in {t:.0f} s' if t else ''}"
+
     def __call__(self, job: Job, record: dict | None, error: BaseException | None) -> None:
         self.done += 1
         elapsed = time.perf_counter() - self.start
         eta = elapsed / self.done * (self.total - self.done)
-        status = f"FAILED: {type(error).__name__}: {error}" if error else _summary_line(record, self.points)
+        status = f"FAILED: {type(error).__name__}: {error}" if error else self.summary(record)
         self.log(f"[{self.done}/{self.total}] {job.label}: {status} | {elapsed / 60:.1f} min elapsed, "
                  f"~{eta / 60:.1f} min left")  # fmt: skip
         if error:
@@ -866,8 +772,7 @@ def run_benchmark(bench: BenchConfig, cfg: Config, dry_run: bool = False, log=pr
     plan = make_plan(bench, cfg)
     validate(plan)
     out = bench.out()
-    records = {id(j): read_record(j.record_path) if j.record_path.is_file() else None for j in plan.jobs}
-    pending = [j for j in plan.jobs if not j.done(records[id(j)])]
+    pending = [j for j in plan.jobs if not j.done(j.record())]
     log(
         f"benchmark {bench.name!r}: {len(bench.models)} models x {len(bench.seeds)} seeds = {len(plan.jobs)} runs, "
         f"{len(plan.jobs) - len(pending)} already done, {len(pending)} to run in {bench.processes} process(es) x "
@@ -879,10 +784,8 @@ def run_benchmark(bench: BenchConfig, cfg: Config, dry_run: bool = False, log=pr
     if dry_run:
         return out
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(
-        out / "bench.yaml",
-        yaml.safe_dump(dict(bench=dataclasses.asdict(bench), **config_to_dict(cfg)), sort_keys=False),
-    )
+    snapshot = dict(bench=dataclasses.asdict(bench), **config_to_dict(cfg))
+    atomic_write_text(out / "bench.yaml", yaml.safe_dump(snapshot, sort_keys=False))
     progress = _Progress(len(pending), plan.points, log)
     try:
         if bench.processes == 1 or len(pending) <= 1:
@@ -902,20 +805,16 @@ def run_benchmark(bench: BenchConfig, cfg: Config, dry_run: bool = False, log=pr
     return out
 
 
-def _keys_help() -> str:
-    lines = ["bench keys (default, then help):"]
-    for f in dataclasses.fields(BenchConfig):
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        lines.append(f"  bench.{f.name} = {default}\n      {f.metadata['help']}")
-    return "\n".join(lines) + "\n\nthe other sections are train.py's recipe keys (python train.py --help)"
-
-
 def main(argv: list[str] | None = None) -> int:
+    keys = [
+        f"  bench.{f.name} = {getattr(BenchConfig(), f.name)}\n      {f.metadata['help']}"
+        for f in dataclasses.fields(BenchConfig)
+    ]
+    epilog = "\n".join(["bench keys (default, then help):", *keys])
+    epilog += "\n\nthe other sections are train.py's recipe keys (python train.py --help)"
+    formatter = argparse.RawDescriptionHelpFormatter
     ap = argparse.ArgumentParser(
-        prog="visionpe-bench extrapolate",
-        description=__doc__,
-        epilog=_keys_help(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "visionpe-bench extrapolate", description=__doc__, epilog=epilog, formatter_class=formatter
     )
     ap.add_argument("-c", "--config", required=True, help="benchmark file, e.g. configs/bench/quick.yaml")
     ap.add_argument("--dry-run", action="store_true", help="check the benchmark and print the plan; train nothing")
@@ -924,8 +823,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         overrides = [*args.overrides, *(["bench.pretrained=true"] if args.pretrained else [])]
-        bench, cfg = load_bench(args.config, overrides)
-        run_benchmark(bench, cfg, dry_run=args.dry_run)
+        run_benchmark(*load_bench(args.config, overrides), dry_run=args.dry_run)
     except (*USER_ERRORS, RuntimeError) as e:
         return user_error(e)
     except BenchInterrupted as e:  # one line: what stopped, and how to continue

@@ -22,19 +22,14 @@ from ..engine.setup import run_model
 
 def parse_size(value) -> tuple[int, int]:
     """28 -> (28, 28); '28x56' or [28, 56] -> (28, 56) (height, width)."""
+    parts = value.lower().split("x") if isinstance(value, str) else value
     if isinstance(value, int) and not isinstance(value, bool):
-        h = w = value
-    elif isinstance(value, str) and "x" in value.lower():
-        parts = value.lower().split("x")
-        if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
-            raise ValueError(f"a size is H or HxW in pixels (e.g. 28 or 28x56), got {value!r}")
-        h, w = (int(p) for p in parts)
-    elif isinstance(value, str) and value.strip().isdigit():
-        h = w = int(value)
-    elif isinstance(value, (list, tuple)) and len(value) == 2:
-        h, w = (int(v) for v in value)
-    else:
+        parts = [value, value]
+    elif isinstance(value, str):
+        parts = [p if p.strip().isdigit() else None for p in (parts * 2 if len(parts) == 1 else parts)]
+    if not isinstance(parts, (list, tuple)) or len(parts) != 2 or None in parts:
         raise ValueError(f"a size is H or HxW in pixels (e.g. 28 or 28x56), got {value!r}")
+    h, w = (int(p) for p in parts)
     if h <= 0 or w <= 0:
         raise ValueError(f"sizes must be positive, got {value!r}")
     return h, w
@@ -87,15 +82,7 @@ class SizedView(Dataset):
     """The first `limit` items of an evaluation set as (image [C, H, W] or clip [C, T, H, W], target) at `size`
     under `protocol`; `base` is the training size (what canvas datasets upsample from), `frames` the clip length."""
 
-    def __init__(
-        self,
-        dataset: Dataset,
-        size: tuple[int, int],
-        limit: int = 0,
-        protocol: str = "upsample",
-        base: tuple[int, int] | None = None,
-        frames: int = 0,
-    ):
+    def __init__(self, dataset: Dataset, size: tuple, limit: int = 0, protocol: str = "upsample", base=None, frames=0):
         if protocol not in PROTOCOLS:
             raise ValueError(f"unknown protocol {protocol!r}; use one of {', '.join(PROTOCOLS)}")
         if protocol == "fov" and not callable(getattr(dataset, "render_canvas", None)):
@@ -106,30 +93,26 @@ class SizedView(Dataset):
         if protocol == "frames" and frames < 1:
             raise ValueError(f"the frames protocol needs a clip length of at least 1, got {frames}")
         self.dataset, self.size, self.protocol, self.base, self.frames = dataset, size, protocol, base, frames
-        self.render = getattr(dataset, "render", None)
-        self.canvas = getattr(dataset, "render_canvas", None)
+        self.render, self.canvas = getattr(dataset, "render", None), getattr(dataset, "render_canvas", None)
         self.length = min(len(dataset), limit) if limit else len(dataset)
 
     def __len__(self) -> int:
         return self.length
 
     def _load(self, index: int):
-        h, w = self.size
         if self.protocol == "fov":
-            return self.canvas(index, (h, w))
+            return self.canvas(index, self.size)
         if self.protocol == "frames":
-            return self.render(index, (h, w), self.frames)
+            return self.render(index, self.size, self.frames)
         if self.canvas is not None and self.base is not None:
             return self.canvas(index, self.base)
-        return self.render(index, max(h, w)) if self.render else self.dataset[index]
+        return self.render(index, max(self.size)) if self.render else self.dataset[index]
 
     def __getitem__(self, index: int):
-        """(input at the view's size, class, unreadable files): an unreadable evaluation file gives input None and
-        is left out and counted by the collate, as in the engine's evaluation."""
-        h, w = self.size
-        x, y = self._load(index)
-        pop_skipped = getattr(self.dataset, "pop_skipped", None)
-        skipped = tuple(pop_skipped()) if pop_skipped else ()
+        """(input at the view's size, class, unreadable files): an unreadable file gives input None, left out and
+        counted by the collate as in the engine's evaluation."""
+        (h, w), (x, y) = self.size, self._load(index)
+        skipped = tuple(self.dataset.pop_skipped()) if hasattr(self.dataset, "pop_skipped") else ()
         if x is None:
             return None, int(y), skipped
         if isinstance(x, dict) and "pixels" in x:  # image-text items: draw the image at the size asked for
@@ -179,16 +162,11 @@ class NativeView(Dataset):
         self.length = min(len(dataset), limit) if limit else len(dataset)
         own = getattr(dataset, "native_size", None)
         self.native_size = own if callable(own) and not point.height else self._size
-        if callable(getattr(dataset, "render_size", None)):
-            self.render_size = dataset.render_size
-        if callable(getattr(dataset, "render", None)):
-            self.render = dataset.render
+        self.render_size, self.render = getattr(dataset, "render_size", None), getattr(dataset, "render", None)
 
     def _size(self, index: int) -> tuple[int, int]:
         """The point's aspect ratio (in units large enough for the budget's rounding), else the square size."""
-        if self.point.height:
-            return self.point.height * 1000, self.point.width * 1000
-        return self.resolution, self.resolution
+        return (self.point.height * 1000, self.point.width * 1000) if self.point.height else (self.resolution,) * 2
 
     def __len__(self) -> int:
         return self.length

@@ -20,6 +20,7 @@ __all__ = [
     "CHANGES",
     "config_in_force",
     "changed_keys",
+    "flatten",
     "check_resume_changes",
     "check_resume_data",
     "adopt_accepted_changes",
@@ -47,19 +48,19 @@ FREE_KEYS = frozenset(
 )
 
 
-def _flatten(d: dict, prefix: str = "") -> dict:
+def flatten(d: dict, prefix: str = "") -> dict:
     """{"optim": {"lr": 1}, "model": {"kwargs": {"depth": 2}}} -> {"optim.lr": 1, "model.kwargs.depth": 2}."""
     out = {}
     for k, v in d.items():
         if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))  # an empty dict adds nothing: {} and unset are the same
+            out.update(flatten(v, f"{prefix}{k}."))  # an empty dict adds nothing: {} and unset are the same
         else:
             out[f"{prefix}{k}"] = v
     return out
 
 
 def _resolved(cfg: Config) -> dict:
-    flat = _flatten(config_to_dict(cfg))
+    flat = flatten(config_to_dict(cfg))
     flat["model.img_size"] = flat.get("model.img_size") or flat["data.resolution"]  # as the trainer resolves it
     return flat
 
