@@ -162,7 +162,9 @@ _ROWS = (
           presets=("mrope_time",)),
     Paper("2511.21631", "Qwen3-VL Technical Report", "https://github.com/QwenLM/Qwen3-VL",
           "Bai, Shuai and Cai, Yuxuan and Chen, Ruizhe and Chen, Keqin and others", 2025, "", "bai2025qwen3vl",
-          presets=("mrope_interleaved",)),
+          presets=("mrope_interleaved",),
+          claims=(Claim("Interleaved M-RoPE >= chunked M-RoPE on longer videos than trained on",
+                        (("mrope_interleaved", "mrope"),), "beyond", ("frames",)),)),
     Paper("2502.05173", "VideoRoPE: What Makes for Good Video Rotary Position Embedding?",
           "https://github.com/Wiselnn570/VideoRoPE",
           "Wei, Xilin and Liu, Xiaoran and Zang, Yuhang and Dong, Xiaoyi and others", 2025, "ICML",
@@ -182,7 +184,9 @@ _ROWS = (
                         "the trained length)", (("v2pe", "mrope"), ("v2pe", "rope3d")), "beyond"),)),
     Paper("2505.20444", "HoPE: Hybrid of Position Embedding for Length Generalization in Vision-Language Models",
           "https://github.com/hrlics/HoPE", "Li, Haoran and others", 2025, "NeurIPS", "li2025hope",
-          presets=("hope",)),
+          presets=("hope",),
+          claims=(Claim("HoPE >= VideoRoPE, M-RoPE on longer videos than trained on",
+                        (("hope", "videorope"), ("hope", "mrope")), "beyond", ("frames",)),)),
 )  # fmt: skip
 
 PAPERS: dict[str, Paper] = {p.arxiv: p for p in _ROWS}
