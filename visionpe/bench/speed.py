@@ -269,35 +269,25 @@ def measure(
 ZOO_SIZES = {"vit": "s", "swin": "t", "cvt": "13", "vivit": "t", "mm": "t"}  # the size each card times, all PEs
 
 
-def zoo_plan() -> list[tuple[str, list[str]]]:
-    """(family, models): every PE of the family's representative size, the baseline (first PE) first."""
-    plan = []
-    for fam in FAMILIES.values():
-        size = ZOO_SIZES.get(fam.name, next(iter(fam.sizes)))
-        plan.append((fam.name, [model_name(fam.name, size, pe) for pe in fam.pes]))
-    return plan
-
-
-def zoo_sizes_plan() -> list[str]:
-    """Every size of each family with its baseline PE (parameters and FLOPs only)."""
-    return [model_name(fam.name, size, next(iter(fam.pes))) for fam in FAMILIES.values() for size in fam.sizes]
-
-
 def _default_resolution(name: str) -> int:
     return int(timm.get_pretrained_cfg(name).input_size[-1])
 
 
 def run_zoo(args) -> list[SpeedRow]:
+    """`--zoo`: every PE of each family at its ZOO_SIZES size, the baseline (first PE) first; then every other size
+    of each family with its first PE (parameters and FLOPs only)."""
     rows: list[SpeedRow] = []
-    for fam, models in zoo_plan():
+    for fam in FAMILIES.values():
+        models = [model_name(fam.name, ZOO_SIZES.get(fam.name, next(iter(fam.sizes))), pe) for pe in fam.pes]
         res = _default_resolution(models[0])
-        print(f"{fam}: {len(models)} models at {res} px")
+        print(f"{fam.name}: {len(models)} models at {res} px")
         rows += measure(models, [res], **_measure_kwargs(args))
     timed = {r.model for r in rows}
-    for name in (n for n in zoo_sizes_plan() if n not in timed):
-        res = _default_resolution(name)
-        print(f"{name}: parameters and FLOPs at {res} px")
-        rows.append(_static_row(name, {name: (create_model(name), {}, True)}, res, None, False, True, "cpu"))
+    for name in [model_name(fam.name, size, next(iter(fam.pes))) for fam in FAMILIES.values() for size in fam.sizes]:
+        if name not in timed:
+            res = _default_resolution(name)
+            print(f"{name}: parameters and FLOPs at {res} px")
+            rows.append(_static_row(name, {name: (create_model(name), {}, True)}, res, None, False, True, "cpu"))
     return rows
 
 
