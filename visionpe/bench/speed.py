@@ -172,8 +172,7 @@ def _static_row(name: str, built: dict, res: int, n_frames, with_timm: bool, flo
         row.notes.append(f"built with {kwargs} to match {pair[0]}")
     if flops:
         try:
-            x = example_input(name, res, 1, n_frames)
-            row.gflops = count_flops(model, x if isinstance(x, dict) else x[:1]) / 1e9
+            row.gflops = count_flops(model, example_input(name, res, 1, n_frames)) / 1e9
         except Exception as e:  # a model fvcore cannot trace still gets its speed measured
             row.notes.append(f"FLOPs not counted: {type(e).__name__}: {str(e)[:120]}")
     return row
@@ -342,7 +341,7 @@ def _checked_args(ap: argparse.ArgumentParser, argv: list[str] | None) -> argpar
         ap.error(f"--clock cpu counts CPU work; use --clock wall on {args.device}")
     if args.resolutions is None and not args.data:
         args.resolutions = [224]
-    if args.resolutions is not None and (not args.resolutions or any(r <= 0 for r in args.resolutions)):
+    if args.resolutions is not None and any(r <= 0 for r in args.resolutions):
         ap.error(f"--resolutions takes positive pixel sizes, got {args.resolutions}")
     if args.frames is not None and any(f <= 0 for f in args.frames):
         ap.error(f"--frames takes positive clip lengths, got {args.frames}")
