@@ -20,7 +20,7 @@ from visionpe import attn_backend
 from ..attn_mask import flex_available
 from ..native_check import MODEL_TOLERANCE, check_masked_backend, check_native_model
 from ..native_check import TOLERANCE as NATIVE_TOLERANCE
-from ..zoo import FAMILIES, create_model, family_of
+from ..zoo import create_model, family_of
 from .measure import Clock, cuda_peak_mb, interleave, model_step, paired_ratios, spread
 from .report import md_table
 
@@ -74,7 +74,7 @@ def xformers_status() -> dict:
 
 
 def _tiny(name: str) -> torch.nn.Module:
-    return create_model(name, **FAMILIES[family_of(name).name].tiny)
+    return create_model(name, **family_of(name).tiny)
 
 
 def _forward(model: torch.nn.Module, x: torch.Tensor, dtype: torch.dtype, backend: str) -> torch.Tensor:
