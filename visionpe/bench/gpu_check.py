@@ -20,20 +20,15 @@ from visionpe import attn_backend
 from ..attn_mask import flex_available
 from ..native_check import MODEL_TOLERANCE, check_masked_backend, check_native_model
 from ..native_check import TOLERANCE as NATIVE_TOLERANCE
-from ..zoo import FAMILIES, create_model, family_of
+from ..zoo import create_model, family_of
 from .measure import Clock, cuda_peak_mb, interleave, model_step, paired_ratios, spread
 from .report import md_table
 
+NATIVE_HEADS = ["backend", "fp32 rel. err", "bf16 rel. err", "ok", "fp32 images/s", "bf16 images/s"]
+MASKED_HEADS = [*NATIVE_HEADS, "fp32 MiB", "bf16 MiB"]
 MASKED_BACKENDS = {"flex": "flex (block mask)", "xformers": "xformers (block-diagonal)", "sdpa": "sdpa (bool mask)"}
 NATIVE_MODEL = "vit_b_rope2d_mixed"  # a rotary PE: auto sends its masked calls to flex on CUDA
 
-XFORMERS_TORCH = {
-    "0.0.31": "==2.7.1",
-    "0.0.32.post2": "==2.8.0",
-    "0.0.33.post1": "==2.9.0",
-    "0.0.34": "==2.10.0",
-    "0.0.35": ">=2.10 (compiled ops built for 2.10.0)",
-}
 AGREEMENT_MODELS = {
     "rotary (RoPE-2D)": "vit_n_rope2d_mixed",
     "bias (iRPE contextual)": "vit_n_irpe",
@@ -79,13 +74,33 @@ def xformers_status() -> dict:
 
 
 def _tiny(name: str) -> torch.nn.Module:
-    return create_model(name, **FAMILIES[family_of(name).name].tiny)
+    return create_model(name, **family_of(name).tiny)
 
 
 def _forward(model: torch.nn.Module, x: torch.Tensor, dtype: torch.dtype, backend: str) -> torch.Tensor:
     mixed = torch.autocast(x.device.type, dtype=dtype, enabled=dtype != torch.float32)
     with torch.inference_mode(), mixed, attn_backend(backend):
         return model(x).float()
+
+
+def _attempt(row: dict, check: Callable[..., dict], *args, **kwargs) -> dict:
+    """`row` with the fields `check(*args, **kwargs)` returns and `ok` (all its `*_ok` fields), or with its error:
+    reported, not raised, so the check goes on to the next backend."""
+    try:
+        out = check(*args, **kwargs)
+    except Exception as e:
+        return dict(row, error=_error(e), ok=False)
+    ok = out.pop("ok") if "ok" in out else all(out[k] for k in out if k.endswith("_ok"))
+    return dict(row, **out, ok=ok)
+
+
+def _error(e: Exception) -> str:
+    return f"{type(e).__name__}: {str(e)[:200]}"
+
+
+def _against(ref: torch.Tensor, label: str, model, x, dtype, backend: str) -> dict:
+    rel = ((_forward(model, x, dtype, backend) - ref).abs().max() / ref.abs().max().clamp_min(1e-12)).item()
+    return dict(rel_err=rel, tol=TOLERANCE[label], ok=rel <= TOLERANCE[label])
 
 
 def agreement(backends: list[str], dtypes: list[torch.dtype], device: str, batch: int = 2) -> list[dict]:
@@ -100,19 +115,13 @@ def agreement(backends: list[str], dtypes: list[torch.dtype], device: str, batch
             label = str(dtype).removeprefix("torch.")
             try:
                 ref = _forward(model, x, dtype, "math")
-            except Exception as e:  # reported, not raised: the check goes on
-                err = f"math reference: {type(e).__name__}: {str(e)[:200]}"
+            except Exception as e:  # every backend's row says so, and the check goes on
+                err = f"math reference: {_error(e)}"
                 rows += [dict(pe=kind, model=name, dtype=label, backend=b, error=err, ok=False) for b in backends]
                 continue
             for backend in backends:
                 row = dict(pe=kind, model=name, dtype=label, backend=backend)
-                try:
-                    out = _forward(model, x, dtype, backend)
-                except Exception as e:  # reported, not raised: the check goes on to the next backend
-                    rows.append(dict(row, error=f"{type(e).__name__}: {str(e)[:200]}", ok=False))
-                    continue
-                rel = ((out - ref).abs().max() / ref.abs().max().clamp_min(1e-12)).item()
-                rows.append(dict(row, rel_err=rel, tol=TOLERANCE[label], ok=rel <= TOLERANCE[label]))
+                rows.append(_attempt(row, _against, ref, label, model, x, dtype, backend))
         model.cpu()
     return rows
 
@@ -245,26 +254,10 @@ def masked_backends(xformers_usable: bool) -> list[str]:
     return [b for b in MASKED_BACKENDS if can[b]]
 
 
-def _ok(row: dict) -> bool:
-    return all(row[k] for k in row if k.endswith("_ok"))
-
-
-def _failed(backend: str, device: str, error: Exception) -> dict:
-    return dict(backend=backend, device=str(device), error=f"{type(error).__name__}: {str(error)[:200]}", ok=False)
-
-
 def masked_attention(backends: list[str], device: str, **shape) -> list[dict]:
     """One row per backend: `check_masked_backend` (fp32 and bf16 against math, images/s, peak MiB on CUDA);
     `shape`: its rows, length, images_per_row, heads, head_dim, reps."""
-    rows = []
-    for backend in backends:
-        try:
-            row = check_masked_backend(backend, device, **shape)
-        except Exception as e:  # reported, not raised: the check goes on to the next backend
-            rows.append(_failed(backend, device, e))
-            continue
-        rows.append(dict(row, ok=_ok(row)))
-    return rows
+    return [_attempt(dict(backend=b, device=str(device)), check_masked_backend, b, device, **shape) for b in backends]
 
 
 def native_model(
@@ -273,14 +266,10 @@ def native_model(
     """One row per backend: `check_native_model` of model `name` on a packed batch of 8 aspect ratios (1:3 to 3:1)."""
     torch.manual_seed(0)
     model = build(name)
-    rows = []
-    for backend in backends:
-        try:
-            row = check_native_model(model, backend, device)
-        except Exception as e:  # reported, not raised
-            rows.append(dict(_failed(backend, device, e), model=name))
-            continue
-        rows.append(dict(row, model=name, ok=_ok(row)))
+    rows = [
+        _attempt(dict(backend=b, device=str(device), model=name), check_native_model, model, b, device)
+        for b in backends
+    ]
     model.cpu()
     return rows
 
@@ -289,40 +278,31 @@ def _num(row: dict, key: str, fmt: str) -> str:
     return format(row[key], fmt) if key in row else "-"
 
 
+def _cells(row: dict, peak: bool) -> list:
+    """fp32 and bf16 error, ok, images/s (and peak MiB); a failed check's error in the first cell and '-' after."""
+    keys = [("max_rel_err", ".2e"), ("images_per_s", ".1f")] + ([("peak_mib", ".0f")] if peak else [])
+    cells = [_num(row, f"{d}_{k}", spec) for k, spec in keys for d in ("fp32", "bf16")]
+    return [row.get("error", cells[0]), cells[1], row["ok"], *cells[2:]]
+
+
 def format_native(masked: list[dict], native: list[dict]) -> list[str]:
     """The Markdown lines of both checks (empty when neither ran)."""
     lines = []
     if masked:
         r0 = next((r for r in masked if "rows" in r), {})
-        lines += [
-            "",
+        intro = (
             f"Masked attention of a packed batch ({r0.get('rows', '?')} rows of {r0.get('length', '?')} tokens, "
             f"{r0.get('images', '?')} images) against math; tolerance fp32 {NATIVE_TOLERANCE[torch.float32]:.0e}, "
-            f"bf16 {NATIVE_TOLERANCE[torch.bfloat16]:.0e} (max error relative to the output's scale):",
-            "",
-        ]
-        rows = [[MASKED_BACKENDS.get(r["backend"], r["backend"]), *_cells(r, ("fp32", "bf16"), peak=True)]
-                for r in masked]  # fmt: skip
-        heads = ["backend", "fp32 rel. err", "bf16 rel. err", "ok", "fp32 images/s", "bf16 images/s", "fp32 MiB",
-                 "bf16 MiB"]  # fmt: skip
-        lines += md_table(heads, "lrrlrrrr", rows)
+            f"bf16 {NATIVE_TOLERANCE[torch.bfloat16]:.0e} (max error relative to the output's scale):"
+        )
+        rows = [[MASKED_BACKENDS.get(r["backend"], r["backend"]), *_cells(r, peak=True)] for r in masked]
+        lines += ["", intro, "", *md_table(MASKED_HEADS, "lrrlrrrr", rows)]
     if native:
-        lines += [
-            "",
+        intro = (
             f"{native[0]['model']} on a packed batch (8 images, aspect ratios 1:3 to 3:1, two per row) against each "
             f"image alone on math in fp32; tolerance fp32 {MODEL_TOLERANCE[torch.float32]:.0e}, bf16 "
-            f"{MODEL_TOLERANCE[torch.bfloat16]:.0e} (logits):",
-            "",
-        ]
-        rows = [[r["backend"], *_cells(r, ("fp32", "bf16"), peak=False)] for r in native]
-        lines += md_table(["backend", "fp32 rel. err", "bf16 rel. err", "ok", "fp32 images/s", "bf16 images/s"],
-                          "lrrlrr", rows)  # fmt: skip
+            f"{MODEL_TOLERANCE[torch.bfloat16]:.0e} (logits):"
+        )
+        rows = [[r["backend"], *_cells(r, peak=False)] for r in native]
+        lines += ["", intro, "", *md_table(NATIVE_HEADS, "lrrlrr", rows)]
     return lines
-
-
-def _cells(row: dict, dtypes: tuple[str, ...], peak: bool) -> list:
-    if "error" in row:
-        return [row["error"], "-", False, "-", "-", *(["-", "-"] if peak else [])]
-    cells = [_num(row, f"{d}_max_rel_err", ".2e") for d in dtypes] + [row["ok"]]
-    cells += [_num(row, f"{d}_images_per_s", ".1f") for d in dtypes]
-    return cells + ([_num(row, f"{d}_peak_mib", ".0f") for d in dtypes] if peak else [])

@@ -94,20 +94,27 @@ def torch_threads(n: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+def forward(model: nn.Module, x):
+    """model(x), or model(**x) for the dict inputs of multimodal models."""
+    return model(**x) if isinstance(x, dict) else model(x)
+
+
+def to_device(x, device: str):
+    return {k: v.to(device) for k, v in x.items()} if isinstance(x, dict) else x.to(device)
+
+
 def model_step(model: nn.Module, x, train: bool) -> Callable[[], int]:
     """One forward (inference mode) or forward + backward of `model` on `x`; returns the batch size (items done)."""
     batch = next(iter(x.values())).shape[0] if isinstance(x, dict) else x.shape[0]
 
     def step() -> int:
         model.train(train)
+        with torch.inference_mode(not train):
+            out = forward(model, x)
         if train:
-            out = model(**x) if isinstance(x, dict) else model(x)
             out.float().square().mean().backward()
             for p in model.parameters():
                 p.grad = None
-        else:
-            with torch.inference_mode():
-                model(**x) if isinstance(x, dict) else model(x)
         return batch
 
     return step
@@ -162,14 +169,27 @@ def sdpa_flop_jit(inputs: list, outputs: list) -> int:
     return batch_heads * n * m * (d + dv)
 
 
+class _Kwargs(nn.Module):
+    """Positional tensors -> model(**kwargs), so fvcore can trace models that take dicts (multimodal)."""
+
+    def __init__(self, model: nn.Module, keys: list[str]):
+        super().__init__()
+        self.model, self.keys = model, keys
+
+    def forward(self, *args):
+        return self.model(**dict(zip(self.keys, args)))
+
+
 def count_flops(model: nn.Module, inputs, by_operator: bool = False):
-    """Total MACs of one forward pass (model in eval mode; `inputs` a tensor or a tuple of positional tensors).
-    With `by_operator`, also the Counter per aten op (e.g. {'linear': ..., 'scaled_dot_product_attention': ...})."""
+    """Total MACs of one forward pass (model in eval mode; `inputs` a tensor, a tuple of positional tensors or a dict
+    of keyword tensors). With `by_operator`, also the Counter per aten op (e.g. {'linear': ..., 'conv': ...})."""
     try:
         from fvcore.nn import FlopCountAnalysis
     except ImportError:
         raise ImportError('counting FLOPs needs fvcore: pip install "visionpe[bench]"') from None
 
+    if isinstance(inputs, dict):
+        model, inputs = _Kwargs(model, list(inputs)), tuple(inputs.values())
     was_training = model.training
     model.eval()
     args = inputs if isinstance(inputs, tuple) else (inputs,)
@@ -193,10 +213,7 @@ MMAP_THRESHOLD = 256 * 1024  # bytes: allocations this large get their own mappi
 
 def is_video(name: str) -> bool:
     """True for models that take clips [B, C, T, H, W]."""
-    if name not in list_visionpe_models():
-        return False
-    make = getattr(family_of(name), "example_input", None)
-    return make is not None and isinstance(x := make(32, 1), torch.Tensor) and x.ndim == 5
+    return isinstance(x := example_input(name, 32, 1), torch.Tensor) and x.ndim == 5
 
 
 def example_input(name: str, size: int, batch: int, frames: int | None = None, in_chans: int = 3):
@@ -235,7 +252,7 @@ def saved_activation_mb(model: nn.Module, x) -> float:
     was_training = model.training
     model.train()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(**x) if isinstance(x, dict) else model(x)
+        forward(model, x)
     model.train(was_training)
     return sum(seen.values()) / 2**20
 
@@ -254,9 +271,9 @@ def peak_memory_mb(
     kwargs = model_kwargs or {}
     if device.startswith("cuda"):
         model = (model or timm.create_model(name, **kwargs)).to(device).train(train)
-        x = example_input(name, size, batch, frames)
-        x = {k: v.to(device) for k, v in x.items()} if isinstance(x, dict) else x.to(device)
-        return cuda_peak_mb(model_step(model, x, train), device)
+        return cuda_peak_mb(
+            model_step(model, to_device(example_input(name, size, batch, frames), device), train), device
+        )
     spec = dict(name=name, size=size, batch=batch, train=train, kwargs=kwargs, frames=frames)
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": os.environ.get("MALLOC_MMAP_THRESHOLD_", str(MMAP_THRESHOLD))}
     out = subprocess.run(

@@ -45,12 +45,15 @@ from .measure import (
     peak_memory_mb,
     saved_activation_mb,
     spread,
+    to_device,
     torch_threads,
 )
 from .report import fmt, md_table
 
 _VIT_SIZES = {"t": "tiny", "s": "small", "b": "base", "l": "large"}
 _LS = dict(init_values=1e-5)  # timm's RoPE-ViT ports are DeiT-III models (LayerScale)
+_DEFAULT_MODELS = ["vit_s_ape", "vit_s_rope2d_mixed", "swin_t_rpb", "cvt_13"]
+_COMPILE_MODELS = ["vit_s_rope2d_mixed", "swin_t_rpb"]
 
 
 def _equivalents() -> dict[str, tuple[str, dict]]:
@@ -115,26 +118,6 @@ class SpeedRow:
     saved_act_mb: float | None = None  # activations autograd keeps for backward (one item)
 
 
-# ------------------------------------------------------------------------------------------------------ models
-
-
-class _Kwargs(nn.Module):
-    """Positional tensors -> model(**kwargs), so fvcore can trace models that take dicts (multimodal)."""
-
-    def __init__(self, model: nn.Module, keys: list[str]):
-        super().__init__()
-        self.model, self.keys = model, keys
-
-    def forward(self, *args):
-        return self.model(**dict(zip(self.keys, args)))
-
-
-def _build(name: str, kwargs: dict, resolution: int, ours: bool) -> nn.Module:
-    if ours:
-        return create_model(name, **kwargs)
-    return timm.create_model(name, img_size=resolution, **kwargs)  # timm's models fix their size at creation
-
-
 def _tokens(model: nn.Module, resolution: int, frames: int | None = None) -> int:
     """Patch tokens of the first stage at this size (prefix tokens left out; all frames of a clip)."""
     embed = getattr(model, "patch_embed", None)
@@ -148,25 +131,6 @@ def _tokens(model: nn.Module, resolution: int, frames: int | None = None) -> int
     return math.ceil(resolution / p) ** 2
 
 
-def _flops(model: nn.Module, x) -> float:
-    if isinstance(x, dict):
-        return count_flops(_Kwargs(model, list(x)), tuple(x.values())) / 1e9
-    return count_flops(model, x[:1]) / 1e9
-
-
-def _signature(x) -> str:
-    if isinstance(x, dict):
-        return repr(sorted((k, tuple(v.shape)) for k, v in x.items()))
-    return repr(tuple(x.shape))
-
-
-def _to(x, device: str):
-    return {k: v.to(device) for k, v in x.items()} if isinstance(x, dict) else x.to(device)
-
-
-# ----------------------------------------------------------------------------------------------------- measure
-
-
 def _points(models: list[str], resolutions: list[int], frames: list[int] | None) -> list[tuple[int, int | None, list]]:
     """(resolution, frames, models measured there): image models once per resolution, video models per length."""
     video = [m for m in models if is_video(m)]
@@ -175,40 +139,22 @@ def _points(models: list[str], resolutions: list[int], frames: list[int] | None)
     for res in resolutions:
         if image or not frames:
             points.append((res, None, image + ([] if frames else video)))
-        for f in frames or []:
-            if video:
-                points.append((res, f, video))
+        points += [(res, f, video) for f in frames or [] if video]
     return [p for p in points if p[2]]
 
 
-def _time_group(group: dict, rows: dict, baseline: str | None, x, train: bool, clock: Clock, rounds, steps) -> None:
-    """Interleave one group of models on the same input; fill images/s and per-round ratios into their rows."""
-    tasks = {n: model_step(m, x, train) for n, m in group.items()}
-    rates = interleave(tasks, clock, rounds, steps)
-    base = baseline if baseline in group else next(iter(group))
-    vs_base = paired_ratios(rates, base)
-    key = "train" if train else "infer"
-    for n, v in rates.items():
-        row = rows[n]
-        row.baseline = base
-        s = spread(v)
-        setattr(row, f"{key}_ips", s.median)
-        setattr(row, f"{key}_spread", s.as_dict())
-        setattr(row, f"{key}_vs_base", spread(vs_base[n]).as_dict())
-        if row.reference in rates:
-            setattr(row, f"{key}_vs_timm", spread(paired_ratios(rates, row.reference)[n]).as_dict())
-
-
 def _build_point(names: list[str], res: int, n_frames: int | None, with_timm: bool, log) -> dict:
-    """name -> (model, kwargs, ours) for the models measured at one point, timm's equivalents next to ours."""
+    """name -> (model, kwargs, ours) for the models measured at one point, timm's equivalents next to ours (timm's
+    models fix their size at creation)."""
     built: dict[str, tuple[nn.Module, dict, bool]] = {}
     for name in names:
         pair = timm_equivalent(name) if with_timm and n_frames is None else None
         kwargs = dict(pair[1]) if pair else {}
-        built[name] = (_build(name, kwargs, res, name in list_visionpe_models()), kwargs, True)
+        ours = name in list_visionpe_models()
+        built[name] = (create_model(name, **kwargs) if ours else timm.create_model(name, img_size=res), kwargs, True)
         if pair and pair[0] not in built:
             try:
-                built[pair[0]] = (_build(pair[0], {}, res, False), {"img_size": res}, False)
+                built[pair[0]] = (timm.create_model(pair[0], img_size=res), {"img_size": res}, False)
             except Exception as e:  # a timm model that cannot take this size: measure ours alone
                 log(f"  {pair[0]} cannot be built at {res} px ({e}); measuring {name} alone")
     return built
@@ -226,10 +172,37 @@ def _static_row(name: str, built: dict, res: int, n_frames, with_timm: bool, flo
         row.notes.append(f"built with {kwargs} to match {pair[0]}")
     if flops:
         try:
-            row.gflops = _flops(model, example_input(name, res, 1, n_frames))
+            row.gflops = count_flops(model, example_input(name, res, 1, n_frames)) / 1e9
         except Exception as e:  # a model fvcore cannot trace still gets its speed measured
             row.notes.append(f"FLOPs not counted: {type(e).__name__}: {str(e)[:120]}")
     return row
+
+
+def _time_group(group: dict, rows: dict, baseline: str | None, x, train: bool, clock: Clock, rounds, steps) -> None:
+    """Interleave one group of models on the same input; fill images/s and per-round ratios into their rows."""
+    rates = interleave({n: model_step(m, x, train) for n, m in group.items()}, clock, rounds, steps)
+    base = baseline if baseline in group else next(iter(group))
+    vs_base = paired_ratios(rates, base)
+    key = "train" if train else "infer"
+    for n, v in rates.items():
+        row = rows[n]
+        row.baseline = base
+        s = spread(v)
+        setattr(row, f"{key}_ips", s.median)
+        setattr(row, f"{key}_spread", s.as_dict())
+        setattr(row, f"{key}_vs_base", spread(vs_base[n]).as_dict())
+        if row.reference in rates:
+            setattr(row, f"{key}_vs_timm", spread(paired_ratios(rates, row.reference)[n]).as_dict())
+
+
+def _peak(row: SpeedRow, train: bool, kwargs: dict, device: str, model: nn.Module) -> float | None:
+    """The row's peak memory, or None with a note saying why the probe failed."""
+    try:
+        return peak_memory_mb(row.model, row.resolution, 1, train, kwargs, row.frames, device, model)
+    except RuntimeError as e:
+        last = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        row.notes.append(f"{'training' if train else 'inference'} memory not measured: {last[:160]}")
+        return None
 
 
 def measure(
@@ -263,18 +236,18 @@ def measure(
         built = _build_point(names, res, n_frames, with_timm, log)
         by_name = {name: _static_row(name, built, res, n_frames, with_timm, flops, device) for name in built}
         rows += by_name.values()
-        if timing:
-            groups: dict[str, dict[str, nn.Module]] = {}  # models that take the same input are interleaved together
-            for n, (m, _, _) in built.items():
-                groups.setdefault(_signature(example_input(n, res, 1, n_frames)), {})[n] = m
-            for group in groups.values():
-                x = _to(example_input(next(iter(group)), res, batch, n_frames), device)
-                if train:  # training first: some PEs cache index tensors, which inference mode would make read-only
-                    log(f"  {where}: timing training of {', '.join(group)}")
-                    _time_group(group, by_name, baseline, x, True, tick, rounds, steps)
-                if infer:
-                    log(f"  {where}: timing inference of {', '.join(group)}")
-                    _time_group(group, by_name, baseline, x, False, tick, rounds, steps)
+        groups: dict[str, dict[str, nn.Module]] = {}  # models that take the same input are interleaved together
+        for n, (m, _, _) in built.items():
+            x = example_input(n, res, 1, n_frames)
+            shapes = sorted((k, tuple(v.shape)) for k, v in x.items()) if isinstance(x, dict) else tuple(x.shape)
+            groups.setdefault(repr(shapes), {})[n] = m
+        for group in groups.values() if timing else ():
+            x = to_device(example_input(next(iter(group)), res, batch, n_frames), device)
+            # training first: some PEs cache index tensors, which inference mode would make read-only
+            for phase, on, word in ((True, train, "training"), (False, infer, "inference")):
+                if on:
+                    log(f"  {where}: timing {word} of {', '.join(group)}")
+                    _time_group(group, by_name, baseline, x, phase, tick, rounds, steps)
         if memory:
             for name, (model, kwargs, _) in built.items():
                 log(f"  {where}: peak memory of {name}")
@@ -286,18 +259,8 @@ def measure(
                     row.saved_act_mb = saved_activation_mb(model.cpu(), example_input(name, res, 1, n_frames))
         for model, _, _ in built.values():
             model.cpu()
-        del built
+        del built  # before the next point's models are built
     return rows
-
-
-def _peak(row: SpeedRow, train: bool, kwargs: dict, device: str, model: nn.Module) -> float | None:
-    """The row's peak memory, or None with a note saying why the probe failed."""
-    try:
-        return peak_memory_mb(row.model, row.resolution, 1, train, kwargs, row.frames, device, model)
-    except RuntimeError as e:
-        last = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-        row.notes.append(f"{'training' if train else 'inference'} memory not measured: {last[:160]}")
-        return None
 
 
 # -------------------------------------------------------------------------------------------------------- zoo plan
@@ -305,43 +268,34 @@ def _peak(row: SpeedRow, train: bool, kwargs: dict, device: str, model: nn.Modul
 ZOO_SIZES = {"vit": "s", "swin": "t", "cvt": "13", "vivit": "t", "mm": "t"}  # the size each card times, all PEs
 
 
-def zoo_plan() -> list[tuple[str, list[str]]]:
-    """(family, models): every PE of the family's representative size, the baseline (first PE) first."""
-    plan = []
-    for fam in FAMILIES.values():
-        size = ZOO_SIZES.get(fam.name, next(iter(fam.sizes)))
-        plan.append((fam.name, [model_name(fam.name, size, pe) for pe in fam.pes]))
-    return plan
-
-
-def zoo_sizes_plan() -> list[str]:
-    """Every size of each family with its baseline PE (parameters and FLOPs only)."""
-    return [model_name(fam.name, size, next(iter(fam.pes))) for fam in FAMILIES.values() for size in fam.sizes]
-
-
 def _default_resolution(name: str) -> int:
     return int(timm.get_pretrained_cfg(name).input_size[-1])
 
 
 def run_zoo(args) -> list[SpeedRow]:
+    """`--zoo`: every PE of each family at its ZOO_SIZES size, the baseline (first PE) first; then every other size
+    of each family with its first PE (parameters and FLOPs only)."""
     rows: list[SpeedRow] = []
-    for fam, models in zoo_plan():
+    for fam in FAMILIES.values():
+        models = [model_name(fam.name, ZOO_SIZES.get(fam.name, next(iter(fam.sizes))), pe) for pe in fam.pes]
         res = _default_resolution(models[0])
-        print(f"{fam}: {len(models)} models at {res} px")
+        print(f"{fam.name}: {len(models)} models at {res} px")
         rows += measure(models, [res], **_measure_kwargs(args))
     timed = {r.model for r in rows}
-    for name in zoo_sizes_plan():
-        if name in timed:
-            continue
-        res = _default_resolution(name)
-        print(f"{name}: parameters and FLOPs at {res} px")
-        rows.append(_static_row(name, {name: (create_model(name), {}, True)}, res, None, False, True, "cpu"))
+    for name in [model_name(fam.name, size, next(iter(fam.pes))) for fam in FAMILIES.values() for size in fam.sizes]:
+        if name not in timed:
+            res = _default_resolution(name)
+            print(f"{name}: parameters and FLOPs at {res} px")
+            rows.append(_static_row(name, {name: (create_model(name), {}, True)}, res, None, False, True, "cpu"))
     return rows
 
 
 def _measure_kwargs(args) -> dict:
     same = {k: getattr(args, k) for k in ("batch", "rounds", "steps", "train", "infer", "flops", "device", "clock")}
     return dict(same, memory=args.mode != "time", timing=args.mode != "memory", with_timm=args.timm)
+
+
+# ------------------------------------------------------------------------------------------------------- the command
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -377,8 +331,8 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = _parser()
+def _checked_args(ap: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """The parsed flags with their defaults filled in (defaults depend on --data and --compile); bad ones exit."""
     args = ap.parse_args(argv)
     args.train, args.infer = args.phase in (None, "train"), args.phase in (None, "infer")
     args.clock = args.clock or ("wall" if args.data else Clock.default(args.device))
@@ -387,66 +341,50 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--clock cpu counts CPU work; use --clock wall on {args.device}")
     if args.resolutions is None and not args.data:
         args.resolutions = [224]
-    if args.resolutions is not None and (not args.resolutions or any(r <= 0 for r in args.resolutions)):
+    if args.resolutions is not None and any(r <= 0 for r in args.resolutions):
         ap.error(f"--resolutions takes positive pixel sizes, got {args.resolutions}")
     if args.frames is not None and any(f <= 0 for f in args.frames):
         ap.error(f"--frames takes positive clip lengths, got {args.frames}")
     if args.batch <= 0 or args.rounds <= 0 or args.steps <= 0:
         ap.error("--batch, --rounds and --steps must be positive")
+    bad = [item for item in args.data_options if not item.partition("=")[0].strip() or "=" not in item]
+    if bad:
+        ap.error(f"--data-options takes KEY=VALUE words, got {bad[0]!r}")
     try:
         default = ["vit_n_*"] if args.data else _COMPILE_MODELS if args.compile else _DEFAULT_MODELS
-        models = expand_models(args.models or default)
+        args.models = expand_models(args.models or default)
         if args.baseline:
             expand_models([args.baseline])
     except ValueError as e:
         ap.error(str(e).splitlines()[0])
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _checked_args(_parser(), argv)
     t0 = time.perf_counter()
     with torch_threads(args.threads or (1 if args.clock == "cpu" else None)):
         machine = machine_info(args.device)
-        settings = dict(
-            batch=args.batch, rounds=args.rounds, steps=args.steps, clock=args.clock, zoo=args.zoo, mode=args.mode
-        )
+        keys = ("batch", "rounds", "steps", "clock", "zoo", "mode")
+        settings = {k: getattr(args, k) for k in keys}
         if args.compile:
-            json_path, md_path = run_compile(args, models, machine, settings, t0)
+            json_path, md_path = run_compile(args, machine, settings, t0)
         elif args.data:
-            options = _data_options(ap, args.data_options)
-            result = measure_data(
-                args.data,
-                models,
-                args.batch,
-                args.rounds,
-                args.steps,
-                args.workers,
-                args.root,
-                args.resolutions,
-                options,
-            )
-            settings.update(seconds=round(time.perf_counter() - t0, 1), clock="wall")
-            json_path, md_path = write_data_results(result, Path(args.out or "results/speed/data"), machine, settings)
+            json_path, md_path = run_data(args, machine, settings, t0)
         else:
-            if args.zoo:
-                rows = run_zoo(args)
-            else:
-                kw = _measure_kwargs(args)
-                rows = measure(models, args.resolutions, frames=args.frames, baseline=args.baseline, **kw)
+            rows = (
+                run_zoo(args)
+                if args.zoo
+                else measure(
+                    args.models, args.resolutions, frames=args.frames, baseline=args.baseline, **_measure_kwargs(args)
+                )
+            )
             settings.update(seconds=round(time.perf_counter() - t0, 1))
             out = Path(args.out or ("results/speed/zoo" if args.zoo else "results/speed/speed"))
             json_path, md_path = write_results(rows, out, machine, settings)
     print(md_path.read_text())
     print(f"wrote {json_path} and {md_path}")
     return 0
-
-
-def _data_options(ap: argparse.ArgumentParser, items: list[str]) -> dict:
-    """`KEY=VALUE` words as a config's data.options (values read as YAML: numbers, booleans, lists)."""
-    bad = [item for item in items if not item.partition("=")[0].strip() or "=" not in item]
-    if bad:
-        ap.error(f"--data-options takes KEY=VALUE words, got {bad[0]!r}")
-    return apply_overrides(Config(), [f"data.options.{item}" for item in items]).data.options
-
-
-_DEFAULT_MODELS = ["vit_s_ape", "vit_s_rope2d_mixed", "swin_t_rpb", "cvt_13"]
-_COMPILE_MODELS = ["vit_s_rope2d_mixed", "swin_t_rpb"]
 
 
 # ---------------------------------------------------------------------------------------------------------- the report
@@ -491,24 +429,31 @@ def scaling(rows: list[SpeedRow]) -> dict[str, dict]:
     return out
 
 
+def _page(title: str, intro: str, *blocks: list[str]) -> str:
+    """A Markdown page: the title, its paragraph, then the non-empty blocks with a blank line between them."""
+    lines = [f"# {title}", "", intro]
+    for block in filter(None, blocks):
+        lines += ["", *block]
+    return "\n".join(lines) + "\n"
+
+
+def _spread_word(rounds: int) -> str:
+    return "interquartile range" if rounds >= 4 else "min-max"
+
+
 def _clock_text(settings: dict) -> str:
-    return Clock(settings.get("clock", "wall")).describe() if settings.get("clock") in CLOCKS else "wall-clock seconds"
+    return Clock(settings["clock"]).describe() if settings.get("clock") in CLOCKS else "wall-clock seconds"
 
 
 def format_markdown(rows: list[SpeedRow], machine: dict, settings: dict) -> str:
-    rounds = settings["rounds"]
-    spread_word = "interquartile range" if rounds >= 4 else "min-max"
-    lines = [
-        f"# Speed, memory and FLOPs ({machine['date']})",
-        "",
-        f"Measured on {machine_description(machine)}; batch {settings['batch']}, {rounds} interleaved rounds of "
-        f"{settings['steps']} steps, timed in {_clock_text(settings)}. Images/s (clips/s for video) are medians "
-        f"over the rounds; ratios are taken per round against the baseline and against timm's equivalent model "
-        f"(same architecture) measured in the same rounds, given as median [{spread_word}]. GFLOPs are fvcore "
-        f"MACs per item with attention counted; memory is the peak of one step of one item beyond the weights "
-        f"(infer / train).",
-        "",
-    ]
+    intro = (
+        f"Measured on {machine_description(machine)}; batch {settings['batch']}, {settings['rounds']} interleaved "
+        f"rounds of {settings['steps']} steps, timed in {_clock_text(settings)}. Images/s (clips/s for video) are "
+        f"medians over the rounds; ratios are taken per round against the baseline and against timm's equivalent "
+        f"model (same architecture) measured in the same rounds, given as median [{_spread_word(settings['rounds'])}]. "
+        f"GFLOPs are fvcore MACs per item with attention counted; memory is the peak of one step of one item beyond "
+        f"the weights (infer / train)."
+    )
     by = {(r.model, r.resolution, r.frames): r for r in rows}
     table = [
         [r.model, r.resolution, r.frames or "-", r.tokens, f"{r.params_m:.2f}", fmt(r.gflops, ".3f"),
@@ -521,22 +466,25 @@ def format_markdown(rows: list[SpeedRow], machine: dict, settings: dict) -> str:
     heads = ["model", "px", "frames", "tokens", "params (M)", "GFLOPs", "infer img/s", "train img/s", "infer MiB",
              "train MiB", "baseline", "infer vs base", "train vs base", "memory vs base", "infer vs timm",
              "train vs timm"]  # fmt: skip
-    lines += md_table(heads, "lrrrrrrrrrlrrrrr", table)
-    if any(r.saved_act_mb for r in rows):
-        lines += ["", "Activations autograd saves for backward (one clip, MiB):", ""]
-        lines += [f"- {r.model} @ {r.frames} x {r.resolution}: {r.saved_act_mb:.0f}" for r in rows if r.saved_act_mb]
-    grow = scaling(rows)
-    if grow:
-        lines += ["", "Growth with the number of tokens N (least-squares power-law fit over the sizes measured):", ""]
-        table = [[name, f"{g['tokens'][0]} -> {g['tokens'][1]}",
-                  *(f"{g[k]:.2f}" if k in g else "-" for k in ("time_exp", "memory_exp", "activation_exp"))]
-                 for name, g in grow.items()]  # fmt: skip
-        heads = ["model", "N", "time per item ~ N^a", "memory ~ N^b", "saved activations ~ N^c"]
-        lines += md_table(heads, "llrrr", table)
+    saved = [f"- {r.model} @ {r.frames} x {r.resolution}: {r.saved_act_mb:.0f}" for r in rows if r.saved_act_mb]
+    grow = [[name, f"{g['tokens'][0]} -> {g['tokens'][1]}",
+             *(f"{g[k]:.2f}" if k in g else "-" for k in ("time_exp", "memory_exp", "activation_exp"))]
+            for name, g in scaling(rows).items()]  # fmt: skip
+    grow_heads = ["model", "N", "time per item ~ N^a", "memory ~ N^b", "saved activations ~ N^c"]
     notes = [f"- {r.model} @ {r.resolution}: {n}" for r in rows for n in r.notes]
-    if notes:
-        lines += ["", "Notes:", *notes]
-    return "\n".join(lines) + "\n"
+    return _page(
+        f"Speed, memory and FLOPs ({machine['date']})",
+        intro,
+        md_table(heads, "lrrrrrrrrrlrrrrr", table),
+        saved and ["Activations autograd saves for backward (one clip, MiB):", "", *saved],
+        grow
+        and [
+            "Growth with the number of tokens N (least-squares power-law fit over the sizes measured):",
+            "",
+            *md_table(grow_heads, "llrrr", grow),
+        ],  # fmt: skip
+        notes and ["Notes:", *notes],
+    )
 
 
 def _write_pair(out: Path, data: dict, markdown: str) -> tuple[Path, Path]:
@@ -579,86 +527,64 @@ class CompileRow:
 def _same_weights(name: str, kwargs: dict, ref: nn.Module) -> nn.Module:
     """Our model built to timm's architecture and loaded with timm's weights through the family's converter."""
     ours = create_model(name, **kwargs)
-    state = family_of(name).filter_fn(ref.state_dict(), ours)
-    ours.load_state_dict(state)
+    ours.load_state_dict(family_of(name).filter_fn(ref.state_dict(), ours))
     return ours
 
 
-def _first_call(model: nn.Module, x: torch.Tensor) -> tuple[float, torch.Tensor]:
+def _compiled(model: nn.Module, x: torch.Tensor) -> tuple[nn.Module, float, torch.Tensor]:
+    """torch.compile(model), the wall-clock seconds of its first call (tracing + code generation) and its output."""
+    compiled = torch.compile(model)
     start = time.perf_counter()
     with torch.inference_mode():
-        out = model(x)
-    return time.perf_counter() - start, out
+        out = compiled(x)
+    return compiled, time.perf_counter() - start, out
 
 
-def _time_ratios(rates: dict[str, list[float]], a: str, b: str) -> dict:
-    """Per-round time of `a` over time of `b` (= rate of b / rate of a)."""
-    return spread([rb / ra for ra, rb in zip(rates[a], rates[b])]).as_dict()
+def _compile_row(name: str, resolution: int, settings: dict, with_timm: bool, log) -> CompileRow:
+    """Eager and compiled inference of one model (and of timm's with the same weights), interleaved."""
+    pair = timm_equivalent(name) if with_timm else None
+    ref = timm.create_model(pair[0], img_size=resolution).eval() if pair else None
+    ours = (_same_weights(name, pair[1], ref) if pair else create_model(name)).eval()
+    x = example_input(name, resolution, settings["batch"])
+    row = CompileRow(name, resolution, pair[0] if pair else None)
+    with torch.inference_mode():
+        eager_out = ours(x)
+        row.max_diff_timm = None if ref is None else (eager_out - ref(x)).abs().max().item()
+    torch._dynamo.reset()
+    log(f"  {resolution} px: compiling {name}")
+    compiled, row.compile_s, out = _compiled(ours, x)
+    row.max_diff_compiled = (out - eager_out).abs().max().item()
+    tasks = {"ours": model_step(ours, x, False), "ours+compile": model_step(compiled, x, False)}
+    if ref is not None:
+        log(f"  {resolution} px: compiling {pair[0]}")
+        ref_compiled, row.ref_compile_s, _ = _compiled(ref, x)
+        tasks.update(timm=model_step(ref, x, False), **{"timm+compile": model_step(ref_compiled, x, False)})
+    log(f"  {resolution} px: timing {', '.join(tasks)} ({settings['rounds']} interleaved rounds)")
+    rates = interleave(tasks, Clock(settings["clock"], "cpu"), settings["rounds"], settings["steps"])
 
+    def time_ratio(a: str, b: str) -> dict:  # per-round time of a over time of b
+        return spread(paired_ratios(rates, a)[b]).as_dict()
 
-def measure_compiled(
-    models: list[str],
-    resolution: int = 224,
-    batch: int = 1,
-    rounds: int = 5,
-    steps: int = 2,
-    clock: str = "cpu",
-    with_timm: bool = True,
-    log=print,
-) -> list[CompileRow]:
-    """One CompileRow per model: eager and compiled inference (and timm's, same weights) interleaved."""
-    tick = Clock(clock, "cpu")
-    rows = []
-    for name in models:
-        pair = timm_equivalent(name) if with_timm else None
-        ref = timm.create_model(pair[0], img_size=resolution).eval() if pair else None
-        ours = (_same_weights(name, pair[1], ref) if pair else create_model(name)).eval()
-        x = example_input(name, resolution, batch)
-        row = CompileRow(name, resolution, pair[0] if pair else None)
-        with torch.inference_mode():
-            eager_out = ours(x)
-        if ref is not None:
-            with torch.inference_mode():
-                row.max_diff_timm = (eager_out - ref(x)).abs().max().item()
-        torch._dynamo.reset()
-        log(f"  {resolution} px: compiling {name}")
-        compiled = torch.compile(ours)
-        row.compile_s, out = _first_call(compiled, x)
-        row.max_diff_compiled = (out - eager_out).abs().max().item()
-        tasks = {"ours": model_step(ours, x, False), "ours+compile": model_step(compiled, x, False)}
-        if ref is not None:
-            log(f"  {resolution} px: compiling {pair[0]}")
-            ref_compiled = torch.compile(ref)
-            row.ref_compile_s, _ = _first_call(ref_compiled, x)
-            tasks.update(timm=model_step(ref, x, False), **{"timm+compile": model_step(ref_compiled, x, False)})
-        log(f"  {resolution} px: timing {', '.join(tasks)} ({rounds} interleaved rounds)")
-        rates = interleave(tasks, tick, rounds, steps)
-        row.eager_ips, row.compiled_ips = spread(rates["ours"]).median, spread(rates["ours+compile"]).median
-        row.compiled_vs_eager = _time_ratios(rates, "ours+compile", "ours")
-        if ref is not None:
-            row.ref_compiled_vs_eager = _time_ratios(rates, "timm+compile", "timm")
-            row.ours_vs_timm_eager = _time_ratios(rates, "ours", "timm")
-            row.ours_vs_timm_compiled = _time_ratios(rates, "ours+compile", "timm+compile")
-            row.notes.append(f"built with {pair[1] or 'defaults'} and loaded with {pair[0]}'s weights")
-        rows.append(row)
-        del compiled, ours, ref
-        torch._dynamo.reset()
-    return rows
+    row.eager_ips, row.compiled_ips = spread(rates["ours"]).median, spread(rates["ours+compile"]).median
+    row.compiled_vs_eager = time_ratio("ours+compile", "ours")
+    if ref is not None:
+        row.ref_compiled_vs_eager = time_ratio("timm+compile", "timm")
+        row.ours_vs_timm_eager = time_ratio("ours", "timm")
+        row.ours_vs_timm_compiled = time_ratio("ours+compile", "timm+compile")
+        row.notes.append(f"built with {pair[1] or 'defaults'} and loaded with {pair[0]}'s weights")
+    torch._dynamo.reset()
+    return row
 
 
 def format_compile_markdown(rows: list[CompileRow], machine: dict, settings: dict) -> str:
-    word = "interquartile range" if settings["rounds"] >= 4 else "min-max"
-    lines = [
-        f"# torch.compile: compiled vs eager, ours vs timm ({machine['date']})",
-        "",
+    intro = (
         f"Measured on {machine_description(machine)}; inference, batch {settings['batch']}, "
         f"{settings['resolution']} px, {settings['rounds']} interleaved rounds of {settings['steps']} steps, timed "
         f"in {Clock(settings['clock']).describe()}; load average {settings['load']}. `torch.compile` with its "
-        f"defaults (inductor). Ratios are of time per image, taken per round and given as median [{word}]: below 1 "
-        "is faster. timm's model is loaded with the same weights as ours. Compile time is the wall-clock time of "
-        "the first call (machine shared, so only indicative).",
-        "",
-    ]
+        f"defaults (inductor). Ratios are of time per image, taken per round and given as median "
+        f"[{_spread_word(settings['rounds'])}]: below 1 is faster. timm's model is loaded with the same weights as "
+        "ours. Compile time is the wall-clock time of the first call (machine shared, so only indicative)."
+    )
     table = [
         [r.model, r.reference or "-", f"{r.eager_ips:.2f}", f"{r.compiled_ips:.2f}", spread_text(r.compiled_vs_eager),
          spread_text(r.ref_compiled_vs_eager), spread_text(r.ours_vs_timm_eager),
@@ -669,24 +595,21 @@ def format_compile_markdown(rows: list[CompileRow], machine: dict, settings: dic
     heads = ["model", "timm model", "eager img/s", "compiled img/s", "compiled / eager", "timm compiled / eager",
              "ours / timm, eager", "ours / timm, compiled", "compile s (ours / timm)", "max diff compiled-eager",
              "max diff ours-timm"]  # fmt: skip
-    lines += md_table(heads, "llrrrrrrrrr", table)
     notes = [f"- {r.model}: {n}" for r in rows for n in r.notes]
-    return "\n".join(lines + (["", "Notes:", *notes] if notes else [])) + "\n"
+    title = f"torch.compile: compiled vs eager, ours vs timm ({machine['date']})"
+    return _page(title, intro, md_table(heads, "llrrrrrrrrr", table), notes and ["Notes:", *notes])
 
 
-def write_compile_results(rows: list[CompileRow], out: Path, machine: dict, settings: dict) -> tuple[Path, Path]:
-    data = dict(machine=machine, settings=settings, rows=[asdict(r) for r in rows])
-    return _write_pair(out, data, format_compile_markdown(rows, machine, settings))
-
-
-def run_compile(args, models: list[str], machine: dict, settings: dict, t0: float) -> tuple[Path, Path]:
+def run_compile(args, machine: dict, settings: dict, t0: float) -> tuple[Path, Path]:
     """`speed --compile`: measure at the first resolution and write results/compile/compile.{json,md} (not under
     results/speed, whose files the model cards read as speed rows)."""
     res = args.resolutions[0]
-    rows = measure_compiled(models, res, args.batch, args.rounds, args.steps, args.clock, args.timm)
+    rows = [_compile_row(name, res, settings, args.timm, print) for name in args.models]
     load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
     settings.update(seconds=round(time.perf_counter() - t0, 1), resolution=res, load=load)
-    return write_compile_results(rows, Path(args.out or "results/compile/compile"), machine, settings)
+    data = dict(machine=machine, settings=settings, rows=[asdict(r) for r in rows])
+    markdown = format_compile_markdown(rows, machine, settings)
+    return _write_pair(Path(args.out or "results/compile/compile"), data, markdown)
 
 
 # ----------------------------------------------------------------------------------------------------- data throughput
@@ -718,29 +641,24 @@ def _trainer(name: str, size: int, chans: int, classes: int) -> Callable:
     return step
 
 
-def measure_data(
-    dataset_name: str,
-    models: list[str],
-    batch: int,
-    rounds: int,
-    steps: int,
-    workers: list[int],
-    root: str | None,
-    resolutions: list[int] | None = None,
-    options: dict | None = None,
-) -> dict:
+def _data_sizes(name: str, resolutions: list[int] | None) -> list[int]:
+    """The measured size first, then the multi-size loader's sizes (default: native, 0.7x and 1.3x of it)."""
+    if resolutions:
+        return resolutions
+    if name not in _NATIVE_SIZE:
+        raise ValueError(f"give the size to measure {name!r} at with --resolutions (e.g. --resolutions 32)")
+    size = _NATIVE_SIZE[name]
+    return [size, round(size * 0.7), round(size * 1.3)]
+
+
+def measure_data(name: str, models: list[str], settings: dict, workers: list[int], root, resolutions, options) -> dict:
     """Images/s of each loader setting, training step and loop, with per-round ratios against the first step.
-    `resolutions`: the first is the measured size, all of them the multi-size loader's (default: the dataset's
-    native size and 0.7x / 1.3x of it); `options` go to the dataset factory (e.g. num_train, item)."""
-    info = get_dataset_info(dataset_name)
+    `resolutions`: see _data_sizes; `options` go to the dataset factory (e.g. num_train, item)."""
+    info = get_dataset_info(name)
     if info.kind != "image":
-        raise ValueError(f"--data measures image datasets; {dataset_name!r} is a {info.kind} dataset")
-    if not resolutions:
-        if dataset_name not in _NATIVE_SIZE:
-            raise ValueError(f"give the size to measure {dataset_name!r} at with --resolutions (e.g. --resolutions 32)")
-        size = _NATIVE_SIZE[dataset_name]
-        resolutions = [size, round(size * 0.7), round(size * 1.3)]
-    size, chans = resolutions[0], info.in_chans
+        raise ValueError(f"--data measures image datasets; {name!r} is a {info.kind} dataset")
+    resolutions = _data_sizes(name, resolutions)
+    size, chans, batch = resolutions[0], info.in_chans, settings["batch"]
     ds = build_dataset(info, "train", size, root=root, options=options, training=True)
     classes = dataset_num_classes(info, ds)
     sizes = [(f"{size}px", [size])]
@@ -752,40 +670,35 @@ def measure_data(
             it = _batches(ds, batch, res, w)
             tasks[f"loader {label}, {w} worker(s)"] = lambda it=it: len(next(it).targets)
     x, y = torch.randn(batch, chans, size, size), torch.randint(0, classes, (batch,))
-    for name in models:
-        trainer = _trainer(name, size, chans, classes)
-        tasks[f"step {name}"] = lambda s=trainer: s(x, y)
+    for model in models:
+        trainer = _trainer(model, size, chans, classes)
+        tasks[f"step {model}"] = lambda s=trainer: s(x, y)
     for w in workers:
         it, s = _batches(ds, batch, [size], w), _trainer(models[0], size, chans, classes)
         tasks[f"loop {models[0]}, {w} worker(s)"] = lambda it=it, s=s: (lambda b: s(b.inputs, b.targets))(next(it))
-    rates = interleave(tasks, Clock("wall"), rounds, steps, warmup=2)
+    rates = interleave(tasks, Clock("wall"), settings["rounds"], settings["steps"], warmup=2)
     baseline = f"step {models[0]}"
     ratios = paired_ratios(rates, baseline)
     rows = [dict(task=n, ips=spread(v).as_dict(), vs_base=spread(ratios[n]).as_dict()) for n, v in rates.items()]
     return dict(
-        dataset=dataset_name,
-        options=options or {},
-        images=len(ds),
-        batch=batch,
-        workers=workers,
-        baseline=baseline,
-        rows=rows,
+        dataset=name, options=options or {}, images=len(ds), batch=batch, workers=workers, baseline=baseline, rows=rows
     )
 
 
-def _options_text(options: dict | None) -> str:
-    return f" ({', '.join(f'{k}={v}' for k, v in options.items())})" if options else ""
-
-
-def write_data_results(result: dict, out: Path, machine: dict, settings: dict) -> tuple[Path, Path]:
-    lines = [
-        f"# Loader vs training step: {result['dataset']}{_options_text(result.get('options'))} ({machine['date']})",
-        "",
+def run_data(args, machine: dict, settings: dict, t0: float) -> tuple[Path, Path]:
+    """`speed --data`: write results/speed/data.{json,md}."""
+    options = apply_overrides(Config(), [f"data.options.{item}" for item in args.data_options]).data.options
+    result = measure_data(args.data, args.models, settings, args.workers, args.root, args.resolutions, options)
+    settings.update(seconds=round(time.perf_counter() - t0, 1), clock="wall")
+    opts = f" ({', '.join(f'{k}={v}' for k, v in options.items())})" if options else ""
+    intro = (
         f"{machine['cpu']}, {machine['threads']} torch threads, batch {result['batch']}, {settings['rounds']} "
         f"interleaved rounds of {settings['steps']} batches, wall-clock seconds. Ratios per round against "
-        f"{result['baseline']}: median [spread].",
-        "",
-    ]
+        f"{result['baseline']}: median [spread]."
+    )
     table = [[r["task"], Spread(**r["ips"]).text(".0f"), Spread(**r["vs_base"]).text(".2f")] for r in result["rows"]]
-    lines += md_table(["task", "images/s", f"vs {result['baseline']}"], "lrr", table)
-    return _write_pair(out, dict(machine=machine, settings=settings, **result), "\n".join(lines) + "\n")
+    title = f"Loader vs training step: {result['dataset']}{opts} ({machine['date']})"
+    markdown = _page(title, intro, md_table(["task", "images/s", f"vs {result['baseline']}"], "lrr", table))
+    return _write_pair(
+        Path(args.out or "results/speed/data"), dict(machine=machine, settings=settings, **result), markdown
+    )
