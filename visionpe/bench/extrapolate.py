@@ -794,7 +794,10 @@ def run_benchmark(bench: BenchConfig, cfg: Config, dry_run: bool = False, log=pr
             _run_parallel(pending, bench, progress)
     finally:
         records = [read_record(j.record_path) for j in plan.jobs if j.record_path.is_file()]
-        paths = write_report(records, plan, out, time.perf_counter() - progress.start)
+        seconds, machine = time.perf_counter() - progress.start, None
+        if not pending:  # nothing ran: the tables keep the machine and time of the invocation that ran them
+            seconds, machine = _last_invocation(out, seconds)
+        paths = write_report(records, plan, out, seconds, machine)
         if paths:
             log(f"wrote {', '.join(str(p) for p in paths)}")
     if progress.failures:
@@ -803,6 +806,15 @@ def run_benchmark(bench: BenchConfig, cfg: Config, dry_run: bool = False, log=pr
             + "\n  ".join(progress.failures)
         )
     return out
+
+
+def _last_invocation(out: Path, seconds: float) -> tuple[float, dict | None]:
+    """(seconds, machine) of the summary.json a rerun would replace, else (`seconds`, None: this machine)."""
+    try:
+        last = json.loads((out / "summary.json").read_text())
+        return float(last["seconds"]), dict(last["machine"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return seconds, None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -156,7 +156,9 @@ def _statistics(stats: dict, models: list[str], plan, heading: str) -> str:
     return text + "\n\n"
 
 
-def _claims(judged: list[dict]) -> str:
+def _claims(judged: list[dict], pes: set) -> str:
+    """The claims about a PE this benchmark trained (summary.json keeps every claim)."""
+    judged = [j for j in judged if pes & {pe for pair in j["pairs"] for pe in pair}]
     lines = ["## The papers' claims on this benchmark", ""]
     lines += [f"- **{j['claim']}** ({j['source']}; where: {j['where']}): {tally_text(j)}." for j in judged] + [""]
     heads = ["better?", "than", "protocol", "point", "mode", "top-1 a", "top-1 b", "a - b", "2 x s.e.", "verdict"]
@@ -202,7 +204,7 @@ def format_markdown(records: list[dict], rows: list[dict], stats: dict, judged: 
     sections += "".join(f"Note: {n}.\n" for n in plan.notes) + ("\n" if plan.notes else "")
     sections += _statistics(stats, models, plan, heads[0])
     sections += base_check_text(base_checks(records, models), f"bench.base_samples; the tables read {images}")
-    sections += _claims(judged)
+    sections += _claims(judged, set(pe_of.values()))
     cpu = [r["train_cpu_seconds"] for r in records if r.get("train_cpu_seconds")] or [0]
     ev = [r["eval_cpu_seconds"] for r in records if r.get("eval_cpu_seconds")] or [0]
     return T["results"].format(
