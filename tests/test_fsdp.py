@@ -27,6 +27,7 @@ from visionpe.engine.distributed import DistContext
 from visionpe.engine.export import export_main
 from visionpe.engine.fsdp import build_sharded_model, check_strategy, full_state_dict, sharding_units
 from visionpe.engine.trainer import Trainer
+from visionpe.layers.layer_group import LayerGroup, run_layer
 from visionpe.native import pack_images
 
 REPO = Path(__file__).resolve().parents[1]
@@ -200,6 +201,35 @@ def test_per_layer_pe_parameters_shard_with_their_block(name):
         for n, p in normal.named_parameters():  # the same arithmetic, gathered
             torch.testing.assert_close(got[n], p.grad, rtol=1e-5, atol=1e-6)
     assert freed and all(freed)
+
+
+@pytest.mark.parametrize("name", ["vit_n_irpe", "swin_n_rpb", "cvt_n_rope2d_mixed"])
+def test_forward_intermediates_of_a_sharded_model(name):
+    """Per-block (ViT) and per-stage (Swin, CvT) features of the sharded model are the normal model's."""
+    normal, model = _sharded_copy(name)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad(), attn_backend("sdpa"):
+        want = normal.eval().forward_intermediates(x, intermediates_only=True)
+        got = model.eval().forward_intermediates(x, intermediates_only=True)
+    assert len(got) == len(want) >= 3
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_a_layer_step_runs_as_one_module_call_only_when_sharded():
+    """Unsharded, run_layer calls the step itself (the same tensor back); with layer groups, the step runs inside
+    layer i's group, and a view it returns comes back as a copy with the same values and strides (FSDP hooks the
+    group's output; an in-place op on a view would lose the hook)."""
+    model, x = nn.Linear(2, 2), torch.randn(3, 4, 5)
+    assert run_layer(model, 0, x, lambda t: t) is x
+    calls = []
+    model.layer_groups = [LayerGroup([]), LayerGroup([nn.Linear(2, 2)])]
+    model.layer_groups[1].register_forward_pre_hook(lambda *_: calls.append(1))
+    y = run_layer(model, 1, x, lambda t: t.transpose(1, 2))
+    assert calls == [1] and y._base is None and y.stride() == x.transpose(1, 2).stride()
+    assert torch.equal(y, x.transpose(1, 2))
+    z = x * 2
+    assert run_layer(model, 1, x, lambda t: z) is z  # not a view: no copy
 
 
 def test_model_level_pe_parameters_stay_with_the_root():

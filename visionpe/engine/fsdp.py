@@ -10,8 +10,9 @@ block's step (`visionpe.layers.layer_group`); then the root, which keeps everyth
 downsampling, and model-level PE parameters such as ViT's RoPE-Mixed [2, depth, H, d/2] frequencies or APE). A
 unit's parameters are gathered before its forward and freed after it (`train.fsdp.reshard_after_forward`, default
 true; false keeps them gathered until the backward: faster, more memory). With `train.amp`, the gathered parameters
-are cast to its dtype and gradients are reduced in fp32. The model is built on the meta device, sharded, materialised on this rank's device
-and only then initialised (or loaded), so no rank ever holds the full model (see `construct_on_meta`).
+are cast to its dtype and gradients are reduced in fp32. The model is built on the meta device, sharded,
+materialised on this rank's device and only then initialised (or loaded), so no rank ever holds the full model
+(see `construct_on_meta`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import weakref
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from ..layers.layer_group import LayerGroup
@@ -234,6 +235,8 @@ def build_sharded_model(
     options = dict(mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
     held = shard_blocks(model, lambda modules, ignored: fully_shard(modules, ignored_params=ignored, **options))
     fully_shard(model, ignored_params=held, **options)
+    if hasattr(model, "forward_intermediates"):  # timm's feature API, called instead of forward: gathers the root too
+        register_fsdp_forward_method(model, "forward_intermediates")
     model.fsdp_reshard_after_forward = reshard  # read by `gathered`
     model.to_empty(device=ctx.device)
     _initialise(model, rows, buffers, cfg.train.seed, ctx.rank)
