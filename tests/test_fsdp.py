@@ -27,12 +27,23 @@ from visionpe.engine.distributed import DistContext
 from visionpe.engine.export import export_main
 from visionpe.engine.fsdp import build_sharded_model, check_strategy, full_state_dict, sharding_units
 from visionpe.engine.trainer import Trainer
+from visionpe.layers.layer_group import LayerGroup, run_layer
 from visionpe.native import pack_images
 
 REPO = Path(__file__).resolve().parents[1]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 ENV = {**os.environ, "VISIONPE_ATTN": "sdpa", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-COMPARED = ("vit_n_rope2d_mixed", "vit_n_irpe", "vit_n_cpe", "vit_n_lepe", "swin_n_rpb", "swin_n_lepe", "cvt_n_cpe")
+COMPARED = (
+    "vit_n_rope2d_mixed",
+    "vit_n_irpe",
+    "vit_n_cpe",
+    "vit_n_lepe",
+    "vit_n_liere",
+    "swin_n_rpb",
+    "swin_n_lepe",
+    "cvt_n_cpe",
+    "cvt_n_rope2d_mixed",
+)
 STEPS, LR = 3, 1e-3  # as in fsdp_worker.py
 
 
@@ -147,22 +158,33 @@ def _sharded_copy(name: str) -> tuple[nn.Module, nn.Module]:
     return normal, sharded
 
 
-@pytest.mark.parametrize("name", ["vit_n_lepe", "swin_n_lepe"])
+# the PE parameters of layer i, as named in the state dict: they shard with block i
+PER_LAYER = {
+    "vit_n_lepe": ("pe.encodings.lepe.convs.{i}.weight", "pe.encodings.lepe.convs.{i}.bias"),
+    "swin_n_lepe": ("pe.encodings.lepe.convs.{i}.weight", "pe.encodings.lepe.convs.{i}.bias"),
+    "vit_n_irpe": ("pe.encodings.irpe.tables.k.{i}",),  # read by context(), a ParameterList of every layer
+    "vit_n_cpe": ("pe.encodings.cpe.convs.{i}.weight", "pe.encodings.cpe.convs.{i}.bias"),  # site 'block', layer 0
+    "swin_n_rpb": ("pe.encodings.irpe.bias_tables.{i}",),
+    "vit_n_liere": ("pe.encodings.lie_rope.generators.{i}",),
+    "cvt_n_rope2d_mixed": ("pe.encodings.rope2d.freqs.{i}",),
+}
+
+
+@pytest.mark.parametrize("name", PER_LAYER)
 def test_per_layer_pe_parameters_shard_with_their_block(name):
-    """LePE's conv of layer i is called inside block i: it shards in block i's group."""
+    """Block i's group holds block i's parameters and its PE's parameters of layer i, nothing else; the root holds
+    the PE's other (model-level) ones; each group is freed before the next block starts; the gradients are the
+    unsharded model's, for one grid and for a native batch of three grids (ViT: site 'block' runs per grid)."""
     normal, model = _sharded_copy(name)
-    pe_key = "pe.encodings.lepe.convs"
     units = sharding_units(model)
-    block_names = {
-        id(u): {n for n, p in model.named_parameters() if any(p is q for q in u.parameters())} for u in units
-    }
+    pe_names = {n for n, _ in model.named_parameters() if n.startswith("pe.")}
+    layer_names = [{k.format(i=i) for k in PER_LAYER[name]} & pe_names for i in range(len(units))]
+    assert sum(map(len, layer_names)) >= 2  # the model does have per-layer PE parameters
     for i, unit in enumerate(units):
-        own = {n for n in _group_names(model, unit) if n.startswith("pe.")}
-        assert own == {f"{pe_key}.{i}.weight", f"{pe_key}.{i}.bias"}, (i, own)
-        assert _group_names(model, unit) - own == block_names[id(unit)]
-    assert not any(n.startswith("pe.") for n in _group_names(model, model))  # the root holds none of them
-    # each block's group (its PE conv included) is freed before the next block runs, for one grid and for a native
-    # batch of three grids (the conv runs once per grid inside the block), and the gradients are the unsharded ones
+        block = {n for n, p in model.named_parameters() if any(p is q for q in unit.parameters())}
+        assert _group_names(model, unit) == block | layer_names[i], i
+    root_pe = {n for n in _group_names(model, model) if n.startswith("pe.")}
+    assert root_pe == pe_names - set().union(*layer_names)
     freed = []
     for i, unit in enumerate(units[1:], 1):
         state = units[i - 1]._get_fsdp_state()
@@ -181,13 +203,41 @@ def test_per_layer_pe_parameters_shard_with_their_block(name):
     assert freed and all(freed)
 
 
-def test_model_level_and_read_before_the_block_pe_parameters_stay_with_the_root():
+@pytest.mark.parametrize("name", ["vit_n_irpe", "swin_n_rpb", "cvt_n_rope2d_mixed"])
+def test_forward_intermediates_of_a_sharded_model(name):
+    """Per-block (ViT) and per-stage (Swin, CvT) features of the sharded model are the normal model's."""
+    normal, model = _sharded_copy(name)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad(), attn_backend("sdpa"):
+        want = normal.eval().forward_intermediates(x, intermediates_only=True)
+        got = model.eval().forward_intermediates(x, intermediates_only=True)
+    assert len(got) == len(want) >= 3
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_a_layer_step_runs_as_one_module_call_only_when_sharded():
+    """Unsharded, run_layer calls the step itself (the same tensor back); with layer groups, the step runs inside
+    layer i's group, and a view it returns comes back as a copy with the same values and strides (FSDP hooks the
+    group's output; an in-place op on a view would lose the hook)."""
+    model, x = nn.Linear(2, 2), torch.randn(3, 4, 5)
+    assert run_layer(model, 0, x, lambda t: t) is x
+    calls = []
+    model.layer_groups = [LayerGroup([]), LayerGroup([nn.Linear(2, 2)])]
+    model.layer_groups[1].register_forward_pre_hook(lambda *_: calls.append(1))
+    y = run_layer(model, 1, x, lambda t: t.transpose(1, 2))
+    assert calls == [1] and y._base is None and y.stride() == x.transpose(1, 2).stride()
+    assert torch.equal(y, x.transpose(1, 2))
+    z = x * 2
+    assert run_layer(model, 1, x, lambda t: z) is z  # not a view: no copy
+
+
+def test_model_level_pe_parameters_stay_with_the_root():
     _, model = _sharded_copy("vit_n_rope2d_mixed_ape")  # RoPE-Mixed's [2, depth, H, d/2] frequencies, APE's table
     root = _group_names(model, model)
     assert {"pe.encodings.rope2d.freqs", "pe.encodings.ape.pos_embed"} <= root
-    _, model = _sharded_copy("swin_n_rpb")  # per-layer bias tables, read by context() before each block runs
-    root = _group_names(model, model)
-    assert {f"pe.encodings.irpe.bias_tables.{i}" for i in range(len(sharding_units(model)))} <= root
+    _, model = _sharded_copy("vit_n_fire2d")  # one MLP for every layer of its stage
+    assert {n for n, _ in model.named_parameters() if n.startswith("pe.")} <= _group_names(model, model)
 
 
 def _call_train(model, x):

@@ -4,14 +4,15 @@ optimizer state instead of a full replica.
     model = build_sharded_model(cfg, num_classes, in_chans, ctx, amp)  # built on meta, sharded, then initialised
 
 Sharding units: every block of every `blocks` list (the ViT trunk's blocks, each Swin / CvT stage's blocks), each in
-one group with its PE's modules of that layer (`PosEncoding.layer_modules`, called inside the block: LePE's convs),
-then the root, which keeps everything else (stem, head, norms, downsampling, and the PE parameters read outside the
-blocks: in `context()` before a block runs, model-level ones such as RoPE-Mixed's [2, depth, H, d/2] frequencies and
-per-layer tables such as iRPE's, and at site 'block' after it, CPE's convs). A unit's parameters are gathered
-before its forward and freed after it (`train.fsdp.reshard_after_forward`, default true; false keeps them gathered
-until the backward: faster, more memory). With `train.amp`, the gathered parameters are cast to its dtype and
-gradients are reduced in fp32. The model is built on the meta device, sharded, materialised on this rank's device
-and only then initialised (or loaded), so no rank ever holds the full model (see `construct_on_meta`).
+one group with its PE's parameters of that layer (`PosEncoding.layer_parameters`: iRPE / RPB tables, LieRE /
+ComRoPE generators, per-layer RoPE-Mixed frequencies, LePE's and CPE's convs), which the backbone reads inside that
+block's step (`visionpe.layers.layer_group`); then the root, which keeps everything else (stem, head, norms,
+downsampling, and model-level PE parameters such as ViT's RoPE-Mixed [2, depth, H, d/2] frequencies or APE). A
+unit's parameters are gathered before its forward and freed after it (`train.fsdp.reshard_after_forward`, default
+true; false keeps them gathered until the backward: faster, more memory). With `train.amp`, the gathered parameters
+are cast to its dtype and gradients are reduced in fp32. The model is built on the meta device, sharded,
+materialised on this rank's device and only then initialised (or loaded), so no rank ever holds the full model
+(see `construct_on_meta`).
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ import weakref
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from ..layers.layer_group import LayerGroup
 from .config import Config, ConfigError
 from .distributed import DistContext
 from .setup import build_model
@@ -36,7 +38,7 @@ __all__ = [
     "fsdp_options",
     "check_strategy",
     "sharding_units",
-    "sharding_groups",
+    "shard_blocks",
     "construct_on_meta",
     "build_sharded_model",
     "load_full_state",
@@ -84,14 +86,32 @@ def sharding_units(model: nn.Module) -> list[nn.Module]:
     return units
 
 
-def sharding_groups(model: nn.Module) -> list[list[nn.Module]]:
-    """[block i, *its PE's submodules of layer i] for every sharding unit: one FSDP group each. The PE's modules
-    are the model's `pe.layer_modules(i)` when its blocks are its attention layers one to one (block i of the
-    forward order is layer i); otherwise, or without a PE, the blocks alone."""
+def _owners(module: nn.Module, params: list[nn.Parameter]) -> list[nn.Module]:
+    """The submodules that own `params` (each once, in module order)."""
+    ids = {id(p) for p in params}
+    return [m for m in module.modules() if any(id(p) in ids for p in m._parameters.values() if p is not None)]
+
+
+def shard_blocks(model: nn.Module, shard) -> set[nn.Parameter]:
+    """`shard(modules, ignored_params)` (fully_shard with the run's options) once per block, in forward order; ->
+    the PE parameters now sharded with a block, for the root to leave alone. When the blocks are the PE's attention
+    layers one to one (block i of the forward order is layer i), block i's group also holds the PE's parameters of
+    layer i (`PosEncoding.layer_parameters`), through a LayerGroup that owns their modules and runs layer i's whole
+    step (`run_layer`: context, block, site 'block'); the other layers' parameters of a shared owner (a
+    ParameterList of every layer's tables) are ignored by this group. Read each time: sharding replaces them."""
     units, pe = sharding_units(model), getattr(model, "pe", None)
-    if not hasattr(pe, "layer_modules") or pe.host.depth != len(units):
-        return [[block] for block in units]
-    return [[block, *pe.layer_modules(i)] for i, block in enumerate(units)]
+    if not hasattr(pe, "layer_parameters") or pe.host.depth != len(units):
+        for block in units:
+            shard(block, None)
+        return set()
+    groups = []
+    for i, block in enumerate(units):
+        own = set(pe.layer_parameters(i))
+        group = LayerGroup(_owners(pe, list(own)))
+        shard([group, block], {p for p in group.parameters() if p not in own})
+        groups.append(group)
+    model.layer_groups = groups  # read by run_layer
+    return {p for i in range(len(units)) for p in pe.layer_parameters(i)}
 
 
 # ---------------------------------------------------------------------------------------------- construction
@@ -212,9 +232,11 @@ def build_sharded_model(
         model.set_grad_checkpointing(True)
     reshard = fsdp_options(cfg)["reshard_after_forward"]
     policy = MixedPrecisionPolicy(param_dtype=amp, reduce_dtype=torch.float32) if amp else MixedPrecisionPolicy()
-    for group in sharding_groups(model):
-        fully_shard(group if len(group) > 1 else group[0], mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
-    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+    options = dict(mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+    held = shard_blocks(model, lambda modules, ignored: fully_shard(modules, ignored_params=ignored, **options))
+    fully_shard(model, ignored_params=held, **options)
+    if hasattr(model, "forward_intermediates"):  # timm's feature API, called instead of forward: gathers the root too
+        register_fsdp_forward_method(model, "forward_intermediates")
     model.fsdp_reshard_after_forward = reshard  # read by `gathered`
     model.to_empty(device=ctx.device)
     _initialise(model, rows, buffers, cfg.train.seed, ctx.rank)

@@ -29,6 +29,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..fx import fx_unsupported, is_fx_tracing
 from ..layers.checks import check_images
+from ..layers.layer_group import run_layer
 from ..layout import TokenLayout, cell_centre_layout, image_layout
 from ..pos.base import AttnSpec, PEHost
 from ..pos.presets import build_pos_encoding
@@ -239,6 +240,9 @@ class ConvolutionalVisionTransformer(StagedModel):
     # ---------------------------------------------------------------------------------------------------- forward
 
     def _run_block(self, i: int, block: CvtBlock, x, hw, num_prefix, layouts):
+        return run_layer(self, i, x, lambda x: self._block_step(i, block, x, hw, num_prefix, layouts))
+
+    def _block_step(self, i: int, block: CvtBlock, x, hw, num_prefix, layouts):
         ctx = self.pe.context(i, *layouts)
         if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
             x = checkpoint(block, x, hw, num_prefix, ctx, use_reentrant=False)

@@ -18,6 +18,7 @@ every map to whole windows (padding never attended); a map no larger than the wi
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +31,7 @@ from torch.utils.checkpoint import checkpoint
 from ..fx import fx_unsupported, is_fx_tracing
 from ..layers import Attention, PreNormBlock
 from ..layers.checks import check_images
+from ..layers.layer_group import run_layer
 from ..layout import TokenLayout, image_layout, is_symbolic, window_layout
 from ..pos.base import AttnSpec, PEHost, PosContext, merge_contexts
 from ..pos.presets import build_pos_encoding
@@ -274,7 +276,9 @@ class SwinTransformer(StagedModel):
 
     def _block_site(self, i: int, x: torch.Tensor) -> torch.Tensor:
         B, H, W, C = x.shape
-        return self.pe.block(i, x.reshape(B, H * W, C), image_layout(H, W, 0, x.device)).reshape(B, H, W, C)
+        flat = x.reshape(B, H * W, C)
+        y = self.pe.block(i, flat, image_layout(H, W, 0, x.device))
+        return x if y is flat else y.reshape(B, H, W, C)  # x itself when no PE acts here (not a view of it)
 
     def forward_stage(self, s: int, x: torch.Tensor) -> torch.Tensor:
         """Stage s on [B, H, W, C] (patch merging first): windows, layouts and masks are built once per stage."""
@@ -287,14 +291,18 @@ class SwinTransformer(StagedModel):
         mask_ctx = [None if m is None else _shift_bias(m, B) for m in masks]
         for j, block in enumerate(stage.blocks):
             i = self.stage_starts[s] + j
-            ctx = merge_contexts([self.pe.context(i, layout), mask_ctx[block.shifted]])
-            plan = plans[block.shifted]
-            if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
-                x = checkpoint(block, x, plan, ctx, use_reentrant=False)
-            else:
-                x = block(x, plan, ctx)
-            x = self._block_site(i, x)
+            step = partial(self._block_step, i, block, plans[block.shifted], layout, mask_ctx[block.shifted])
+            x = run_layer(self, i, x, step)
         return x
+
+    def _block_step(self, i: int, block, plan: WindowPlan, layout: TokenLayout, mask_ctx, x: torch.Tensor):
+        """Layer i (one step: see `run_layer`): the PE's context with the shift mask, block i, the PE's 'block' site."""
+        ctx = merge_contexts([self.pe.context(i, layout), mask_ctx])
+        if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
+            x = checkpoint(block, x, plan, ctx, use_reentrant=False)
+        else:
+            x = block(x, plan, ctx)
+        return self._block_site(i, x)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Images -> the last stage's normalised map [B, H, W, C]."""

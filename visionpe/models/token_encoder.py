@@ -18,6 +18,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..layers import Block
+from ..layers.layer_group import run_layer
 from ..layout import TokenLayout
 from ..native import BatchLayout, is_native_batch
 from ..pos.base import AttnSpec, PEHost
@@ -180,6 +181,10 @@ class TokenEncoder(ContractModel):
         return NativeSites(self.pe) if isinstance(layout, BatchLayout) else self.pe
 
     def run_block(self, i: int, x: torch.Tensor, layout: TokenLayout | BatchLayout) -> torch.Tensor:
+        """Layer i: the PE's context, block i, the PE's site 'block' (one step: see `run_layer`)."""
+        return run_layer(self, i, x, lambda x: self._block_step(i, x, layout))
+
+    def _block_step(self, i: int, x: torch.Tensor, layout: TokenLayout | BatchLayout) -> torch.Tensor:
         sites = self.sites(layout)
         ctx = sites.context(i, layout)
         if self.grad_checkpointing and self.training and not torch.jit.is_scripting():

@@ -225,13 +225,11 @@ class PosEncoding(nn.Module):
         the first all-digit component of the name (`tables.k.{i}`, `convs.{i}.weight`); None without one."""
         return next((int(part) for part in name.split(".") if part.isdigit()), None)
 
-    def layer_modules(self, i: int) -> list[nn.Module]:
-        """The submodules that hold only layer i's parameters, sharded with block i under FSDP2 (one group with it,
-        gathered when the block starts, freed when each of the group's modules has run). Each must be called as a
-        module inside block i's forward (e.g. from a value term), and every time the block runs: a module called
-        after it (site 'block', once per image group of a native batch) would gather its group again per call, a
-        count that differs between ranks. Parameters read in `context()` or at site 'block' stay with the model
-        (the root group, gathered for the whole forward). Default: none."""
+    def layer_parameters(self, i: int) -> list[nn.Parameter]:
+        """The parameters that serve attention layer i alone and are read only in `context(i, ...)` and at site
+        'block' after block i: under FSDP2 they shard in one group with block i (gathered for that step only,
+        `visionpe.layers.layer_group`). Parameters of several layers (one tensor for all, a stage's shared MLP) or
+        read elsewhere (site 'tokens') stay with the model's root group. Default: none."""
         return []
 
     def convert_checkpoint(self, entries: dict[str, torch.Tensor], source: CheckpointSource) -> dict:
@@ -310,8 +308,8 @@ class PosStack(PosEncoding):
     def no_weight_decay(self):
         return {f"encodings.{name}.{p}" for name, pe in self.encodings.items() for p in pe.no_weight_decay()}
 
-    def layer_modules(self, i):
-        return [m for pe in self.encodings.values() for m in pe.layer_modules(i)]
+    def layer_parameters(self, i):
+        return [p for pe in self.encodings.values() for p in pe.layer_parameters(i)]
 
     def layer_of(self, name):
         _, kind, rest = name.split(".", 2)  # encodings.<kind>.<name>

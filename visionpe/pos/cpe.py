@@ -58,6 +58,9 @@ class CPE(PosEncoding):
         for key in [k for k in self.convs if int(k) >= depth]:
             del self.convs[key]
 
+    def layer_parameters(self, i):
+        return list(self.convs[str(i)].parameters()) if i in self.blocks else []
+
     def block(self, i: int, x: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
         conv = self.convs[str(i)] if i in self.blocks else None
         if conv is None:

@@ -346,6 +346,10 @@ class IRPE(PosEncoding):
     def _bias_lists(self) -> list[nn.ParameterList]:
         return [getattr(self, n) for n in ("bias_tables", "q_bias_tables") if hasattr(self, n)]
 
+    def layer_parameters(self, i):
+        lists = self._bias_lists() if self.mode == "bias" else [self.tables[t] for t in self.targets]
+        return [tables[i] for tables in lists if i < len(tables)]
+
     def bias_table(self, i: int, target: str = "k") -> nn.Parameter:
         """Layer i's bias table [buckets, heads | 1] for target k (Swin's relative_position_bias_table) or q."""
         if self.mode != "bias" or target not in self.targets:

@@ -33,8 +33,8 @@ class LePE(PosEncoding):
         super().keep_layers(depth)
         self.convs = self.convs[:depth]
 
-    def layer_modules(self, i):
-        return [self.convs[i]] if i < len(self.convs) else []  # called by the value term, inside block i
+    def layer_parameters(self, i):
+        return list(self.convs[i].parameters()) if i < len(self.convs) else []
 
     def context(self, i, layout, kv_layout=None):
         if kv_layout is not None and (kv_layout.grid != layout.grid or kv_layout.num_prefix != layout.num_prefix):

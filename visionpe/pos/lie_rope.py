@@ -181,6 +181,11 @@ class LieRoPE(PosEncoding):
         names = {f"generators.{i}" for i in range(len(self.generators))}
         return names | {f"multipliers.{i}" for i in range(len(getattr(self, "multipliers", ())))}
 
+    def layer_parameters(self, i):
+        if self.layer0_generators or i >= len(self.generators):  # layer 0's generators serve every layer
+            return []
+        return [self.generators[i], *([self.multipliers[i]] if hasattr(self, "multipliers") else [])]
+
     def _source_layer(self, i: int) -> int:
         return 0 if self.layer0_generators else i
 

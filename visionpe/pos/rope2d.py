@@ -114,6 +114,10 @@ class RoPE2D(PosEncoding):
             kept = self.freqs[:, :depth].detach().clone()
             self.freqs = nn.Parameter(kept, requires_grad=self.freqs.requires_grad)
 
+    def layer_parameters(self, i):
+        per_layer = self.mode == "mixed" and isinstance(self.freqs, nn.ParameterList)  # vit's [2, depth, ...]: all
+        return [self.freqs[i]] if per_layer and i < len(self.freqs) else []
+
     def layer_frequencies(self, i: int) -> torch.Tensor:
         """Frequency matrix of layer i: [2, d/2] (axial, shared) or [2, heads, d/2] (mixed)."""
         if self.mode == "axial":
