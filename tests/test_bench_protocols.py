@@ -21,7 +21,7 @@ import visionpe.engine
 from visionpe.bench.cards import write_cards
 from visionpe.bench.extrapolate import BenchConfigError, load_bench, run_benchmark
 from visionpe.bench.extrapolate import main as extrapolate_main
-from visionpe.bench.protocols import Point, SizedView, evaluate_view
+from visionpe.bench.protocols import Point, SizedView, evaluate_view, modes_agree, set_position_mode
 from visionpe.bench.report import judge_claims, tally_text, verdict
 from visionpe.data import build_dataset
 from visionpe.data.video_shapes import render_scene, reverse_scene
@@ -236,6 +236,59 @@ train: {{epochs: 1, amp: none, progress: false}}
     assert {c["frames"] for c in video["comparisons"] if c["protocol"] == "frames"} == {8}  # longer than trained
     assert all(c["verdict"] == "one seed" for c in video["comparisons"])
     assert "8 f" in (out / "results.md").read_text()
+
+
+def _video_bench(tmp_path, modes: str) -> Path:
+    path = tmp_path / "video-modes.yaml"
+    path.write_text(f"""
+bench:
+  models: [vivit_n_ape, vivit_n_rope3d]
+  seeds: [0]
+  frames: [8]
+  protocols: [frames]
+  position_modes: [{modes}]
+  output_dir: {tmp_path / "out"}
+  runs_dir: {tmp_path / "runs"}
+model: {{kwargs: {{embed_dim: 32, depth: 1, num_heads: 2, patch_size: 8}}}}
+data: {{name: video-shapes, resolution: 16, batch_size: 8, options: {{num_samples: 16, frames: 4}}}}
+train: {{epochs: 1, amp: none, progress: false}}
+""")
+    return path
+
+
+def test_video_benchmark_evaluates_test_time_rope_scaling(tmp_path):
+    out = run_benchmark(*load_bench(_video_bench(tmp_path, "extrapolate, ntk, yarn")), log=lambda *a: None)
+    for model in ("vivit_n_ape", "vivit_n_rope3d"):
+        record = json.loads((out / "evals" / f"{model}-s0.json").read_text())
+        rows = {(r["mode"], r["frames"]): r for r in record["rows"]}
+        assert set(rows) == {(m, f) for m in ("extrapolate", "ntk", "yarn") for f in (4, 8)}
+        copied = {r["same_as"] for r in record["rows"] if "same_as" in r}
+        assert copied == ({"extrapolate"} if record["modes_agree"] else set())
+    assert json.loads((out / "evals" / "vivit_n_ape-s0.json").read_text())["modes_agree"] is True
+    assert "## ntk" in (out / "results.md").read_text() and "## yarn" in (out / "results.md").read_text()
+
+
+def test_rope_scaling_modes_change_a_video_models_logits_beyond_the_training_clip():
+    kw = dict(embed_dim=64, depth=1, num_heads=1, patch_size=8, img_size=16, num_frames=4)
+    rope, ape = (timm.create_model(n, **kw).eval() for n in ("vivit_n_rope3d", "vivit_n_ape"))
+    with torch.no_grad():  # attention far from uniform, so that rotations show in the logits
+        for model in (rope, ape):
+            for name, p in model.named_parameters():
+                if "qkv" in name:
+                    p.mul_(30)
+    modes = ["extrapolate", "ntk", "yarn"]
+    longer, trained = torch.randn(2, 3, 8, 16, 16), torch.randn(2, 3, 4, 16, 16)
+    assert not modes_agree(rope, longer, modes) and not modes_agree(rope, longer, modes[::2])
+    assert modes_agree(rope, trained, modes)  # nothing is rescaled at the training clip
+    assert modes_agree(ape, longer, modes) and rope.position_mode == "extrapolate"  # the mode is restored
+    with pytest.raises(ValueError, match="no position mode 'interpolate'"):
+        set_position_mode(rope, "interpolate")
+
+
+def test_a_position_mode_a_model_lacks_fails_before_training(tmp_path, monkeypatch):
+    _no_training(monkeypatch)
+    with pytest.raises(BenchConfigError, match="vivit_n_ape' has no position mode 'interpolate'.*extrapolate, ntk"):
+        run_benchmark(*load_bench(_video_bench(tmp_path, "extrapolate, interpolate")), log=lambda *a: None)
 
 
 def test_bad_protocols_fail_before_training(tmp_path, monkeypatch):

@@ -514,7 +514,10 @@ def _check_models(plan: Plan, info) -> None:
             except ValueError as e:
                 raise BenchConfigError(f"cannot evaluate at {point_label(point)}: {e}") from None
             for mode in plan.bench.position_modes[: None if protocols.has_position_modes(model) else 1]:
-                protocols.set_position_mode(model, mode)
+                try:
+                    protocols.set_position_mode(model, mode)
+                except ValueError as e:
+                    raise BenchConfigError(f"bench.position_modes: model {model_name!r} {e}") from None
                 _try_point(model, model_name, x, point, mode, amp, num_classes)
 
 
@@ -595,13 +598,14 @@ def _coinciding(job: Job, rows: dict, agree: bool, mode: str, point: Point) -> t
 
 
 def _modes_agree(job: Job, model, datasets: dict, device) -> bool:
-    """Whether both modes give the same logits at each protocol's largest point and at every non-square one."""
+    """Whether all modes give the same logits at each protocol's largest point and at every non-square one."""
     kinds = dict.fromkeys(p.protocol for p in job.points)
     probes = [max((p for p in job.points if p.protocol == k), key=lambda p: (p.frames, p.tokens, p.height * p.width))
               for k in kinds]  # fmt: skip
     probes += [p for p in job.points if p.height != p.width and p not in probes]
     views = [view_of(datasets, p, tuple(job.sizes[0]), 4, model_patch_size(model)) for p in probes]
-    return all(protocols.modes_agree(model, to_device(protocols.first_inputs(v, 4), device)) for v in views)
+    inputs = (to_device(protocols.first_inputs(v, 4), device) for v in views)
+    return all(protocols.modes_agree(model, x, job.modes) for x in inputs)
 
 
 def _evaluate_points(job: Job, record: dict, todo: list, evaluate, stop) -> None:

@@ -192,33 +192,41 @@ def first_inputs(view: SizedView | NativeView, n: int):
     return next(iter(loader(view, n))).inputs
 
 
+def position_modes(model: nn.Module) -> tuple[str, ...]:
+    """The test-time position modes a model takes (vit: extrapolate, interpolate, ntk, yarn; vivit: extrapolate,
+    ntk, yarn); models with windowed or convolutional positions have one, and run as they are."""
+    return tuple(getattr(model, "position_modes", None) or ("extrapolate",))
+
+
 def has_position_modes(model: nn.Module) -> bool:
-    return callable(getattr(model, "set_position_mode", None))
+    return len(position_modes(model)) > 1
 
 
 def set_position_mode(model: nn.Module, mode: str) -> None:
-    """Models without test-time position modes (windowed or convolutional positions) run as they are."""
+    """A mode the model lacks is a ValueError that names its modes."""
     if has_position_modes(model):
-        model.set_position_mode(mode)
+        if mode not in position_modes(model):
+            raise ValueError(f"has no position mode {mode!r} (its modes: {', '.join(position_modes(model))})")
+        model.position_mode = mode
 
 
 @torch.no_grad()
-def modes_agree(model: nn.Module, x) -> bool:
-    """Whether the two position modes give the same logits on `x` (e.g. a learned APE, which is resampled to the
-    grid either way, or NoPE/CPE/LePE, which read no coordinates): then one evaluation serves both."""
+def modes_agree(model: nn.Module, x, modes: list[str]) -> bool:
+    """Whether every mode gives the first mode's logits on `x` (e.g. a learned APE, which is resampled to the grid
+    either way, or NoPE/CPE/LePE, which read no coordinates): then one evaluation serves all."""
     if not has_position_modes(model):
         return True
-    was_training, mode = model.training, getattr(model, "position_mode", "extrapolate")
+    was_training, mode = model.training, model.position_mode
     model.eval()
     try:
-        model.set_position_mode("extrapolate")
-        a = run_model(model, x)
-        model.set_position_mode("interpolate")
-        b = run_model(model, x)
+        outs = []
+        for m in modes:
+            set_position_mode(model, m)
+            outs.append(run_model(model, x))
     finally:
-        model.set_position_mode(mode)
+        model.position_mode = mode
         model.train(was_training)
-    return torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+    return all(torch.allclose(outs[0], o, rtol=1e-5, atol=1e-6) for o in outs[1:])
 
 
 def evaluate_view(
