@@ -24,6 +24,7 @@ from visionpe.data.folder_native import crop_box
 from visionpe.data.native_loader import build_native_eval_loader, build_native_train_loader, native_plan
 from visionpe.data.native_resize import budget_size
 from visionpe.data.seeding import seeded_rngs
+from visionpe.data.share import Share
 from visionpe.engine import train
 from visionpe.engine.checkpoint import find_checkpoint, load_weights
 from visionpe.engine.config import NativeConfig
@@ -132,6 +133,14 @@ def test_training_items_are_seeded_flip_exactly_and_take_the_colour_options(tmp_
     assert float((draws["jitter"] - draws["plain"]).abs().max()) > 0.05
     with seeded_rngs(8):
         assert not torch.equal(plain.render_size(2, (12, 28))[0], draws["plain"])  # another key, another crop
+
+
+def test_folder_batches_are_the_same_with_loader_workers(tmp_path):
+    ds = _dataset(make_folder(tmp_path / "data", per_class=8), training=True, hflip=0.5, color_jitter=0.3)
+    a, b = (list(build_native_train_loader(ds, _plan(), 16, seed=1, share=Share(workers=w))) for w in (0, 1))
+    assert len(a) == len(b) >= 1
+    for x, y in zip(a, b):
+        assert all(torch.equal(x.inputs[k], y.inputs[k]) for k in x.inputs) and torch.equal(x.targets, y.targets)
 
 
 def test_evaluation_items_are_the_whole_image_resized_and_normalised(tmp_path):
@@ -248,9 +257,12 @@ def test_padded_and_bucket_batches_train_on_a_folder(tmp_path, mode):
 
 
 def test_folder_training_resumes_bit_identically_after_a_kill(tmp_path):
+    # rows of 48 tokens, two a batch: about 3 steps an epoch; killed in the middle of epoch 2
     common = _run(tmp_path, "train.epochs=2", "train.ckpt_every_steps=2", "aug.color_jitter=0.3")
+    common.append("data.native.tokens_per_batch=96")
     reference = train(None, [*common, "train.run_name=reference"])
     steps = _lines(reference, "train")[-1]["global_step"]
+    assert steps >= 4
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     killed = subprocess.run(
         [sys.executable, "-c", KILLER, str(steps // 2 + 1), *common, "train.run_name=killed"],
