@@ -3,6 +3,8 @@
 The split folder may use any of timm's synonyms (train/training, val/valid/validation/eval/evaluation). Transforms
 come from timm (RandomResizedCrop, RandAugment, random erasing for training; resize + centre crop for evaluation), one
 per resolution, built when first asked for, so one dataset serves every resolution (`render(i, resolution)`).
+Native-aspect batches (data.native) read `native_size(i)` (from the file's header) and `render_size(i, (H, W))`
+(an aspect-ratio crop and the same colour options, folder_native.py).
 
 Pixels are read as they look (`pixels.py`): 16-bit and float images are scaled to 8 bits, EXIF rotation is applied.
 An unreadable or corrupt file is reported through `pop_skipped()`: in a training split it is replaced by the next
