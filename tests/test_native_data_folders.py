@@ -244,6 +244,19 @@ def test_train_py_and_eval_py_on_a_folder_with_packed_batches(tmp_path):
     assert all(abs(r["loss"] - q["loss"]) < 1e-5 for r, q in zip(again, results))
 
 
+def test_train_py_under_ddp_on_a_folder_trains_packed_and_counts_each_eval_image_once(tmp_path):
+    env = {**os.environ, "VISIONPE_ATTN": "sdpa", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    cmd.append(str(REPO / "train.py"))
+    cmd += _run(tmp_path, "train.epochs=1", "data.native.tokens_per_batch=96", "train.run_name=ddp")
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = _lines(tmp_path / "ddp", "train")
+    assert rows and all(r["padding"] < 0.5 and r["images_per_batch"] > 2 for r in rows)  # 2 rows a batch: packed
+    evals = _lines(tmp_path / "ddp", "eval")
+    assert {r["resolution"] for r in evals} == {16, "16tok", "32tok"} and all(r["images"] == 24 for r in evals)
+
+
 @pytest.mark.parametrize("mode", ["padded", "buckets"])
 def test_padded_and_bucket_batches_train_on_a_folder(tmp_path, mode):
     extra = ["data.native.tokens_per_batch=16"] if mode == "buckets" else []  # 1-2 images a batch
