@@ -301,6 +301,7 @@ def test_an_unreadable_image_is_a_one_line_error_naming_the_file(tmp_path):
     with pytest.raises(ValueError, match="cannot read image .*000.png") as e:
         _dataset(root, training=True).native_size(0)
     assert "\n" not in str(e.value)
+    Image.fromarray(np.zeros((9, 21, 3), np.uint8)).save(garbage)  # readable again
     truncated = root / "train" / "b" / "003.png"  # a readable header, pixels cut short
     truncated.write_bytes(truncated.read_bytes()[:80])
     ds = _dataset(root, training=True)
@@ -308,4 +309,8 @@ def test_an_unreadable_image_is_a_one_line_error_naming_the_file(tmp_path):
     assert ds.native_size(index) > (0, 0)
     with pytest.raises(ValueError, match="cannot decode image .*003.png") as e:
         ds.render_size(index, (8, 8))
+    assert "\n" not in str(e.value)
+    loader = build_native_train_loader(ds, _plan(), 16, seed=0, share=Share(workers=1))
+    with pytest.raises(ValueError, match="cannot decode image .*003.png.*in a data loader worker") as e:
+        list(loader)  # raised in the worker, re-raised here: still one line
     assert "\n" not in str(e.value)

@@ -27,11 +27,21 @@ from torchvision.transforms import functional as TF
 
 from .pixels import DECODE_ERRORS
 
-__all__ = ["header_size", "crop_box", "NativeFolderTransform", "CROP_ATTEMPTS"]
+__all__ = ["header_size", "crop_box", "NativeFolderTransform", "UnreadableImageError", "CROP_ATTEMPTS"]
 
 ORIENTATION = 0x0112  # the EXIF orientation tag
 SWAPS_SIDES = (5, 6, 7, 8)  # orientations that turn the image by 90 degrees
 CROP_ATTEMPTS = 10  # random crops tried before the centred fallback
+
+
+class UnreadableImageError(ValueError):
+    """A file of an image folder that does not read or decode; its message is one line naming the file, also when a
+    loader worker raised it (torch re-raises it in the main process with the worker's traceback as the message)."""
+
+    def __init__(self, message: str):
+        if message.startswith(f"Caught {type(self).__name__}"):
+            message = message.rstrip().rsplit(f"{type(self).__name__}: ", 1)[-1] + " (in a data loader worker)"
+        super().__init__(message)
 
 
 def header_size(path: str | os.PathLike) -> tuple[int, int]:
@@ -42,7 +52,8 @@ def header_size(path: str | os.PathLike) -> tuple[int, int]:
             # the base class's getexif reads what the header holds (PNG's own would decode the file to look further)
             orientation = Image.Image.getexif(img).get(ORIENTATION, 1)
     except DECODE_ERRORS as e:
-        raise ValueError(f"cannot read image {path} ({type(e).__name__}: {e}); remove or replace the file") from None
+        why = f"{type(e).__name__}: {e}"
+        raise UnreadableImageError(f"cannot read image {path} ({why}); remove or replace the file") from None
     return (w, h) if orientation in SWAPS_SIDES else (h, w)
 
 

@@ -26,7 +26,7 @@ from PIL import Image
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, ImageDataset, create_transform
 from torch.utils.data import Dataset
 
-from .folder_native import NativeFolderTransform, header_size
+from .folder_native import NativeFolderTransform, UnreadableImageError, header_size
 from .folder_scan import CleanFolderReader, nfc, scan_image_folder
 from .pixels import DECODE_ERRORS, to_rgb
 from .registry import register_dataset
@@ -167,7 +167,7 @@ class ImageFolderDataset(Dataset):
             img, target = self._open(index)
         except DECODE_ERRORS as e:
             path = self.base.filename(index, absolute=True)
-            raise ValueError(
+            raise UnreadableImageError(
                 f"cannot decode image {path} ({type(e).__name__}: {e}); remove or replace the file"
             ) from None
         return self._native(img, size), target
