@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
 import torch
 from tiny_runs import TINY_MODEL, tiny_run
 from torch.utils.data import DistributedSampler
@@ -60,6 +61,16 @@ def test_bucket_batches_hold_one_size_each_and_ranks_get_equal_counts_of_their_o
     assert not {k.index for b in epochs[0] for k in b} & {k.index for b in epochs[1] for k in b}
     samplers[0].start_at(2)
     assert list(samplers[0]) == epochs[0][2:]
+
+
+def test_too_few_images_for_every_bucket_is_a_one_line_error():
+    ds = _Sizes(20)  # up to 32 images a batch (256 tokens, 8-token buckets) over 7 buckets: no batch is sure
+    size = lambda i: tuple(ds.hw[i])  # noqa: E731
+    with pytest.raises(ValueError, match="cannot be sure to fill one batch") as e:
+        AspectBucketSampler(DistributedSampler(ds, 1, 0), size, DEFAULT_ASPECTS, 16, 4, 256)
+    assert "\n" not in str(e.value)
+    enough = AspectBucketSampler(DistributedSampler(_Sizes(400), 1, 0), size, DEFAULT_ASPECTS, 16, 4, 256)
+    assert enough.num_batches() == 400 // 32 - 7  # 32 images a batch in the smallest (8-token) bucket
 
 
 def test_swin_trains_on_aspect_buckets(tmp_path):

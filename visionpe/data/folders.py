@@ -3,6 +3,8 @@
 The split folder may use any of timm's synonyms (train/training, val/valid/validation/eval/evaluation). Transforms
 come from timm (RandomResizedCrop, RandAugment, random erasing for training; resize + centre crop for evaluation), one
 per resolution, built when first asked for, so one dataset serves every resolution (`render(i, resolution)`).
+Native-aspect batches (data.native) read `native_size(i)` (from the file's header) and `render_size(i, (H, W))`
+(an aspect-ratio crop and the same colour options, folder_native.py).
 
 Pixels are read as they look (`pixels.py`): 16-bit and float images are scaled to 8 bits, EXIF rotation is applied.
 An unreadable or corrupt file is reported through `pop_skipped()`: in a training split it is replaced by the next
@@ -24,8 +26,9 @@ from PIL import Image
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, ImageDataset, create_transform
 from torch.utils.data import Dataset
 
+from .folder_native import NativeFolderTransform, UnreadableImageError, header_size
 from .folder_scan import CleanFolderReader, nfc, scan_image_folder
-from .pixels import to_rgb
+from .pixels import DECODE_ERRORS, to_rgb
 from .registry import register_dataset
 from .splits import EVAL_SPLITS, TRAIN_SPLITS, split_kind
 
@@ -49,7 +52,6 @@ class UnknownClassesWarning(UserWarning):
 
 
 MAX_CONSECUTIVE_FAILURES = 50  # more unreadable files in a row than this means the folder itself is broken
-DECODE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
 
 
 def find_split_dir(root: str | os.PathLike, split: str) -> Path:
@@ -101,6 +103,8 @@ class ImageFolderDataset(Dataset):
         self.transform_kwargs = dict(transform_kwargs or {})
         self._transforms: dict[int, object] = {}
         self._skipped: list[str] = []
+        self._native: NativeFolderTransform | None = None
+        self._sizes: list[tuple[int, int] | None] = [None] * len(self.base)  # header sizes, read once per process
 
     def __len__(self) -> int:
         return len(self.base)
@@ -146,6 +150,27 @@ class ImageFolderDataset(Dataset):
 
     def __getitem__(self, index: int):
         return self.render(index, self.resolution)
+
+    def native_size(self, index: int) -> tuple[int, int]:
+        """(h, w) of image `index` as it looks, from its file's header (read once per process)."""
+        if self._sizes[index] is None:
+            self._sizes[index] = header_size(self.base.reader.samples[index][0])
+        return self._sizes[index]
+
+    def render_size(self, index: int, size: tuple[int, int]):
+        """(image [C, H, W], class): image `index` drawn at `size` (H, W) for native-aspect batches (training: a
+        random crop of that aspect ratio and the colour options; evaluation: the whole image), see
+        folder_native.py. An unreadable file is a one-line error naming it (a packed row's sizes are fixed)."""
+        if self._native is None:
+            self._native = NativeFolderTransform(self.transform_kwargs, self.training)
+        try:
+            img, target = self._open(index)
+        except DECODE_ERRORS as e:
+            path = self.base.filename(index, absolute=True)
+            raise UnreadableImageError(
+                f"cannot decode image {path} ({type(e).__name__}: {e}); remove or replace the file"
+            ) from None
+        return self._native(img, size), target
 
     def pop_skipped(self) -> list[str]:
         """Paths skipped since the last call (per process: the loader reports them with each batch)."""

@@ -61,7 +61,13 @@ class AspectBucketSampler(EpochBatchSampler):
         self.per_batch = [max(1, tokens_per_batch * multiple * multiple // (h * w)) for h, w in self.shapes]
         self.epoch, self.start = 0, 0
         # a lower bound over any split of the shard into buckets: each bucket leaves less than one batch unused
-        self._num_batches = max(1, len(sampler) // max(self.per_batch) - len(self.shapes))
+        self._num_batches = len(sampler) // max(self.per_batch) - len(self.shapes)
+        if self._num_batches < 1:
+            raise ValueError(
+                f"{len(sampler)} images per process cannot be sure to fill one batch of up to {max(self.per_batch)} "
+                f"images in each of {len(self.shapes)} aspect buckets; lower data.native.tokens_per_batch, give "
+                f"fewer data.native.aspects or use more images"
+            )
 
     def num_batches(self) -> int:
         return self._num_batches

@@ -11,7 +11,10 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image, ImageOps
 
-__all__ = ["to_rgb"]
+__all__ = ["to_rgb", "DECODE_ERRORS"]
+
+# what PIL raises for a file that is not a readable image (UnidentifiedImageError is an OSError)
+DECODE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
 
 SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N", "I")  # PIL opens 16-bit grey PNG/TIFF as one of these
 
