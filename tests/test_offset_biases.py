@@ -130,6 +130,9 @@ def test_fire_eval_cache_follows_parameter_updates():
         assert len(pe._tables) == len(cached) == 3
         pe.stages[0].mlp[2].bias.add_(1.0)  # an optimiser step or load_state_dict changes the version
         torch.testing.assert_close(_bias(pe, layout)[:, 1:, 1:], b0[:, 1:, 1:] + 1.0)
+        pe.stages[0].mlp[2].bias.data.sub_(1.0)  # a write the version counter misses (FSDP's all-gather)...
+        pe.train().eval()  # ...is seen after the training that made it
+        torch.testing.assert_close(_bias(pe, layout), b0)
 
 
 def test_fire_is_one_mlp_per_stage_and_builds_on_meta():

@@ -169,6 +169,12 @@ class LieRoPE(PosEncoding):
         self.host = host
         self._cache.clear()
 
+    def train(self, mode: bool = True):
+        """Any switch of mode forgets the cached rotations: the generators may have been written in a way their
+        version counter does not see (`.data`, FSDP's all-gather into a reused buffer) while training."""
+        self._cache.clear()
+        return super().train(mode)
+
     def keep_layers(self, depth: int) -> None:
         """Pruned to `depth` layers: the generators (and LD multipliers) of the removed layers go with them."""
         super().keep_layers(depth)

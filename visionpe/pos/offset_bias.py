@@ -255,6 +255,13 @@ class OffsetBiasPE(PosEncoding):
         super().set_host(host)
         self.init_non_persistent_buffers()
 
+    def train(self, mode: bool = True):
+        """A learned f's tables are forgotten at any switch of mode: its parameters may have been written in a way
+        their version counter does not see (`.data`, FSDP's all-gather into a reused buffer) while training."""
+        if not self.constant():
+            self._tables.clear()
+        return super().train(mode)
+
     def context(self, i, layout, kv_layout=None):
         if layout.streams != 2:
             raise ValueError(
