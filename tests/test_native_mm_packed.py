@@ -103,3 +103,23 @@ def test_packed_sequence_errors():
         m(cut, text)
     with pytest.raises(ValueError, match="text_split=5 is outside"):
         m(batch, text, 5)
+
+
+def test_packed_gradients_equal_the_sum_over_sequences_alone(native_attention):
+    """Training on a packed batch: every parameter's gradient equals the sum of the sequences' gradients alone."""
+    m = timm.create_model("mm_n_videorope", **{**dict(MM.tiny), **PREFIX["token"]}, num_classes=10)
+    torch.manual_seed(1)
+    clips = [torch.randn(3, *shape) for shape in CLIPS]
+    text = torch.randint(0, 32, (len(clips), 4))
+    weights = torch.randn(len(clips), 10)
+
+    def grads(loss):
+        m.zero_grad()
+        loss.backward()
+        return {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+
+    packed = grads((m(_shuffled(_packed(clips)), text) * weights).sum())
+    alone = grads(sum((m(c[None], text[i : i + 1]) * weights[i]).sum() for i, c in enumerate(clips)))
+    assert packed.keys() == alone.keys() and "markers" in packed
+    for name, g in alone.items():
+        assert _close(packed[name], g) < 1e-5, name
