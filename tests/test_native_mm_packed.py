@@ -13,9 +13,10 @@ from visionpe.native import pack_images
 
 MMS = one_per_pe(visionpe.list_visionpe_models("mm_*"))
 # (T, H, W) at tubelet 2, patch 8: the reference, fewer and more frames, a 1 x 3 grid per frame, an image (one
-# tubelet frame), non-square; rows of 2, 3 and 1 sequences, the longest row fills the length
-CLIPS = [(4, 32, 32), (2, 16, 40), (6, 8, 24), (2, 24, 16), (4, 24, 16), (2, 8, 8)]
-ROWS = [[0, 1], [2, 3, 4], [5]]
+# tubelet frame), non-square; rows of 2, 3 and 3 sequences, the first fills the length; one grid twice in a row,
+# one in two rows
+CLIPS = [(4, 32, 32), (2, 16, 40), (6, 8, 24), (2, 24, 16), (2, 24, 16), (4, 24, 16), (2, 16, 40), (2, 8, 8)]
+ROWS = [[0, 1], [2, 3, 4], [5, 6, 7]]
 PREFIX = {"avg": dict(class_token=False), "token": dict(class_token=True, reg_tokens=2, global_pool="token")}
 
 
