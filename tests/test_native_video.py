@@ -1,5 +1,6 @@
 """Native batches of clips (tubelets with (t, y, x) coordinates) on every video ViT and multimodal preset: each
-clip's logits in a padded (or, for the video ViT, packed) batch equal its logits alone."""
+clip's logits in a padded (or, for the video ViT, packed) batch equal its logits alone (packed multimodal
+sequences: tests/test_native_mm_packed.py)."""
 
 import pytest
 import timm
@@ -70,12 +71,11 @@ def test_each_clip_with_its_text_matches_it_alone(name):
             assert _close(m.forward_head(feats), want) < 1e-5
 
 
-def test_multimodal_image_as_a_one_tubelet_clip_and_errors():
+def test_multimodal_image_as_a_one_tubelet_clip_padded_or_packed():
     m = timm.create_model("mm_n_mrope", **dict(MM.tiny), num_classes=10).eval()
     images = [torch.randn(3, 16, 40), torch.randn(3, 32, 32)]
     clips = [img.unsqueeze(1).expand(-1, 2, -1, -1) for img in images]  # the encoder repeats an image to a tubelet
     with torch.no_grad():
         want = torch.cat([m(img[None]) for img in images])
         assert _close(m(pack_images(clips, 8, tubelet=2)), want) < 1e-5
-    with pytest.raises(ValueError, match="one visual input per row"):
-        m(pack_images([clips], 8, tubelet=2))
+        assert _close(m(pack_images([clips], 8, tubelet=2)), want) < 1e-5  # both in one packed row

@@ -23,7 +23,9 @@ takes output_fmt='NLC' only and gives [B, N, C] at the input's patch positions (
 padding zero. `pack_images` builds such a dict from image tensors (timm's own patchify).
 
 Clips (video ViTs): the same keys, `patches` [B, N, Tt*P*P*C] tubelets flattened in (pt, ph, pw, c) order and
-`patch_coord` [B, N, 3] (t, y, x) (`patchify_clip`, `pack_images(..., tubelet=)`).
+`patch_coord` [B, N, 3] (t, y, x) (`patchify_clip`, `pack_images(..., tubelet=)`). The multimodal encoder takes
+the clip dict with text_ids [I, Lt], one text row per visual input (sequence), padded or packed
+(`visionpe/models/native_sequence.py`).
 
 Inside the model the tokens of a batch are [B, L, C] with L = K * Pfx + N: K = the most images a row holds, Pfx =
 the model's prefix tokens (CLS, registers); image j of a row has its prefix tokens at [j * Pfx, (j + 1) * Pfx) and

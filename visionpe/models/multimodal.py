@@ -129,8 +129,8 @@ class MultimodalEncoder(TubeletEncoder):
         self, pixels: torch.Tensor, text_ids: torch.Tensor | None = None, text_split: int | None = None
     ) -> torch.Tensor | dict:
         """Token features [B, P + N, D] of the whole sequence (prefix, text, <img>, visual, </img>, text). A native
-        batch of clips (visionpe.native, one per row; an image is a clip of one tubelet) -> a dict of every row's
-        tokens, for forward_head."""
+        batch of clips (visionpe.native, padded or packed; an image is a clip of one tubelet; text_ids one row per
+        clip, native_sequence.py) -> a dict of every row's tokens, for forward_head."""
         if is_native_batch(pixels):
             return self.native_features(*embed_native_sequence(self, pixels, text_ids, text_split))
         x, layout = self.embed(pixels, text_ids, text_split)
