@@ -14,6 +14,7 @@ num_frames) between its markers with `text_length` text ids, built under the mod
 
 from __future__ import annotations
 
+import operator
 from dataclasses import replace
 
 import torch
@@ -55,9 +56,10 @@ def check_text(text_ids: torch.Tensor | None, vocab_size: int, batch: int, devic
 
 
 def _check_text_length(text_length) -> int:
-    if isinstance(text_length, bool) or not isinstance(text_length, int) or text_length < 0:
-        raise ValueError(f"text_length (text ids per sample in training) must be an integer >= 0, got {text_length!r}")
-    return text_length
+    """The training text length (ids per sample) as an int >= 0."""
+    if not isinstance(text_length, bool) and hasattr(text_length, "__index__") and operator.index(text_length) >= 0:
+        return operator.index(text_length)
+    raise ValueError(f"text_length (text ids per sample in training) must be an integer >= 0, got {text_length!r}")
 
 
 class MultimodalEncoder(TubeletEncoder):
