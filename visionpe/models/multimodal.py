@@ -6,18 +6,26 @@ The markers <img> / </img> are learned text tokens (they are what V2PE's marker 
 from `visionpe.pos.mm_positions` under the model's scheme (rope1d, mrope, videorope, vrope or v2pe) for the segments
 text(k + 1), video(T, H, W), text(L - k + 1); an image is a video with one tubelet frame. The model returns token
 features (`forward_features`), a pooled output (`forward_head(pre_logits=True)`) and class logits (`forward`).
+
+Test-time RoPE scaling (`position_mode='ntk' | 'yarn'`, visionpe.pos.rope_nd): each position stream scales by the
+spread of the input sequence's positions over that of the training sequence, the reference clip (img_size x
+num_frames) between its markers with `text_length` text ids, built under the model's scheme.
 """
 
 from __future__ import annotations
+
+import operator
+from dataclasses import replace
 
 import torch
 from torch import nn
 
 from ..layout import TokenLayout
 from ..native import is_native_batch
+from ..pos.base import PEHost
 from .construction import factory_kwargs
 from .native_sequence import embed_native_sequence
-from .video_vit import TubeletEncoder
+from .video_vit import VIDEO_POSITION_MODES, TubeletEncoder
 
 __all__ = ["MultimodalEncoder", "check_text"]
 
@@ -47,7 +55,16 @@ def check_text(text_ids: torch.Tensor | None, vocab_size: int, batch: int, devic
     return text_ids.long().to(device)
 
 
+def _check_text_length(text_length) -> int:
+    """The training text length (ids per sample) as an int >= 0."""
+    if not isinstance(text_length, bool) and hasattr(text_length, "__index__") and operator.index(text_length) >= 0:
+        return operator.index(text_length)
+    raise ValueError(f"text_length (text ids per sample in training) must be an integer >= 0, got {text_length!r}")
+
+
 class MultimodalEncoder(TubeletEncoder):
+    position_modes = VIDEO_POSITION_MODES  # extrapolate; ntk / yarn rescale the RoPE-ND schemes (visionpe.pos.rope_nd)
+
     @factory_kwargs
     def __init__(
         self,
@@ -62,18 +79,26 @@ class MultimodalEncoder(TubeletEncoder):
         class_token: bool = False,
         embed_dim: int = 768,
         pe: str = "mrope",
+        text_length: int = 0,
+        position_mode: str = "extrapolate",
         **kwargs,
     ):
         """pe: the RoPE scheme preset (rope1d, mrope, videorope, vrope, v2pe); text_split: how many leading text ids
         go before the visual input (the rest follow it); the scheme's options (RoPE base `theta`, V2PE's visual step
-        `delta`) go in pe_kwargs. Other kwargs (num_classes, depth, num_heads, pe_kwargs, ...): see TokenEncoder."""
+        `delta`) go in pe_kwargs. text_length: text ids per sample in training (0: none), with img_size x num_frames
+        the training sequence that position_mode 'ntk' / 'yarn' compare the input's positions with; position_mode:
+        'extrapolate' (raw positions) or 'ntk' / 'yarn' (RoPE-ND schemes rescale their frequencies beyond the
+        training sequence; other PEs read them as 'extrapolate'). Other kwargs (num_classes, depth, num_heads,
+        pe_kwargs, ...): see TokenEncoder."""
         if text_split < 0:
             raise ValueError(f"text_split must be >= 0, got {text_split}")
+        self.text_split = text_split
+        self.text_length = _check_text_length(text_length)  # before the trunk: its PE host reads both
         stem = (img_size, num_frames, patch_size, tubelet_size, in_chans, embed_dim)
         trunk = dict(global_pool=global_pool, class_token=class_token, pe=pe, default_scheme="rope1d")
         super().__init__(*stem, **trunk, **kwargs)
         self.vocab_size = vocab_size
-        self.text_split = text_split
+        self.position_mode = position_mode
         self.text_embed = nn.Embedding(vocab_size, embed_dim)
         self.markers = nn.Parameter(torch.zeros(2, embed_dim))  # <img>, </img>
         self._init_layers()
@@ -172,8 +197,19 @@ class MultimodalEncoder(TubeletEncoder):
             x, layout, indices, return_prefix_tokens, norm, stop_early, output_fmt, intermediates_only, visual
         )
 
-    def set_input_size(self, img_size=None, num_frames: int | None = None) -> None:
-        """Change the reference visual size (the grid the PEs are built for)."""
+    def _host(self, depth: int | None = None) -> PEHost:
+        """The trunk's host plus the training sequence (`reference_segments`): the reference clip between its
+        markers, with `text_length` text ids split as `text_split` splits them."""
+        host = super()._host(depth)
+        k = min(self.text_split, self.text_length)
+        segments = self.segments(self.text_length, (host.frames, *host.grid), k)
+        return replace(host, reference_segments=tuple(segments))
+
+    def set_input_size(self, img_size=None, num_frames: int | None = None, text_length: int | None = None) -> None:
+        """Change the reference visual size (the grid the PEs are built for) and text length (ntk / yarn's
+        training sequence)."""
+        if text_length is not None:
+            self.text_length = _check_text_length(text_length)
         self.patch_embed.set_input_size(img_size, num_frames)
         self.set_reference(self.patch_embed.grid_size[1:], self.patch_embed.grid_size[0])
         if hasattr(self, "pretrained_cfg"):

@@ -85,6 +85,9 @@ class PEHost:
     frames: int = 1  # token frames T of the reference grid (video trunks; 1 for images)
     stage_starts: tuple[int, ...] = (0,)  # index of the first block of each stage (hierarchical backbones)
     position_mode: str = "extrapolate"  # the backbone's test-time position mode (ntk / yarn: rotary PEs rescale)
+    # the training input as a segment spec (visionpe.pos.mm_positions), which RoPE-ND's ntk / yarn compare a
+    # layout's position spread with: the multimodal encoder's reference sequence; None: the reference clip alone
+    reference_segments: tuple | None = None
 
     @property
     def depth(self) -> int:

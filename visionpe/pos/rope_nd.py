@@ -7,13 +7,16 @@ step); the backbone builds its layouts with them through `visionpe.pos.mm_positi
 rotates q and k of every layer through the shared kernel (visionpe.pos.rotary) with the scheme's fixed frequency
 matrix F [S, d/2]. The fixed angles are computed once per layout and head dim and shared by all layers.
 
-Test-time scaling (the host's `ntk` / `yarn` position modes, visionpe.pos.rope_scaling) for a layout that is one
-visual segment (a video backbone's clip): s_a = the spread (max - min + 1) of stream a's positions over its spread in
-the training clip's layout, so each scheme's streams scale by how far they reach beyond training (frames, rows and
-columns for rope3d / M-RoPE, the diagonals for VRoPE, the one sequence stream for rope1d / V2PE). Every scheme's F
-is one ladder theta^(-2c/d) over the d/2 pairs: ntk gives stream a's pairs the base theta * s_a^(d / (d - 2)); yarn
-ramps each frequency by its turns over the training spread and multiplies q and k by 0.1 ln s + 1. Interleaved
-image-text layouts (no single grid) are not scaled: their text has no training extent to compare with.
+Test-time scaling (the host's `ntk` / `yarn` position modes, visionpe.pos.rope_scaling): s_a = the spread
+(max - min + 1) of stream a's positions in the layout over its spread in the layout of the training input, so each
+stream scales by how far the input reaches beyond training. The training input is the host's `reference_segments`
+(the multimodal encoder: its reference clip between the <img> / </img> markers, with its reference text) built under
+the scheme, else the training clip alone (a video backbone): for a layout that is one clip, the spreads of frames,
+rows and columns (rope3d / M-RoPE), of the diagonals (VRoPE) or of the one sequence stream (rope1d / V2PE). Text
+and markers are positions like any other: a text token takes the running index on every stream, so text after the
+visual input stretches every stream, and pure text or rope1d scales by the token-length ratio. Every scheme's F is
+one ladder theta^(-2c/d) over the d/2 pairs: ntk gives stream a's pairs the base theta * s_a^(d / (d - 2)); yarn
+ramps each frequency by its turns over the training spread and multiplies q and k by 0.1 ln s + 1.
 """
 
 from __future__ import annotations
@@ -32,10 +35,24 @@ from .mm_positions import (
     scheme_streams,
     segment_layout,
 )
-from .rope_scaling import SCALING_MODES, rope_scaling, scale_frequencies, single_ladder_exponents, yarn_temperature
+from .rope_scaling import (
+    SCALING_MODES,
+    RopeScaling,
+    rope_scaling,
+    scale_frequencies,
+    single_ladder_exponents,
+    yarn_temperature,
+)
 from .rotary import FixedCosSinCache, apply_rotary
 
 __all__ = ["RoPEND", "layout_scheme"]
+
+SCALED_LAYOUTS = 32  # layouts whose ntk / yarn scaling is kept (as many as the cos/sin cache keeps)
+
+
+def _spread(pos) -> tuple[float, ...]:
+    """max - min + 1 of each position stream of pos [N, S]."""
+    return tuple((pos.amax(0) - pos.amin(0) + 1).tolist())
 
 
 class RoPEND(PosEncoding):
@@ -75,7 +92,7 @@ class RoPEND(PosEncoding):
         self.num_streams = scheme_streams(scheme)
         self.mrope_section = mrope_section if scheme in ("mrope", "mrope_time", "mrope_interleaved") else None
         self._cos_sin_cache = FixedCosSinCache()
-        self._scaled = (None, None)  # (positions tensor, its scaling): ntk / yarn, computed once per layout
+        self._scaled = []  # [(positions tensor, (its ntk / yarn scaling, the training spreads))]
         self.init_non_persistent_buffers()
 
     def init_non_persistent_buffers(self):
@@ -105,26 +122,33 @@ class RoPEND(PosEncoding):
         return self._cos_sin_cache(layout, freqs, tag=scaling, gain=yarn_temperature(scaling))
 
     def reference_spread(self) -> tuple[float, ...]:
-        """Spread (max - min + 1) of each stream's positions in the training clip's layout (frames x grid)."""
-        frames, (h, w) = self.host.frames, self.host.grid
-        ref = segment_layout([("video", (frames, h, w))], self.scheme, 0, None, **self.layout_options(False))
-        return tuple((ref.pos.amax(0) - ref.pos.amin(0) + 1).tolist())
+        """Spread (max - min + 1) of each stream's positions in the training input's layout: the host's
+        `reference_segments` under this scheme, else the training clip alone (frames x grid)."""
+        segments = self.host.reference_segments or [("video", (self.host.frames, *self.host.grid))]
+        ref = segment_layout(segments, self.scheme, 0, None, **self.layout_options(False))
+        return _spread(ref.pos)
+
+    def scaling(self, layout: TokenLayout) -> RopeScaling | None:
+        """The ntk / yarn scaling of `layout` over the training input; None in another mode or when no stream
+        reaches beyond training."""
+        return self._scaling(layout)[0]
 
     def _scaling(self, layout: TokenLayout):
-        """(ntk / yarn scaling of the layout over the training clip, the training spreads), or (None, None)."""
-        if self.host.position_mode not in SCALING_MODES or layout.grid is None or not layout.num_pos:
+        """(ntk / yarn scaling of the layout over the training input, the training spreads), or (None, None);
+        kept for the last few layouts (a native batch holds one per grid), each entry holding its positions."""
+        if self.host.position_mode not in SCALING_MODES or not layout.num_pos:
             return None, None
-        pos, scaled = self._scaled
-        if pos is not layout.pos:
-            ref = self.reference_spread()
-            spread = tuple((layout.pos.amax(0) - layout.pos.amin(0) + 1).tolist())
-            scaled = (rope_scaling(self.host.position_mode, spread, ref), ref)
-            self._scaled = (layout.pos, scaled)
+        for pos, scaled in self._scaled:
+            if pos is layout.pos:
+                return scaled
+        ref = self.reference_spread()
+        scaled = (rope_scaling(self.host.position_mode, _spread(layout.pos), ref), ref)
+        self._scaled = [*self._scaled, (layout.pos, scaled)][-SCALED_LAYOUTS:]
         return scaled
 
     def set_host(self, host: PEHost) -> None:
         super().set_host(host)
-        self._scaled = (None, None)
+        self._scaled = []
 
     def layout_options(self, training):
         return {**self.scheme_options, **runtime_options(self.scheme, training, self.delta, self.temporal_scale)}
