@@ -239,11 +239,12 @@ def test_cli_reports_bad_input_without_a_traceback(tmp_path, capsys):
 
 def test_position_modes_agree_only_for_pes_that_read_no_coordinates():
     x = torch.randn(2, 3, 48, 48)
+    modes = ["extrapolate", "interpolate"]
     kw = dict(img_size=32, embed_dim=32, depth=1, num_heads=2, num_classes=4)
-    assert modes_agree(timm.create_model("vit_n_ape", **kw), x)
-    assert modes_agree(timm.create_model("vit_n_cpe", **kw), x)
-    assert not modes_agree(timm.create_model("vit_n_rope2d", **kw), x)
-    assert not modes_agree(timm.create_model("vit_n_sincos", **kw), x)
+    assert modes_agree(timm.create_model("vit_n_ape", **kw), x, modes)
+    assert modes_agree(timm.create_model("vit_n_cpe", **kw), x, modes)
+    assert not modes_agree(timm.create_model("vit_n_rope2d", **kw), x, modes)
+    assert not modes_agree(timm.create_model("vit_n_sincos", **kw), x, modes)
 
 
 def test_sizes_parse_square_and_non_square():
@@ -459,6 +460,7 @@ def test_speed_command_rejects_bad_models_and_sizes(capsys):
         "vit_n_rope2d",
         "vit_n_rope2d_ape",
         "vit_n_rope2d_dinov3",
+        "vit_n_rope2d_dinov3_aug",
         "vit_n_rope2d_mixed",
         "vit_n_rope2d_mixed_ape",
     ]
