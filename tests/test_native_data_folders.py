@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from test_native_data_train import KILLER
+from test_native_data_train import check_kill_and_resume
 from tiny_runs import tiny_run
 
 from visionpe.data import build_dataset
@@ -26,7 +26,6 @@ from visionpe.data.native_resize import budget_size
 from visionpe.data.seeding import seeded_rngs
 from visionpe.data.share import Share
 from visionpe.engine import train
-from visionpe.engine.checkpoint import find_checkpoint, load_weights
 from visionpe.engine.config import NativeConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -273,25 +272,7 @@ def test_folder_training_resumes_bit_identically_after_a_kill(tmp_path):
     # rows of 48 tokens, two a batch: about 3 steps an epoch; killed in the middle of epoch 2
     common = _run(tmp_path, "train.epochs=2", "train.ckpt_every_steps=2", "aug.color_jitter=0.3")
     common.append("data.native.tokens_per_batch=96")
-    reference = train(None, [*common, "train.run_name=reference"])
-    steps = _lines(reference, "train")[-1]["global_step"]
-    assert steps >= 4
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    killed = subprocess.run(
-        [sys.executable, "-c", KILLER, str(steps // 2 + 1), *common, "train.run_name=killed"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert killed.returncode == -9, killed.stderr[-2000:]
-    run = tmp_path / "killed"
-    assert 0 < json.loads((run / "checkpoint.json").read_text())["global_step"] < steps
-    train(None, [*common, "train.run_name=killed"], resume=True)
-    a, b = load_weights(find_checkpoint(reference).weights)[0], load_weights(find_checkpoint(run).weights)[0]
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    assert json.loads((reference / "results.json").read_text()) == json.loads((run / "results.json").read_text())
+    check_kill_and_resume(tmp_path, common)
 
 
 def test_an_unreadable_image_is_a_one_line_error_naming_the_file(tmp_path):

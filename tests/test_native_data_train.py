@@ -90,10 +90,11 @@ KILLER = textwrap.dedent(
 )
 
 
-def test_native_training_resumes_bit_identically_after_a_kill(tmp_path):
-    common = _common(tmp_path, "train.epochs=2", "train.ckpt_every_steps=2", "model.kwargs.drop_path_rate=0.1")
+def check_kill_and_resume(tmp_path, common: list[str]) -> None:
+    """A run SIGKILLed mid-training and resumed ends with the uninterrupted run's weights and results, bit for bit."""
     reference = train(None, [*common, "train.run_name=reference"])
     steps = _lines(reference, "train")[-1]["global_step"]
+    assert steps >= 4
     kill_at = steps // 2 + 1  # mid-epoch 2 when an epoch has few steps, else mid-epoch 1
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     killed = subprocess.run(
@@ -111,6 +112,11 @@ def test_native_training_resumes_bit_identically_after_a_kill(tmp_path):
     a, b = load_weights(find_checkpoint(reference).weights)[0], load_weights(find_checkpoint(run).weights)[0]
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert json.loads((reference / "results.json").read_text()) == json.loads((run / "results.json").read_text())
+
+
+def test_native_training_resumes_bit_identically_after_a_kill(tmp_path):
+    common = _common(tmp_path, "train.epochs=2", "train.ckpt_every_steps=2", "model.kwargs.drop_path_rate=0.1")
+    check_kill_and_resume(tmp_path, common)
 
 
 def test_native_training_runs_under_ddp_each_rank_packing_its_own_rows(tmp_path):
