@@ -257,7 +257,7 @@ def _summary(records: list[dict], stats: dict, judged: list[dict], plan, seconds
         modes_agree=sorted(r["model"] for r in records if r.get("modes_agree")), machine=machine,
         seconds=round(seconds, 1),
         cpu_seconds={k: round(sum(r.get(f"{k}_cpu_seconds") or 0 for r in records), 1) for k in ("train", "eval")},
-        date=time.strftime("%Y-%m-%d"), table=table, base_check=base_checks(records, b.models),
+        date=machine.get("date") or time.strftime("%Y-%m-%d"), table=table, base_check=base_checks(records, b.models),
         claims=judged,
     )  # fmt: skip
 
