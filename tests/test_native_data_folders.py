@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from test_native_data_train import check_kill_and_resume
+from test_native_data_train import NATIVE, _lines, check_kill_and_resume
 from tiny_runs import tiny_run
 
 from visionpe.data import build_dataset
@@ -197,16 +197,7 @@ def test_evaluation_over_two_ranks_covers_every_image_once_in_order(tmp_path):
     assert all(a[0] == b[0] and torch.equal(a[1], b[1]) for a, b in zip(ranks[0] + ranks[1], single))
 
 
-DATA = [
-    "data.name=imagefolder",
-    "data.options={}",
-    "data.native.max_tokens=16",
-    "data.native.seq_lens=8,16",
-    "data.native.row_tokens=48",
-    "data.native.tokens_per_batch=192",
-    "data.native.eval_tokens=16,32",
-    "model.kwargs.patch_size=4",
-]
+DATA = ["data.name=imagefolder", "data.options={}", *NATIVE]
 
 
 def _run(tmp_path, *extra):
@@ -214,11 +205,6 @@ def _run(tmp_path, *extra):
     if not root.exists():
         make_folder(root, per_class=12)
     return tiny_run(tmp_path, [*DATA, f"data.root={root}"], "train.log_every=2", *extra)
-
-
-def _lines(run, kind):
-    rows = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rows if r["kind"] == kind]
 
 
 def test_train_py_and_eval_py_on_a_folder_with_packed_batches(tmp_path):

@@ -23,18 +23,21 @@ from visionpe.engine.config import ConfigError, NativeConfig
 from visionpe.engine.distributed import DistContext
 from visionpe.engine.evaluate import evaluate_checkpoint
 
-DATA = [
-    "data.name=fashion-mnist-native",
-    "data.options.num_train=96",
-    "data.options.num_val=32",
-    "data.options.side=32",
-    "data.options.item=16",
+NATIVE = [  # packed rows of 48 tokens, budgets of 8 and 16 patches of 4 px, evaluated at 16 and 32 tokens
     "data.native.max_tokens=16",
     "data.native.seq_lens=8,16",
     "data.native.row_tokens=48",
     "data.native.tokens_per_batch=192",
     "data.native.eval_tokens=16,32",
     "model.kwargs.patch_size=4",
+]
+DATA = [
+    "data.name=fashion-mnist-native",
+    "data.options.num_train=96",
+    "data.options.num_val=32",
+    "data.options.side=32",
+    "data.options.item=16",
+    *NATIVE,
 ]
 
 
