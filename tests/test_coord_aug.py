@@ -7,7 +7,7 @@ import pytest
 import torch
 from timm.layers.pos_embed_sincos import _apply_coord_augs
 
-from visionpe.layout import image_layout
+from visionpe.layout import cell_centre_layout, image_layout
 from visionpe.pos import AttnSpec, PEHost, RoPE2D
 from visionpe.pos.coord_aug import CoordAugment, augment_coords
 from visionpe.pos.lie_rope import COMROPE_CENTRE, LieRoPE, apply_block_rotation
@@ -74,6 +74,34 @@ def test_every_rotary_pe_draws_in_training_and_is_deterministic_in_eval(make):
     assert torch.equal(a[:, :, :1], q[:, :, :1])  # the prefix is never rotated
     aug.eval(), plain.eval()
     assert torch.equal(rotated(aug), rotated(aug)) and torch.equal(rotated(aug), rotated(plain))  # off in eval
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda **kw: RoPE2D(_host(), mode="axial", **kw),
+        lambda **kw: RoPE2D(_host(), mode="mixed", **kw),
+        lambda **kw: RoPE2DDinoV3(_host(), **kw),
+    ],
+    ids=["rope2d", "rope2d_mixed", "rope2d_dinov3"],
+)
+def test_queries_and_strided_keys_share_one_draw(make):
+    """CvT's keys sit on a stride-2 grid in the queries' frame. A shift moves both sides alike, so the attention
+    scores of a relative RoPE stay those of eval; separate draws for queries and keys would move them."""
+    plain, aug = make(), make(shift_coords=3.0)
+    aug.load_state_dict(plain.state_dict())
+    q_lay, kv_lay = image_layout(4, 4, 1), cell_centre_layout(2, 2, 2, 1)
+    q, k = torch.randn(1, 2, q_lay.num_tokens, 16), torch.randn(1, 2, kv_lay.num_tokens, 16)
+
+    def scores(pe):
+        rq, rk = pe.context(0, q_lay, kv_lay).rotate(q, k)
+        return (rq @ rk.transpose(-1, -2))[..., 1:, 1:]  # patches to patches (the unrotated CLS sees the shift)
+
+    plain.eval(), aug.train()
+    torch.manual_seed(0)
+    ref, got = scores(plain), scores(aug)
+    assert (got - ref).abs().max() <= 1e-5 * ref.abs().max()  # fp32 rotations: ~3e-7 relative measured
+    assert (aug.context(0, q_lay).rotate(q, q)[0] - plain.context(0, q_lay).rotate(q, q)[0]).abs().max() > 1e-2
 
 
 @pytest.mark.parametrize("variant", ["liere", "comrope_ap", "comrope_ld"])

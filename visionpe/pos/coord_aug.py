@@ -76,3 +76,10 @@ class CoordAugment:
             return pos
         with no_autocast(pos.device):
             return augment_coords(pos.float(), self.shift, self.jitter, self.rescale)
+
+    def jointly(self, positions: list[torch.Tensor], training: bool) -> list[torch.Tensor]:
+        """Several position sets in one frame (the queries' and CvT's stride-2 keys') under one draw: a relative PE
+        sees the same shift and scale on both sides."""
+        if not (training and self.active) or len(positions) == 1:
+            return [self(p, training) for p in positions]
+        return list(self(torch.cat(positions), True).split([len(p) for p in positions]))

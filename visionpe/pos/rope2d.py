@@ -133,12 +133,13 @@ class RoPE2D(PosEncoding):
         (h, w), (ref_h, ref_w) = layout.hw, self.host.grid
         return rope_scaling(self.host.position_mode, (w, h), (ref_w, ref_h))
 
-    def _cos_sin(self, i: int, layout: TokenLayout, scaling=None):
+    def _cos_sin(self, i: int, layout: TokenLayout, scaling=None, drawn=None):
+        """drawn: the layout's positions under this layer's coordinate augmentation (training), else None."""
         ref_h, ref_w = self.host.grid
         freqs = scale_frequencies(self.layer_frequencies(i), scaling, self.host.layers[i].head_dim, (ref_w, ref_h))
         gain = yarn_temperature(scaling)
-        if self.coord_aug.active and self.training:  # a fresh draw for this layer
-            return scaled_cos_sin(self.coord_aug(layout.pos, True), freqs, layout.num_prefix, gain=gain)
+        if drawn is not None:
+            return scaled_cos_sin(drawn, freqs, layout.num_prefix, gain=gain)
         if self.mode == "axial":  # fixed: once per layout, head dim and scaling
             return self._cos_sin_cache(layout, freqs, tag=scaling, gain=gain)
         return scaled_cos_sin(layout.pos, freqs, layout.num_prefix, gain=gain)
@@ -147,8 +148,12 @@ class RoPE2D(PosEncoding):
         if layout.streams != 2:
             raise ValueError(f"2D RoPE needs (x, y) positions, got a layout with {layout.streams} streams")
         scaling = self._scaling(layout)  # the same for the keys (CvT's stride-2 keys share the queries' frame)
-        cos_q, sin_q = self._cos_sin(i, layout, scaling)
-        cos_k, sin_k = (cos_q, sin_q) if kv_layout is None else self._cos_sin(i, kv_layout, scaling)
+        layouts = [layout] if kv_layout is None else [layout, kv_layout]
+        drawn = [None] * len(layouts)
+        if self.coord_aug.active and self.training:  # a fresh draw for this layer, the same for queries and keys
+            drawn = self.coord_aug.jointly([lay.pos for lay in layouts], True)
+        cos_q, sin_q = self._cos_sin(i, layout, scaling, drawn[0])
+        cos_k, sin_k = (cos_q, sin_q) if kv_layout is None else self._cos_sin(i, kv_layout, scaling, drawn[1])
 
         def rotate(q, k):
             return apply_rotary(q, cos_q, sin_q), apply_rotary(k, cos_k, sin_k)

@@ -142,29 +142,34 @@ class RoPE2DDinoV3(PosEncoding):
             raise ValueError(f"DINOv3 RoPE needs an image grid layout, got grid={layout.grid}")
         return layout.hw
 
-    def _cos_sin(self, i: int, layout: TokenLayout, scaling=None, box=None):
-        """box: the grid whose [-1, 1] box the coordinates fill (None: the layout's own grid)."""
-        d = self.host.layers[i].head_dim
-        (h, w), ref = self._hw(layout), tuple(self.host.grid)
-        coords = dinov3_coords(h, w, self.normalize_coords, box, layout.pos.device)
+    def _coords(self, layout: TokenLayout, box=None) -> torch.Tensor:
+        return dinov3_coords(*self._hw(layout), self.normalize_coords, box, layout.pos.device)
+
+    def _cos_sin(self, i: int, layout: TokenLayout, scaling=None, box=None, drawn=None):
+        """box: the grid whose [-1, 1] box the coordinates fill (None: the layout's own grid); drawn: the coordinates
+        under this layer's coordinate augmentation (training; never cached), else None."""
+        d, ref = self.host.layers[i].head_dim, tuple(self.host.grid)
         den = _denominators(*ref, self.normalize_coords)
         freqs = scale_frequencies(self.frequencies(d), scaling, d, (2.0 * ref[0] / den[0], 2.0 * ref[1] / den[1]))
         gain = yarn_temperature(scaling)
-        if self.coord_aug.active and self.training:  # a fresh draw for this layer
-            return scaled_cos_sin(self.coord_aug(coords, True), freqs, layout.num_prefix, half=True, gain=gain)
-        return self._cos_sin_cache(layout, freqs, tag=scaling, half=True, gain=gain, pos=coords)
+        if drawn is not None:
+            return scaled_cos_sin(drawn, freqs, layout.num_prefix, half=True, gain=gain)
+        return self._cos_sin_cache(layout, freqs, tag=scaling, half=True, gain=gain, pos=self._coords(layout, box))
 
     def context(self, i, layout, kv_layout=None):
         (h, w), ref = self._hw(layout), tuple(self.host.grid)
         scaling = rope_scaling(self.host.position_mode, (h, w), ref)
         box = ref if scaling is not None else None  # ntk / yarn: the training spacing
-        cos_q, sin_q = self._cos_sin(i, layout, scaling, box)
-        if kv_layout is None:
-            cos_k, sin_k = cos_q, sin_q
-        else:  # keys on another grid (CvT's stride-2 cells): the same box, in the queries' frame
+        layouts, boxes = [layout], [box]
+        if kv_layout is not None:  # keys on another grid (CvT's stride-2 cells): the same box, in the queries' frame
             kh, kw = self._hw(kv_layout)
-            kv_box = None if box is None else (box[0] * kh / h, box[1] * kw / w)
-            cos_k, sin_k = self._cos_sin(i, kv_layout, scaling, kv_box)
+            layouts.append(kv_layout)
+            boxes.append(None if box is None else (box[0] * kh / h, box[1] * kw / w))
+        drawn = [None] * len(layouts)
+        if self.coord_aug.active and self.training:  # a fresh draw for this layer, the same for queries and keys
+            drawn = self.coord_aug.jointly([self._coords(lay, b) for lay, b in zip(layouts, boxes)], True)
+        cos_q, sin_q = self._cos_sin(i, layout, scaling, box, drawn[0])
+        cos_k, sin_k = (cos_q, sin_q) if kv_layout is None else self._cos_sin(i, kv_layout, scaling, boxes[1], drawn[1])
 
         def rotate(q, k):
             return apply_rotary(q, cos_q, sin_q, half=True), apply_rotary(k, cos_k, sin_k, half=True)
