@@ -126,7 +126,7 @@ def test_total_time_scales_the_timed_runs_to_the_untimed_ones():
 REPO = Path(__file__).resolve().parents[1]
 
 
-IN_PROGRESS = ("fashion-mnist-canvas", "video-length", "video-length-mm")
+IN_PROGRESS: tuple[str, ...] = ()
 
 
 @pytest.mark.parametrize("name", list_recipes("bench"))
