@@ -221,7 +221,7 @@ def test_bench_workers_stop_when_the_benchmark_process_dies(tmp_path):
         (["bench.shapes=16x"], "HxW"),
         (["bench.position_modes=stretch"], "position_modes.0. must be one of extrapolate"),
         (["bench.processes=0"], "bench.processes must be >= 1"),
-        (["bench.sedes=0"], "unknown key bench.sedes"),
+        (["bench.sedes=0"], "unknown config key .bench.sedes. on the command line; did you mean .bench.seeds."),
     ],
 )
 def test_bad_benchmarks_fail_before_any_training(tmp_path, monkeypatch, overrides, match):

@@ -17,6 +17,7 @@ from ..data.multires import Batch
 from ..data.native_loader import build_native_eval_loader
 from ..data.native_sampler import NativePlan
 from ..engine import DistContext, evaluate_loader
+from ..engine.bench_settings import PROTOCOLS
 from ..engine.setup import run_model
 
 
@@ -47,9 +48,6 @@ def parse_aspect(value) -> tuple[int, int]:
     w, h = (int(p) for p in parts)
     g = math.gcd(w, h)
     return h // g, w // g
-
-
-PROTOCOLS = ("upsample", "fov", "frames", "native")
 
 
 class Point(NamedTuple):
