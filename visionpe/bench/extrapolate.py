@@ -26,7 +26,6 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import timm
 import torch
 import yaml
 
@@ -41,7 +40,6 @@ from ..engine.config import Config, config_to_dict, format_config_help, native_s
 from ..engine.interrupt import STOP_SIGNALS, StopOnSignal, TrainingInterrupted
 from ..engine.native_train import model_patch_size
 from ..engine.setup import autocast, build_eval_sets, build_model, build_split, resolve_amp, run_model, to_device
-from ..zoo import create_model
 from . import protocols
 from .protocols import Point, point_label, row_point
 from .report import split_name, write_report
@@ -206,46 +204,13 @@ def make_plan(bench: BenchConfig, cfg: Config) -> Plan:
     return plan
 
 
-def _check_data(plan: Plan):
-    """The recipe, the models' names and the dataset against the protocols; returns the dataset's info."""
-    b, cfg, name = plan.bench, plan.cfg, plan.cfg.data.name
-    if cfg.data.train_resolutions:
-        raise BenchConfigError("the benchmark trains at one base resolution; drop data.train_resolutions")
-    for model in (m for m in b.models if not timm.is_model(m)):
-        try:
-            create_model(model)
-        except ValueError as e:
-            raise BenchConfigError(f"bench.models: {e}") from None
-    info = get_dataset_info(name)
-    kind, mode = info.kind, getattr(native_settings(cfg), "mode", None)
-    if kind not in ("image", "video", "image_text"):
-        raise BenchConfigError(
-            f"the extrapolation benchmark evaluates image, video and image-text classifiers; dataset {name!r} is "
-            f"{kind!r}"
-        )
-    if kind == "image_text" and b.protocols != ["upsample"]:
-        raise BenchConfigError(
-            f"image-text datasets are evaluated with more visual tokens (bench.protocols=upsample), got {b.protocols}"
-        )
-    if "frames" in b.protocols and kind != "video":
-        raise BenchConfigError(f"the frames protocol evaluates clip lengths; dataset {name!r} is not a video")
-    if "native" in b.protocols and (kind != "image" or mode == "buckets"):
-        raise BenchConfigError(
-            f"the native protocol evaluates image models on native-aspect batches (data.native.mode packed or "
-            f"padded); got dataset {name!r} ({kind}), mode {mode}"
-        )
-    if "fov" in b.protocols and kind != "image":
-        raise BenchConfigError(f"the fov protocol places images on canvases; dataset {name!r} is a video")
-    return info
-
-
 def validate(plan: Plan, check_models: bool = True) -> None:
-    """Every check that can fail before training; raises BenchConfigError (or the engine's error) naming the fix."""
-    info = _check_data(plan)
+    """The checks that read the runs and build the models (load_bench checked the settings); raises BenchConfigError
+    (or the engine's error) naming the fix."""
     if not plan.bench.pretrained:
         _check_recipes(plan)
     if check_models:
-        _check_models(plan, info)
+        _check_models(plan, get_dataset_info(plan.cfg.data.name))
 
 
 def _check_recipes(plan: Plan) -> None:

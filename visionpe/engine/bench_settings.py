@@ -11,10 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+import timm
 import torch
 
+from ..data import get_dataset_info
 from ..recipes import resolve_recipe
-from .config import Config, ConfigError, apply_overrides, config_from_dict, read_yaml, setting
+from ..zoo import create_model
+from .config import Config, ConfigError, apply_overrides, config_from_dict, native_settings, read_yaml, setting
 
 POSITION_MODES = ("extrapolate", "interpolate")  # the default list
 ACCEPTED_POSITION_MODES = (*POSITION_MODES, "ntk", "yarn")  # ntk / yarn: test-time RoPE scaling
@@ -103,8 +106,8 @@ class BenchFile(Config):
     bench: BenchConfig = field(default_factory=BenchConfig)
 
 
-def check_bench(b: BenchConfig) -> None:
-    """The checks across bench keys (each key's own range is checked when it is read, from its declaration)."""
+def check_bench(b: BenchConfig, cfg: Config) -> None:
+    """The checks across bench keys and the recipe's (each key's own range is checked when it is read)."""
     if ("frames" in b.protocols) != bool(b.frames):
         raise BenchConfigError(
             "the frames protocol and bench.frames go together: list clip lengths (bench.frames=4,16,32) with "
@@ -135,6 +138,38 @@ def check_bench(b: BenchConfig) -> None:
     for model, source in b.checkpoints.items():
         if not Path(source).exists():
             raise BenchConfigError(f"bench.checkpoints.{model}: {source} does not exist")
+    _check_recipe(b, cfg)
+
+
+def _check_recipe(b: BenchConfig, cfg: Config) -> None:
+    """The models' names, the recipe and its dataset against the protocols."""
+    if cfg.data.train_resolutions:
+        raise BenchConfigError("the benchmark trains at one base resolution; drop data.train_resolutions")
+    for model in (m for m in b.models if not timm.is_model(m)):
+        try:
+            create_model(model)
+        except ValueError as e:
+            raise BenchConfigError(f"bench.models: {e}") from None
+    name = cfg.data.name
+    kind, mode = get_dataset_info(name).kind, getattr(native_settings(cfg), "mode", None)
+    if kind not in ("image", "video", "image_text"):
+        raise BenchConfigError(
+            f"the extrapolation benchmark evaluates image, video and image-text classifiers; dataset {name!r} is "
+            f"{kind!r}"
+        )
+    if kind == "image_text" and b.protocols != ["upsample"]:
+        raise BenchConfigError(
+            f"image-text datasets are evaluated with more visual tokens (bench.protocols=upsample), got {b.protocols}"
+        )
+    if "frames" in b.protocols and kind != "video":
+        raise BenchConfigError(f"the frames protocol evaluates clip lengths; dataset {name!r} is not a video")
+    if "native" in b.protocols and (kind != "image" or mode == "buckets"):
+        raise BenchConfigError(
+            f"the native protocol evaluates image models on native-aspect batches (data.native.mode packed or "
+            f"padded); got dataset {name!r} ({kind}), mode {mode}"
+        )
+    if "fov" in b.protocols and kind != "image":
+        raise BenchConfigError(f"the fov protocol places images on canvases; dataset {name!r} is a video")
 
 
 def load_bench(
@@ -151,5 +186,6 @@ def load_bench(
     except ConfigError as e:
         raise BenchConfigError(str(e)) from None
     both.bench.name = both.bench.name or (path.stem if path is not None else "bench")
-    check_bench(both.bench)
-    return both.bench, Config(**{f.name: getattr(both, f.name) for f in dataclasses.fields(Config)})
+    cfg = Config(**{f.name: getattr(both, f.name) for f in dataclasses.fields(Config)})
+    check_bench(both.bench, cfg)
+    return both.bench, cfg
