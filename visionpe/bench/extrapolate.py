@@ -51,14 +51,8 @@ class BenchInterrupted(Exception):
 
 # keys that name a run or how it is run, not what it learns: the engine's free keys (a resume may change them) and
 # the run's name, seed, device and execution strategy (fsdp = ddp and checkpointed blocks = plain, to fp32 precision)
-_NOT_RECIPE = FREE_KEYS | {
-    "model.name",
-    "train.seed",
-    "train.device",
-    "train.strategy",
-    "train.fsdp",
-    "train.activation_checkpointing",
-}
+_NOT_RECIPE = FREE_KEYS | {"model.name", "train.seed", "train.device", "train.strategy", "train.fsdp",
+                           "train.activation_checkpointing"}  # fmt: skip
 
 
 def recipe_of(cfg: dict | Config) -> dict:
@@ -230,32 +224,11 @@ def _check_recipes(plan: Plan) -> None:
             )
 
 
-def view_of(evals: dict, point: Point, base: tuple[int, int], limit: int = 0, patch: int | None = None):
-    """The inputs of one point: upsample reads the set built for its size, the others the base size's."""
-    if point.protocol == "native":
-        return protocols.NativeView(evals[max(base)], point, patch or 16, limit, max(base))
-    if point.protocol == "upsample":
-        return protocols.SizedView(evals[max(point.size)], point.size, limit, "upsample", base)
-    return protocols.SizedView(evals[max(base)], point.size, limit, point.protocol, base, point.frames)
-
-
 def eval_split_classes(cfg: Config, info, pretrained: bool) -> tuple[int, dict | None]:
     """(number of classes, class map) of the training split, or of the evaluation split for pretrained weights."""
     split = cfg.data.val_split if pretrained else cfg.data.train_split
     ds = build_split(cfg, split, cfg.data.resolution, training=not pretrained)
     return dataset_num_classes(info, ds), getattr(ds, "class_to_idx", None)
-
-
-def _padding_note(model, model_name: str, points: list[Point]) -> str | None:
-    patch = getattr(getattr(model, "patch_embed", None), "patch_size", None)
-    patch = patch[-1] if isinstance(patch, (tuple, list)) else patch  # a video tubelet's is (frames, h, w)
-    odd = [p for p in points if patch and p.protocol != "native" and (p.height % patch or p.width % patch)]
-    if odd:
-        return (
-            f"{model_name}: {', '.join(sorted({point_label(p) for p in odd}))} are not multiples of its {patch} px "
-            f"patch; the model zero-pads them at the bottom/right, which costs accuracy of its own"
-        )
-    return None
 
 
 def _try_point(model, model_name: str, x, point: Point, mode: str, amp, num_classes: int) -> None:
@@ -277,29 +250,35 @@ def _try_point(model, model_name: str, x, point: Point, mode: str, amp, num_clas
 
 @torch.no_grad()
 def _check_models(plan: Plan, info) -> None:
-    """Each model built and run on one item at every point and mode (on CPU), before anything trains."""
+    """Each model built and run on one item at every point and mode (on CPU), before anything trains; a note for
+    the sizes a model zero-pads to its patch."""
     cfg = plan.cfg
     num_classes, class_map = eval_split_classes(cfg, info, plan.bench.pretrained)
     evals = build_eval_sets(cfg, sorted({max(s) for s in plan.sizes}), class_map)
     amp = resolve_amp(cfg.train.amp, torch.device("cpu"))
-    for model_name in plan.bench.models:
-        c = copy.deepcopy(next(j.cfg for j in plan.jobs if j.model == model_name))
+    for job in (next(j for j in plan.jobs if j.model == name) for name in plan.bench.models):
         try:
-            model = build_model(c, num_classes, info.in_chans).eval()
+            model = build_model(copy.deepcopy(job.cfg), num_classes, info.in_chans).eval()
         except (TypeError, ValueError, RuntimeError) as e:
-            raise BenchConfigError(f"model {model_name!r} cannot be built for {cfg.data.name!r}: {e}") from None
-        plan.notes += filter(None, [_padding_note(model, model_name, plan.points)])
+            raise BenchConfigError(f"model {job.model!r} cannot be built for {cfg.data.name!r}: {e}") from None
+        patch = getattr(getattr(model, "patch_embed", None), "patch_size", None)
+        patch = patch[-1] if isinstance(patch, (tuple, list)) else patch  # a video tubelet's is (frames, h, w)
+        odd = [p for p in plan.points if patch and p.protocol != "native" and (p.height % patch or p.width % patch)]
+        if odd:
+            plan.notes.append(f"{job.model}: {', '.join(sorted({point_label(p) for p in odd}))} are not multiples of "
+                              f"its {patch} px patch; the model zero-pads them at the bottom/right, which costs "
+                              f"accuracy of its own")  # fmt: skip
         for point in plan.points:
             try:
-                x = protocols.first_inputs(view_of(evals, point, plan.base, 1, model_patch_size(model)), 1)
+                x = protocols.first_inputs(protocols.view_of(evals, point, plan.base, 1, model_patch_size(model)), 1)
             except ValueError as e:
                 raise BenchConfigError(f"cannot evaluate at {point_label(point)}: {e}") from None
             for mode in plan.bench.position_modes[: None if protocols.has_position_modes(model) else 1]:
                 try:
                     protocols.set_position_mode(model, mode)
                 except ValueError as e:
-                    raise BenchConfigError(f"bench.position_modes: model {model_name!r} {e}") from None
-                _try_point(model, model_name, x, point, mode, amp, num_classes)
+                    raise BenchConfigError(f"bench.position_modes: model {job.model!r} {e}") from None
+                _try_point(model, job.model, x, point, mode, amp, num_classes)
 
 
 def read_record(path: Path) -> dict:
@@ -385,7 +364,7 @@ def _modes_agree(job: Job, model, datasets: dict, device) -> bool:
     probes = [max((p for p in points if p.protocol == k), key=lambda p: (p.frames, p.tokens, p.height * p.width))
               for k in kinds]  # fmt: skip
     probes += [p for p in points if p.height != p.width and p not in probes]
-    views = [view_of(datasets, p, job.plan.base, 4, model_patch_size(model)) for p in probes]
+    views = [protocols.view_of(datasets, p, job.plan.base, 4, model_patch_size(model)) for p in probes]
     inputs = (to_device(protocols.first_inputs(v, 4), device) for v in views)
     return all(protocols.modes_agree(model, x, job.modes) for x in inputs)
 
@@ -445,7 +424,7 @@ def run_job(job: Job, log=print, stop=None) -> dict:
     amp, patch = resolve_amp(cfg.train.amp, device), model_patch_size(model)
 
     def evaluate(point: Point, mode: str, limit: int, sets: dict = datasets) -> dict:
-        view = view_of(sets, point, job.plan.base, limit, patch)
+        view = protocols.view_of(sets, point, job.plan.base, limit, patch)
         return protocols.evaluate_view(model, view, mode, bench.eval_batch_size, device, amp, cfg.data.workers)
 
     record["modes_agree"] = len(job.modes) > 1 and _modes_agree(job, model, datasets, device)  # probed only if used
@@ -508,29 +487,28 @@ class _Progress:
             self.failures.append(f"{job.label}: {type(error).__name__}: {error}")
 
 
-def _run_serial(pending: list[Job], progress: _Progress, log) -> None:
-    with StopOnSignal() as stop:
-        for job in pending:
-            try:
-                record = run_job(job, log, stop)
-            except (KeyboardInterrupt, SystemExit, BenchInterrupted):
-                raise
-            except Exception as e:  # one failed run does not lose the others; reported at the end
-                if os.environ.get("VISIONPE_DEBUG"):
+def _run(pending: list[Job], bench: BenchConfig, progress: _Progress, log) -> None:
+    """The runs, here or in `bench.processes` worker processes; a failed run does not lose the others (reported at
+    the end). A stop signal here cancels the runs not started and passes SIGTERM on to the workers, which checkpoint
+    (training) or finish their point (evaluation) and stop; then BenchInterrupted."""
+    if bench.processes == 1 or len(pending) <= 1:
+        with StopOnSignal() as stop:
+            for job in pending:
+                try:
+                    record = run_job(job, log, stop)
+                except (KeyboardInterrupt, SystemExit, BenchInterrupted):
                     raise
-                progress(job, None, e)
-            else:
-                progress(job, record, None)
-
-
-def _run_parallel(pending: list[Job], bench: BenchConfig, progress: _Progress) -> None:
-    """Runs in worker processes. A stop signal here cancels the runs not started and passes SIGTERM on to the
-    workers, which checkpoint (training) or finish their point (evaluation) and stop; then BenchInterrupted."""
-    ctx = multiprocessing.get_context("spawn")
+                except Exception as e:
+                    if os.environ.get("VISIONPE_DEBUG"):
+                        raise
+                    progress(job, None, e)
+                else:
+                    progress(job, record, None)
+        return
     stopped: BenchInterrupted | None = None
     with StopOnSignal() as stop, ProcessPoolExecutor(
-        min(bench.processes, len(pending)), mp_context=ctx, initializer=_worker_init,
-        initargs=(bench.threads, os.getpid()),
+        min(bench.processes, len(pending)), mp_context=multiprocessing.get_context("spawn"),
+        initializer=_worker_init, initargs=(bench.threads, os.getpid()),
     ) as pool:  # fmt: skip
         futures = {pool.submit(_worker_job, job): job for job in pending}
         remaining = set(futures)
@@ -575,10 +553,7 @@ def run_benchmark(bench: BenchConfig, cfg: Config, dry_run: bool = False, log=pr
     atomic_write_text(out / "bench.yaml", yaml.safe_dump(snapshot, sort_keys=False))
     progress = _Progress(len(pending), plan.points, log)
     try:
-        if bench.processes == 1 or len(pending) <= 1:
-            _run_serial(pending, progress, log)
-        else:
-            _run_parallel(pending, bench, progress)
+        _run(pending, bench, progress, log)
     finally:
         records = [read_record(j.record_path) for j in plan.jobs if j.record_path.is_file()]
         seconds, machine = time.perf_counter() - progress.start, None
@@ -605,8 +580,8 @@ def _last_invocation(out: Path, seconds: float) -> tuple[float, dict | None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    epilog = "bench keys (default, then help):" + format_config_help({"bench": BenchConfig})
-    epilog += "\n\nthe other sections are train.py's recipe keys (python train.py --help)"
+    keys = format_config_help({"bench": BenchConfig})
+    epilog = f"bench keys (default, then help):{keys}\n\nthe other sections are train.py's recipe keys ({Config.HELP})"
     formatter = argparse.RawDescriptionHelpFormatter
     ap = argparse.ArgumentParser(
         "visionpe-bench extrapolate", description=__doc__, epilog=epilog, formatter_class=formatter

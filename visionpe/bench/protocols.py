@@ -180,6 +180,15 @@ def loader(view: SizedView | NativeView, batch_size: int, workers: int = 0) -> D
     return DataLoader(view, batch_size=batch_size, shuffle=False, num_workers=workers, collate_fn=collate)
 
 
+def view_of(evals: dict, point: Point, base: tuple[int, int], limit: int = 0, patch: int | None = None):
+    """The inputs of one point: upsample reads the set built for its size, the others the base size's."""
+    if point.protocol == "native":
+        return NativeView(evals[max(base)], point, patch or 16, limit, max(base))
+    if point.protocol == "upsample":
+        return SizedView(evals[max(point.size)], point.size, limit, "upsample", base)
+    return SizedView(evals[max(base)], point.size, limit, point.protocol, base, point.frames)
+
+
 def first_inputs(view: SizedView | NativeView, n: int):
     """The model inputs of the view's first n items as one batch (a tensor or a dict of tensors)."""
     return next(iter(loader(view, n))).inputs
