@@ -32,8 +32,9 @@ from visionpe.bench.measure import (
     saved_activation_mb,
     spread,
 )
-from visionpe.bench.protocols import modes_agree, parse_size
+from visionpe.bench.protocols import modes_agree
 from visionpe.bench.speed import expand_models, measure, timm_equivalent
+from visionpe.engine.bench_settings import parse_size
 from visionpe.engine.checkpoint import find_checkpoint
 from visionpe.recipes import list_recipes
 

@@ -32,7 +32,7 @@ import yaml
 from .. import engine
 from ..data import get_dataset_info
 from ..data.loader import dataset_num_classes
-from ..engine.bench_settings import BenchConfig, BenchConfigError, load_bench
+from ..engine.bench_settings import BenchConfig, BenchConfigError, load_bench, parse_aspect, parse_size
 from ..engine.changes import FREE_KEYS, changed_keys, flatten
 from ..engine.checkpoint import atomic_write_text, find_checkpoint
 from ..engine.cli import USER_ERRORS, user_error
@@ -150,13 +150,6 @@ def _option_default(cfg: Config, key: str) -> int:
     return int(param.default) if param is not None and isinstance(param.default, int) else 0
 
 
-def _parsed(parse, values: list, keys: str) -> list:
-    try:
-        return [parse(v) for v in values]
-    except ValueError as e:
-        raise BenchConfigError(f"{keys}: {e}") from None
-
-
 def _job_cfg(cfg: Config, bench: BenchConfig, model: str, seed: int) -> Config:
     c = copy.deepcopy(cfg)
     c.model.name = model
@@ -175,8 +168,7 @@ def make_plan(bench: BenchConfig, cfg: Config) -> Plan:
     length, native at every budget (each image at its own aspect ratio), then every aspect ratio at the training
     budget; one job per model and seed (published weights are one run)."""
     base = (cfg.data.resolution, cfg.data.resolution)
-    sizes = list(dict.fromkeys([base, *_parsed(protocols.parse_size, bench.resolutions + bench.shapes,
-                                                "bench.resolutions / bench.shapes")]))  # fmt: skip
+    sizes = list(dict.fromkeys([base, *map(parse_size, bench.resolutions + bench.shapes)]))
     frames = _option_default(cfg, "frames")
     native = native_settings(cfg)  # the training budget per image: the largest of data.native.seq_lens
     tokens = 0 if native is None else max(native.seq_lens) if native.seq_lens else native.max_tokens
@@ -185,9 +177,8 @@ def make_plan(bench: BenchConfig, cfg: Config) -> Plan:
     points = []
     for protocol in bench.protocols:
         if protocol == "native":
-            aspects = _parsed(protocols.parse_aspect, bench.aspects, "bench.aspects")
-            points += dict.fromkeys([Point("native", 0, 0, 0, t) for t in [tokens, *bench.tokens]]
-                                    + [Point("native", h, w, 0, tokens) for h, w in aspects])  # fmt: skip
+            aspects = [Point("native", *parse_aspect(a), 0, tokens) for a in bench.aspects]
+            points += dict.fromkeys([Point("native", 0, 0, 0, t) for t in [tokens, *bench.tokens]] + aspects)
         elif protocol == "frames":
             points += [Point("frames", *base, f) for f in dict.fromkeys([frames, *bench.frames])]
         else:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import math
 from functools import partial
 from typing import NamedTuple
 
@@ -20,29 +19,8 @@ from ..engine import DistContext, evaluate_loader
 from ..engine.setup import run_model
 
 
-def parse_size(value) -> tuple[int, int]:
-    """28 -> (28, 28); '28x56' or [28, 56] -> (28, 56) (height, width)."""
-    parts = str(value).lower().split("x") if isinstance(value, (int, str)) else list(value)
-    if not (len(parts) in (1, 2) and all(str(p).strip().isdigit() for p in parts)):
-        raise ValueError(f"a size is H or HxW in pixels (e.g. 28 or 28x56), got {value!r}")
-    h, w = (int(p) for p in parts * (3 - len(parts)))
-    if h <= 0 or w <= 0:
-        raise ValueError(f"sizes must be positive, got {value!r}")
-    return h, w
-
-
 def size_label(size: tuple[int, int]) -> str:
     return str(size[0]) if size[0] == size[1] else f"{size[0]}x{size[1]}"
-
-
-def parse_aspect(value) -> tuple[int, int]:
-    """An aspect ratio W:H as (H, W) in lowest terms: '3:1' (wide) -> (1, 3), '1:2' -> (2, 1)."""
-    parts = str(value).split(":")
-    if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
-        raise ValueError(f"an aspect ratio is W:H in whole numbers (e.g. 3:1 wide, 1:3 tall), got {value!r}")
-    w, h = (int(p) for p in parts)
-    g = math.gcd(w, h)
-    return h // g, w // g
 
 
 class Point(NamedTuple):

@@ -6,6 +6,7 @@ overrides go through the same override code as `train.epochs=2`."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,27 @@ class BenchConfigError(ConfigError):
     """A benchmark file or override that cannot run; raised before any training starts."""
 
 
+def parse_size(value) -> tuple[int, int]:
+    """28 -> (28, 28); '28x56' or [28, 56] -> (28, 56) (height, width)."""
+    parts = str(value).lower().split("x") if isinstance(value, (int, str)) else list(value)
+    if not (len(parts) in (1, 2) and all(str(p).strip().isdigit() for p in parts)):
+        raise ValueError(f"a size is H or HxW in pixels (e.g. 28 or 28x56), got {value!r}")
+    h, w = (int(p) for p in parts * (3 - len(parts)))
+    if h <= 0 or w <= 0:
+        raise ValueError(f"sizes must be positive, got {value!r}")
+    return h, w
+
+
+def parse_aspect(value) -> tuple[int, int]:
+    """An aspect ratio W:H as (H, W) in lowest terms: '3:1' (wide) -> (1, 3), '1:2' -> (2, 1)."""
+    parts = str(value).split(":")
+    if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"an aspect ratio is W:H in whole numbers (e.g. 3:1 wide, 1:3 tall), got {value!r}")
+    w, h = (int(p) for p in parts)
+    g = math.gcd(w, h)
+    return h // g, w // g
+
+
 @dataclass
 class BenchConfig:
     """The benchmark: models, seeds, evaluation points, position modes and where results go."""
@@ -43,7 +65,7 @@ class BenchConfig:
     resolutions: list[int] = setting(
         [], "square evaluation sizes in px (the training resolution is always added)", ge=1, unique=True
     )
-    shapes: list[str] = setting([], "non-square evaluation sizes HxW, e.g. [28x56]", unique=True)
+    shapes: list[str] = setting([], "non-square evaluation sizes HxW, e.g. [28x56]", unique=True, parse=parse_size)
     position_modes: list[str] = setting(
         list(POSITION_MODES), "test-time position modes: extrapolate, interpolate, ntk, yarn",
         choices=ACCEPTED_POSITION_MODES, nonempty="extrapolate,interpolate", unique=True,
@@ -61,7 +83,7 @@ class BenchConfig:
     )  # fmt: skip
     aspects: list[str] = setting(
         [], "native protocol: aspect ratios W:H at the training budget, every image on a canvas of that shape",
-        unique=True,
+        unique=True, parse=parse_aspect,
     )  # fmt: skip
     frames: list[int] = setting(
         [], "clip lengths evaluated by the frames protocol (the training length is added)", ge=1, unique=True

@@ -54,8 +54,9 @@ def setting(default: Any, help: str, schema: type | None = None, **check: Any) -
     """A config key: its default, its one-line help and its allowed values, checked whenever a config is read:
     `ge`/`gt`/`le`/`lt` bounds (each item of a list), `choices`. A float must be finite. None passes (where the
     type allows it: it means the default named in the help). A list may also declare `unique=True` (no value twice)
-    and `nonempty=EXAMPLE` (at least one value; the error shows EXAMPLE). `schema`: a dataclass of settings that the
-    keys of a dict-valued key must be (e.g. data.native.*), each checked as a key of its own; {} means it is off."""
+    and `nonempty=EXAMPLE` (at least one value; the error shows EXAMPLE); `parse`: a function each value must pass
+    (a ValueError says why not). `schema`: a dataclass of settings that the keys of a dict-valued key must be (e.g.
+    data.native.*), each checked as a key of its own; {} means it is off."""
     meta = {"help": help, "check": check, "schema": schema}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
@@ -365,6 +366,10 @@ def check_value(value: Any, check: dict, key: str, help: str = "") -> None:  # n
             raise ConfigError(f"{where} must be a finite number, got {v}")
         if "choices" in check and v not in check["choices"]:
             raise ConfigError(f"{where} must be one of {', '.join(map(str, check['choices']))}; got {v!r}")
+        try:
+            check.get("parse", str)(v)
+        except ValueError as e:
+            raise ConfigError(f"{where}: {e}") from None
         failed = [f"{sign} {check[b]}" for b, (sign, ok) in _BOUNDS.items() if b in check and not ok(v, check[b])]
         if failed:
             allowed = " and ".join(f"{sign} {check[b]}" for b, (sign, _) in _BOUNDS.items() if b in check)
