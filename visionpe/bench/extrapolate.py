@@ -143,10 +143,7 @@ def _option_default(cfg: Config, key: str) -> int:
     """A dataset option's value: the recipe's, else the factory's default (0 when it has none)."""
     if key in cfg.data.options:
         return int(cfg.data.options[key])
-    try:
-        param = inspect.signature(get_dataset_info(cfg.data.name).factory).parameters.get(key)
-    except ValueError:
-        return 0
+    param = inspect.signature(get_dataset_info(cfg.data.name).factory).parameters.get(key)
     return int(param.default) if param is not None and isinstance(param.default, int) else 0
 
 
@@ -190,17 +187,9 @@ def make_plan(bench: BenchConfig, cfg: Config) -> Plan:
 
 
 def validate(plan: Plan, check_models: bool = True) -> None:
-    """The checks that read the runs and build the models (load_bench checked the settings); raises BenchConfigError
-    (or the engine's error) naming the fix."""
-    if not plan.bench.pretrained:
-        _check_recipes(plan)
-    if check_models:
-        _check_models(plan, get_dataset_info(plan.cfg.data.name))
-
-
-def _check_recipes(plan: Plan) -> None:
-    """Results or runs left by a benchmark with another recipe are never mixed in (nor overwritten)."""
-    for job in plan.jobs:
+    """The checks that read the runs and build the models (load_bench checked the settings), raising an error that
+    names the fix: results or runs left by a benchmark with another recipe are never mixed in (nor overwritten)."""
+    for job in [] if plan.bench.pretrained else plan.jobs:
         theirs, where = None, job.record_path
         if job.record_path.is_file():
             theirs = read_record(job.record_path).get("recipe")
@@ -213,6 +202,8 @@ def _check_recipes(plan: Plan) -> None:
                 f"{where} was made with another recipe ({diff}); keep it and write elsewhere with "
                 f"bench.name=<new name> (or bench.output_dir=... bench.runs_dir=...), or delete it to redo the run"
             )
+    if check_models:
+        _check_models(plan, get_dataset_info(plan.cfg.data.name))
 
 
 def eval_split_classes(cfg: Config, info, pretrained: bool) -> tuple[int, dict | None]:
@@ -334,9 +325,8 @@ def _new_record(job: Job) -> dict:
 
 
 def _coinciding(job: Job, rows: dict, agree: bool, mode: str, point: Point) -> tuple[dict, str] | None:
-    """The one place that decides which evaluations coincide: (a row already measured on identical inputs and
-    logits, what it is) or None. The first mode's row when the two modes give identical logits; at the training
-    point, another protocol's (every protocol shows the same inputs there)."""
+    """(a row already measured on identical inputs and logits, what it is) or None: the first mode's row when the
+    modes give identical logits; at the training point, another protocol's (every protocol shows the same inputs)."""
     first = job.modes[0]
     if agree and mode != first and (first, point) in rows:
         return rows[(first, point)], first
@@ -351,9 +341,8 @@ def _coinciding(job: Job, rows: dict, agree: bool, mode: str, point: Point) -> t
 def _modes_agree(job: Job, model, datasets: dict, device) -> bool:
     """Whether all modes give the same logits at each protocol's largest point and at every non-square one."""
     points = job.plan.points
-    kinds = dict.fromkeys(p.protocol for p in points)
     probes = [max((p for p in points if p.protocol == k), key=lambda p: (p.frames, p.tokens, p.height * p.width))
-              for k in kinds]  # fmt: skip
+              for k in dict.fromkeys(p.protocol for p in points)]  # fmt: skip
     probes += [p for p in points if p.height != p.width and p not in probes]
     views = [protocols.view_of(datasets, p, job.plan.base, 4, model_patch_size(model)) for p in probes]
     inputs = (to_device(protocols.first_inputs(v, 4), device) for v in views)
@@ -461,8 +450,7 @@ class _Progress:
     def summary(self, record: dict) -> str:
         mode = record["rows"][0]["mode"] if record.get("rows") else "extrapolate"
         rows = {(r["mode"], row_point(r)): r for r in record.get("rows", [])}
-        kinds = dict.fromkeys(p.protocol for p in self.points)
-        shown = dict.fromkeys([self.points[0]] + [[p for p in self.points if p.protocol == k][-1] for k in kinds])
+        shown = dict.fromkeys([self.points[0], *{p.protocol: p for p in self.points}.values()])  # each protocol's last
         parts = [f"{point_label(p)} {rows[(mode, p)]['top1']:.1f}%" for p in shown if (mode, p) in rows]
         t = record.get("train_seconds")
         return f"{', '.join(parts)} ({mode}){f', trained in {t:.0f} s' if t else ''}"
