@@ -32,8 +32,9 @@ from visionpe.bench.measure import (
     saved_activation_mb,
     spread,
 )
-from visionpe.bench.protocols import modes_agree, parse_size
+from visionpe.bench.protocols import modes_agree
 from visionpe.bench.speed import expand_models, measure, timm_equivalent
+from visionpe.engine.bench_settings import parse_size
 from visionpe.engine.checkpoint import find_checkpoint
 from visionpe.recipes import list_recipes
 
@@ -221,7 +222,7 @@ def test_bench_workers_stop_when_the_benchmark_process_dies(tmp_path):
         (["bench.shapes=16x"], "HxW"),
         (["bench.position_modes=stretch"], "position_modes.0. must be one of extrapolate"),
         (["bench.processes=0"], "bench.processes must be >= 1"),
-        (["bench.sedes=0"], "unknown key bench.sedes"),
+        (["bench.sedes=0"], "unknown config key .bench.sedes. on the command line; did you mean .bench.seeds."),
     ],
 )
 def test_bad_benchmarks_fail_before_any_training(tmp_path, monkeypatch, overrides, match):

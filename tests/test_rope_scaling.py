@@ -8,7 +8,7 @@ import timm
 import torch
 
 import visionpe  # noqa: F401
-from visionpe.bench.extrapolate import ACCEPTED_POSITION_MODES
+from visionpe.engine.bench_settings import ACCEPTED_POSITION_MODES
 from visionpe.models.vit import POSITION_MODES
 from visionpe.pos.rope_scaling import RopeScaling, rope_scaling, scale_frequencies, yarn_temperature
 from visionpe.pos.rotary import axial_frequencies

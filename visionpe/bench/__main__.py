@@ -1,10 +1,4 @@
-"""`python -m visionpe.bench` (or `visionpe-bench`): extrapolate | speed | gpu-check | cards.
-
-visionpe-bench extrapolate -c configs/bench/quick.yaml [key=value ...]   # accuracy over seeds at other sizes/lengths
-visionpe-bench speed [--models ...] [--resolutions ...] [--frames ...] [--data NAME] [--zoo]  # ratios vs baseline
-visionpe-bench gpu-check                                               # backends agree; ViT-B/16 speed per backend
-visionpe-bench cards [--results results] [--out model_cards]           # model cards from measured results
-"""
+"""`python -m visionpe.bench <command>` (or `visionpe-bench`): the commands below, each with its own `--help`."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ import argparse
 import contextlib
 import copy
 import dataclasses
-import difflib
+import functools
 import inspect
 import json
 import multiprocessing
@@ -26,166 +26,33 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import timm
 import torch
 import yaml
 
 from .. import engine
 from ..data import get_dataset_info
 from ..data.loader import dataset_num_classes
-from ..engine import config as engine_config
+from ..engine.bench_settings import BenchConfig, BenchConfigError, load_bench, parse_aspect, parse_size
 from ..engine.changes import FREE_KEYS, changed_keys, flatten
 from ..engine.checkpoint import atomic_write_text, find_checkpoint
 from ..engine.cli import USER_ERRORS, user_error
-from ..engine.config import Config, ConfigError, config_to_dict, native_settings, setting
+from ..engine.config import Config, config_to_dict, format_config_help, native_settings
 from ..engine.interrupt import STOP_SIGNALS, StopOnSignal, TrainingInterrupted
 from ..engine.native_train import model_patch_size
 from ..engine.setup import autocast, build_eval_sets, build_model, build_split, resolve_amp, run_model, to_device
-from ..engine.yaml_io import YamlError, load_yaml_text
-from ..recipes import resolve_recipe
-from ..zoo import create_model
 from . import protocols
-from .protocols import PROTOCOLS, Point, point_label, row_point
+from .protocols import Point, point_label, row_point
 from .report import split_name, write_report
-
-POSITION_MODES = ("extrapolate", "interpolate")  # the default list
-ACCEPTED_POSITION_MODES = (*POSITION_MODES, "ntk", "yarn")  # ntk / yarn: test-time RoPE scaling
-
-
-class BenchConfigError(ConfigError):
-    """A benchmark file or override that cannot run; raised before any training starts."""
 
 
 class BenchInterrupted(Exception):
     """The benchmark stopped on SIGTERM / SIGINT; args: (message, signal number). Picklable across workers."""
 
 
-@dataclass
-class BenchConfig:
-    """The `bench:` section of a benchmark file (declared and range-checked like the recipe's sections)."""
-
-    name: str = setting("", "benchmark name (default: the file name); used in output_dir and runs_dir")
-    models: list[str] = setting(
-        [], "registered models, all trained with the file's recipe, e.g. [vit_n_ape, vit_n_cpe]"
-    )
-    seeds: list[int] = setting([0], "training seeds; tables give the mean and standard deviation over them")
-    resolutions: list[int] = setting(
-        [], "square evaluation sizes in px (the training resolution is always added)", ge=1
-    )
-    shapes: list[str] = setting([], "non-square evaluation sizes HxW, e.g. [28x56]")
-    position_modes: list[str] = setting(
-        list(POSITION_MODES),
-        "test-time position modes: extrapolate, interpolate, ntk, yarn",
-        choices=ACCEPTED_POSITION_MODES,
-    )
-    protocols: list[str] = setting(
-        ["upsample"],
-        "upsample (content scaled with the image), fov (larger canvas, content at its training scale; canvas "
-        "datasets), frames (clip lengths of bench.frames at the training frame size; video datasets), native "
-        "(token budgets of bench.tokens and aspect ratios of bench.aspects; recipes with data.native)",
-        choices=PROTOCOLS,
-    )
-    tokens: list[int] = setting(
-        [], "native protocol: token budgets per image, each image at its own aspect ratio (training's added)", ge=1
-    )
-    aspects: list[str] = setting(
-        [], "native protocol: aspect ratios W:H at the training budget, every image on a canvas of that shape"
-    )
-    frames: list[int] = setting(
-        [], "clip lengths evaluated by the frames protocol (the training length is added)", ge=1
-    )
-    pretrained: bool = setting(False, "evaluate published/saved weights without training (see bench.checkpoints)")
-    checkpoints: dict = setting(
-        {},
-        "pretrained mode: model -> weights file (timm/official .pth/.safetensors, loaded through the model's "
-        "pretrained filter) or a visionpe run directory; models not listed load timm's pretrained weights",
-    )
-    eval_samples: int = setting(0, "evaluate on the first N images of the validation split (0: all of it)", ge=0)
-    base_samples: int | None = setting(
-        None,
-        "also evaluate the training point on the first N items of the whole validation split (0: all of them, "
-        "whatever data.options.num_val keeps for the tables): a base accuracy with a smaller sampling error, reported "
-        "in the statistics; null: off",
-        ge=0,
-    )
-    eval_batch_size: int = setting(256, "evaluation batch size", ge=1)
-    processes: int = setting(1, "runs trained in parallel, one process each", ge=1)
-    threads: int = setting(1, "torch threads per process", ge=1)
-    device: str = setting("cpu", "evaluation device (cpu, cuda, cuda:1, ...); training follows train.device")
-    model_kwargs: dict = setting(
-        {}, "model -> extra constructor kwargs for that model only (e.g. init_values for LayerScale checkpoints)"
-    )
-    output_dir: str = setting("results/{name}", "tables, plot and per-run results (small files, meant to be kept)")
-    runs_dir: str = setting("runs/bench/{name}", "training run directories (checkpoints)")
-
-    def out(self) -> Path:
-        return Path(self.output_dir.replace("{name}", self.name))
-
-    def runs(self) -> Path:
-        return Path(self.runs_dir.replace("{name}", self.name))
-
-
-def _unknown_bench_key(key: str, where: str) -> BenchConfigError:
-    keys = [f.name for f in dataclasses.fields(BenchConfig)]
-    close = difflib.get_close_matches(key.removeprefix("bench."), keys, n=1, cutoff=0.0)
-    return BenchConfigError(f"unknown key {key}{where}; did you mean bench.{close[0]}? (keys: {', '.join(keys)})")
-
-
-def _read_bench(data, where: str) -> BenchConfig:
-    """The bench section, each key converted and range-checked by the engine's config reader."""
-    if not isinstance(data, dict):
-        raise BenchConfigError(f"the bench section{where} must be a mapping of keys, got {data!r}")
-    try:
-        return engine_config.read_section(BenchConfig, data, "bench", where, _unknown_bench_key)
-    except ConfigError as e:
-        raise BenchConfigError(str(e)) from None
-
-
-def _override_value(item: str):
-    if "=" not in item:
-        raise BenchConfigError(f"override {item!r} is not key=value (e.g. bench.seeds=0,1)")
-    raw = item.split("=", 1)[1]
-    try:
-        return load_yaml_text(raw, f"override {item!r}") if raw.strip() else []
-    except YamlError as e:
-        raise BenchConfigError(str(e)) from None
-
-
-def load_bench(
-    path: str | os.PathLike | None, overrides: list[str] | tuple[str, ...] = ()
-) -> tuple[BenchConfig, Config]:
-    """(bench section, training recipe) from a benchmark file, then `bench.key=value` and recipe overrides."""
-    data, where = {}, ""
-    if path is not None:
-        path = resolve_recipe(path, kind="bench")  # a file, or a packaged benchmark name such as "quick"
-        data = engine_config.read_yaml(path) or {}  # duplicate keys refused, the file named in every error
-        if not isinstance(data, dict):
-            raise BenchConfigError(f"{path} must be a mapping of sections (bench, model, data, ...)")
-        where = f" in {path}"
-    data = dict(data)
-    bench = _read_bench(data.pop("bench", None) or {}, where)
-    cfg = engine_config.config_from_dict(data, where)
-    bench_over = [o for o in overrides if o.split("=", 1)[0].strip().startswith("bench.")]
-    if bench_over:
-        merged = dataclasses.asdict(bench)
-        for item in bench_over:
-            merged[item.split("=", 1)[0].strip().removeprefix("bench.")] = _override_value(item)
-        bench = _read_bench(merged, " on the command line")
-    cfg = engine_config.apply_overrides(cfg, [o for o in overrides if o not in bench_over])
-    bench.name = bench.name or (path.stem if path is not None else "bench")
-    return bench, cfg
-
-
 # keys that name a run or how it is run, not what it learns: the engine's free keys (a resume may change them) and
 # the run's name, seed, device and execution strategy (fsdp = ddp and checkpointed blocks = plain, to fp32 precision)
-_NOT_RECIPE = FREE_KEYS | {
-    "model.name",
-    "train.seed",
-    "train.device",
-    "train.strategy",
-    "train.fsdp",
-    "train.activation_checkpointing",
-}
+_NOT_RECIPE = FREE_KEYS | {"model.name", "train.seed", "train.device", "train.strategy", "train.fsdp",
+                           "train.activation_checkpointing"}  # fmt: skip
 
 
 def recipe_of(cfg: dict | Config) -> dict:
@@ -196,11 +63,7 @@ def recipe_of(cfg: dict | Config) -> dict:
     d = {**defaults, **{k: {**defaults.get(k, {}), **v} if isinstance(v, dict) else v for k, v in d.items()}}
     for key in _NOT_RECIPE:  # dotted paths, e.g. train.seed, data.native.eval_tokens
         *parents, name = key.split(".")
-        node = d
-        for p in parents:
-            node = node.get(p) if isinstance(node, dict) else None
-        if isinstance(node, dict):
-            node.pop(name, None)
+        functools.reduce(lambda node, p: node.get(p) or {}, parents, d).pop(name, None)
     if d.get("model", {}).get("img_size") is None:
         d["model"]["img_size"] = d.get("data", {}).get("resolution")
     return d
@@ -208,20 +71,20 @@ def recipe_of(cfg: dict | Config) -> dict:
 
 @dataclass
 class Job:
-    """One (model, seed): its training config, the benchmark's settings, its evaluation points and its record."""
+    """One (model, seed) of a plan: its training config and its record."""
 
     model: str
     seed: int
     cfg: Config
-    bench: BenchConfig
-    sizes: list[tuple[int, int]]  # every evaluated size, the base first
-    points: list[Point]  # every evaluation point, the base of each protocol first
-    base_frames: int
-    record_path: Path
+    plan: Plan = field(repr=False, compare=False)
 
     @property
     def run_dir(self) -> Path:
         return Path(self.cfg.train.output_dir) / (self.cfg.train.run_name or "")
+
+    @property
+    def record_path(self) -> Path:
+        return self.plan.bench.out() / "evals" / f"{self.model}-s{self.seed}.json"
 
     @property
     def label(self) -> str:
@@ -229,10 +92,10 @@ class Job:
 
     @property
     def modes(self) -> list[str]:
-        return list(self.bench.position_modes)
+        return list(self.plan.bench.position_modes)
 
     def eval_key(self) -> dict:
-        return dict(split=self.cfg.data.val_split, samples=self.bench.eval_samples)
+        return dict(split=self.cfg.data.val_split, samples=self.plan.bench.eval_samples)
 
     def record(self) -> dict | None:
         return read_record(self.record_path) if self.record_path.is_file() else None
@@ -242,13 +105,12 @@ class Job:
         have = set()
         if record and record.get("eval") == self.eval_key():
             have = {(r["mode"], row_point(r)) for r in record.get("rows", [])}
-        return [(m, p) for m in self.modes for p in self.points if (m, p) not in have]
+        return [(m, p) for m in self.modes for p in self.plan.points if (m, p) not in have]
 
     def needs_base_check(self, record: dict | None) -> bool:
         """Whether the training point still has to be evaluated on bench.base_samples items."""
-        if self.bench.base_samples is None:
-            return False
-        return not record or (record.get("base_check") or {}).get("samples") != self.bench.base_samples
+        samples = self.plan.bench.base_samples
+        return samples is not None and (not record or (record.get("base_check") or {}).get("samples") != samples)
 
     def done(self, record: dict | None) -> bool:
         return not self.missing(record) and not self.needs_base_check(record)
@@ -256,15 +118,20 @@ class Job:
 
 @dataclass
 class Plan:
+    """The runs of a benchmark and its evaluation points, per protocol its base first."""
+
     bench: BenchConfig
     cfg: Config
-    jobs: list[Job]
-    base: tuple[int, int]
-    sizes: list[tuple[int, int]]
+    sizes: list[tuple[int, int]]  # every evaluated size, the base first
+    points: list[Point]
+    base_frames: int  # the training clip length (0: images)
+    base_tokens: int  # the training budget per image of a data.native recipe
+    jobs: list[Job] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what validation noticed (e.g. sizes that need padding)
-    points: list[Point] = field(default_factory=list)
-    base_frames: int = 0
-    base_tokens: int = 0  # the training budget per image of a data.native recipe
+
+    @property
+    def base(self) -> tuple[int, int]:
+        return self.sizes[0]
 
     def base_point(self, protocol: str) -> Point:
         if protocol == "native":
@@ -276,36 +143,8 @@ def _option_default(cfg: Config, key: str) -> int:
     """A dataset option's value: the recipe's, else the factory's default (0 when it has none)."""
     if key in cfg.data.options:
         return int(cfg.data.options[key])
-    try:
-        param = inspect.signature(get_dataset_info(cfg.data.name).factory).parameters.get(key)
-    except ValueError:
-        return 0
+    param = inspect.signature(get_dataset_info(cfg.data.name).factory).parameters.get(key)
     return int(param.default) if param is not None and isinstance(param.default, int) else 0
-
-
-def _parsed(parse, value, keys: str):
-    try:
-        return parse(value)
-    except ValueError as e:
-        raise BenchConfigError(f"{keys}: {e}") from None
-
-
-def make_points(bench: BenchConfig, sizes: list[tuple[int, int]], base_frames: int, tokens: int = 0) -> list[Point]:
-    """Per protocol, its base first: upsample and fov at every size, frames at the base size for every length,
-    native at every budget (each image at its own aspect ratio), then every aspect ratio at the training budget."""
-    points = []
-    for protocol in bench.protocols:
-        if protocol == "native":
-            aspects = [_parsed(protocols.parse_aspect, a, "bench.aspects") for a in bench.aspects]
-            native = [Point("native", 0, 0, 0, t) for t in [tokens, *bench.tokens]]
-            points += dict.fromkeys(native + [Point("native", h, w, 0, tokens) for h, w in aspects])
-        elif protocol == "frames":
-            points += [
-                Point("frames", *sizes[0], f) for f in [base_frames, *(f for f in bench.frames if f != base_frames)]
-            ]
-        else:
-            points += [Point(protocol, *s, 0) for s in sizes]
-    return points
 
 
 def _job_cfg(cfg: Config, bench: BenchConfig, model: str, seed: int) -> Config:
@@ -322,119 +161,35 @@ def _job_cfg(cfg: Config, bench: BenchConfig, model: str, seed: int) -> Config:
 
 
 def make_plan(bench: BenchConfig, cfg: Config) -> Plan:
+    """The points, per protocol its base first: upsample and fov at every size, frames at the base size for every
+    length, native at every budget (each image at its own aspect ratio), then every aspect ratio at the training
+    budget; one job per model and seed (published weights are one run)."""
     base = (cfg.data.resolution, cfg.data.resolution)
-    sized = [
-        _parsed(protocols.parse_size, s, "bench.resolutions / bench.shapes") for s in bench.resolutions + bench.shapes
-    ]
-    sizes = list(dict.fromkeys([base, *sized]))
-    base_frames = _option_default(cfg, "frames")
+    sizes = list(dict.fromkeys([base, *map(parse_size, bench.resolutions + bench.shapes)]))
+    frames = _option_default(cfg, "frames")
     native = native_settings(cfg)  # the training budget per image: the largest of data.native.seq_lens
     tokens = 0 if native is None else max(native.seq_lens) if native.seq_lens else native.max_tokens
     if "native" in bench.protocols and not tokens:
         raise BenchConfigError("the native protocol evaluates token budgets; the recipe needs data.native settings")
-    points = make_points(bench, sizes, base_frames, tokens)
-    seeds = [0] if bench.pretrained else bench.seeds  # published weights are one run
-    jobs = [
-        Job(model, seed, _job_cfg(cfg, bench, model, seed), bench, sizes, points, base_frames,
-            bench.out() / "evals" / f"{model}-s{seed}.json")
-        for model in bench.models
-        for seed in seeds
-    ]  # fmt: skip
-    return Plan(bench, cfg, jobs, base, sizes, points=points, base_frames=base_frames, base_tokens=tokens)
-
-
-# (the bench key, an example value) for the keys that must list at least one value, each once
-_NON_EMPTY = dict(models="vit_n_ape,vit_n_rope2d", seeds="0,1,2", position_modes="extrapolate,interpolate",
-                  protocols="upsample,fov")  # fmt: skip
-
-
-def _check_settings(b: BenchConfig) -> None:
-    """The checks across bench keys (each key's own range is checked when it is read, from its declaration)."""
-    for key, example in _NON_EMPTY.items():
-        values = getattr(b, key)
-        if not values:
-            raise BenchConfigError(f"bench.{key} is empty; list at least one, e.g. bench.{key}={example}")
-        dups = sorted({str(v) for v in values if values.count(v) > 1})
-        if dups:
-            raise BenchConfigError(f"bench.{key} lists {', '.join(dups)} more than once")
-    if ("frames" in b.protocols) != bool(b.frames):
-        raise BenchConfigError(
-            "the frames protocol and bench.frames go together: list clip lengths (bench.frames=4,16,32) with "
-            "bench.protocols including frames, or neither"
-        )
-    if ("native" in b.protocols) != bool(b.tokens or b.aspects):
-        raise BenchConfigError(
-            "the native protocol and bench.tokens / bench.aspects go together: list budgets (bench.tokens=144,256) "
-            "or aspect ratios (bench.aspects=1:3,3:1) with bench.protocols including native, or neither"
-        )
-    for key in ("checkpoints", "model_kwargs"):
-        unknown = sorted(set(getattr(b, key)) - set(b.models))
-        if unknown:
-            raise BenchConfigError(f"bench.{key} names model(s) {unknown} that are not in bench.models")
-    if b.checkpoints and not b.pretrained:
-        raise BenchConfigError("bench.checkpoints are evaluated without training; add bench.pretrained=true")
-    if not b.resolutions and not b.shapes and not {"frames", "native"} & set(b.protocols):
-        raise BenchConfigError(
-            "bench.resolutions and bench.shapes are both empty; list the sizes to evaluate at, "
-            "e.g. bench.resolutions=28,42,56"
-        )
-    try:
-        device = torch.device(b.device)
-    except RuntimeError as e:
-        raise BenchConfigError(f"bench.device: {e}; use cpu, cuda or cuda:N") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise BenchConfigError(f"bench.device={b.device} but no CUDA device is available; use bench.device=cpu")
-    for model, source in b.checkpoints.items():
-        if not Path(source).exists():
-            raise BenchConfigError(f"bench.checkpoints.{model}: {source} does not exist")
-
-
-def _check_data(plan: Plan):
-    """The recipe, the models' names and the dataset against the protocols; returns the dataset's info."""
-    b, cfg, name = plan.bench, plan.cfg, plan.cfg.data.name
-    if cfg.data.train_resolutions:
-        raise BenchConfigError("the benchmark trains at one base resolution; drop data.train_resolutions")
-    for model in (m for m in b.models if not timm.is_model(m)):
-        try:
-            create_model(model)
-        except ValueError as e:
-            raise BenchConfigError(f"bench.models: {e}") from None
-    info = get_dataset_info(name)
-    kind, mode = info.kind, getattr(native_settings(cfg), "mode", None)
-    if kind not in ("image", "video", "image_text"):
-        raise BenchConfigError(
-            f"the extrapolation benchmark evaluates image, video and image-text classifiers; dataset {name!r} is "
-            f"{kind!r}"
-        )
-    if kind == "image_text" and b.protocols != ["upsample"]:
-        raise BenchConfigError(
-            f"image-text datasets are evaluated with more visual tokens (bench.protocols=upsample), got {b.protocols}"
-        )
-    if "frames" in b.protocols and kind != "video":
-        raise BenchConfigError(f"the frames protocol evaluates clip lengths; dataset {name!r} is not a video")
-    if "native" in b.protocols and (kind != "image" or mode == "buckets"):
-        raise BenchConfigError(
-            f"the native protocol evaluates image models on native-aspect batches (data.native.mode packed or "
-            f"padded); got dataset {name!r} ({kind}), mode {mode}"
-        )
-    if "fov" in b.protocols and kind != "image":
-        raise BenchConfigError(f"the fov protocol places images on canvases; dataset {name!r} is a video")
-    return info
+    points = []
+    for protocol in bench.protocols:
+        if protocol == "native":
+            aspects = [Point("native", *parse_aspect(a), 0, tokens) for a in bench.aspects]
+            points += dict.fromkeys([Point("native", 0, 0, 0, t) for t in [tokens, *bench.tokens]] + aspects)
+        elif protocol == "frames":
+            points += [Point("frames", *base, f) for f in dict.fromkeys([frames, *bench.frames])]
+        else:
+            points += [Point(protocol, *s, 0) for s in sizes]
+    plan = Plan(bench, cfg, sizes, points, frames, tokens)
+    seeds = [0] if bench.pretrained else bench.seeds
+    plan.jobs = [Job(m, s, _job_cfg(cfg, bench, m, s), plan) for m in bench.models for s in seeds]
+    return plan
 
 
 def validate(plan: Plan, check_models: bool = True) -> None:
-    """Every check that can fail before training; raises BenchConfigError (or the engine's error) naming the fix."""
-    _check_settings(plan.bench)
-    info = _check_data(plan)
-    if not plan.bench.pretrained:
-        _check_recipes(plan)
-    if check_models:
-        _check_models(plan, info)
-
-
-def _check_recipes(plan: Plan) -> None:
-    """Results or runs left by a benchmark with another recipe are never mixed in (nor overwritten)."""
-    for job in plan.jobs:
+    """The checks that read the runs and build the models (load_bench checked the settings), raising an error that
+    names the fix: results or runs left by a benchmark with another recipe are never mixed in (nor overwritten)."""
+    for job in [] if plan.bench.pretrained else plan.jobs:
         theirs, where = None, job.record_path
         if job.record_path.is_file():
             theirs = read_record(job.record_path).get("recipe")
@@ -447,15 +202,8 @@ def _check_recipes(plan: Plan) -> None:
                 f"{where} was made with another recipe ({diff}); keep it and write elsewhere with "
                 f"bench.name=<new name> (or bench.output_dir=... bench.runs_dir=...), or delete it to redo the run"
             )
-
-
-def view_of(evals: dict, point: Point, base: tuple[int, int], limit: int = 0, patch: int | None = None):
-    """The inputs of one point: upsample reads the set built for its size, the others the base size's."""
-    if point.protocol == "native":
-        return protocols.NativeView(evals[max(base)], point, patch or 16, limit, max(base))
-    if point.protocol == "upsample":
-        return protocols.SizedView(evals[max(point.size)], point.size, limit, "upsample", base)
-    return protocols.SizedView(evals[max(base)], point.size, limit, point.protocol, base, point.frames)
+    if check_models:
+        _check_models(plan, get_dataset_info(plan.cfg.data.name))
 
 
 def eval_split_classes(cfg: Config, info, pretrained: bool) -> tuple[int, dict | None]:
@@ -463,18 +211,6 @@ def eval_split_classes(cfg: Config, info, pretrained: bool) -> tuple[int, dict |
     split = cfg.data.val_split if pretrained else cfg.data.train_split
     ds = build_split(cfg, split, cfg.data.resolution, training=not pretrained)
     return dataset_num_classes(info, ds), getattr(ds, "class_to_idx", None)
-
-
-def _padding_note(model, model_name: str, points: list[Point]) -> str | None:
-    patch = getattr(getattr(model, "patch_embed", None), "patch_size", None)
-    patch = patch[-1] if isinstance(patch, (tuple, list)) else patch  # a video tubelet's is (frames, h, w)
-    odd = [p for p in points if patch and p.protocol != "native" and (p.height % patch or p.width % patch)]
-    if odd:
-        return (
-            f"{model_name}: {', '.join(sorted({point_label(p) for p in odd}))} are not multiples of its {patch} px "
-            f"patch; the model zero-pads them at the bottom/right, which costs accuracy of its own"
-        )
-    return None
 
 
 def _try_point(model, model_name: str, x, point: Point, mode: str, amp, num_classes: int) -> None:
@@ -496,29 +232,35 @@ def _try_point(model, model_name: str, x, point: Point, mode: str, amp, num_clas
 
 @torch.no_grad()
 def _check_models(plan: Plan, info) -> None:
-    """Each model built and run on one item at every point and mode (on CPU), before anything trains."""
+    """Each model built and run on one item at every point and mode (on CPU), before anything trains; a note for
+    the sizes a model zero-pads to its patch."""
     cfg = plan.cfg
     num_classes, class_map = eval_split_classes(cfg, info, plan.bench.pretrained)
     evals = build_eval_sets(cfg, sorted({max(s) for s in plan.sizes}), class_map)
     amp = resolve_amp(cfg.train.amp, torch.device("cpu"))
-    for model_name in plan.bench.models:
-        c = copy.deepcopy(next(j.cfg for j in plan.jobs if j.model == model_name))
+    for job in (next(j for j in plan.jobs if j.model == name) for name in plan.bench.models):
         try:
-            model = build_model(c, num_classes, info.in_chans).eval()
+            model = build_model(copy.deepcopy(job.cfg), num_classes, info.in_chans).eval()
         except (TypeError, ValueError, RuntimeError) as e:
-            raise BenchConfigError(f"model {model_name!r} cannot be built for {cfg.data.name!r}: {e}") from None
-        plan.notes += filter(None, [_padding_note(model, model_name, plan.points)])
+            raise BenchConfigError(f"model {job.model!r} cannot be built for {cfg.data.name!r}: {e}") from None
+        patch = getattr(getattr(model, "patch_embed", None), "patch_size", None)
+        patch = patch[-1] if isinstance(patch, (tuple, list)) else patch  # a video tubelet's is (frames, h, w)
+        odd = [p for p in plan.points if patch and p.protocol != "native" and (p.height % patch or p.width % patch)]
+        if odd:
+            plan.notes.append(f"{job.model}: {', '.join(sorted({point_label(p) for p in odd}))} are not multiples of "
+                              f"its {patch} px patch; the model zero-pads them at the bottom/right, which costs "
+                              f"accuracy of its own")  # fmt: skip
         for point in plan.points:
             try:
-                x = protocols.first_inputs(view_of(evals, point, plan.base, 1, model_patch_size(model)), 1)
+                x = protocols.first_inputs(protocols.view_of(evals, point, plan.base, 1, model_patch_size(model)), 1)
             except ValueError as e:
                 raise BenchConfigError(f"cannot evaluate at {point_label(point)}: {e}") from None
             for mode in plan.bench.position_modes[: None if protocols.has_position_modes(model) else 1]:
                 try:
                     protocols.set_position_mode(model, mode)
                 except ValueError as e:
-                    raise BenchConfigError(f"bench.position_modes: model {model_name!r} {e}") from None
-                _try_point(model, model_name, x, point, mode, amp, num_classes)
+                    raise BenchConfigError(f"bench.position_modes: model {job.model!r} {e}") from None
+                _try_point(model, job.model, x, point, mode, amp, num_classes)
 
 
 def read_record(path: Path) -> dict:
@@ -544,7 +286,7 @@ def _load_pretrained(job: Job, record: dict, info):
     """(model, cfg, class map) of published weights: a visionpe run directory, a weights file through the model's
     pretrained filter (official/timm layouts convert), or timm's own."""
     num_classes, class_map = eval_split_classes(job.cfg, info, True)
-    source = job.bench.checkpoints.get(job.model)
+    source = job.plan.bench.checkpoints.get(job.model)
     record["pretrained"] = source or "timm"
     record.pop("run_dir", None)
     if source and Path(source).is_dir():
@@ -578,18 +320,17 @@ def _trained_model(job: Job, record: dict):
 def _new_record(job: Job) -> dict:
     family, size, pe = split_name(job.model)
     return dict(model=job.model, family=family, size=size, pe=pe, seed=job.seed, recipe=recipe_of(job.cfg),
-                eval=job.eval_key(), base=list(job.sizes[0]), base_frames=job.base_frames, run_dir=str(job.run_dir),
-                rows=[])  # fmt: skip
+                eval=job.eval_key(), base=list(job.plan.base), base_frames=job.plan.base_frames,
+                run_dir=str(job.run_dir), rows=[])  # fmt: skip
 
 
 def _coinciding(job: Job, rows: dict, agree: bool, mode: str, point: Point) -> tuple[dict, str] | None:
-    """The one place that decides which evaluations coincide: (a row already measured on identical inputs and
-    logits, what it is) or None. The first mode's row when the two modes give identical logits; at the training
-    point, another protocol's (every protocol shows the same inputs there)."""
+    """(a row already measured on identical inputs and logits, what it is) or None: the first mode's row when the
+    modes give identical logits; at the training point, another protocol's (every protocol shows the same inputs)."""
     first = job.modes[0]
     if agree and mode != first and (first, point) in rows:
         return rows[(first, point)], first
-    bases = [p for p in job.points if p == Point(p.protocol, *job.sizes[0], p.frames and job.base_frames)]
+    bases = [p for p in job.plan.points if p == Point(p.protocol, *job.plan.base, p.frames and job.plan.base_frames)]
     for other in bases if point in bases else []:
         row = rows.get((mode, other))
         if other != point and row is not None and "same_as" not in row:
@@ -599,11 +340,11 @@ def _coinciding(job: Job, rows: dict, agree: bool, mode: str, point: Point) -> t
 
 def _modes_agree(job: Job, model, datasets: dict, device) -> bool:
     """Whether all modes give the same logits at each protocol's largest point and at every non-square one."""
-    kinds = dict.fromkeys(p.protocol for p in job.points)
-    probes = [max((p for p in job.points if p.protocol == k), key=lambda p: (p.frames, p.tokens, p.height * p.width))
-              for k in kinds]  # fmt: skip
-    probes += [p for p in job.points if p.height != p.width and p not in probes]
-    views = [view_of(datasets, p, tuple(job.sizes[0]), 4, model_patch_size(model)) for p in probes]
+    points = job.plan.points
+    probes = [max((p for p in points if p.protocol == k), key=lambda p: (p.frames, p.tokens, p.height * p.width))
+              for k in dict.fromkeys(p.protocol for p in points)]  # fmt: skip
+    probes += [p for p in points if p.height != p.width and p not in probes]
+    views = [protocols.view_of(datasets, p, job.plan.base, 4, model_patch_size(model)) for p in probes]
     inputs = (to_device(protocols.first_inputs(v, 4), device) for v in views)
     return all(protocols.modes_agree(model, x, job.modes) for x in inputs)
 
@@ -611,7 +352,7 @@ def _modes_agree(job: Job, model, datasets: dict, device) -> bool:
 def _evaluate_points(job: Job, record: dict, todo: list, evaluate, stop) -> None:
     """Evaluate `todo` (mode, point) pairs, writing the record after each; a stop signal ends it between points."""
     rows = {(r["mode"], row_point(r)): r for r in record["rows"]}
-    order = {p: i for i, p in enumerate(job.points)}
+    order = {p: i for i, p in enumerate(job.plan.points)}
     rank = {m: i for i, m in enumerate(job.modes)}
     for mode, point in todo:
         if stop is not None and stop.signum:
@@ -623,7 +364,7 @@ def _evaluate_points(job: Job, record: dict, todo: list, evaluate, stop) -> None
         if same is not None:
             rows[(mode, point)] = dict(same[0], **fields, same_as=same[1])
         else:
-            rows[(mode, point)] = dict(**fields, **evaluate(point, mode, job.bench.eval_samples))
+            rows[(mode, point)] = dict(**fields, **evaluate(point, mode, job.plan.bench.eval_samples))
         record["rows"] = [rows[k] for k in sorted(rows, key=lambda k: (rank.get(k[0], 99), order.get(k[1], 10**6)))]
         write_record(job.record_path, record)
 
@@ -634,15 +375,16 @@ def _base_check(job: Job, cfg: Config, datasets: dict, class_map, evaluate) -> d
     if "num_val" in cfg.data.options:
         cut = copy.deepcopy(cfg)
         cut.data.options = {k: v for k, v in cfg.data.options.items() if k != "num_val"}
-        whole = build_eval_sets(cut, [max(job.sizes[0])], class_map)
-    result = evaluate(job.points[0], job.modes[0], job.bench.base_samples, whole)
-    return dict(samples=job.bench.base_samples, mode=job.modes[0], **result)
+        whole = build_eval_sets(cut, [max(job.plan.base)], class_map)
+    result = evaluate(job.plan.points[0], job.modes[0], job.plan.bench.base_samples, whole)
+    return dict(samples=job.plan.bench.base_samples, mode=job.modes[0], **result)
 
 
 def run_job(job: Job, log=print, stop=None) -> dict:
     """Train (or resume, or reuse) one run, or load pretrained weights; evaluate what its record lacks; return the
     record. `stop.signum` (a stop signal received) ends it at the next step or evaluation point."""
-    torch.set_num_threads(job.bench.threads)
+    bench = job.plan.bench
+    torch.set_num_threads(bench.threads)
     record = job.record()
     if job.done(record):
         return record
@@ -651,19 +393,19 @@ def run_job(job: Job, log=print, stop=None) -> dict:
     todo = job.missing(record)
     if record is None or record.get("eval") != job.eval_key():
         record = _new_record(job)
-    if job.bench.pretrained:
+    if bench.pretrained:
         model, cfg, class_map = _load_pretrained(job, record, get_dataset_info(job.cfg.data.name))
     else:
         model, cfg, class_map = _trained_model(job, record)
-    device = torch.device(job.bench.device)
+    device = torch.device(bench.device)
     model.eval().to(device)
     record["params"] = sum(p.numel() for p in model.parameters())
-    datasets = build_eval_sets(cfg, sorted({max(s) for s in job.sizes}), class_map)
+    datasets = build_eval_sets(cfg, sorted({max(s) for s in job.plan.sizes}), class_map)
     amp, patch = resolve_amp(cfg.train.amp, device), model_patch_size(model)
 
     def evaluate(point: Point, mode: str, limit: int, sets: dict = datasets) -> dict:
-        view = view_of(sets, point, tuple(job.sizes[0]), limit, patch)
-        return protocols.evaluate_view(model, view, mode, job.bench.eval_batch_size, device, amp, cfg.data.workers)
+        view = protocols.view_of(sets, point, job.plan.base, limit, patch)
+        return protocols.evaluate_view(model, view, mode, bench.eval_batch_size, device, amp, cfg.data.workers)
 
     record["modes_agree"] = len(job.modes) > 1 and _modes_agree(job, model, datasets, device)  # probed only if used
     t0, c0 = time.perf_counter(), time.process_time()
@@ -708,8 +450,7 @@ class _Progress:
     def summary(self, record: dict) -> str:
         mode = record["rows"][0]["mode"] if record.get("rows") else "extrapolate"
         rows = {(r["mode"], row_point(r)): r for r in record.get("rows", [])}
-        kinds = dict.fromkeys(p.protocol for p in self.points)
-        shown = dict.fromkeys([self.points[0]] + [[p for p in self.points if p.protocol == k][-1] for k in kinds])
+        shown = dict.fromkeys([self.points[0], *{p.protocol: p for p in self.points}.values()])  # each protocol's last
         parts = [f"{point_label(p)} {rows[(mode, p)]['top1']:.1f}%" for p in shown if (mode, p) in rows]
         t = record.get("train_seconds")
         return f"{', '.join(parts)} ({mode}){f', trained in {t:.0f} s' if t else ''}"
@@ -725,29 +466,28 @@ class _Progress:
             self.failures.append(f"{job.label}: {type(error).__name__}: {error}")
 
 
-def _run_serial(pending: list[Job], progress: _Progress, log) -> None:
-    with StopOnSignal() as stop:
-        for job in pending:
-            try:
-                record = run_job(job, log, stop)
-            except (KeyboardInterrupt, SystemExit, BenchInterrupted):
-                raise
-            except Exception as e:  # one failed run does not lose the others; reported at the end
-                if os.environ.get("VISIONPE_DEBUG"):
+def _run(pending: list[Job], bench: BenchConfig, progress: _Progress, log) -> None:
+    """The runs, here or in `bench.processes` worker processes; a failed run does not lose the others (reported at
+    the end). A stop signal here cancels the runs not started and passes SIGTERM on to the workers, which checkpoint
+    (training) or finish their point (evaluation) and stop; then BenchInterrupted."""
+    if bench.processes == 1 or len(pending) <= 1:
+        with StopOnSignal() as stop:
+            for job in pending:
+                try:
+                    record = run_job(job, log, stop)
+                except (KeyboardInterrupt, SystemExit, BenchInterrupted):
                     raise
-                progress(job, None, e)
-            else:
-                progress(job, record, None)
-
-
-def _run_parallel(pending: list[Job], bench: BenchConfig, progress: _Progress) -> None:
-    """Runs in worker processes. A stop signal here cancels the runs not started and passes SIGTERM on to the
-    workers, which checkpoint (training) or finish their point (evaluation) and stop; then BenchInterrupted."""
-    ctx = multiprocessing.get_context("spawn")
+                except Exception as e:
+                    if os.environ.get("VISIONPE_DEBUG"):
+                        raise
+                    progress(job, None, e)
+                else:
+                    progress(job, record, None)
+        return
     stopped: BenchInterrupted | None = None
     with StopOnSignal() as stop, ProcessPoolExecutor(
-        min(bench.processes, len(pending)), mp_context=ctx, initializer=_worker_init,
-        initargs=(bench.threads, os.getpid()),
+        min(bench.processes, len(pending)), mp_context=multiprocessing.get_context("spawn"),
+        initializer=_worker_init, initargs=(bench.threads, os.getpid()),
     ) as pool:  # fmt: skip
         futures = {pool.submit(_worker_job, job): job for job in pending}
         remaining = set(futures)
@@ -792,10 +532,7 @@ def run_benchmark(bench: BenchConfig, cfg: Config, dry_run: bool = False, log=pr
     atomic_write_text(out / "bench.yaml", yaml.safe_dump(snapshot, sort_keys=False))
     progress = _Progress(len(pending), plan.points, log)
     try:
-        if bench.processes == 1 or len(pending) <= 1:
-            _run_serial(pending, progress, log)
-        else:
-            _run_parallel(pending, bench, progress)
+        _run(pending, bench, progress, log)
     finally:
         records = [read_record(j.record_path) for j in plan.jobs if j.record_path.is_file()]
         seconds, machine = time.perf_counter() - progress.start, None
@@ -822,12 +559,8 @@ def _last_invocation(out: Path, seconds: float) -> tuple[float, dict | None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    keys = [
-        f"  bench.{f.name} = {getattr(BenchConfig(), f.name)}\n      {f.metadata['help']}"
-        for f in dataclasses.fields(BenchConfig)
-    ]
-    epilog = "\n".join(["bench keys (default, then help):", *keys])
-    epilog += "\n\nthe other sections are train.py's recipe keys (python train.py --help)"
+    keys = format_config_help({"bench": BenchConfig})
+    epilog = f"bench keys (default, then help):{keys}\n\nthe other sections are train.py's recipe keys ({Config.HELP})"
     formatter = argparse.RawDescriptionHelpFormatter
     ap = argparse.ArgumentParser(
         "visionpe-bench extrapolate", description=__doc__, epilog=epilog, formatter_class=formatter

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import math
 from functools import partial
 from typing import NamedTuple
 
@@ -20,36 +19,8 @@ from ..engine import DistContext, evaluate_loader
 from ..engine.setup import run_model
 
 
-def parse_size(value) -> tuple[int, int]:
-    """28 -> (28, 28); '28x56' or [28, 56] -> (28, 56) (height, width)."""
-    parts = value.lower().split("x") if isinstance(value, str) else value
-    if isinstance(value, int) and not isinstance(value, bool):
-        parts = [value, value]
-    elif isinstance(value, str):
-        parts = [p if p.strip().isdigit() else None for p in (parts * 2 if len(parts) == 1 else parts)]
-    if not isinstance(parts, (list, tuple)) or len(parts) != 2 or None in parts:
-        raise ValueError(f"a size is H or HxW in pixels (e.g. 28 or 28x56), got {value!r}")
-    h, w = (int(p) for p in parts)
-    if h <= 0 or w <= 0:
-        raise ValueError(f"sizes must be positive, got {value!r}")
-    return h, w
-
-
 def size_label(size: tuple[int, int]) -> str:
     return str(size[0]) if size[0] == size[1] else f"{size[0]}x{size[1]}"
-
-
-def parse_aspect(value) -> tuple[int, int]:
-    """An aspect ratio W:H as (H, W) in lowest terms: '3:1' (wide) -> (1, 3), '1:2' -> (2, 1)."""
-    parts = str(value).split(":")
-    if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
-        raise ValueError(f"an aspect ratio is W:H in whole numbers (e.g. 3:1 wide, 1:3 tall), got {value!r}")
-    w, h = (int(p) for p in parts)
-    g = math.gcd(w, h)
-    return h // g, w // g
-
-
-PROTOCOLS = ("upsample", "fov", "frames", "native")
 
 
 class Point(NamedTuple):
@@ -78,13 +49,21 @@ def point_label(point: Point) -> str:
     return f"fov {label}" if point.protocol == "fov" else label
 
 
-class SizedView(Dataset):
-    """The first `limit` items of an evaluation set as (image [C, H, W] or clip [C, T, H, W], target) at `size`
-    under `protocol`; `base` is the training size (what canvas datasets upsample from), `frames` the clip length."""
+class _View(Dataset):
+    """The first `limit` items of an evaluation set (all of them: 0)."""
+
+    def __init__(self, dataset: Dataset, limit: int):
+        self.dataset, self.length = dataset, min(len(dataset), limit) if limit else len(dataset)
+
+    def __len__(self) -> int:
+        return self.length
+
+
+class SizedView(_View):
+    """(image [C, H, W] or clip [C, T, H, W], target) at `size` under `protocol`; `base` is the training size (what
+    canvas datasets upsample from), `frames` the clip length."""
 
     def __init__(self, dataset: Dataset, size: tuple, limit: int = 0, protocol: str = "upsample", base=None, frames=0):
-        if protocol not in PROTOCOLS:
-            raise ValueError(f"unknown protocol {protocol!r}; use one of {', '.join(PROTOCOLS)}")
         if protocol == "fov" and not callable(getattr(dataset, "render_canvas", None)):
             raise ValueError(
                 f"the fov protocol needs a dataset that places items on canvases (e.g. fashion-mnist-canvas); "
@@ -92,12 +71,9 @@ class SizedView(Dataset):
             )
         if protocol == "frames" and frames < 1:
             raise ValueError(f"the frames protocol needs a clip length of at least 1, got {frames}")
-        self.dataset, self.size, self.protocol, self.base, self.frames = dataset, size, protocol, base, frames
+        super().__init__(dataset, limit)
+        self.size, self.protocol, self.base, self.frames = size, protocol, base, frames
         self.render, self.canvas = getattr(dataset, "render", None), getattr(dataset, "render_canvas", None)
-        self.length = min(len(dataset), limit) if limit else len(dataset)
-
-    def __len__(self) -> int:
-        return self.length
 
     def _load(self, index: int):
         if self.protocol == "fov":
@@ -145,21 +121,19 @@ def _collate(items, size: tuple[int, int], collate_inputs=None) -> Batch:
     return Batch(inputs, torch.as_tensor(ys), size[0], skipped)
 
 
-class NativeView(Dataset):
-    """The first `limit` items of an evaluation set (one with `render_size`, e.g. fashion-mnist-native, or square
-    items) at a native point: each image resized to `point.tokens` patches of `patch` px keeping its own aspect
-    ratio, or drawn on a canvas of the point's aspect ratio; one image per row, padded to the budget."""
+class NativeView(_View):
+    """Items of a set (one with `render_size`, e.g. fashion-mnist-native, or square items) at a native point: each
+    image resized to `point.tokens` patches of `patch` px keeping its own aspect ratio, or drawn on a canvas of the
+    point's aspect ratio; one image per row, padded to the budget."""
 
     def __init__(self, dataset: Dataset, point: Point, patch: int, limit: int = 0, resolution: int = 32):
-        if point.protocol != "native" or point.tokens < 1:
-            raise ValueError(f"a native view needs a native point with a token budget, got {point}")
         if point.height and not callable(getattr(dataset, "render_size", None)):
             raise ValueError(
                 f"aspect ratio {point_label(point)} needs a dataset that draws items at any height x width "
                 f"(render_size, e.g. fashion-mnist-native); {type(dataset).__name__} has none"
             )
-        self.dataset, self.point, self.patch, self.resolution = dataset, point, int(patch), int(resolution)
-        self.length = min(len(dataset), limit) if limit else len(dataset)
+        super().__init__(dataset, limit)
+        self.point, self.patch, self.resolution = point, int(patch), int(resolution)
         own = getattr(dataset, "native_size", None)
         self.native_size = own if callable(own) and not point.height else self._size
         self.render_size, self.render = getattr(dataset, "render_size", None), getattr(dataset, "render", None)
@@ -167,9 +141,6 @@ class NativeView(Dataset):
     def _size(self, index: int) -> tuple[int, int]:
         """The point's aspect ratio (in units large enough for the budget's rounding), else the square size."""
         return (self.point.height * 1000, self.point.width * 1000) if self.point.height else (self.resolution,) * 2
-
-    def __len__(self) -> int:
-        return self.length
 
     def __getitem__(self, index: int):
         return self.dataset[index]
@@ -187,26 +158,31 @@ def loader(view: SizedView | NativeView, batch_size: int, workers: int = 0) -> D
     return DataLoader(view, batch_size=batch_size, shuffle=False, num_workers=workers, collate_fn=collate)
 
 
+def view_of(evals: dict, point: Point, base: tuple[int, int], limit: int = 0, patch: int | None = None):
+    """The inputs of one point: upsample reads the set built for its size, the others the base size's."""
+    if point.protocol == "native":
+        return NativeView(evals[max(base)], point, patch or 16, limit, max(base))
+    if point.protocol == "upsample":
+        return SizedView(evals[max(point.size)], point.size, limit, "upsample", base)
+    return SizedView(evals[max(base)], point.size, limit, point.protocol, base, point.frames)
+
+
 def first_inputs(view: SizedView | NativeView, n: int):
     """The model inputs of the view's first n items as one batch (a tensor or a dict of tensors)."""
     return next(iter(loader(view, n))).inputs
 
 
-def position_modes(model: nn.Module) -> tuple[str, ...]:
-    """The test-time position modes a model takes (vit: extrapolate, interpolate, ntk, yarn; vivit: extrapolate,
-    ntk, yarn); models with windowed or convolutional positions have one, and run as they are."""
-    return tuple(getattr(model, "position_modes", None) or ("extrapolate",))
-
-
 def has_position_modes(model: nn.Module) -> bool:
-    return len(position_modes(model)) > 1
+    """Whether the model takes test-time position modes (vit: extrapolate, interpolate, ntk, yarn; vivit:
+    extrapolate, ntk, yarn); models with windowed or convolutional positions have one, and run as they are."""
+    return len(getattr(model, "position_modes", None) or ()) > 1
 
 
 def set_position_mode(model: nn.Module, mode: str) -> None:
     """A mode the model lacks is a ValueError that names its modes."""
     if has_position_modes(model):
-        if mode not in position_modes(model):
-            raise ValueError(f"has no position mode {mode!r} (its modes: {', '.join(position_modes(model))})")
+        if mode not in model.position_modes:
+            raise ValueError(f"has no position mode {mode!r} (its modes: {', '.join(model.position_modes)})")
         model.position_mode = mode
 
 
@@ -229,16 +205,9 @@ def modes_agree(model: nn.Module, x, modes: list[str]) -> bool:
     return all(torch.allclose(outs[0], o, rtol=1e-5, atol=1e-6) for o in outs[1:])
 
 
-def evaluate_view(
-    model: nn.Module,
-    view: SizedView | NativeView,
-    mode: str,
-    batch_size: int,
-    device: torch.device,
-    amp: torch.dtype | None,
-    workers: int = 0,
-) -> dict:
-    """{'top1', 'top5', 'loss', 'images'} of `model` on a view (any protocol) in position `mode`."""
+def evaluate_view(model: nn.Module, view, mode: str, batch_size: int, device, amp, workers: int = 0) -> dict:
+    """{'top1', 'top5', 'loss', 'images'} of `model` on a view (any protocol) in position `mode` (amp: a dtype or
+    None)."""
     set_position_mode(model, mode)
     return evaluate_loader(model, loader(view, batch_size, workers), DistContext(device=device), amp)
 

@@ -16,7 +16,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
@@ -53,8 +53,10 @@ class ConfigError(ValueError):
 def setting(default: Any, help: str, schema: type | None = None, **check: Any) -> Any:  # noqa: A002
     """A config key: its default, its one-line help and its allowed values, checked whenever a config is read:
     `ge`/`gt`/`le`/`lt` bounds (each item of a list), `choices`. A float must be finite. None passes (where the
-    type allows it: it means the default named in the help). `schema`: a dataclass of settings that the keys of a
-    dict-valued key must be (e.g. data.native.*), each checked as a key of its own; {} means the feature is off."""
+    type allows it: it means the default named in the help). A list may also declare `unique=True` (no value twice)
+    and `nonempty=EXAMPLE` (at least one value; the error shows EXAMPLE); `parse`: a function each value must pass
+    (a ValueError says why not). `schema`: a dataclass of settings that the keys of a dict-valued key must be (e.g.
+    data.native.*), each checked as a key of its own; {} means it is off."""
     meta = {"help": help, "check": check, "schema": schema}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
@@ -219,6 +221,8 @@ class EvalConfig:
 
 @dataclass
 class Config:
+    HELP: ClassVar[str] = "python train.py --help"  # the command that lists every key, named in unknown-key errors
+
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     aug: AugConfig = field(default_factory=AugConfig)
@@ -236,15 +240,16 @@ class Config:
 # ------------------------------------------------------------------------------------------------------- keys, types
 
 
-def _sections() -> dict[str, type]:
-    hints = typing.get_type_hints(Config)
-    return {f.name: hints[f.name] for f in dataclasses.fields(Config)}
+def _sections(root: type = Config) -> dict[str, type]:
+    """section name -> its dataclass, for `Config` or a config with more sections (e.g. a benchmark file's)."""
+    hints = typing.get_type_hints(root)
+    return {f.name: hints[f.name] for f in dataclasses.fields(root)}
 
 
-def config_keys() -> list[tuple[str, Any, str, Any]]:
+def config_keys(root: type = Config) -> list[tuple[str, Any, str, Any]]:
     """(dotted key, default, help, type) for every key."""
     out = []
-    for section, cls in _sections().items():
+    for section, cls in _sections(root).items():
         hints = typing.get_type_hints(cls)
         default = cls()
         for f in dataclasses.fields(cls):
@@ -252,8 +257,8 @@ def config_keys() -> list[tuple[str, Any, str, Any]]:
     return out
 
 
-def _key_types() -> dict[str, Any]:
-    return {k: tp for k, _, _, tp in config_keys()}
+def _key_types(root: type = Config) -> dict[str, Any]:
+    return {k: tp for k, _, _, tp in config_keys(root)}
 
 
 def nearest_key(key: str, keys: list[str]) -> str:
@@ -264,11 +269,10 @@ def nearest_key(key: str, keys: list[str]) -> str:
     return difflib.get_close_matches(key, keys, n=1, cutoff=0.0)[0]
 
 
-def _unknown(key: str, where: str) -> ConfigError:
-    keys = list(_key_types())
+def _unknown(key: str, where: str, root: type = Config) -> ConfigError:
+    keys = list(_key_types(root))
     return ConfigError(
-        f"unknown config key {key!r}{where}; did you mean {nearest_key(key, keys)!r}? "
-        f"(`python train.py --help` lists every key)"
+        f"unknown config key {key!r}{where}; did you mean {nearest_key(key, keys)!r}? (`{root.HELP}` lists every key)"
     )
 
 
@@ -341,6 +345,7 @@ _BOUNDS |= {"le": ("<=", lambda v, b: v <= b), "lt": ("<", lambda v, b: v < b)}
 def describe_check(check: dict) -> str:
     """A key's declared range for --help, e.g. '  [>= 0, < 1]' ('' when it declares none)."""
     parts = [f"{sign} {check[b]}" for b, (sign, _) in _BOUNDS.items() if b in check]
+    parts += [text for name, text in (("nonempty", "at least one"), ("unique", "each once")) if check.get(name)]
     if "choices" in check:
         parts.append(" | ".join(map(str, check["choices"])))
     return f"  [{', '.join(parts)}]" if parts else ""
@@ -348,6 +353,11 @@ def describe_check(check: dict) -> str:
 
 def check_value(value: Any, check: dict, key: str, help: str = "") -> None:  # noqa: A002
     """Raise a ConfigError unless `value` (each item of a list) meets the key's declared `check` (see `setting`)."""
+    if isinstance(value, list) and not value and check.get("nonempty"):
+        raise ConfigError(f"{key} is empty; list at least one, e.g. {key}={check['nonempty']}")
+    repeated = sorted({str(v) for v in value if value.count(v) > 1}) if check.get("unique") else []
+    if repeated:
+        raise ConfigError(f"{key} lists {', '.join(repeated)} more than once")
     for i, v in enumerate(value if isinstance(value, list) else [value]):
         where = f"{key}[{i}]" if isinstance(value, list) else key
         if v is None or isinstance(v, (bool, dict)):
@@ -356,6 +366,10 @@ def check_value(value: Any, check: dict, key: str, help: str = "") -> None:  # n
             raise ConfigError(f"{where} must be a finite number, got {v}")
         if "choices" in check and v not in check["choices"]:
             raise ConfigError(f"{where} must be one of {', '.join(map(str, check['choices']))}; got {v!r}")
+        try:
+            check.get("parse", str)(v)
+        except ValueError as e:
+            raise ConfigError(f"{where}: {e}") from None
         failed = [f"{sign} {check[b]}" for b, (sign, ok) in _BOUNDS.items() if b in check and not ok(v, check[b])]
         if failed:
             allowed = " and ".join(f"{sign} {check[b]}" for b, (sign, _) in _BOUNDS.items() if b in check)
@@ -369,33 +383,34 @@ def config_to_dict(cfg: Config) -> dict:
     return dataclasses.asdict(cfg)
 
 
-def config_from_dict(data: dict | None, where: str = "") -> Config:
-    """A Config from a nested dict (YAML); unknown sections/keys are errors naming the nearest key."""
+def config_from_dict(data: dict | None, where: str = "", root: type = Config) -> Config:
+    """A Config (or a `root`: Config with more sections) from a nested dict (YAML); unknown sections/keys are errors
+    naming the nearest key."""
     data = data or {}
     if not isinstance(data, dict):
         raise ConfigError(f"a config must be a mapping of sections{where}, got {type(data).__name__}")
-    sections = _sections()
+    sections = _sections(root)
     kwargs = {}
     for section, values in data.items():
         if section not in sections:
-            raise _unknown(str(section), where)
+            raise _unknown(str(section), where, root)
         if values is None:
             values = {}
         if not isinstance(values, dict):
             raise ConfigError(f"config section {section!r}{where} must be a mapping of keys, got {values!r}")
-        kwargs[section] = read_section(sections[section], values, section, where)
-    return Config(**kwargs)
+        kwargs[section] = read_section(sections[section], values, section, where, root)
+    return root(**kwargs)
 
 
-def read_section(cls: type, values: dict, section: str, where: str = "", unknown=None) -> Any:
-    """One section (a dataclass of `setting`s, e.g. the benchmark's `bench:`) from a dict: every key converted to
-    its type and checked against its declaration; an unknown key raises `unknown(dotted key, where)`."""
+def read_section(cls: type, values: dict, section: str, where: str = "", root: type = Config) -> Any:
+    """One section (a dataclass of `setting`s) from a dict: every key converted to its type and checked against its
+    declaration; an unknown key is an error naming the nearest key of `root`."""
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     converted = {}
     for k, v in values.items():
         if k not in fields:
-            raise (unknown or _unknown)(f"{section}.{k}", where)
+            raise _unknown(f"{section}.{k}", where, root)
         converted[k] = coerce(v, hints[k], f"{section}.{k}")
         meta = fields[k].metadata
         check_value(converted[k], meta.get("check", {}), f"{section}.{k}", meta.get("help", ""))
@@ -426,9 +441,10 @@ def native_settings(cfg: Config) -> NativeConfig | None:
 
 
 def apply_overrides(cfg: Config, overrides: list[str] | tuple[str, ...]) -> Config:
-    """Apply `section.key=value` strings; `section.dictkey.sub=value` sets an entry of a dict-valued key."""
-    data = config_to_dict(cfg)
-    key_types = _key_types()
+    """Apply `section.key=value` strings; `section.dictkey.sub=value` sets an entry of a dict-valued key. `cfg` may
+    be a Config with more sections (e.g. a benchmark file's); an empty value sets a list-valued key to []."""
+    data, root = config_to_dict(cfg), type(cfg)
+    key_types = _key_types(root)
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not key=value (e.g. train.epochs=2)")
@@ -437,24 +453,27 @@ def apply_overrides(cfg: Config, overrides: list[str] | tuple[str, ...]) -> Conf
         parts = key.split(".")
         base = ".".join(parts[:2])
         if base not in key_types:
-            raise _unknown(key, " on the command line")
+            raise _unknown(key, " on the command line", root)
         tp = key_types[base]
         section, name = parts[0], parts[1]
         if len(parts) > 2:
             if not (tp is dict or typing.get_origin(tp) is dict):
-                raise _unknown(key, " on the command line")
+                raise _unknown(key, " on the command line", root)
             target = data[section][name]
             for p in parts[2:-1]:
                 target = target.setdefault(p, {})
             target[parts[-1]] = _override_value(raw, item)
             continue
-        plain = [a for a in typing.get_args(tp) if a is not type(None)] or [tp]
+        union = typing.get_origin(tp) in (typing.Union, types.UnionType)
+        plain = [a for a in typing.get_args(tp) if a is not type(None)] if union else [tp]
         if plain[0] is str and raw.strip().lower() not in ("null", "none", "~", ""):
             value = raw  # strings stay as typed: run_name=007 is "007"
+        elif typing.get_origin(plain[0]) is list and not raw.strip():
+            value = []
         else:
             value = _override_value(raw, item)
         data[section][name] = coerce(value, tp, base)
-    return config_from_dict(data)
+    return config_from_dict(data, root=root)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
@@ -500,10 +519,10 @@ def save_config(cfg: Config, path: str | Path) -> None:
     atomic_write_text(path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
 
 
-def format_config_help() -> str:
-    """Every key with its default and help, grouped by section."""
+def format_config_help(sections: dict[str, type] | None = None) -> str:
+    """Every key with its default and help, grouped by section (`sections`: name -> dataclass; default: Config's)."""
     lines = []
-    for section, cls in _sections().items():
+    for section, cls in (sections or _sections()).items():
         lines.append(f"\n{section}: {(cls.__doc__ or '').strip()}")
         default = cls()
         for f in dataclasses.fields(cls):
