@@ -19,15 +19,25 @@ import yaml
 import visionpe  # noqa: F401  (registers the families)
 
 from ..data import get_dataset_info
-from ..data.registry import augmentation_text
 from ..engine.checkpoint import atomic_write_text
+from ..engine.config import config_from_dict
 from ..models.pretrained_cfgs import WEIGHTS
 from ..papers import PAPERS, bibtex
 from ..pos.presets import PE_PRESETS
 from ..zoo import FAMILIES, Family, model_name, preset_model_options
 from .measure import machine_description
-from .protocols import Point, row_point, size_label
-from .report import accuracy_table, base_check_text, fmt, headings, md_table, protocols_text, tally_text, template
+from .protocols import row_point, size_label
+from .report import (
+    accuracy_tables,
+    base_check_text,
+    base_of,
+    fmt,
+    md_table,
+    protocols_text,
+    recipe_text,
+    tally_text,
+    template,
+)
 from .speed import ZOO_SIZES, SpeedRow, memory_ratio_text, spread_text
 
 T = template("card_template.md")
@@ -169,53 +179,28 @@ def family_models(fam: Family, s: dict) -> list[str]:
     return [m for m in s["models"] if m.startswith(fam.name + "_") or m == fam.name]
 
 
-def _base_of(s: dict):
-    """protocol -> the training point of a summary (what plan.base_point gives for its benchmark)."""
-    base, frames, tokens = tuple(s["base"]), s["base_frames"], s.get("base_tokens", 0)
-
-    def base_of(protocol: str) -> Point:
-        if protocol == "native":  # the training budget, each image at its own aspect ratio
-            return Point(protocol, 0, 0, 0, tokens)
-        return Point(protocol, *base, frames if protocol == "frames" else 0)
-
-    return base_of
-
-
 def _trained_where(s: dict) -> str:
     """Where the models were trained: '32 px', '8 frames of 32 px' or '64 tokens per image at native aspect ratios'."""
-    base = size_label(tuple(s["base"]))
     if "native" in s["protocols"]:
-        return f"{s.get('base_tokens', 0)} tokens per image at native aspect ratios"
+        return f"{s['base_tokens']} tokens per image at native aspect ratios"
+    base = size_label(tuple(s["base"]))
     return f"{s['base_frames']} frames of {base} px" if "frames" in s["protocols"] else f"{base} px"
-
-
-def summary_points(s: dict) -> list[Point]:
-    """The table's columns: the training point once, then each protocol's other points (sizes as the summary orders
-    them, clip lengths ascending)."""
-    base_of, protocols = _base_of(s), s["protocols"]
-    have = {row_point(r) for r in s["table"]}
-    order = {tuple(x): i for i, x in enumerate(s["sizes"])}
-    cols = [base_of(protocols[0])]
-    for pr in protocols:
-        mine = [p for p in have if p.protocol == pr and p != base_of(pr)]
-        cols += sorted(mine, key=lambda p: (p.frames, p.height > 0, p.tokens, order.get(p.size, len(order)), p.size))
-    return cols
 
 
 def chance_level(s: dict) -> float | None:
     """Top-1 (%) of guessing on the summary's dataset; None when the number of classes is not known."""
     try:
-        return 100.0 / get_dataset_info(s["dataset"]).num_classes
-    except (KeyError, ValueError, TypeError, ZeroDivisionError):  # unknown set, or classes known only from a folder
+        classes = get_dataset_info(s["dataset"]).num_classes
+    except ValueError:  # a dataset not registered here
         return None
+    return 100.0 / classes if classes else None  # image folders know their classes only from the data
 
 
 def at_chance(s: dict) -> bool:
     """No model clearly above guessing at the training point (mean - 2 std within chance level)."""
-    chance = chance_level(s)
-    base = _base_of(s)(s["protocols"][0])
+    chance, base = chance_level(s), base_of(s)(s["protocols"][0])
     rows = [r for r in s["table"] if row_point(r) == base]
-    return chance is not None and bool(rows) and all(r["mean"] - 2 * r.get("std", 0.0) <= chance for r in rows)
+    return chance is not None and bool(rows) and all(r["mean"] - 2 * r["std"] <= chance for r in rows)
 
 
 def family_summaries(fam: Family, summaries: list[tuple[Path, dict]]) -> list[tuple[Path, dict, list[str]]]:
@@ -224,72 +209,51 @@ def family_summaries(fam: Family, summaries: list[tuple[Path, dict]]) -> list[tu
     return sorted((f for f in found if f[2]), key=lambda f: at_chance(f[1]))
 
 
-def _recipe_text(s: dict, folder: Path) -> str:
-    """The recipe in one line (model options from the run's saved config, bench.yaml)."""
-    r = dict(s.get("recipe", {}))
-    opts = r.pop("data_options", {}) or {}
-    aug = {k: r.pop(k) for k in ("scale", "hflip") if k in r}
-    parts = [f"{k}={v}" for k, v in r.items()] + [f"data.{k}={v}" for k, v in opts.items()]
-    parts.append(f"augmentation: {augmentation_text(s['dataset'], opts, aug)}")
-    if (folder / "bench.yaml").is_file():
-        kwargs = (yaml.safe_load((folder / "bench.yaml").read_text()).get("model") or {}).get("kwargs") or {}
-        parts += [f"model.{k}={v}" for k, v in kwargs.items()]
-    return ", ".join(parts)
-
-
 def _training_section(found: list[tuple[Path, dict, list[str]]], out_dir: Path) -> str:
+    """Per benchmark: its models, dataset and recipe (in results.md's words, from the run's saved bench.yaml)."""
     if not found:
         return T["no_training"] + "\n"
     lines = []
     for path, s, models in found:
-        rel = relative_link(path.parent, out_dir)
-        if s.get("pretrained"):
+        if s["pretrained"]:
             how = f"Pretrained weights evaluated without training at {_trained_where(s)}"
         else:
-            how = f"Trained from random initialisation at {_trained_where(s)} with {_recipe_text(s, path.parent)}; "
-            how += f"seeds {s['seeds']}"
-        folder = f"{path.parent.parent.name}/{path.parent.name}"  # results/<name>
-        command = s.get("command") or f"visionpe-bench extrapolate -c {folder}/bench.yaml"
+            saved = yaml.safe_load((path.parent / "bench.yaml").read_text())
+            cfg = config_from_dict({k: v for k, v in saved.items() if k != "bench"}, f" in {path.parent}/bench.yaml")
+            how = f"{recipe_text(cfg)} from random initialisation; seeds {s['seeds']}"
         lines.append(T["training"].format(name=s["name"], models=", ".join(f"`{m}`" for m in models), how=how,
-                                          data=DATASETS.get(s["dataset"], (None, s["dataset"]))[1], rel=rel,
-                                          command=command))  # fmt: skip
+                                          data=DATASETS.get(s["dataset"], (None, s["dataset"]))[1],
+                                          rel=relative_link(path.parent, out_dir),
+                                          folder=f"{path.parent.parent.name}/{path.parent.name}"))  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
 def _heading(s: dict) -> str:
-    n = len(s["seeds"])
+    n, where = len(s["seeds"]), _trained_where(s)
     seeds = f"{n} seeds" if n > 1 else "1 seed (single runs: no spread)"
-    where = _trained_where(s)
-    how = f"pretrained weights at {where}" if s.get("pretrained") else f"trained at {where}, {seeds}"
+    how = f"pretrained weights at {where}" if s["pretrained"] else f"trained at {where}, {seeds}"
     return f"### {s['name']}: {how}" + (", at chance level" if at_chance(s) else "")
 
 
 def _summary_block(path: Path, s: dict, models: list[str], out_dir: Path) -> str:
     """One benchmark's tables for the family's models, its base check, machine, chance level and claims."""
     rel, seeds, chance = relative_link(path.parent, out_dir), s["seeds"], chance_level(s)
-    base_of, cols, modes = _base_of(s), summary_points(s), s["modes"]
-    stats = {(r["model"], r["mode"], row_point(r)): r for r in s["table"]}
-    heads = headings(cols, base_of, tuple(s["base"]), s["base_frames"], s["protocols"])
-    tables = [accuracy_table(models, mode, cols, heads, stats, base_of, s.get("modes_agree", []), modes[0])
-              for mode in modes]  # fmt: skip
-    mine = {m: c for m, c in (s.get("base_check") or {}).items() if m in models}
     one = f"one run (seed {seeds[0]}) per cell, so no spread is given"
-    plot = (path.parent / "results.png").exists()
     text = T["accuracy"].format(
         heading=_heading(s),
         dataset=s["dataset"],
         spread=f"mean ± standard deviation over the seeds {seeds}" if len(seeds) > 1 else one,
         protocols=protocols_text(s["protocols"]),
         rel=rel,
-        plot=f", ![top-1 against the evaluation point]({rel}/results.png)" if plot else "",
-        tables="".join(f"*{m}* positions:\n\n" + "\n".join(t) + "\n\n" for m, t in zip(modes, tables)),
-        base_check=base_check_text(mine, "the tables read fewer"),
+        plot=f", ![top-1 against the evaluation point]({rel}/results.png)" if (path.parent / "results.png").exists()
+        else "",
+        tables=accuracy_tables(s, models, "*{mode}* positions:"),
+        base_check=base_check_text({m: c for m, c in s["base_check"].items() if m in models}, "the tables read fewer"),
         machine=machine_description(s["machine"]),
         date=s["date"],
-        notes=(T["modes_agree"] if len(modes) > 1 else "")
-        + (f" Chance level: {chance:.1f}%." if chance else "")
+        notes=(T["modes_agree"] if len(s["modes"]) > 1 else "") + (f" Chance level: {chance:.1f}%." if chance else "")
         + (T["at_chance"] if at_chance(s) else ""),
-    )
+    )  # fmt: skip
     claims = []
     for j in s["claims"]:  # the claims with comparisons between the family's models, restricted to those
         mine = [c for c in j["comparisons"] if c["better"] in models and c["worse"] in models]
