@@ -204,22 +204,10 @@ def _claims(judged: list[dict], pes: set) -> str:
     heads = ["better?", "than", "protocol", "point", "mode", "top-1 a", "top-1 b", "a - b", "2 x s.e.", "verdict"]
     tables = ""
     for j in (j for j in judged if j["comparisons"]):
-        rows = [
-            [
-                c["better"],
-                c["worse"],
-                c["protocol"],
-                point_label(row_point(c)),
-                c["mode"],
-                stat_text(c["a"]),
-                stat_text(c["b"]),
-                f"{c['diff']:+.1f}",
-                f"{2 * c['se']:.1f}",
-                c["verdict"],
-            ]
-            for c in j["comparisons"]
-        ]
-        tables += f"### {j['claim']}\n\n" + "\n".join(md_table(heads, "lllllrrrrl", rows)) + "\n\n"  # fmt: skip
+        rows = [[c["better"], c["worse"], c["protocol"], point_label(row_point(c)), c["mode"], stat_text(c["a"]),
+                 stat_text(c["b"]), f"{c['diff']:+.1f}", f"{2 * c['se']:.1f}", c["verdict"]]
+                for c in j["comparisons"]]  # fmt: skip
+        tables += f"### {j['claim']}\n\n" + "\n".join(md_table(heads, "lllllrrrrl", rows)) + "\n\n"
     claims = "".join(f"- **{j['claim']}** ({j['source']}; where: {j['where']}): {tally_text(j)}.\n" for j in judged)
     return T["claims"].format(claims=claims, tables=tables)
 
@@ -424,15 +412,9 @@ def _panel_rows(summary: dict, protocol: str, mode: str, shapes: bool) -> list[d
             and (r["height"] > 0 if protocol == "native" else r["height"] != r["width"]) == shapes]  # fmt: skip
 
 
-def _shapes(rows: list[dict], protocol: str) -> list[tuple[int, int]]:
-    """A shapes panel's (height, width): non-square sizes smallest first, or native aspect ratios tallest first."""
-    key = (lambda hw: hw[1] / hw[0]) if protocol == "native" else (lambda hw: (hw[0] * hw[1], hw))
-    return sorted({(r["height"], r["width"]) for r in rows}, key=key)
-
-
 def plot_extrapolation(summary: dict, path: Path) -> Path | None:
-    """Draw summary.json's table to `path` (square sizes as lines, non-square shapes in their own panels); None when
-    matplotlib is missing."""
+    """Draw summary.json's table to `path`: per protocol and mode a panel of lines (square sizes, clip lengths,
+    budgets), then one of the non-square shapes; None when matplotlib is missing."""
     try:
         import matplotlib
 
@@ -441,18 +423,14 @@ def plot_extrapolation(summary: dict, path: Path) -> Path | None:
     except ImportError:  # the tables do not need it
         return None
     modes, protocols, models = summary["modes"], summary["protocols"], summary["models"]
-    square = [(p, m) for p in protocols for m in modes]
-    oblong = [(p, m) for p, m in square if p != "frames" and _panel_rows(summary, p, m, True)]
+    square = [(p, m, False) for p in protocols for m in modes]
+    panels = square + [(p, m, True) for p, m, _ in square if p != "frames" and _panel_rows(summary, p, m, True)]
     parts = {m: split_name(m) for m in models}
     one_backbone = len({p[:2] for p in parts.values()}) == 1  # then the PE names label the lines (vit_n_ape -> ape)
     labels = {m: p[2] if one_backbone else m for m, p in parts.items()}
-    n = len(square) + len(oblong)
-    fig, axes = plt.subplots(1, n, figsize=(5.2 * n, 4.6), sharey=True, squeeze=False)
-    for ax, (protocol, mode) in zip(axes[0][len(square) :], oblong):
-        _oblong_panel(ax, summary, protocol, mode, len(modes) > 1)
-    for ax, (protocol, mode) in zip(axes[0], square):
-        _line_panel(ax, summary, protocol, mode, labels)
-        ax.set_title(f"{protocol}, {mode} positions" if len(modes) > 1 else protocol)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.6), sharey=True, squeeze=False)
+    for ax, (protocol, mode, shapes) in zip(axes[0], panels):
+        _panel(ax, summary, protocol, mode, shapes, labels)
     axes[0][0].set_ylabel("top-1 accuracy (%)")
     handles, names = axes[0][0].get_legend_handles_labels()
     # below the panels, outside every axes: no curve is hidden behind it
@@ -470,47 +448,40 @@ def plot_extrapolation(summary: dict, path: Path) -> Path | None:
     return path
 
 
-def _line_panel(ax, summary: dict, protocol: str, mode: str, labels: dict) -> None:
-    """Top-1 against the size, clip length or token budget: one line (with seed error bars) per model."""
-    key = {"native": "tokens", "frames": "frames"}.get(protocol, "height")
-    rows = _panel_rows(summary, protocol, mode, False)
-    for k, model in enumerate(summary["models"]):
-        pts = sorted((r[key], r["mean"], r["std"]) for r in rows if r["model"] == model)
+def _panel(ax, summary: dict, protocol: str, mode: str, shapes: bool, labels: dict) -> None:
+    """Top-1 with seed error bars, one colour per model: against the size, clip length or token budget (lines), or
+    at each non-square shape (native: aspect ratio) on a categorical axis, markers side by side."""
+    rows, models, native = _panel_rows(summary, protocol, mode, shapes), summary["models"], protocol == "native"
+    key = (lambda hw: hw[1] / hw[0]) if native else (lambda hw: (hw[0] * hw[1], hw))  # tallest or smallest first
+    cats = sorted({(r["height"], r["width"]) for r in rows}, key=key) if shapes else []
+    x = {"native": "tokens", "frames": "frames"}.get(protocol, "height")
+    for k, model in enumerate(models):
+        offset = (k - (len(models) - 1) / 2) * 0.8 / max(len(models), 1)  # markers within a shape do not overlap
+        pts = sorted((cats.index((r["height"], r["width"])) + offset if shapes else r[x], r["mean"], r["std"])
+                     for r in rows if r["model"] == model)  # fmt: skip
         if pts:
             xs, ys, es = zip(*pts)
-            ax.errorbar(xs, ys, yerr=es if any(es) else None, marker="o", ms=4, capsize=2, label=labels[model],
-                        color=f"C{k}")  # fmt: skip
-    base = {"native": summary["base_tokens"], "frames": summary["base_frames"]}
-    ax.axvline(base.get(protocol, summary["base"][0]), color="grey", ls=":")
-    if protocol in ("frames", "native"):
-        ticks = sorted({r[key] for r in rows})
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(ticks, [str(t) for t in ticks])
-        ax.minorticks_off()
-    ax.set_xlabel(AXES[protocol])
-    ax.grid(alpha=0.3)
-
-
-def _oblong_panel(ax, summary: dict, protocol: str, mode: str, name_mode: bool) -> None:
-    """Top-1 at each non-square shape: shapes on a categorical axis, one marker (with seed error bar) per PE."""
-    rows = _panel_rows(summary, protocol, mode, True)
-    shapes, models = _shapes(rows, protocol), summary["models"]
-    width = 0.8 / max(len(models), 1)
-    for k, model in enumerate(models):
-        pts = [(shapes.index((r["height"], r["width"])), r["mean"], r["std"]) for r in rows if r["model"] == model]
-        if pts:
-            xs, ys, es = zip(*sorted(pts))
-            offset = (k - (len(models) - 1) / 2) * width  # side by side within a shape: markers do not overlap
-            ax.errorbar([x + offset for x in xs], ys, yerr=es if any(es) else None, fmt="s", ms=4, capsize=2,
-                        color=f"C{k}")  # the same colour as the model's line in the square panels  # fmt: skip
-    native = protocol == "native"
-    ax.set_xticks(range(len(shapes)), [f"{w}:{h}" if native else f"{h}x{w}" for h, w in shapes])
-    ax.set_xlim(-0.6, len(shapes) - 0.4)
-    kind = "aspect ratios" if native else "non-square"
-    ax.set_title(f"{protocol}, {mode} positions, {kind}" if name_mode else f"{protocol}, {kind}")
-    tokens = f" at {summary['base_tokens']} tokens" if native else ""
-    ax.set_xlabel(f"aspect ratio (width:height){tokens}" if native else "evaluation shape (height x width, px)")
-    ax.grid(alpha=0.3, axis="y")
+            style = dict(fmt="s") if shapes else dict(marker="o", label=labels[model])
+            ax.errorbar(xs, ys, yerr=es if any(es) else None, ms=4, capsize=2, color=f"C{k}", **style)
+    name = f"{protocol}, {mode} positions" if len(summary["modes"]) > 1 else protocol
+    if shapes:
+        ax.set_xticks(range(len(cats)), [f"{w}:{h}" if native else f"{h}x{w}" for h, w in cats])
+        ax.set_xlim(-0.6, len(cats) - 0.4)
+        ax.set_title(f"{name}, {'aspect ratios' if native else 'non-square'}")
+        tokens = f" at {summary['base_tokens']} tokens" if native else ""
+        ax.set_xlabel(f"aspect ratio (width:height){tokens}" if native else "evaluation shape (height x width, px)")
+        ax.grid(alpha=0.3, axis="y")
+    else:
+        base = {"native": summary["base_tokens"], "frames": summary["base_frames"]}
+        ax.axvline(base.get(protocol, summary["base"][0]), color="grey", ls=":")
+        if protocol in ("frames", "native"):
+            ticks = sorted({r[x] for r in rows})
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(ticks, [str(t) for t in ticks])
+            ax.minorticks_off()
+        ax.set_title(name)
+        ax.set_xlabel(AXES[protocol])
+        ax.grid(alpha=0.3)
 
 
 def split_name(name: str) -> tuple[str, str, str]:
