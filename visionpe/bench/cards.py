@@ -21,8 +21,8 @@ from ..data import get_dataset_info
 from ..engine.checkpoint import atomic_write_text
 from ..engine.config import config_from_dict
 from ..models.pretrained_cfgs import WEIGHTS
-from ..papers import PAPERS, bibtex
-from ..pos.presets import PE_PRESETS
+from ..papers import family_paper
+from ..pos.presets import PE_PRESETS, PRESET_PAPERS
 from ..zoo import FAMILIES, Family, model_name, preset_model_options
 from . import report
 from .measure import machine_description
@@ -209,29 +209,11 @@ def _summary_block(path: Path, s: dict, models: list[str], out_dir: Path) -> str
 # ------------------------------------------------------------------------------------------- the zoo's own tables
 
 
-def _pe_paper(fam: Family, pe: str, preset: str) -> tuple[str, str] | None:
-    """(paper name, ids) of a PE variant: the family's own entry, else the entry another family gives the same PE
-    (Swin's iRPE is the iRPE paper), else the family's paper for its default PE; None for no PE."""
-    if pe in fam.pe_cfg:
-        cfg = fam.pe_cfg[pe]
-    elif pe == next(iter(fam.pes)) and preset != "nope":
-        cfg = fam.cfg
-    else:
-        keys = [pe, preset, *(k for k, _ in PE_PRESETS.get(preset, []))]
-        cfg = next((f.pe_cfg[k] for k in keys for f in FAMILIES.values() if k in f.pe_cfg), None)
-    if not cfg or not cfg.get("paper_ids"):
-        return None
-    return cfg.get("paper_name", ""), cfg["paper_ids"]
-
-
-def _paper_names(fam: Family) -> dict[str, str]:
-    seen: dict[str, str] = {}
-    for cfg in [fam.cfg, *fam.pe_cfg.values()]:
-        ids, name = cfg.get("paper_ids"), cfg.get("paper_name")
-        if ids and ids not in seen:
-            known = PAPERS.get(ids.removeprefix("arXiv:"))
-            seen[ids] = known.title if known else name or ""
-    return seen
+def _pe_paper(fam: Family, pe: str, preset: str):
+    """The row in visionpe/papers.py of a PE variant: its preset's paper, else for the family's default PE the
+    family's own paper; None for no PE."""
+    default = pe == next(iter(fam.pes)) and preset != "nope"
+    return PRESET_PAPERS.get(preset) or (family_paper(fam.name) if default else None)
 
 
 def _details(fam: Family, speed: dict, found: list[tuple[Path, dict, list[str]]]) -> dict[str, str]:
@@ -250,8 +232,9 @@ def _details(fam: Family, speed: dict, found: list[tuple[Path, dict, list[str]]]
         mine = {model_name(fam.name, size, pe) for size in fam.sizes}
         measured = [s["name"] for _, s, models in found if mine & set(models)]
         measured += ["speed"] if any(m in mine for m, _ in speed) else []
-        variants.append([f"`{pe or '(none)'}`", f"{preset}: {kinds or 'none'}", _options(extra) or "-",
-                         f"{paper[0]} ({paper[1]})" if paper else "-", ", ".join(measured) or "none yet"])  # fmt: skip
+        paper = f"{paper.title} (arXiv:{paper.arxiv})" if paper else "-"
+        variants.append([f"`{pe or '(none)'}`", f"{preset}: {kinds or 'none'}", _options(extra) or "-", paper,
+                         ", ".join(measured) or "none yet"])  # fmt: skip
     heads = ["suffix", "PE preset (kinds and options)", "model options", "paper", "measured in"]
     return dict(
         first_pe=first_pe or "default",
@@ -292,7 +275,9 @@ def family_card(fam: Family, speed: dict, machines: dict, summaries: list[tuple[
     """The Markdown card of one family: card_template.md filled from the zoo's tables and the results; the
     summaries with models of the family, above-chance runs first."""
     names = [model_name(fam.name, s, p) for s in fam.sizes for p in fam.pes]
-    notes, papers = fam.cfg.get("notes") or (), _paper_names(fam)
+    notes = fam.cfg.get("notes") or ()
+    papers = [family_paper(fam.name), *(_pe_paper(fam, pe, kw.get("pe", "")) for pe, kw in fam.pes.items())]
+    papers = [p for p in dict.fromkeys(papers) if p]  # the family's paper, then each PE's, each once
     found = sorted(((p, s, family_models(fam, s)) for p, s in summaries if family_models(fam, s)),
                    key=lambda f: at_chance(f[1]))  # fmt: skip
     kind = fam.name if f"call_{fam.name}" in T else "image"  # the usage example and model type of its task
@@ -306,8 +291,8 @@ def family_card(fam: Family, speed: dict, machines: dict, summaries: list[tuple[
         speed=_speed_section(fam, speed, machines), cost_spread=_cost_spread_section(fam, speed_files, out_dir),
         limitations=("" if found else T["no_accuracy_limit"] + "\n") + (T["toy_data_limit"] + "\n" if kind != "image"
                                                                         else ""),  # generated toy tasks
-        weights=_weights_section(fam), papers="\n".join(f"- {name} ({ids})" for ids, name in papers.items()),
-        bibtex="\n\n".join(entry for entry in map(bibtex, papers) if entry), date=time.strftime("%Y-%m-%d"),
+        weights=_weights_section(fam), papers="\n".join(f"- {p.title} (arXiv:{p.arxiv})" for p in papers),
+        bibtex="\n\n".join(p.bibtex() for p in papers), date=time.strftime("%Y-%m-%d"),
     )  # fmt: skip
     return text + "\n"
 
