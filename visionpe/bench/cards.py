@@ -281,6 +281,7 @@ def family_card(fam: Family, speed: dict, machines: dict, summaries: list[tuple[
     found = sorted(((p, s, family_models(fam, s)) for p, s in summaries if family_models(fam, s)),
                    key=lambda f: at_chance(f[1]))  # fmt: skip
     kind = fam.name if f"call_{fam.name}" in T else "image"  # the usage example and model type of its task
+    toy = T["toy_data_limit"] + "\n"  # video and image-text families train on generated toy tasks
     text = T["card"].format(
         metadata=card_metadata(fam, summaries), family=fam.name, model_class=fam.model_cls.__name__,
         module_doc=" ".join((sys.modules[fam.module].__doc__ or "").strip().split("\n\n")[0].split()),
@@ -289,8 +290,7 @@ def family_card(fam: Family, speed: dict, machines: dict, summaries: list[tuple[
         **_details(fam, speed, found), training=_training_section(found, out_dir),
         accuracy="\n".join(_summary_block(p, s, m, out_dir) for p, s, m in found) or T["no_accuracy"] + "\n",
         speed=_speed_section(fam, speed, machines), cost_spread=_cost_spread_section(fam, speed_files, out_dir),
-        limitations=("" if found else T["no_accuracy_limit"] + "\n") + (T["toy_data_limit"] + "\n" if kind != "image"
-                                                                        else ""),  # generated toy tasks
+        limitations=("" if found else T["no_accuracy_limit"] + "\n") + ("" if kind == "image" else toy),
         weights=_weights_section(fam), papers="\n".join(f"- {p.title} (arXiv:{p.arxiv})" for p in papers),
         bibtex="\n\n".join(p.bibtex() for p in papers), date=time.strftime("%Y-%m-%d"),
     )  # fmt: skip

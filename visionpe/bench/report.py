@@ -1,6 +1,5 @@
 """An extrapolation benchmark's results.csv, summary.json, results.md (results_template.md filled from the summary,
-as the model cards are) and results.png, and the papers' claims judged on them (the claims are data in
-visionpe/papers.py; docs/benchmark.md)."""
+as the model cards are), results.png, and the papers' claims (visionpe/papers.py) judged on them (docs/benchmark.md)."""
 
 from __future__ import annotations
 
@@ -94,9 +93,8 @@ def base_of(s: dict):
 
 
 def summary_points(s: dict) -> list[Point]:
-    """The table's columns: the training point once (the image protocols show the same inputs there; the native
-    protocol's budget gets a column of its own), then each protocol's other points: sizes as the summary orders them,
-    clip lengths and budgets ascending, aspect ratios from tallest to widest."""
+    """The table's columns: the training point once (the native budget apart), then each protocol's other points:
+    sizes as the summary orders them, clip lengths and budgets ascending, aspect ratios from tallest to widest."""
     base, protocols, order = base_of(s), s["protocols"], {tuple(x): i for i, x in enumerate(s["sizes"])}
     cols = [base(protocols[0]), *([base("native")] if "native" in protocols[1:] else [])]
     for pr in protocols:
@@ -127,9 +125,8 @@ def table_models(s: dict) -> list[str]:
 
 
 def accuracy_tables(s: dict, models: list[str], title: str, pe_column: bool = False) -> str:
-    """Top-1 per model (rows) and evaluation point (columns), one table per position mode under `title` (with
-    {mode}). A cell: mean ± std over seeds, bold at the training point, else with the change against it in brackets;
-    (=) marks, after the first mode, the models whose two modes give the same logits."""
+    """Top-1 per model and evaluation point, one table per position mode under `title` ({mode}); (=) marks, after the
+    first mode, the models whose two modes give the same logits."""
     base, cols, first = base_of(s), summary_points(s), s["modes"][0]
     stats = {(r["model"], r["mode"], row_point(r)): r for r in s["table"]}
     pe = {r["model"]: r["pe"] for r in s["table"]}
@@ -148,6 +145,7 @@ def accuracy_tables(s: dict, models: list[str], title: str, pe_column: bool = Fa
 
 
 def _cell(st: dict | None, base: dict | None, at_base: bool) -> str:
+    """Mean ± std over seeds, bold at the training point, else with the change against it in brackets."""
     if st is None:
         return "-"
     return f"**{stat_text(st)}**" if at_base or base is None else f"{stat_text(st)} ({st['mean'] - base['mean']:+.1f})"
@@ -237,8 +235,7 @@ def format_markdown(s: dict, records: list[dict], rows: list[dict], plan, second
 
 
 def _total_time_text(records: list[dict], processes: int) -> str:
-    """The whole benchmark's cost from every run's recorded CPU time, whichever invocation trained it: the figure that
-    stays meaningful when runs were resumed or the machine was shared."""
+    """The benchmark's cost from every run's recorded CPU time, whichever invocation ran it (resumed runs included)."""
     timed = [r for r in records if r.get("train_cpu_seconds") is not None and r.get("eval_cpu_seconds") is not None]
     if not timed:
         return ""
@@ -260,6 +257,7 @@ def _summary(records: list[dict], stats: dict, plan, seconds: float, machine: di
         delta = st["mean"] - base["mean"] if base else None
         table.append(dict(model=model, pe=pe[model], mode=mode, **point._asdict(), **st, delta=delta))
     cfg, b = plan.cfg, plan.bench
+    checks = {m: [r["base_check"] for r in records if r["model"] == m and r.get("base_check")] for m in b.models}
     return dict(
         name=b.name, dataset=cfg.data.name, base=list(plan.base), sizes=[list(s) for s in ordered_sizes(plan.sizes)],
         modes=list(b.position_modes), protocols=list(b.protocols), base_frames=plan.base_frames,
@@ -270,25 +268,16 @@ def _summary(records: list[dict], stats: dict, plan, seconds: float, machine: di
         modes_agree=sorted(r["model"] for r in records if r["modes_agree"]), machine=machine,
         seconds=round(seconds, 1),
         cpu_seconds={k: round(sum(r.get(f"{k}_cpu_seconds") or 0 for r in records), 1) for k in ("train", "eval")},
-        date=machine.get("date") or time.strftime("%Y-%m-%d"), table=table, base_check=_base_checks(records, b.models),
+        date=machine.get("date") or time.strftime("%Y-%m-%d"), table=table, base_check={
+            m: dict(mean_std([c["top1"] for c in cs]), images=max(c["images"] for c in cs))
+            for m, cs in checks.items() if cs},  # top-1 at the training point on bench.base_samples items
         claims=judge_claims(stats, records, plan.points, list(b.position_modes), plan.base_point),
     )  # fmt: skip
 
 
-def _base_checks(records: list[dict], models: list[str]) -> dict[str, dict]:
-    """model -> {'mean', 'std', 'n', 'images'} of top-1 at the training point on bench.base_samples items."""
-    out = {}
-    for m in models:
-        checks = [r["base_check"] for r in records if r["model"] == m and r.get("base_check")]
-        if checks:
-            out[m] = dict(mean_std([c["top1"] for c in checks]), images=max(c["images"] for c in checks))
-    return out
-
-
 def write_report(records: list[dict], plan, out: Path, seconds: float, machine: dict | None = None) -> list[Path]:
-    """results.csv, results.md, summary.json and results.png under `out`; returns the paths written. Nothing is
-    written (and [] returned) when the records hold no row of the plan's points and modes: tables already there are
-    never replaced by empty ones. `machine`: what the runs were measured on (default: this machine)."""
+    """results.csv, results.md, summary.json and results.png under `out` (`machine`: what the runs were measured on,
+    default this one); returns the paths, [] when no row is of the plan's points and modes: nothing is replaced."""
     points, modes = set(plan.points), set(plan.bench.position_modes)  # a record keeps rows of points since dropped
     records = [dict(r, rows=[x for x in r["rows"] if x["mode"] in modes and row_point(x) in points]) for r in records]
     rows = long_rows(records)
@@ -349,17 +338,15 @@ def _compare(claim, good: str, bad: str, stats: dict, points: list, modes: list[
             base = base_of(point.protocol)
             where = {"base": point == base, "beyond": _is_beyond(point, base)}.get(claim.where, True)
             if (not claim.protocols or point.protocol in claim.protocols) and a and b and where:
-                diff, se = a["mean"] - b["mean"], standard_error(a, b)
-                at = dict(better=good, worse=bad, mode=mode, **point._asdict())
-                out.append(dict(at, a=dict(a), b=dict(b), diff=diff, se=se, verdict=verdict(a, b)))
+                out.append(dict(better=good, worse=bad, mode=mode, **point._asdict(), a=dict(a), b=dict(b),
+                                diff=a["mean"] - b["mean"], se=standard_error(a, b),
+                                verdict=verdict(a, b)))  # fmt: skip
     return out
 
 
 def judge_claims(stats: dict, records: list[dict], points: list, modes: list[str], base_of) -> list[dict]:
-    """Every claim judged at every point and mode where the benchmark has both models of a pair.
-
-    stats: (model, mode, point) -> {'mean', 'std', 'n'}; records: per-run records (model, family, size, pe);
-    base_of(protocol) -> the training point of that protocol."""
+    """Every claim judged at every point and mode where the benchmark has both models of a pair (one backbone):
+    stats (model, mode, point) -> {'mean', 'std', 'n'}; base_of(protocol) -> the training point of that protocol."""
     by_pe: dict[str, dict[str, dict]] = {}
     for rec in records:
         by_pe.setdefault(rec["pe"], {}).setdefault(rec["model"], rec)
@@ -383,11 +370,9 @@ def tally_text(judged: dict) -> str:
     comparisons = judged["comparisons"]
     if not comparisons and judged["present"]:
         models = "; ".join(" and ".join(pair) for pair in judged["present"])
-        return f"not measured: this benchmark has {models}, but no evaluation point where the claim applies " \
-            f"({judged['where']})"  # fmt: skip
+        return T["no_point"].format(models=models, where=judged["where"])
     if not comparisons:
-        pes = sorted({pe for pair in judged["pairs"] for pe in pair})
-        return f"not measured: this benchmark lacks models with the PEs {', '.join(pes)} on one backbone"
+        return T["no_pair"].format(pes=", ".join(sorted({pe for pair in judged["pairs"] for pe in pair})))
     parts = []
     for protocol in dict.fromkeys(c["protocol"] for c in comparisons):
         mine = [c for c in comparisons if c["protocol"] == protocol]
