@@ -44,12 +44,6 @@ def long_rows(records: list[dict]) -> list[dict]:
              "tokens": r.get("tokens", 0)} for rec in records for r in rec["rows"]]  # fmt: skip
 
 
-def ordered_sizes(sizes: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Square sizes ascending, then the others by area."""
-    square = sorted(s for s in sizes if s[0] == s[1])
-    return square + sorted((s for s in sizes if s[0] != s[1]), key=lambda s: (s[0] * s[1], s))
-
-
 def mean_std(values: list[float]) -> dict:
     """{'mean', 'std', 'n'} over seeds (sample std; 0 for one value)."""
     sd = statistics.stdev(values) if len(values) > 1 else 0.0
@@ -117,11 +111,6 @@ def headings(s: dict, cols: list[Point]) -> list[str]:
         return f"base ({point_label(c)})" if c.protocol == "native" else train
 
     return [heading(c) for c in cols]
-
-
-def table_models(s: dict) -> list[str]:
-    """The summary's models with a cell in its table, in the benchmark's order."""
-    return [m for m in s["models"] if any(r["model"] == m for r in s["table"])]
 
 
 def accuracy_tables(s: dict, models: list[str], title: str, pe_column: bool = False) -> str:
@@ -212,7 +201,7 @@ def _claims(judged: list[dict], pes: set) -> str:
 
 def format_markdown(s: dict, records: list[dict], rows: list[dict], plan, seconds: float) -> str:
     """results.md: results_template.md filled with the summary's tables, notes, statistics and claims."""
-    b, models = plan.bench, table_models(s)
+    b, models = plan.bench, [m for m in s["models"] if any(r["model"] == m for r in s["table"])]  # with a cell
     images = "/".join(map(str, sorted({r["images"] for r in rows})))
     seeds = sorted({r["seed"] for r in rows})
     heads = headings(s, summary_points(s))
@@ -258,15 +247,15 @@ def _summary(records: list[dict], stats: dict, plan, seconds: float, machine: di
         table.append(dict(model=model, pe=pe[model], mode=mode, **point._asdict(), **st, delta=delta))
     cfg, b = plan.cfg, plan.bench
     checks = {m: [r["base_check"] for r in records if r["model"] == m and r.get("base_check")] for m in b.models}
+    sizes = sorted(plan.sizes, key=lambda s: (s[0] != s[1], s[0] * s[1], s))  # squares ascending, then by area
     return dict(
-        name=b.name, dataset=cfg.data.name, base=list(plan.base), sizes=[list(s) for s in ordered_sizes(plan.sizes)],
+        name=b.name, dataset=cfg.data.name, base=list(plan.base), sizes=[list(s) for s in sizes],
         modes=list(b.position_modes), protocols=list(b.protocols), base_frames=plan.base_frames,
         base_tokens=plan.base_tokens, pretrained=b.pretrained, seeds=sorted({r["seed"] for r in records}),
         models=[m for m in b.models if m in pe],
         recipe=dict(epochs=cfg.train.epochs, batch_size=cfg.data.batch_size, opt=cfg.optim.opt, lr=cfg.optim.lr,
                     data_options=cfg.data.options, scale=cfg.aug.scale, hflip=cfg.aug.hflip),
-        modes_agree=sorted(r["model"] for r in records if r["modes_agree"]), machine=machine,
-        seconds=round(seconds, 1),
+        modes_agree=sorted(r["model"] for r in records if r["modes_agree"]), machine=machine, seconds=round(seconds, 1),
         cpu_seconds={k: round(sum(r.get(f"{k}_cpu_seconds") or 0 for r in records), 1) for k in ("train", "eval")},
         date=machine.get("date") or time.strftime("%Y-%m-%d"), table=table, base_check={
             m: dict(mean_std([c["top1"] for c in cs]), images=max(c["images"] for c in cs))
