@@ -120,6 +120,8 @@ def _cost_spread_section(fam: Family, files: list[tuple[Path, dict]], out_dir: P
         by = {(r.model, r.resolution, r.frames): r for r in rows}
         mine = [r for r in rows if r.model.startswith(fam.name + "_") and r.model != r.baseline and (
                 r.infer_vs_base or r.train_vs_base or (r.baseline and (r.infer_mem_mb or r.train_mem_mb)))]  # fmt: skip
+        if not mine:
+            continue
         cells = [[r.model, r.resolution, r.frames or "-", r.baseline, spread_text(r.infer_vs_base),
                   spread_text(r.train_vs_base), memory_ratio_text(r, by.get((r.baseline, r.resolution, r.frames))),
                   spread_text(r.infer_vs_timm), spread_text(r.train_vs_timm)] for r in mine]  # fmt: skip
@@ -129,7 +131,7 @@ def _cost_spread_section(fam: Family, files: list[tuple[Path, dict]], out_dir: P
             link=f" ([{md.name}]({relative_link(md, out_dir)}))" if md.is_file() else "",
             word="interquartile range" if s["rounds"] >= 4 else "min-max",
             table="\n".join(md_table(heads, "lrrlrrrrr", cells)),
-        ) + "\n\n" if mine else ""  # fmt: skip
+        ) + "\n\n"  # fmt: skip
     return text
 
 
@@ -168,10 +170,12 @@ def _training_section(found: list[tuple[Path, dict, list[str]]], out_dir: Path) 
     """Per benchmark: its models, dataset and recipe (in results.md's words, from the run's saved bench.yaml)."""
     lines = []
     for path, s, models in found:
-        saved = yaml.safe_load((path.parent / "bench.yaml").read_text())
-        cfg = config_from_dict({k: v for k, v in saved.items() if k != "bench"}, f" in {path.parent}/bench.yaml")
-        how = T["pretrained"].format(where=_trained_where(s)) if s["pretrained"] else T["trained"].format(
-            recipe=report.recipe_text(cfg), seeds=s["seeds"])  # fmt: skip
+        if s["pretrained"]:
+            how = T["pretrained"].format(where=_trained_where(s))
+        else:
+            saved = yaml.safe_load((path.parent / "bench.yaml").read_text())
+            cfg = config_from_dict({k: v for k, v in saved.items() if k != "bench"}, f" in {path.parent}/bench.yaml")
+            how = T["trained"].format(recipe=report.recipe_text(cfg), seeds=s["seeds"])
         lines.append(T["training"].format(name=s["name"], models=", ".join(f"`{m}`" for m in models), how=how,
                                           data=DATASETS.get(s["dataset"], (None, s["dataset"]))[1],
                                           rel=relative_link(path.parent, out_dir),
