@@ -1,9 +1,8 @@
 """Reports and model cards say what each dataset's training items went through, from the dataset's own words."""
 
-from pathlib import Path
-
-from visionpe.bench.cards import _recipe_text
+from visionpe.bench.report import recipe_text
 from visionpe.data.registry import augmentation_text
+from visionpe.engine.config import config_from_dict
 
 
 def test_generated_sets_without_augmentation_say_none():
@@ -22,7 +21,8 @@ def test_fashion_mnist_names_the_crop_it_uses():
     assert canvas == "the garment at a random position on the canvas"
 
 
-def test_cards_state_the_augmentation_not_the_unused_settings(tmp_path: Path):
-    s = dict(dataset="video-shapes", recipe=dict(epochs=2, scale=[0.08, 1.0], hflip=0.5, data_options={"frames": 8}))
-    text = _recipe_text(s, tmp_path)
-    assert "hflip" not in text and text.endswith("augmentation: none")
+def test_reports_and_cards_state_the_augmentation_not_the_unused_settings():
+    cfg = config_from_dict(dict(data=dict(name="video-shapes", options={"frames": 8}), aug=dict(hflip=0.5),
+                                train=dict(epochs=2)))  # fmt: skip
+    text = recipe_text(cfg)
+    assert "hflip" not in text and text.endswith("data options: frames=8; augmentation: none)")

@@ -165,10 +165,9 @@ def test_base_samples_evaluate_the_training_point_on_more_items(tmp_path, monkey
     (card,) = write_cards(out.parent, tmp_path / "cards", ["vit"])
     top1 = again["base_check"]["top1"]
     assert "The training point on 1000 validation items (the tables read fewer" in card.read_text()
-    assert (
-        "augmentation: none, model." in card.read_text()  # synthetic shapes are drawn, not augmented
+    assert (  # synthetic shapes are drawn, not augmented
+        "model options: embed_dim=32, depth=1, num_heads=2; augmentation: none) from random init" in card.read_text()
         and "hflip" not in card.read_text()
-        and "model.embed_dim=32, model.depth=1, model.num_heads=2" in card.read_text()
     )
     assert f"vit_n_ape {top1:.1f}." in card.read_text()
     with pytest.raises(BenchConfigError, match="bench.base_samples must be >= 0"):
@@ -372,8 +371,11 @@ def test_cards_are_written_from_results_files(tmp_path):
         date="2025-01-01",
         table=table,
         claims=[],
+        pretrained=False,
+        base_check={},
     )
     (results / "fm" / "summary.json").write_text(json.dumps(summary))
+    (results / "fm" / "bench.yaml").write_text("data: {name: fashion-mnist, resolution: 28}\n")  # the run's recipe
     paths = write_cards(results, tmp_path / "cards", ["vit", "cvt"])
     vit = (tmp_path / "cards" / "vit.md").read_text()
     assert [p.name for p in paths] == ["vit.md", "cvt.md"]

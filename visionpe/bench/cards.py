@@ -7,7 +7,6 @@ results under results/ (docs/benchmark.md).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -19,32 +18,22 @@ import yaml
 import visionpe  # noqa: F401  (registers the families)
 
 from ..data import get_dataset_info
-from ..data.registry import augmentation_text
 from ..engine.checkpoint import atomic_write_text
+from ..engine.config import config_from_dict
 from ..models.pretrained_cfgs import WEIGHTS
-from ..papers import PAPERS, bibtex
-from ..pos.presets import PE_PRESETS
+from ..papers import family_paper
+from ..pos.presets import PE_PRESETS, PRESET_PAPERS
 from ..zoo import FAMILIES, Family, model_name, preset_model_options
+from . import report
 from .measure import machine_description
-from .protocols import Point, row_point, size_label
-from .report import accuracy_table, base_check_text, fmt, headings, md_table, protocols_text, tally_text, template
+from .protocols import row_point, size_label
+from .report import fmt, md_table
 from .speed import ZOO_SIZES, SpeedRow, memory_ratio_text, spread_text
 
-T = template("card_template.md")
+T = report.template("card_template.md")
 
-# family -> (Hugging Face pipeline tag, what the model does); "*" for the image classifiers
-TASKS = {
-    "*": ("image-classification", "image classifier"),
-    "vivit": ("video-classification", "video classifier"),
-    "mm": ("visual-question-answering", "image + text encoder with a classification head (answers as classes)"),
-}
-# the usage example's forward call per family ("*": the image classifiers)
-CALLS = {
-    "*": "logits = model(torch.randn(2, 3, 48, 48))  # any input size at call time",
-    "vivit": "clips = torch.randn(2, 3, 8, 32, 32)  # [batch, channels, frames, height, width]\nlogits = model(clips)",
-    "mm": "logits = model(pixels=torch.randn(2, 3, 32, 32), text_ids=torch.randint(0, 100, (2, 12)))"
-    "  # image + token ids",
-}
+# family -> Hugging Face pipeline tag; "*" for the image classifiers (the usage examples: card_template.md)
+TASKS = {"*": "image-classification", "vivit": "video-classification", "mm": "visual-question-answering"}
 # dataset name in results -> (Hugging Face dataset id or None for generated sets, description)
 DATASETS = {
     "fashion-mnist": ("zalando-datasets/fashion_mnist", "Fashion-MNIST (28 px greyscale clothing, 10 classes)"),
@@ -58,17 +47,6 @@ PE_TAGS = {"rope": "rope", "irpe": "irpe", "cpe": "conditional-position-encoding
            "ape": "absolute-position-embedding", "rpb": "relative-position-bias"}  # fmt: skip
 
 
-def load_speed(files: list[tuple[Path, dict]]) -> tuple[dict[tuple[str, int], dict], dict[str, dict]]:
-    """(model, resolution) -> speed row, and model -> the machine it was measured on; zoo.json wins over others."""
-    rows: dict[tuple[str, int], dict] = {}
-    machines: dict[str, dict] = {}
-    for path, data in sorted(files, key=lambda f: f[0].stem == "zoo"):  # zoo.json last: it wins
-        for r in data.get("rows", []):
-            rows[(r["model"], r["resolution"])] = r
-            machines[r["model"]] = dict(data.get("machine", {}), source=str(path), settings=data.get("settings", {}))
-    return rows, machines
-
-
 def relative_link(target: Path, start: Path) -> str:
     return Path(os.path.relpath(target.resolve(), start.resolve())).as_posix()
 
@@ -77,26 +55,32 @@ def _options(kwargs: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in kwargs.items())
 
 
-def _preset_text(preset: str) -> str:
-    parts = PE_PRESETS.get(preset, [])
-    return " + ".join(f"{kind}({_options(kw)})" if kw else kind for kind, kw in parts) or "none"
-
-
 def _default_res(fam: Family, size: str) -> int:
     return int({**fam.cfg, **fam.size_cfg.get(size, {})}.get("input_size", (3, 224, 224))[-1])
 
 
+# ---------------------------------------------------------------------------------------------------------- the cost
+
+
+def load_speed(files: list[tuple[Path, dict]]) -> tuple[dict[tuple[str, int], SpeedRow], dict[str, dict]]:
+    """(model, resolution) -> speed row, and model -> the machine (and settings) it was measured on; zoo.json wins."""
+    rows, machines = {}, {}
+    for _, data in sorted(files, key=lambda f: f[0].stem == "zoo"):  # zoo.json last: it wins
+        for r in (SpeedRow(**r) for r in data["rows"]):
+            rows[(r.model, r.resolution)] = r
+            machines[r.model] = dict(data["machine"], settings=data["settings"])
+    return rows, machines
+
+
 def _how_measured(machine: dict, s: dict) -> str:
-    clock = "CPU seconds of one thread" if s.get("clock") == "cpu" else "wall-clock"
-    when = f"{machine.get('date', '?')}; batch {s.get('batch', '?')}, {s.get('rounds', '?')} interleaved rounds"
+    clock = "CPU seconds of one thread" if s.get("clock") == "cpu" else "wall-clock"  # memory runs keep no clock
+    when = f"{machine['date']}; batch {s['batch']}, {s['rounds']} interleaved rounds"
     return f"{machine_description(machine)}, {when}, {clock}"
 
 
-def _ratio(r: dict, base: dict, key: str) -> str:
-    return f"{r[key] / base[key]:.2f}" if r.get(key) and base.get(key) else "-"
-
-
-# ---------------------------------------------------------------------------------------------------------- the cost
+def _ratio(r: SpeedRow, base: SpeedRow | None, key: str) -> str:
+    a, b = getattr(r, key), base and getattr(base, key)
+    return f"{a / b:.2f}" if a and b else "-"
 
 
 def _speed_section(fam: Family, speed: dict, machines: dict) -> str:
@@ -104,23 +88,20 @@ def _speed_section(fam: Family, speed: dict, machines: dict) -> str:
     size = ZOO_SIZES.get(fam.name, next(iter(fam.sizes)))
     res = _default_res(fam, size)
     names = [model_name(fam.name, size, pe) for pe in fam.pes]
-    measured = [n for n in names if (n, res) in speed]
+    measured = [speed[(n, res)] for n in names if (n, res) in speed]
     if not measured:
         return T["no_speed"] + "\n"
-    base, rows, timm_rows = speed.get((names[0], res), {}), [], []
-    for n in measured:
-        r = speed[(n, res)]
-        rows.append([n, f"{r['params_m']:.2f}", fmt(r.get("gflops")), fmt(r.get("infer_ips"), ".1f"),
-                     _ratio(r, base, "infer_ips"), fmt(r.get("train_ips"), ".1f"), _ratio(r, base, "train_ips"),
-                     fmt(r.get("infer_mem_mb"), ".0f")])  # fmt: skip
-        if r.get("reference"):
-            ref = speed.get((r["reference"], res), {})
-            flops = f"{fmt(r.get('gflops'))} / {fmt(ref.get('gflops'))}"
-            timm_rows.append([n, r["reference"], flops, _ratio(r, ref, "infer_ips"), _ratio(r, ref, "train_ips")])
+    base, rows, timm_rows = speed.get((names[0], res)), [], []
+    for r in measured:
+        rows.append([r.model, f"{r.params_m:.2f}", fmt(r.gflops), fmt(r.infer_ips, ".1f"), _ratio(r, base, "infer_ips"),
+                     fmt(r.train_ips, ".1f"), _ratio(r, base, "train_ips"), fmt(r.infer_mem_mb, ".0f")])  # fmt: skip
+        if r.reference:
+            ref = speed.get((r.reference, res))
+            timm_rows.append([r.model, r.reference, f"{fmt(r.gflops)} / {fmt(ref and ref.gflops)}",
+                              _ratio(r, ref, "infer_ips"), _ratio(r, ref, "train_ips")])  # fmt: skip
     heads = ["model", "params (M)", "GFLOPs", "infer img/s", "infer vs first", "train img/s", "train vs first"]
-    m = machines[measured[0]]
-    how = _how_measured(m, m.get("settings", {}))
-    text = T["speed"].format(family=fam.name, size=size, res=res, how=how, first=names[0],
+    m = machines[measured[0].model]
+    text = T["speed"].format(family=fam.name, size=size, res=res, how=_how_measured(m, m["settings"]), first=names[0],
                              table="\n".join(md_table([*heads, "infer MiB"], "lrrrrrrr", rows)))  # fmt: skip
     if timm_rows:
         heads = ["ours", "timm", "GFLOPs (ours / timm)", "inference speed ratio", "training speed ratio"]
@@ -128,37 +109,29 @@ def _speed_section(fam: Family, speed: dict, machines: dict) -> str:
     return text + "\n"
 
 
-def _speed_rows(data: dict) -> list[SpeedRow]:
-    known = {f.name for f in dataclasses.fields(SpeedRow)}
-    return [SpeedRow(**{k: v for k, v in r.items() if k in known}) for r in data.get("rows", []) if "model" in r]
-
-
 def _cost_spread_section(fam: Family, files: list[tuple[Path, dict]], out_dir: Path) -> str:
     """Per-PE cost against a baseline measured in the same rounds, median [spread], from every speed file that has
     such ratios for models of the family."""
+    heads = ["model", "px", "frames", "baseline", "infer vs baseline", "train vs baseline", "memory vs baseline",
+             "infer vs timm", "train vs timm"]  # fmt: skip
     text = ""
     for path, data in files:
-        rows = _speed_rows(data)
+        rows = [SpeedRow(**r) for r in data["rows"]]
         by = {(r.model, r.resolution, r.frames): r for r in rows}
         mine = [r for r in rows if r.model.startswith(fam.name + "_") and r.model != r.baseline and (
                 r.infer_vs_base or r.train_vs_base or (r.baseline and (r.infer_mem_mb or r.train_mem_mb)))]  # fmt: skip
         if not mine:
             continue
-        heads = ["model", "px", "frames", "baseline", "infer vs baseline", "train vs baseline", "memory vs baseline",
-                 "infer vs timm", "train vs timm"]  # fmt: skip
         cells = [[r.model, r.resolution, r.frames or "-", r.baseline, spread_text(r.infer_vs_base),
                   spread_text(r.train_vs_base), memory_ratio_text(r, by.get((r.baseline, r.resolution, r.frames))),
                   spread_text(r.infer_vs_timm), spread_text(r.train_vs_timm)] for r in mine]  # fmt: skip
-        md = path.with_suffix(".md")
+        md, s = path.with_suffix(".md"), data["settings"]
         text += T["cost_spread"].format(
-            name=path.stem,
-            file=f"{path.parent.name}/{path.name}",
+            name=path.stem, file=f"{path.parent.name}/{path.name}", how=_how_measured(data["machine"], s),
             link=f" ([{md.name}]({relative_link(md, out_dir)}))" if md.is_file() else "",
-            how=_how_measured(data["machine"], data.get("settings", {})),
-            word="interquartile range" if data.get("settings", {}).get("rounds", 0) >= 4 else "min-max",
+            word="interquartile range" if s["rounds"] >= 4 else "min-max",
             table="\n".join(md_table(heads, "lrrlrrrrr", cells)),
-        )
-        text += "\n\n"
+        ) + "\n\n"  # fmt: skip
     return text
 
 
@@ -169,182 +142,103 @@ def family_models(fam: Family, s: dict) -> list[str]:
     return [m for m in s["models"] if m.startswith(fam.name + "_") or m == fam.name]
 
 
-def _base_of(s: dict):
-    """protocol -> the training point of a summary (what plan.base_point gives for its benchmark)."""
-    base, frames, tokens = tuple(s["base"]), s["base_frames"], s.get("base_tokens", 0)
-
-    def base_of(protocol: str) -> Point:
-        if protocol == "native":  # the training budget, each image at its own aspect ratio
-            return Point(protocol, 0, 0, 0, tokens)
-        return Point(protocol, *base, frames if protocol == "frames" else 0)
-
-    return base_of
-
-
 def _trained_where(s: dict) -> str:
     """Where the models were trained: '32 px', '8 frames of 32 px' or '64 tokens per image at native aspect ratios'."""
-    base = size_label(tuple(s["base"]))
     if "native" in s["protocols"]:
-        return f"{s.get('base_tokens', 0)} tokens per image at native aspect ratios"
+        return f"{s['base_tokens']} tokens per image at native aspect ratios"
+    base = size_label(tuple(s["base"]))
     return f"{s['base_frames']} frames of {base} px" if "frames" in s["protocols"] else f"{base} px"
-
-
-def summary_points(s: dict) -> list[Point]:
-    """The table's columns: the training point once, then each protocol's other points (sizes as the summary orders
-    them, clip lengths ascending)."""
-    base_of, protocols = _base_of(s), s["protocols"]
-    have = {row_point(r) for r in s["table"]}
-    order = {tuple(x): i for i, x in enumerate(s["sizes"])}
-    cols = [base_of(protocols[0])]
-    for pr in protocols:
-        mine = [p for p in have if p.protocol == pr and p != base_of(pr)]
-        cols += sorted(mine, key=lambda p: (p.frames, p.height > 0, p.tokens, order.get(p.size, len(order)), p.size))
-    return cols
 
 
 def chance_level(s: dict) -> float | None:
     """Top-1 (%) of guessing on the summary's dataset; None when the number of classes is not known."""
     try:
-        return 100.0 / get_dataset_info(s["dataset"]).num_classes
-    except (KeyError, ValueError, TypeError, ZeroDivisionError):  # unknown set, or classes known only from a folder
+        classes = get_dataset_info(s["dataset"]).num_classes
+    except ValueError:  # a dataset not registered here
         return None
+    return 100.0 / classes if classes else None  # image folders know their classes only from the data
 
 
 def at_chance(s: dict) -> bool:
     """No model clearly above guessing at the training point (mean - 2 std within chance level)."""
-    chance = chance_level(s)
-    base = _base_of(s)(s["protocols"][0])
+    chance, base = chance_level(s), report.base_of(s)(s["protocols"][0])
     rows = [r for r in s["table"] if row_point(r) == base]
-    return chance is not None and bool(rows) and all(r["mean"] - 2 * r.get("std", 0.0) <= chance for r in rows)
-
-
-def family_summaries(fam: Family, summaries: list[tuple[Path, dict]]) -> list[tuple[Path, dict, list[str]]]:
-    """(path, summary, the family's models) of every summary with models of the family; above-chance runs first."""
-    found = [(p, s, family_models(fam, s)) for p, s in summaries]
-    return sorted((f for f in found if f[2]), key=lambda f: at_chance(f[1]))
-
-
-def _recipe_text(s: dict, folder: Path) -> str:
-    """The recipe in one line (model options from the run's saved config, bench.yaml)."""
-    r = dict(s.get("recipe", {}))
-    opts = r.pop("data_options", {}) or {}
-    aug = {k: r.pop(k) for k in ("scale", "hflip") if k in r}
-    parts = [f"{k}={v}" for k, v in r.items()] + [f"data.{k}={v}" for k, v in opts.items()]
-    parts.append(f"augmentation: {augmentation_text(s['dataset'], opts, aug)}")
-    if (folder / "bench.yaml").is_file():
-        kwargs = (yaml.safe_load((folder / "bench.yaml").read_text()).get("model") or {}).get("kwargs") or {}
-        parts += [f"model.{k}={v}" for k, v in kwargs.items()]
-    return ", ".join(parts)
+    return chance is not None and bool(rows) and all(r["mean"] - 2 * r["std"] <= chance for r in rows)
 
 
 def _training_section(found: list[tuple[Path, dict, list[str]]], out_dir: Path) -> str:
-    if not found:
-        return T["no_training"] + "\n"
+    """Per benchmark: its models, dataset and recipe (in results.md's words, from the run's saved bench.yaml)."""
     lines = []
     for path, s, models in found:
-        rel = relative_link(path.parent, out_dir)
-        if s.get("pretrained"):
-            how = f"Pretrained weights evaluated without training at {_trained_where(s)}"
+        if s["pretrained"]:
+            how = T["pretrained"].format(where=_trained_where(s))
         else:
-            how = f"Trained from random initialisation at {_trained_where(s)} with {_recipe_text(s, path.parent)}; "
-            how += f"seeds {s['seeds']}"
-        folder = f"{path.parent.parent.name}/{path.parent.name}"  # results/<name>
-        command = s.get("command") or f"visionpe-bench extrapolate -c {folder}/bench.yaml"
+            saved = yaml.safe_load((path.parent / "bench.yaml").read_text())
+            cfg = config_from_dict({k: v for k, v in saved.items() if k != "bench"}, f" in {path.parent}/bench.yaml")
+            how = T["trained"].format(recipe=report.recipe_text(cfg), seeds=s["seeds"])
         lines.append(T["training"].format(name=s["name"], models=", ".join(f"`{m}`" for m in models), how=how,
-                                          data=DATASETS.get(s["dataset"], (None, s["dataset"]))[1], rel=rel,
-                                          command=command))  # fmt: skip
-    return "\n".join(lines) + "\n"
-
-
-def _heading(s: dict) -> str:
-    n = len(s["seeds"])
-    seeds = f"{n} seeds" if n > 1 else "1 seed (single runs: no spread)"
-    where = _trained_where(s)
-    how = f"pretrained weights at {where}" if s.get("pretrained") else f"trained at {where}, {seeds}"
-    return f"### {s['name']}: {how}" + (", at chance level" if at_chance(s) else "")
+                                          data=DATASETS.get(s["dataset"], (None, s["dataset"]))[1],
+                                          rel=relative_link(path.parent, out_dir),
+                                          folder=f"{path.parent.parent.name}/{path.parent.name}"))  # fmt: skip
+    return "\n".join(lines) + "\n" if found else T["no_training"] + "\n"
 
 
 def _summary_block(path: Path, s: dict, models: list[str], out_dir: Path) -> str:
     """One benchmark's tables for the family's models, its base check, machine, chance level and claims."""
-    rel, seeds, chance = relative_link(path.parent, out_dir), s["seeds"], chance_level(s)
-    base_of, cols, modes = _base_of(s), summary_points(s), s["modes"]
-    stats = {(r["model"], r["mode"], row_point(r)): r for r in s["table"]}
-    heads = headings(cols, base_of, tuple(s["base"]), s["base_frames"], s["protocols"])
-    tables = [accuracy_table(models, mode, cols, heads, stats, base_of, s.get("modes_agree", []), modes[0])
-              for mode in modes]  # fmt: skip
-    mine = {m: c for m, c in (s.get("base_check") or {}).items() if m in models}
+    rel, seeds, chance, low = relative_link(path.parent, out_dir), s["seeds"], chance_level(s), at_chance(s)
+    where, png = _trained_where(s), (path.parent / "results.png").exists()
+    n = f"{len(seeds)} seeds" if len(seeds) > 1 else "1 seed (single runs: no spread)"
     one = f"one run (seed {seeds[0]}) per cell, so no spread is given"
-    plot = (path.parent / "results.png").exists()
     text = T["accuracy"].format(
-        heading=_heading(s),
-        dataset=s["dataset"],
+        name=s["name"], how=f"pretrained weights at {where}" if s["pretrained"] else f"trained at {where}, {n}",
+        chance_heading=", at chance level" if low else "", dataset=s["dataset"], rel=rel,
         spread=f"mean ± standard deviation over the seeds {seeds}" if len(seeds) > 1 else one,
-        protocols=protocols_text(s["protocols"]),
-        rel=rel,
-        plot=f", ![top-1 against the evaluation point]({rel}/results.png)" if plot else "",
-        tables="".join(f"*{m}* positions:\n\n" + "\n".join(t) + "\n\n" for m, t in zip(modes, tables)),
-        base_check=base_check_text(mine, "the tables read fewer"),
-        machine=machine_description(s["machine"]),
-        date=s["date"],
-        notes=(T["modes_agree"] if len(modes) > 1 else "")
-        + (f" Chance level: {chance:.1f}%." if chance else "")
-        + (T["at_chance"] if at_chance(s) else ""),
-    )
+        protocols=report.protocols_text(s["protocols"]),
+        tables=report.accuracy_tables(s, models, "*{mode}* positions:"),
+        plot=f", ![top-1 against the evaluation point]({rel}/results.png)" if png else "",
+        base_check=report.base_check_text({m: c for m, c in s["base_check"].items() if m in models},
+                                          "the tables read fewer"),
+        machine=machine_description(s["machine"]), date=s["date"],
+        notes=(T["modes_agree"] if len(s["modes"]) > 1 else "") + (f" Chance level: {chance:.1f}%." if chance else "")
+        + (T["at_chance"] if low else ""),
+    )  # fmt: skip
     claims = []
     for j in s["claims"]:  # the claims with comparisons between the family's models, restricted to those
         mine = [c for c in j["comparisons"] if c["better"] in models and c["worse"] in models]
         if mine:
-            claims.append(f"- **{j['claim']}** ({j['source']}): {tally_text(dict(j, comparisons=mine))}.")
+            claims.append(f"- **{j['claim']}** ({j['source']}): {report.tally_text(dict(j, comparisons=mine))}.")
     return text + "\n" + ("\n" + T["claims"].format(rel=rel, claims="\n".join(claims)) + "\n" if claims else "")
 
 
 # ------------------------------------------------------------------------------------------- the zoo's own tables
 
 
-def _pe_paper(fam: Family, pe: str, preset: str) -> tuple[str, str] | None:
-    """(paper name, ids) of a PE variant: the family's own entry, else the entry another family gives the same PE
-    (Swin's iRPE is the iRPE paper), else the family's paper for its default PE; None for no PE."""
-    if pe in fam.pe_cfg:
-        cfg = fam.pe_cfg[pe]
-    elif pe == next(iter(fam.pes)) and preset != "nope":
-        cfg = fam.cfg
-    else:
-        keys = [pe, preset, *(k for k, _ in PE_PRESETS.get(preset, []))]
-        cfg = next((f.pe_cfg[k] for k in keys for f in FAMILIES.values() if k in f.pe_cfg), None)
-    if not cfg or not cfg.get("paper_ids"):
-        return None
-    return cfg.get("paper_name", ""), cfg["paper_ids"]
-
-
-def _paper_names(fam: Family) -> dict[str, str]:
-    seen: dict[str, str] = {}
-    for cfg in [fam.cfg, *fam.pe_cfg.values()]:
-        ids, name = cfg.get("paper_ids"), cfg.get("paper_name")
-        if ids and ids not in seen:
-            known = PAPERS.get(ids.removeprefix("arXiv:"))
-            seen[ids] = known.title if known else name or ""
-    return seen
+def _pe_paper(fam: Family, pe: str, preset: str):
+    """The row in visionpe/papers.py of a PE variant: its preset's paper, else for the family's default PE the
+    family's own paper; None for no PE."""
+    default = pe == next(iter(fam.pes)) and preset != "nope"
+    return PRESET_PAPERS.get(preset) or (family_paper(fam.name) if default else None)
 
 
 def _details(fam: Family, speed: dict, found: list[tuple[Path, dict, list[str]]]) -> dict[str, str]:
     """The architecture table (each size's configuration and cost) and the PE variants table (preset, options,
     paper, and which results measure it)."""
-    first_pe = next(iter(fam.pes))
-    sizes = []
+    first_pe, sizes, variants = next(iter(fam.pes)), [], []
     for size, kwargs in fam.sizes.items():
         res = _default_res(fam, size)
-        r = speed.get((model_name(fam.name, size, first_pe), res), {})
-        sizes.append([size, _options(kwargs), res, fmt(r.get("params_m")), fmt(r.get("gflops"))])
-    variants = []
+        r = speed.get((model_name(fam.name, size, first_pe), res))
+        sizes.append([size, _options(kwargs), res, fmt(r and r.params_m), fmt(r and r.gflops)])
     for pe, kwargs in fam.pes.items():
         preset = kwargs.get("pe", "")
+        kinds = " + ".join(f"{kind}({_options(kw)})" if kw else kind for kind, kw in PE_PRESETS.get(preset, []))
         extra = {**preset_model_options(kwargs), **{k: v for k, v in kwargs.items() if k != "pe"}}
         paper = _pe_paper(fam, pe, preset)
         mine = {model_name(fam.name, size, pe) for size in fam.sizes}
         measured = [s["name"] for _, s, models in found if mine & set(models)]
         measured += ["speed"] if any(m in mine for m, _ in speed) else []
-        variants.append([f"`{pe or '(none)'}`", f"{preset}: {_preset_text(preset)}", _options(extra) or "-",
-                         f"{paper[0]} ({paper[1]})" if paper else "-", ", ".join(measured) or "none yet"])  # fmt: skip
+        paper = f"{paper.title} (arXiv:{paper.arxiv})" if paper else "-"
+        variants.append([f"`{pe or '(none)'}`", f"{preset}: {kinds or 'none'}", _options(extra) or "-", paper,
+                         ", ".join(measured) or "none yet"])  # fmt: skip
     heads = ["suffix", "PE preset (kinds and options)", "model options", "paper", "measured in"]
     return dict(
         first_pe=first_pe or "default",
@@ -368,7 +262,7 @@ def _weights_section(fam: Family) -> str:
 
 def card_metadata(fam: Family, summaries: list[tuple[Path, dict]]) -> str:
     """The `---`-fenced YAML block that opens a Hugging Face model card."""
-    pipeline, _ = TASKS.get(fam.name, TASKS["*"])
+    pipeline = TASKS.get(fam.name, TASKS["*"])
     tags = ["timm", "visionpe", "positional-encoding", pipeline, fam.name]
     for pe in fam.pes:
         tags += [tag for word, tag in PE_TAGS.items() if word in pe and tag not in tags]
@@ -382,35 +276,28 @@ def card_metadata(fam: Family, summaries: list[tuple[Path, dict]]) -> str:
 
 def family_card(fam: Family, speed: dict, machines: dict, summaries: list[tuple[Path, dict]], out_dir: Path,
                 speed_files: list[tuple[Path, dict]] = ()) -> str:  # fmt: skip
-    """The Markdown card of one family: card_template.md filled from the zoo's tables and the results."""
+    """The Markdown card of one family: card_template.md filled from the zoo's tables and the results; the
+    summaries with models of the family, above-chance runs first."""
     names = [model_name(fam.name, s, p) for s in fam.sizes for p in fam.pes]
     notes = fam.cfg.get("notes") or ()
-    found = family_summaries(fam, summaries)
-    limits = "" if found else T["no_accuracy_limit"] + "\n"
-    limits += T["toy_data_limit"] + "\n" if fam.name in ("vivit", "mm") else ""  # generated toy tasks
-    papers = _paper_names(fam)
+    papers = [family_paper(fam.name), *(_pe_paper(fam, pe, kw.get("pe", "")) for pe, kw in fam.pes.items())]
+    papers = [p for p in dict.fromkeys(papers) if p]  # the family's paper, then each PE's, each once
+    found = sorted(((p, s, family_models(fam, s)) for p, s in summaries if family_models(fam, s)),
+                   key=lambda f: at_chance(f[1]))  # fmt: skip
+    kind = fam.name if f"call_{fam.name}" in T else "image"  # the usage example and model type of its task
+    toy = T["toy_data_limit"] + "\n"  # video and image-text families train on generated toy tasks
     text = T["card"].format(
-        metadata=card_metadata(fam, summaries),
-        family=fam.name,
-        model_class=fam.model_cls.__name__,
+        metadata=card_metadata(fam, summaries), family=fam.name, model_class=fam.model_cls.__name__,
         module_doc=" ".join((sys.modules[fam.module].__doc__ or "").strip().split("\n\n")[0].split()),
-        n_models=len(names),
-        first=names[0],
-        last=names[-1],
-        notes="".join(f"- {n}\n" for n in notes) + "\n" if notes else "",
-        model_type=TASKS.get(fam.name, TASKS["*"])[1],
-        **_details(fam, speed, found),
-        call=CALLS.get(fam.name, CALLS["*"]),
-        training=_training_section(found, out_dir),
+        n_models=len(names), first=names[0], last=names[-1], model_type=T[f"model_type_{kind}"],
+        notes="".join(f"- {n}\n" for n in notes) + "\n" if notes else "", call=T[f"call_{kind}"],
+        **_details(fam, speed, found), training=_training_section(found, out_dir),
         accuracy="\n".join(_summary_block(p, s, m, out_dir) for p, s, m in found) or T["no_accuracy"] + "\n",
-        speed=_speed_section(fam, speed, machines),
-        cost_spread=_cost_spread_section(fam, list(speed_files), out_dir),
-        limitations=limits,
-        weights=_weights_section(fam),
-        papers="\n".join(f"- {name} ({ids})" for ids, name in papers.items()),
-        bibtex="\n\n".join(entry for entry in map(bibtex, papers) if entry),
-        date=time.strftime("%Y-%m-%d"),
-    )
+        speed=_speed_section(fam, speed, machines), cost_spread=_cost_spread_section(fam, speed_files, out_dir),
+        limitations=("" if found else T["no_accuracy_limit"] + "\n") + ("" if kind == "image" else toy),
+        weights=_weights_section(fam), papers="\n".join(f"- {p.title} (arXiv:{p.arxiv})" for p in papers),
+        bibtex="\n\n".join(p.bibtex() for p in papers), date=time.strftime("%Y-%m-%d"),
+    )  # fmt: skip
     return text + "\n"
 
 
@@ -431,25 +318,20 @@ def _check_folders(results: Path, out: Path) -> None:
         raise ValueError(f"--out {out} is a file, not a folder")
 
 
-def write_cards(
-    results: str | Path = "results", out: str | Path = "model_cards", families: list[str] | None = None
-) -> list[Path]:
+def write_cards(results: str | Path = "results", out: str | Path = "model_cards", families: list[str] | None = None
+                ) -> list[Path]:  # fmt: skip
     """Write one card per family (all of them drawn up before any is written); returns the paths."""
     results, out = Path(results), Path(out)
     unknown = [f for f in families or [] if f not in FAMILIES]
     if unknown:
-        raise ValueError(
-            f"unknown famil{'y' if len(unknown) == 1 else 'ies'} {unknown}; registered: {', '.join(FAMILIES)}"
-        )
+        word = "family" if len(unknown) == 1 else "families"
+        raise ValueError(f"unknown {word} {unknown}; registered: {', '.join(FAMILIES)}")
     _check_folders(results, out)
     speed_files = [(p, json.loads(p.read_text())) for p in sorted((results / "speed").glob("*.json"))]
     speed, machines = load_speed(speed_files)
     summaries = [(p, json.loads(p.read_text())) for p in sorted(results.glob("*/summary.json"))]
-    cards = {
-        out / f"{name}.md": family_card(fam, speed, machines, summaries, out, speed_files)
-        for name, fam in FAMILIES.items()
-        if not families or name in families
-    }
+    cards = {out / f"{name}.md": family_card(fam, speed, machines, summaries, out, speed_files)
+             for name, fam in FAMILIES.items() if not families or name in families}  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     for path, text in cards.items():
         atomic_write_text(path, text)

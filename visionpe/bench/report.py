@@ -1,5 +1,5 @@
-"""An extrapolation benchmark's results.csv, results.md (results_template.md filled in), summary.json and
-results.png, and the papers' claims judged on them (the claims are data in visionpe/papers.py; docs/benchmark.md)."""
+"""An extrapolation benchmark's results.csv, summary.json, results.md (results_template.md filled from the summary,
+as the model cards are), results.png, and the papers' claims (visionpe/papers.py) judged on them (docs/benchmark.md)."""
 
 from __future__ import annotations
 
@@ -41,13 +41,7 @@ def protocols_text(protocols: list[str]) -> str:
 def long_rows(records: list[dict]) -> list[dict]:
     """One flat row per (run, mode, evaluated size)."""
     return [{**{k: rec.get(k) for k in RUN_KEYS}, **{k: r.get(k) for k in CSV_KEYS if k not in RUN_KEYS},
-             "tokens": r.get("tokens", 0)} for rec in records for r in rec.get("rows", [])]  # fmt: skip
-
-
-def ordered_sizes(sizes: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Square sizes ascending, then the others by area."""
-    square = sorted(s for s in sizes if s[0] == s[1])
-    return square + sorted((s for s in sizes if s[0] != s[1]), key=lambda s: (s[0] * s[1], s))
+             "tokens": r.get("tokens", 0)} for rec in records for r in rec["rows"]]  # fmt: skip
 
 
 def mean_std(values: list[float]) -> dict:
@@ -78,63 +72,76 @@ def md_table(heads: list[str], align: str, rows) -> list[str]:
     return [f"| {' | '.join(heads)} |", f"|{rule}", *(f"| {' | '.join(map(str, r))} |" for r in rows)]
 
 
-def columns(plan) -> list[Point]:
-    """Table columns: the training point once, then every other point of each protocol (at the training point the
-    image protocols show the same inputs; the native protocol's own training budget gets a column of its own)."""
-    first = [plan.base_point(plan.bench.protocols[0])]
-    if "native" in plan.bench.protocols and first[0].protocol != "native":
-        first.append(plan.base_point("native"))
-    bases = {plan.base_point(p) for p in plan.bench.protocols}
-    return first + [p for p in plan.points if p not in bases]
+# ----------------------------------------------------------------- a summary's tables (results.md and the model cards)
 
 
-def headings(cols: list[Point], base_of, base: tuple[int, int], frames: int, protocols: list[str]) -> list[str]:
+def base_of(s: dict):
+    """protocol -> the training point of a summary: its size (and clip length), or its token budget for native."""
+
+    def base(protocol: str) -> Point:
+        if protocol == "native":  # each image at its own aspect ratio
+            return Point(protocol, 0, 0, 0, s["base_tokens"])
+        return Point(protocol, *s["base"], s["base_frames"] if protocol == "frames" else 0)
+
+    return base
+
+
+def summary_points(s: dict) -> list[Point]:
+    """The table's columns: the training point once (the native budget apart), then each protocol's other points:
+    sizes as the summary orders them, clip lengths and budgets ascending, aspect ratios from tallest to widest."""
+    base, protocols, order = base_of(s), s["protocols"], {tuple(x): i for i, x in enumerate(s["sizes"])}
+    cols = [base(protocols[0]), *([base("native")] if "native" in protocols[1:] else [])]
+    for pr in protocols:
+        mine = {row_point(r) for r in s["table"] if r["protocol"] == pr} - {base(pr)}
+        cols += sorted(mine, key=lambda p: (p.frames, p.height > 0, p.tokens, p.width / p.height if p.height else 0,
+                                            order.get(p.size, len(order)), p.size))  # fmt: skip
+    return cols
+
+
+def headings(s: dict, cols: list[Point]) -> list[str]:
     """Column headings: 'base (32)' ('base (8 f, 32)' with clip lengths, 'base (64 tok)' for the native budget) at
     the training point, else the point ('up 48' when protocols sit side by side)."""
-    train = f"base ({f'{frames} f, ' if 'frames' in protocols else ''}{size_label(base)})"
+    base, protocols = base_of(s), s["protocols"]
+    frames = f"{s['base_frames']} f, " if "frames" in protocols else ""
+    train = f"base ({frames}{size_label(tuple(s['base']))})"
 
     def heading(c: Point) -> str:
-        if c != base_of(c.protocol):
+        if c != base(c.protocol):
             return ("up " if c.protocol == "upsample" and len(protocols) > 1 else "") + point_label(c)
         return f"base ({point_label(c)})" if c.protocol == "native" else train
 
     return [heading(c) for c in cols]
 
 
-def accuracy_table(models, mode, cols, heads, stats, base_of, agree, first_mode, pe_of=None) -> list[str]:
-    """Top-1 per model (rows) and evaluation point (columns) in one position mode: the tables of results.md and of
-    the model cards. `stats`: (model, mode, point) -> {'mean', 'std', 'n'}; base_of(protocol): the training point;
-    `agree`: models whose two modes give the same logits (marked (=) after the first mode); `pe_of`: a PE column.
-    A cell: mean ± std over seeds, bold at the training point, else with the change against it in brackets."""
-    rows = []
-    for m in models:
-        cells = []
-        for c in cols:
-            st, base = stats.get((m, mode, c)), stats.get((m, mode, base_of(c.protocol)))
-            if st is None:
-                cells.append("-")
-            elif c == base_of(c.protocol) or base is None:
-                cells.append(f"**{stat_text(st)}**")
-            else:
-                cells.append(f"{stat_text(st)} ({st['mean'] - base['mean']:+.1f})")
-        name = f"{m} (=)" if m in agree and mode != first_mode else m
-        rows.append([name, *([pe_of.get(m, "")] if pe_of is not None else []), *cells])
-    heads = ["model", *(["PE"] if pe_of is not None else []), *heads]
-    return md_table(heads, "l" * (len(heads) - len(cols)) + "r" * len(cols), rows)
+def accuracy_tables(s: dict, models: list[str], title: str, pe_column: bool = False) -> str:
+    """Top-1 per model and evaluation point, one table per position mode under `title` ({mode}); (=) marks, after the
+    first mode, the models whose two modes give the same logits."""
+    base, cols, first = base_of(s), summary_points(s), s["modes"][0]
+    stats = {(r["model"], r["mode"], row_point(r)): r for r in s["table"]}
+    pe = {r["model"]: r["pe"] for r in s["table"]}
+    heads = ["model", *(["PE"] if pe_column else []), *headings(s, cols)]
+    text = ""
+    for mode in s["modes"]:
+        rows = []
+        for m in models:
+            cells = [_cell(stats.get((m, mode, c)), stats.get((m, mode, base(c.protocol))), c == base(c.protocol))
+                     for c in cols]  # fmt: skip
+            name = f"{m} (=)" if m in s["modes_agree"] and mode != first else m
+            rows.append([name, *([pe[m]] if pe_column else []), *cells])
+        table = md_table(heads, "l" * (len(heads) - len(cols)) + "r" * len(cols), rows)
+        text += title.format(mode=mode) + "\n\n" + "\n".join(table) + "\n\n"
+    return text
 
 
-def base_checks(records: list[dict], models: list[str]) -> dict[str, dict]:
-    """model -> {'mean', 'std', 'n', 'images'} of top-1 at the training point on bench.base_samples items."""
-    out = {}
-    for m in models:
-        checks = [r["base_check"] for r in records if r["model"] == m and r.get("base_check")]
-        if checks:
-            out[m] = dict(mean_std([c["top1"] for c in checks]), images=max(c["images"] for c in checks))
-    return out
+def _cell(st: dict | None, base: dict | None, at_base: bool) -> str:
+    """Mean ± std over seeds, bold at the training point, else with the change against it in brackets."""
+    if st is None:
+        return "-"
+    return f"**{stat_text(st)}**" if at_base or base is None else f"{stat_text(st)} ({st['mean'] - base['mean']:+.1f})"
 
 
 def base_check_text(checks: dict[str, dict], tables: str) -> str:
-    """The paragraph ranking base_checks() best first ('' without checks); `tables`: what the tables read instead."""
+    """The paragraph ranking the base checks best first ('' without checks); `tables`: what the tables read instead."""
     if not checks:
         return ""
     ranking = ", ".join(f"{m} {stat_text(c)}" for m, c in sorted(checks.items(), key=lambda kv: -kv[1]["mean"]))
@@ -142,36 +149,8 @@ def base_check_text(checks: dict[str, dict], tables: str) -> str:
     return f"The training point on {images} validation items ({tables}, with a larger sampling error): {ranking}.\n\n"
 
 
-def _statistics(stats: dict, models: list[str], plan, heading: str) -> str:
-    """Base accuracy and seed spread at the training point: whether the benchmark can rank anything."""
-    base, mode = plan.base_point(plan.bench.protocols[0]), plan.bench.position_modes[0]
-    at_base = [(m, stats[(m, mode, base)]) for m in models if (m, mode, base) in stats]
-    if not at_base:
-        return ""
-    (lo_model, lo), (hi_model, hi) = min(at_base, key=lambda x: x[1]["mean"]), max(at_base, key=lambda x: x[1]["mean"])
-    sd_model, sd = max(at_base, key=lambda x: x[1]["std"])
-    seeds = "/".join(map(str, sorted({st["n"] for _, st in at_base})))
-    text = T["statistics"].format(heading=heading, lo=lo, lo_model=lo_model, hi=hi, hi_model=hi_model, sd=sd,
-                                  sd_model=sd_model, seeds=seeds)  # fmt: skip
-    return text + "\n\n"
-
-
-def _claims(judged: list[dict], pes: set) -> str:
-    """The claims about a PE this benchmark trained (summary.json keeps every claim)."""
-    judged = [j for j in judged if pes & {pe for pair in j["pairs"] for pe in pair}]
-    lines = ["## The papers' claims on this benchmark", ""]
-    lines += [f"- **{j['claim']}** ({j['source']}; where: {j['where']}): {tally_text(j)}." for j in judged] + [""]
-    heads = ["better?", "than", "protocol", "point", "mode", "top-1 a", "top-1 b", "a - b", "2 x s.e.", "verdict"]
-    for j in (j for j in judged if j["comparisons"]):
-        rows = [[c["better"], c["worse"], c["protocol"], point_label(Point(c["protocol"], c["height"], c["width"],
-                 c["frames"], c.get("tokens", 0))), c["mode"], stat_text(c["a"]), stat_text(c["b"]),
-                 f"{c['diff']:+.1f}", f"{2 * c['se']:.1f}", c["verdict"]] for c in j["comparisons"]]  # fmt: skip
-        lines += [f"### {j['claim']}", "", *md_table(heads, "lllllrrrrl", rows), ""]
-    return "".join(line + "\n" for line in lines)
-
-
-def _how_trained(cfg) -> str:
-    """The recipe in words, with how a data.native recipe batches its images."""
+def recipe_text(cfg) -> str:
+    """A training config's recipe in words, with how a data.native recipe batches its images."""
     n, aspect = cfg.data.native, cfg.data.options.get("max_aspect")
     native = ""
     if n:
@@ -185,40 +164,67 @@ def _how_trained(cfg) -> str:
         opts=", ".join(f"{k}={v}" for k, v in cfg.data.options.items()) or "none",
         model_opts=f"; model options: {model_opts}" if model_opts else "",
         aug=augmentation_text(cfg.data.name, cfg.data.options, vars(cfg.aug)),
-    ) + " "  # fmt: skip
+    )  # fmt: skip
 
 
-def format_markdown(records: list[dict], rows: list[dict], stats: dict, judged: list[dict], plan, seconds: float,
-                    machine: str) -> str:  # fmt: skip
-    """results.md: results_template.md filled with the accuracy tables, notes, statistics and the claims."""
-    b, cols = plan.bench, columns(plan)
-    models = [m for m in b.models if any(r["model"] == m for r in rows)]
-    pe_of = {rec["model"]: rec.get("pe", rec["model"]) for rec in records}
-    agree = {rec["model"] for rec in records if rec.get("modes_agree")}
+# ------------------------------------------------------------------------------------------------------ results.md
+
+
+def _statistics(s: dict, models: list[str], heading: str) -> str:
+    """Base accuracy and seed spread at the training point: whether the benchmark can rank anything."""
+    base, mode = base_of(s)(s["protocols"][0]), s["modes"][0]
+    stats = {r["model"]: r for r in s["table"] if r["mode"] == mode and row_point(r) == base}
+    at_base = [(m, stats[m]) for m in models if m in stats]
+    if not at_base:
+        return ""
+    (lo_model, lo), (hi_model, hi) = min(at_base, key=lambda x: x[1]["mean"]), max(at_base, key=lambda x: x[1]["mean"])
+    sd_model, sd = max(at_base, key=lambda x: x[1]["std"])
+    seeds = "/".join(map(str, sorted({st["n"] for _, st in at_base})))
+    text = T["statistics"].format(heading=heading, lo=lo, lo_model=lo_model, hi=hi, hi_model=hi_model, sd=sd,
+                                  sd_model=sd_model, seeds=seeds)  # fmt: skip
+    return text + "\n\n"
+
+
+def _claims(judged: list[dict], pes: set) -> str:
+    """The claims about a PE this benchmark trained (summary.json keeps every claim)."""
+    judged = [j for j in judged if pes & {pe for pair in j["pairs"] for pe in pair}]
+    heads = ["better?", "than", "protocol", "point", "mode", "top-1 a", "top-1 b", "a - b", "2 x s.e.", "verdict"]
+    tables = ""
+    for j in (j for j in judged if j["comparisons"]):
+        rows = [[c["better"], c["worse"], c["protocol"], point_label(row_point(c)), c["mode"], stat_text(c["a"]),
+                 stat_text(c["b"]), f"{c['diff']:+.1f}", f"{2 * c['se']:.1f}", c["verdict"]]
+                for c in j["comparisons"]]  # fmt: skip
+        tables += f"### {j['claim']}\n\n" + "\n".join(md_table(heads, "lllllrrrrl", rows)) + "\n\n"
+    claims = "".join(f"- **{j['claim']}** ({j['source']}; where: {j['where']}): {tally_text(j)}.\n" for j in judged)
+    return T["claims"].format(claims=claims, tables=tables)
+
+
+def format_markdown(s: dict, records: list[dict], rows: list[dict], plan, seconds: float) -> str:
+    """results.md: results_template.md filled with the summary's tables, notes, statistics and claims."""
+    b, models = plan.bench, [m for m in s["models"] if any(r["model"] == m for r in s["table"])]  # with a cell
     images = "/".join(map(str, sorted({r["images"] for r in rows})))
     seeds = sorted({r["seed"] for r in rows})
-    heads = headings(cols, plan.base_point, plan.base, plan.base_frames, b.protocols)
-    tables = "".join(f"## {mode}\n\n" + "\n".join(accuracy_table(models, mode, cols, heads, stats, plan.base_point,
-                     agree, b.position_modes[0], pe_of)) + "\n\n" for mode in b.position_modes)  # fmt: skip
-    sections = T["modes_agree"] + "\n\n" if agree and len(b.position_modes) > 1 else ""
+    heads = headings(s, summary_points(s))
+    sections = T["modes_agree"] + "\n\n" if s["modes_agree"] and len(s["modes"]) > 1 else ""
     sections += "".join(f"Note: {n}.\n" for n in plan.notes) + ("\n" if plan.notes else "")
-    sections += _statistics(stats, models, plan, heads[0])
-    sections += base_check_text(base_checks(records, models), f"bench.base_samples; the tables read {images}")
-    sections += _claims(judged, set(pe_of.values()))
+    sections += _statistics(s, models, heads[0])
+    checks = {m: c for m, c in s["base_check"].items() if m in models}
+    sections += base_check_text(checks, f"bench.base_samples; the tables read {images}")
+    sections += _claims(s["claims"], {r["pe"] for r in s["table"]})
     cpu = [r["train_cpu_seconds"] for r in records if r.get("train_cpu_seconds")] or [0]
     ev = [r["eval_cpu_seconds"] for r in records if r.get("eval_cpu_seconds")] or [0]
     return T["results"].format(
-        name=b.name, how="Pretrained weights (no training) " if b.pretrained else _how_trained(plan.cfg),
+        name=b.name, how=T["pretrained"] if b.pretrained else recipe_text(plan.cfg) + ", then",
         images=images, split=plan.cfg.data.val_split, n_seeds=len(seeds), seeds=seeds,
-        protocols=protocols_text(b.protocols), tables=tables, sections=sections, runs=len(records),
-        minutes=seconds / 60, machine=machine, processes=b.processes, threads=b.threads, train=statistics.fmean(cpu),
-        eval=statistics.fmean(ev), n_train=len(cpu), n_eval=len(ev), total=_total_time_text(records, b.processes),
+        protocols=protocols_text(b.protocols), tables=accuracy_tables(s, models, "## {mode}", pe_column=True),
+        sections=sections, runs=len(records), minutes=seconds / 60, machine=machine_description(s["machine"]),
+        processes=b.processes, threads=b.threads, train=statistics.fmean(cpu), eval=statistics.fmean(ev),
+        n_train=len(cpu), n_eval=len(ev), total=_total_time_text(records, b.processes),
     ) + "\n"  # fmt: skip
 
 
 def _total_time_text(records: list[dict], processes: int) -> str:
-    """The whole benchmark's cost from every run's recorded CPU time, whichever invocation trained it: the figure that
-    stays meaningful when runs were resumed or the machine was shared."""
+    """The benchmark's cost from every run's recorded CPU time, whichever invocation ran it (resumed runs included)."""
     timed = [r for r in records if r.get("train_cpu_seconds") is not None and r.get("eval_cpu_seconds") is not None]
     if not timed:
         return ""
@@ -231,58 +237,51 @@ def _total_time_text(records: list[dict], processes: int) -> str:
     return text
 
 
-def restrict(records: list[dict], plan) -> list[dict]:
-    """The records' rows for the plan's modes and points only (a record keeps rows of points since dropped)."""
-    points, modes = set(plan.points), set(plan.bench.position_modes)
-    return [dict(r, rows=[x for x in r.get("rows", []) if x["mode"] in modes and row_point(x) in points])
-            for r in records]  # fmt: skip
-
-
-def _summary(records: list[dict], stats: dict, judged: list[dict], plan, seconds: float, machine: dict) -> dict:
+def _summary(records: list[dict], stats: dict, plan, seconds: float, machine: dict) -> dict:
     """summary.json: the aggregated table (with each cell's change against the training point) and the setup."""
+    pe = {r["model"]: r["pe"] for r in records}
     table = []
     for (model, mode, point), st in sorted(stats.items()):
         base = stats.get((model, mode, plan.base_point(point.protocol)))
-        pe = next((r.get("pe") for r in records if r["model"] == model), model)
         delta = st["mean"] - base["mean"] if base else None
-        table.append(dict(model=model, pe=pe, mode=mode, **point._asdict(), **st, delta=delta))
+        table.append(dict(model=model, pe=pe[model], mode=mode, **point._asdict(), **st, delta=delta))
     cfg, b = plan.cfg, plan.bench
+    checks = {m: [r["base_check"] for r in records if r["model"] == m and r.get("base_check")] for m in b.models}
+    sizes = sorted(plan.sizes, key=lambda s: (s[0] != s[1], s[0] * s[1], s))  # squares ascending, then by area
     return dict(
-        name=b.name, dataset=cfg.data.name, base=list(plan.base), sizes=[list(s) for s in ordered_sizes(plan.sizes)],
+        name=b.name, dataset=cfg.data.name, base=list(plan.base), sizes=[list(s) for s in sizes],
         modes=list(b.position_modes), protocols=list(b.protocols), base_frames=plan.base_frames,
         base_tokens=plan.base_tokens, pretrained=b.pretrained, seeds=sorted({r["seed"] for r in records}),
-        models=[m for m in b.models if any(r["model"] == m for r in records)],
+        models=[m for m in b.models if m in pe],
         recipe=dict(epochs=cfg.train.epochs, batch_size=cfg.data.batch_size, opt=cfg.optim.opt, lr=cfg.optim.lr,
                     data_options=cfg.data.options, scale=cfg.aug.scale, hflip=cfg.aug.hflip),
-        modes_agree=sorted(r["model"] for r in records if r.get("modes_agree")), machine=machine,
-        seconds=round(seconds, 1),
+        modes_agree=sorted(r["model"] for r in records if r["modes_agree"]), machine=machine, seconds=round(seconds, 1),
         cpu_seconds={k: round(sum(r.get(f"{k}_cpu_seconds") or 0 for r in records), 1) for k in ("train", "eval")},
-        date=machine.get("date") or time.strftime("%Y-%m-%d"), table=table, base_check=base_checks(records, b.models),
-        claims=judged,
+        date=machine.get("date") or time.strftime("%Y-%m-%d"), table=table, base_check={
+            m: dict(mean_std([c["top1"] for c in cs]), images=max(c["images"] for c in cs))
+            for m, cs in checks.items() if cs},  # top-1 at the training point on bench.base_samples items
+        claims=judge_claims(stats, records, plan.points, list(b.position_modes), plan.base_point),
     )  # fmt: skip
 
 
 def write_report(records: list[dict], plan, out: Path, seconds: float, machine: dict | None = None) -> list[Path]:
-    """results.csv, results.md, summary.json and results.png under `out`; returns the paths written. Nothing is
-    written (and [] returned) when the records hold no row of the plan's points and modes: tables already there are
-    never replaced by empty ones. `machine`: what the runs were measured on (default: this machine)."""
-    records = restrict(records, plan)
+    """results.csv, results.md, summary.json and results.png under `out` (`machine`: what the runs were measured on,
+    default this one); returns the paths, [] when no row is of the plan's points and modes: nothing is replaced."""
+    points, modes = set(plan.points), set(plan.bench.position_modes)  # a record keeps rows of points since dropped
+    records = [dict(r, rows=[x for x in r["rows"] if x["mode"] in modes and row_point(x) in points]) for r in records]
     rows = long_rows(records)
     if not rows:
         return []
     out.mkdir(parents=True, exist_ok=True)
-    machine = machine or dict(machine_info(), threads=plan.bench.threads)
     table = io.StringIO()
     w = csv.DictWriter(table, fieldnames=CSV_KEYS, extrasaction="ignore", lineterminator="\r\n")
     w.writeheader()
     w.writerows(rows)
-    stats = aggregate(rows)
-    judged = judge_claims(stats, records, plan.points, list(plan.bench.position_modes), plan.base_point)
-    summary = _summary(records, stats, judged, plan, seconds, machine)
-    markdown = format_markdown(records, rows, stats, judged, plan, seconds, machine_description(machine))
+    machine = machine or dict(machine_info(), threads=plan.bench.threads)
+    summary = _summary(records, aggregate(rows), plan, seconds, machine)
     texts = {
         "results.csv": table.getvalue(),
-        "results.md": markdown,
+        "results.md": format_markdown(summary, records, rows, plan, seconds),
         "summary.json": json.dumps(summary, indent=1) + "\n",
     }
     for name, text in texts.items():
@@ -328,25 +327,23 @@ def _compare(claim, good: str, bad: str, stats: dict, points: list, modes: list[
             base = base_of(point.protocol)
             where = {"base": point == base, "beyond": _is_beyond(point, base)}.get(claim.where, True)
             if (not claim.protocols or point.protocol in claim.protocols) and a and b and where:
-                diff, se = a["mean"] - b["mean"], standard_error(a, b)
-                at = dict(better=good, worse=bad, mode=mode, **point._asdict())
-                out.append(dict(at, a=dict(a), b=dict(b), diff=diff, se=se, verdict=verdict(a, b)))
+                out.append(dict(better=good, worse=bad, mode=mode, **point._asdict(), a=dict(a), b=dict(b),
+                                diff=a["mean"] - b["mean"], se=standard_error(a, b),
+                                verdict=verdict(a, b)))  # fmt: skip
     return out
 
 
 def judge_claims(stats: dict, records: list[dict], points: list, modes: list[str], base_of) -> list[dict]:
-    """Every claim judged at every point and mode where the benchmark has both models of a pair.
-
-    stats: (model, mode, point) -> {'mean', 'std', 'n'}; records: per-run records (model, family, size, pe);
-    base_of(protocol) -> the training point of that protocol."""
+    """Every claim judged at every point and mode where the benchmark has both models of a pair (one backbone):
+    stats (model, mode, point) -> {'mean', 'std', 'n'}; base_of(protocol) -> the training point of that protocol."""
     by_pe: dict[str, dict[str, dict]] = {}
     for rec in records:
-        by_pe.setdefault(rec.get("pe"), {}).setdefault(rec["model"], rec)
+        by_pe.setdefault(rec["pe"], {}).setdefault(rec["model"], rec)
     out = []
     for claim in CLAIMS:
         present = [[ra["model"], rb["model"]] for good, bad in claim.pairs for ra in by_pe.get(good, {}).values()
                    for rb in by_pe.get(bad, {}).values()
-                   if (ra.get("family"), ra.get("size")) == (rb.get("family"), rb.get("size"))]  # fmt: skip
+                   if (ra["family"], ra["size"]) == (rb["family"], rb["size"])]  # fmt: skip
         comparisons = [c for a, b in present for c in _compare(claim, a, b, stats, points, modes, base_of)]
         out.append(dict(
             claim=claim.text, source=claim.source, pairs=[list(p) for p in claim.pairs],
@@ -360,20 +357,18 @@ def judge_claims(stats: dict, records: list[dict], points: list, modes: list[str
 def tally_text(judged: dict) -> str:
     """'upsample: holds at 5 of 8 comparisons, within noise at 3; fov: ...' or why nothing was compared."""
     comparisons = judged["comparisons"]
-    if not comparisons and judged.get("present"):
+    if not comparisons and judged["present"]:
         models = "; ".join(" and ".join(pair) for pair in judged["present"])
-        return f"not measured: this benchmark has {models}, but no evaluation point where the claim applies " \
-            f"({judged['where']})"  # fmt: skip
+        return T["no_point"].format(models=models, where=judged["where"])
     if not comparisons:
-        pes = sorted({pe for pair in judged["pairs"] for pe in pair})
-        return f"not measured: this benchmark lacks models with the PEs {', '.join(pes)} on one backbone"
+        return T["no_pair"].format(pes=", ".join(sorted({pe for pair in judged["pairs"] for pe in pair})))
     parts = []
     for protocol in dict.fromkeys(c["protocol"] for c in comparisons):
-        rows = [c for c in comparisons if c["protocol"] == protocol]
-        mine = [c["verdict"] for c in rows]
-        counts = ", ".join(f"{v} at {mine.count(v)}" for v in VERDICTS if v in mine)
-        ahead = sum(c["diff"] > 0 for c in rows if c["verdict"] == "one seed")
-        signs = f" (the claimed-better PE ahead at {ahead})" if "one seed" in mine else ""
+        mine = [c for c in comparisons if c["protocol"] == protocol]
+        verdicts = [c["verdict"] for c in mine]
+        counts = ", ".join(f"{v} at {verdicts.count(v)}" for v in VERDICTS if v in verdicts)
+        ahead = sum(c["diff"] > 0 for c in mine if c["verdict"] == "one seed")
+        signs = f" (the claimed-better PE ahead at {ahead})" if "one seed" in verdicts else ""
         parts.append(f"{protocol}: {counts}{signs} of {len(mine)} comparison(s)")
     return "; ".join(parts)
 
@@ -384,28 +379,16 @@ AXES = {"upsample": "evaluation resolution (px), content scaled", "fov": "canvas
         "frames": "clip length (frames)", "native": "tokens per image, each at its own aspect ratio"}  # fmt: skip
 
 
-def _in_shapes_panel(r: dict, protocol: str) -> bool:
-    """Native: every fixed aspect ratio (1:1 too); the others: every non-square shape. The rest draw as lines."""
-    return r["height"] > 0 if protocol == "native" else r["height"] != r["width"]
-
-
-def _panel_rows(summary: dict, model: str, protocol: str, mode: str, shapes: bool) -> list[dict]:
-    return [r for r in summary["table"] if r["model"] == model and r["mode"] == mode and r["protocol"] == protocol
-            and _in_shapes_panel(r, protocol) == shapes]  # fmt: skip
-
-
-def _shapes(table: list[dict], protocol: str, mode: str) -> list[tuple[int, int]]:
-    """The shapes panel's (height, width): non-square sizes smallest first, or the native aspect ratios tallest
-    first."""
-    key = (lambda hw: hw[1] / hw[0]) if protocol == "native" else (lambda hw: (hw[0] * hw[1], hw))
-    shapes = {(r["height"], r["width"]) for r in table
-              if r["mode"] == mode and r["protocol"] == protocol and _in_shapes_panel(r, protocol)}  # fmt: skip
-    return sorted(shapes, key=key)
+def _panel_rows(summary: dict, protocol: str, mode: str, shapes: bool) -> list[dict]:
+    """The rows of a protocol's shapes panel (native: every fixed aspect ratio, 1:1 too; the others: every non-square
+    shape), or with shapes=False those of its line panel."""
+    return [r for r in summary["table"] if r["mode"] == mode and r["protocol"] == protocol
+            and (r["height"] > 0 if protocol == "native" else r["height"] != r["width"]) == shapes]  # fmt: skip
 
 
 def plot_extrapolation(summary: dict, path: Path) -> Path | None:
-    """Draw summary.json's table to `path` (square sizes as lines, non-square shapes in their own panels); None when
-    matplotlib is missing."""
+    """Draw summary.json's table to `path`: per protocol and mode a panel of lines (square sizes, clip lengths,
+    budgets), then one of the non-square shapes; None when matplotlib is missing."""
     try:
         import matplotlib
 
@@ -413,17 +396,15 @@ def plot_extrapolation(summary: dict, path: Path) -> Path | None:
         import matplotlib.pyplot as plt
     except ImportError:  # the tables do not need it
         return None
-    modes, protocols = summary["modes"], summary["protocols"]
-    square = [(p, m) for p in protocols for m in modes]
-    oblong = [(p, m) for p, m in square if p != "frames" and _shapes(summary["table"], p, m)]
-    labels = _labels(summary["models"])
-    n = len(square) + len(oblong)
-    fig, axes = plt.subplots(1, n, figsize=(5.2 * n, 4.6), sharey=True, squeeze=False)
-    for ax, (protocol, mode) in zip(axes[0][len(square) :], oblong):
-        _oblong_panel(ax, summary, protocol, mode, len(modes) > 1)
-    for ax, (protocol, mode) in zip(axes[0], square):
-        _line_panel(ax, summary, protocol, mode, labels)
-        ax.set_title(f"{protocol}, {mode} positions" if len(modes) > 1 else protocol)
+    modes, protocols, models = summary["modes"], summary["protocols"], summary["models"]
+    square = [(p, m, False) for p in protocols for m in modes]
+    panels = square + [(p, m, True) for p, m, _ in square if p != "frames" and _panel_rows(summary, p, m, True)]
+    parts = {m: split_name(m) for m in models}
+    one_backbone = len({p[:2] for p in parts.values()}) == 1  # then the PE names label the lines (vit_n_ape -> ape)
+    labels = {m: p[2] if one_backbone else m for m, p in parts.items()}
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.6), sharey=True, squeeze=False)
+    for ax, (protocol, mode, shapes) in zip(axes[0], panels):
+        _panel(ax, summary, protocol, mode, shapes, labels)
     axes[0][0].set_ylabel("top-1 accuracy (%)")
     handles, names = axes[0][0].get_legend_handles_labels()
     # below the panels, outside every axes: no curve is hidden behind it
@@ -441,54 +422,40 @@ def plot_extrapolation(summary: dict, path: Path) -> Path | None:
     return path
 
 
-def _line_panel(ax, summary: dict, protocol: str, mode: str, labels: dict) -> None:
-    """Top-1 against the size, clip length or token budget: one line (with seed error bars) per model."""
-    key = {"native": "tokens", "frames": "frames"}.get(protocol, "height")
-    ticks: set[int] = set()
-    for k, model in enumerate(summary["models"]):
-        pts = sorted((r[key], r["mean"], r["std"]) for r in _panel_rows(summary, model, protocol, mode, False))
+def _panel(ax, summary: dict, protocol: str, mode: str, shapes: bool, labels: dict) -> None:
+    """Top-1 with seed error bars, one colour per model: against the size, clip length or token budget (lines), or
+    at each non-square shape (native: aspect ratio) on a categorical axis, markers side by side."""
+    rows, models, native = _panel_rows(summary, protocol, mode, shapes), summary["models"], protocol == "native"
+    key = (lambda hw: hw[1] / hw[0]) if native else (lambda hw: (hw[0] * hw[1], hw))  # tallest or smallest first
+    cats = sorted({(r["height"], r["width"]) for r in rows}, key=key) if shapes else []
+    x = {"native": "tokens", "frames": "frames"}.get(protocol, "height")
+    for k, model in enumerate(models):
+        offset = (k - (len(models) - 1) / 2) * 0.8 / max(len(models), 1)  # markers within a shape do not overlap
+        pts = sorted((cats.index((r["height"], r["width"])) + offset if shapes else r[x], r["mean"], r["std"])
+                     for r in rows if r["model"] == model)  # fmt: skip
         if pts:
             xs, ys, es = zip(*pts)
-            ticks.update(xs)
-            ax.errorbar(xs, ys, yerr=es if any(es) else None, marker="o", ms=4, capsize=2, label=labels[model],
-                        color=f"C{k}")  # fmt: skip
-    base = {"native": summary.get("base_tokens", 0), "frames": summary["base_frames"]}
-    ax.axvline(base.get(protocol, summary["base"][0]), color="grey", ls=":")
-    if protocol in ("frames", "native"):
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(sorted(ticks), [str(t) for t in sorted(ticks)])
-        ax.minorticks_off()
-    ax.set_xlabel(AXES[protocol])
-    ax.grid(alpha=0.3)
-
-
-def _oblong_panel(ax, summary: dict, protocol: str, mode: str, name_mode: bool) -> None:
-    """Top-1 at each non-square shape: shapes on a categorical axis, one marker (with seed error bar) per PE."""
-    shapes = _shapes(summary["table"], protocol, mode)
-    models = summary["models"]
-    width = 0.8 / max(len(models), 1)
-    for k, model in enumerate(models):
-        pts = [(shapes.index((r["height"], r["width"])), r["mean"], r["std"])
-               for r in _panel_rows(summary, model, protocol, mode, True)]  # fmt: skip
-        if pts:
-            xs, ys, es = zip(*sorted(pts))
-            offset = (k - (len(models) - 1) / 2) * width  # side by side within a shape: markers do not overlap
-            ax.errorbar([x + offset for x in xs], ys, yerr=es if any(es) else None, fmt="s", ms=4, capsize=2,
-                        color=f"C{k}")  # the same colour as the model's line in the square panels  # fmt: skip
-    native = protocol == "native"
-    ax.set_xticks(range(len(shapes)), [f"{w}:{h}" if native else f"{h}x{w}" for h, w in shapes])
-    ax.set_xlim(-0.6, len(shapes) - 0.4)
-    kind = "aspect ratios" if native else "non-square"
-    ax.set_title(f"{protocol}, {mode} positions, {kind}" if name_mode else f"{protocol}, {kind}")
-    tokens = f" at {summary.get('base_tokens')} tokens" if native else ""
-    ax.set_xlabel(f"aspect ratio (width:height){tokens}" if native else "evaluation shape (height x width, px)")
-    ax.grid(alpha=0.3, axis="y")
-
-
-def _labels(models: list[str]) -> dict[str, str]:
-    """PE names when all models share a backbone prefix (vit_n_ape -> ape), full names otherwise."""
-    parts = {m: split_name(m) for m in models}
-    return {m: p[2] for m, p in parts.items()} if len({p[:2] for p in parts.values()}) == 1 else {m: m for m in models}
+            style = dict(fmt="s") if shapes else dict(marker="o", label=labels[model])
+            ax.errorbar(xs, ys, yerr=es if any(es) else None, ms=4, capsize=2, color=f"C{k}", **style)
+    name = f"{protocol}, {mode} positions" if len(summary["modes"]) > 1 else protocol
+    if shapes:
+        ax.set_xticks(range(len(cats)), [f"{w}:{h}" if native else f"{h}x{w}" for h, w in cats])
+        ax.set_xlim(-0.6, len(cats) - 0.4)
+        ax.set_title(f"{name}, {'aspect ratios' if native else 'non-square'}")
+        tokens = f" at {summary['base_tokens']} tokens" if native else ""
+        ax.set_xlabel(f"aspect ratio (width:height){tokens}" if native else "evaluation shape (height x width, px)")
+        ax.grid(alpha=0.3, axis="y")
+    else:
+        base = {"native": summary["base_tokens"], "frames": summary["base_frames"]}
+        ax.axvline(base.get(protocol, summary["base"][0]), color="grey", ls=":")
+        if protocol in ("frames", "native"):
+            ticks = sorted({r[x] for r in rows})
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(ticks, [str(t) for t in ticks])
+            ax.minorticks_off()
+        ax.set_title(name)
+        ax.set_xlabel(AXES[protocol])
+        ax.grid(alpha=0.3)
 
 
 def split_name(name: str) -> tuple[str, str, str]:
