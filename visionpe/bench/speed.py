@@ -28,6 +28,7 @@ from ..data import build_dataset, build_train_loader, get_dataset_info
 from ..data.loader import dataset_num_classes
 from ..engine.checkpoint import atomic_write_text
 from ..engine.config import Config, apply_overrides
+from ..engine.setup import to_device
 from ..models.pretrained_cfgs import model_args_for
 from ..zoo import FAMILIES, create_model, family_of, list_visionpe_models, model_name
 from .measure import (
@@ -45,7 +46,6 @@ from .measure import (
     peak_memory_mb,
     saved_activation_mb,
     spread,
-    to_device,
     torch_threads,
 )
 from .report import fmt, md_table
