@@ -136,21 +136,13 @@ def agreement(backends: list[str], dtypes: list[torch.dtype], device: str, batch
     return rows
 
 
-def throughput(
-    backends: list[str],
-    device: str,
-    model_name: str = "vit_b_ape",
-    resolutions: tuple[int, ...] = (224, 512, 1024),
-    batch: int = 8,
-    rounds: int = 3,
-    dtype: torch.dtype = torch.bfloat16,
-    build: Callable[[str], torch.nn.Module] = create_model,
-) -> list[dict]:
-    """Images/s (backends interleaved per resolution, ratio against sdpa per round) and peak memory of one step."""
+def throughput(backends: list[str], device: str, name: str, resolutions: tuple[int, ...], batch: int) -> list[dict]:
+    """Images/s in bf16 (backends interleaved per resolution over 3 rounds, ratio against sdpa per round) and peak
+    memory of one step."""
     rows = []
-    model = build(model_name).eval().to(device, dtype)
+    model = create_model(name).eval().to(device, torch.bfloat16)
     for res in resolutions:
-        x = torch.randn(batch, 3, res, res, device=device, dtype=dtype)
+        x = torch.randn(batch, 3, res, res, device=device, dtype=torch.bfloat16)
         step = model_step(model, x, train=False)
 
         def run(b: str, step=step) -> int:
@@ -158,11 +150,11 @@ def throughput(
                 return step()
 
         tasks = {b: (lambda b=b: run(b)) for b in backends}
-        rates = interleave(tasks, Clock("wall", device), rounds, steps=1)
+        rates = interleave(tasks, Clock("wall", device), rounds=3, steps=1)
         base = "sdpa" if "sdpa" in rates else backends[0]
         ratios = paired_ratios(rates, base)
         for b in backends:
-            row = dict(model=model_name, resolution=res, backend=b, images_per_s=spread(rates[b]).as_dict(), vs=base)
+            row = dict(model=name, resolution=res, backend=b, images_per_s=spread(rates[b]).as_dict(), vs=base)
             rows.append(dict(row, ratio=spread(ratios[b]).as_dict(), peak_mb=cuda_peak_mb(lambda b=b: run(b), device)))
     return rows
 

@@ -198,7 +198,7 @@ def is_video(name: str) -> bool:
     return isinstance(x := example_input(name, 32, 1), torch.Tensor) and x.ndim == 5
 
 
-def example_input(name: str, size: int, batch: int, frames: int | None = None, in_chans: int = 3):
+def example_input(name: str, size: int, batch: int, frames: int | None = None):
     """A random input of `size` px for `name`: its family's example input (clips of `frames` frames for video)."""
     if name in list_visionpe_models():
         make = getattr(family_of(name), "example_input", None)
@@ -207,7 +207,7 @@ def example_input(name: str, size: int, batch: int, frames: int | None = None, i
             if frames is not None and isinstance(x, torch.Tensor) and x.ndim == 5:
                 x = torch.randn(batch, x.shape[1], frames, size, size)
             return x
-    return torch.randn(batch, in_chans, size, size)
+    return torch.randn(batch, 3, size, size)
 
 
 def cuda_peak_mb(step: Callable[[], object], device: str = "cuda") -> float:
