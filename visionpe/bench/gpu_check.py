@@ -21,11 +21,9 @@ from ..attn_mask import flex_available
 from ..native_check import MODEL_TOLERANCE, check_masked_backend, check_native_model
 from ..native_check import TOLERANCE as NATIVE_TOLERANCE
 from ..zoo import create_model, family_of
-from .measure import Clock, cuda_peak_mb, interleave, model_step, paired_ratios, spread
+from .measure import Clock, Spread, cuda_peak_mb, interleave, model_step, paired_ratios, spread
 from .report import md_table
 
-NATIVE_HEADS = ["backend", "fp32 rel. err", "bf16 rel. err", "ok", "fp32 images/s", "bf16 images/s"]
-MASKED_HEADS = [*NATIVE_HEADS, "fp32 MiB", "bf16 MiB"]
 MASKED_BACKENDS = {"flex": "flex (block mask)", "xformers": "xformers (block-diagonal)", "sdpa": "sdpa (bool mask)"}
 NATIVE_MODEL = "vit_b_rope2d_mixed"  # a rotary PE: auto sends its masked calls to flex on CUDA
 
@@ -40,6 +38,18 @@ AGREEMENT_MODELS = {
 # 1e-4 leaves room for TF32-free reordering on any kernel. bf16: unit roundoff 3.9e-3 on every stored activation,
 # several roundings per block, 2 blocks: a few 1e-2 expected.
 TOLERANCE = {"float32": 1e-4, "bfloat16": 6e-2}
+# the tables: (head, key of the row's value, its format; right-aligned where there is one)
+AGREEMENT_COLUMNS = [("PE", "pe", ""), ("model", "model", ""), ("dtype", "dtype", ""), ("backend", "backend", ""),
+                     ("max rel. error vs math", "rel_err", ".2e"), ("tolerance", "tol", ".0e"),
+                     ("ok", "ok", "")]  # fmt: skip
+THROUGHPUT_COLUMNS = [("model", "model", ""), ("px", "resolution", "d"), ("backend", "backend", ""),
+                      ("images/s", "median", ".1f"), ("vs", "vs", ""), ("ratio", "ratio_text", "s"),
+                      ("peak MiB", "peak_mb", ".0f")]  # fmt: skip
+NATIVE_COLUMNS = [("backend", "backend", ""), ("fp32 rel. err", "fp32_max_rel_err", ".2e"),
+                  ("bf16 rel. err", "bf16_max_rel_err", ".2e"), ("ok", "ok", ""),
+                  ("fp32 images/s", "fp32_images_per_s", ".1f"),
+                  ("bf16 images/s", "bf16_images_per_s", ".1f")]  # fmt: skip
+MASKED_COLUMNS = [*NATIVE_COLUMNS, ("fp32 MiB", "fp32_peak_mib", ".0f"), ("bf16 MiB", "bf16_peak_mib", ".0f")]
 
 
 def xformers_status() -> dict:
@@ -126,21 +136,13 @@ def agreement(backends: list[str], dtypes: list[torch.dtype], device: str, batch
     return rows
 
 
-def throughput(
-    backends: list[str],
-    device: str,
-    model_name: str = "vit_b_ape",
-    resolutions: tuple[int, ...] = (224, 512, 1024),
-    batch: int = 8,
-    rounds: int = 3,
-    dtype: torch.dtype = torch.bfloat16,
-    build: Callable[[str], torch.nn.Module] = create_model,
-) -> list[dict]:
-    """Images/s (backends interleaved per resolution, ratio against sdpa per round) and peak memory of one step."""
+def throughput(backends: list[str], device: str, name: str, resolutions: tuple[int, ...], batch: int) -> list[dict]:
+    """Images/s in bf16 (backends interleaved per resolution over 3 rounds, ratio against sdpa per round) and peak
+    memory of one step."""
     rows = []
-    model = build(model_name).eval().to(device, dtype)
+    model = create_model(name).eval().to(device, torch.bfloat16)
     for res in resolutions:
-        x = torch.randn(batch, 3, res, res, device=device, dtype=dtype)
+        x = torch.randn(batch, 3, res, res, device=device, dtype=torch.bfloat16)
         step = model_step(model, x, train=False)
 
         def run(b: str, step=step) -> int:
@@ -148,11 +150,11 @@ def throughput(
                 return step()
 
         tasks = {b: (lambda b=b: run(b)) for b in backends}
-        rates = interleave(tasks, Clock("wall", device), rounds, steps=1)
+        rates = interleave(tasks, Clock("wall", device), rounds=3, steps=1)
         base = "sdpa" if "sdpa" in rates else backends[0]
         ratios = paired_ratios(rates, base)
         for b in backends:
-            row = dict(model=model_name, resolution=res, backend=b, images_per_s=spread(rates[b]).as_dict(), vs=base)
+            row = dict(model=name, resolution=res, backend=b, images_per_s=spread(rates[b]).as_dict(), vs=base)
             rows.append(dict(row, ratio=spread(ratios[b]).as_dict(), peak_mb=cuda_peak_mb(lambda b=b: run(b), device)))
     return rows
 
@@ -196,26 +198,33 @@ def run_check(
     return result
 
 
+def _table(columns: list[tuple[str, str, str]], rows: list[dict]) -> list[str]:
+    """The Markdown table of dict rows; a missing value is '-', but a failed check's error fills the first one."""
+    cells = []
+    for r in rows:
+        cells.append([format(r[key], spec) if key in r else "-" for _, key, spec in columns])
+        missing = [i for i, (_, key, _) in enumerate(columns) if key not in r]
+        if "error" in r and missing:
+            cells[-1][missing[0]] = r["error"]
+    return md_table([head for head, _, _ in columns], "".join("r" if spec else "l" for *_, spec in columns), cells)
+
+
 def format_markdown(result: dict) -> str:
     v = result["versions"]
+    built_for = f" (built for torch{v['xformers_requires_torch']})" if v.get("xformers_requires_torch") else ""
+    usable = "yes" if v["usable"] else f"no ({v['reason']})"
     lines = [
         f"# GPU check ({time.strftime('%Y-%m-%d')})",
         "",
         f"Device {result.get('gpu', result['device'])}; torch {v['torch']} (CUDA {v['cuda']}); xformers "
-        f"{v.get('xformers') or 'not installed'}"
-        + (f" (built for torch{v['xformers_requires_torch']})" if v.get("xformers_requires_torch") else "")
-        + f"; xformers usable: {'yes' if v['usable'] else 'no (' + v['reason'] + ')'}.",
+        f"{v.get('xformers') or 'not installed'}{built_for}; xformers usable: {usable}.",
         "",
+        *_table(AGREEMENT_COLUMNS, result["agreement"]),
     ]
-    rows = [[r["pe"], r["model"], r["dtype"], r["backend"], f"{r['rel_err']:.2e}" if "rel_err" in r else r["error"],
-             f"{r['tol']:.0e}" if "tol" in r else "-", r["ok"]] for r in result["agreement"]]  # fmt: skip
-    heads = ["PE", "model", "dtype", "backend", "max rel. error vs math", "tolerance", "ok"]
-    lines += md_table(heads, "llllrrl", rows)
     if result["throughput"]:
-        rows = [[r["model"], r["resolution"], r["backend"], f"{r['images_per_s']['median']:.1f}", r["vs"],
-                 f"{r['ratio']['median']:.2f} [{r['ratio']['min']:.2f}-{r['ratio']['max']:.2f}]", f"{r['peak_mb']:.0f}"]
+        rows = [dict(r, median=r["images_per_s"]["median"], ratio_text=Spread(**r["ratio"]).text())
                 for r in result["throughput"]]  # fmt: skip
-        lines += ["", *md_table(["model", "px", "backend", "images/s", "vs", "ratio", "peak MiB"], "lrlrlrr", rows)]
+        lines += ["", *_table(THROUGHPUT_COLUMNS, rows)]
     lines += format_native(result.get("masked", []), result.get("native", []))
     if result["skipped"]:
         lines += ["", "Skipped:", *[f"- {s}" for s in result["skipped"]]]
@@ -274,17 +283,6 @@ def native_model(
     return rows
 
 
-def _num(row: dict, key: str, fmt: str) -> str:
-    return format(row[key], fmt) if key in row else "-"
-
-
-def _cells(row: dict, peak: bool) -> list:
-    """fp32 and bf16 error, ok, images/s (and peak MiB); a failed check's error in the first cell and '-' after."""
-    keys = [("max_rel_err", ".2e"), ("images_per_s", ".1f")] + ([("peak_mib", ".0f")] if peak else [])
-    cells = [_num(row, f"{d}_{k}", spec) for k, spec in keys for d in ("fp32", "bf16")]
-    return [row.get("error", cells[0]), cells[1], row["ok"], *cells[2:]]
-
-
 def format_native(masked: list[dict], native: list[dict]) -> list[str]:
     """The Markdown lines of both checks (empty when neither ran)."""
     lines = []
@@ -295,14 +293,13 @@ def format_native(masked: list[dict], native: list[dict]) -> list[str]:
             f"{r0.get('images', '?')} images) against math; tolerance fp32 {NATIVE_TOLERANCE[torch.float32]:.0e}, "
             f"bf16 {NATIVE_TOLERANCE[torch.bfloat16]:.0e} (max error relative to the output's scale):"
         )
-        rows = [[MASKED_BACKENDS.get(r["backend"], r["backend"]), *_cells(r, peak=True)] for r in masked]
-        lines += ["", intro, "", *md_table(MASKED_HEADS, "lrrlrrrr", rows)]
+        rows = [dict(r, backend=MASKED_BACKENDS.get(r["backend"], r["backend"])) for r in masked]
+        lines += ["", intro, "", *_table(MASKED_COLUMNS, rows)]
     if native:
         intro = (
             f"{native[0]['model']} on a packed batch (8 images, aspect ratios 1:3 to 3:1, two per row) against each "
             f"image alone on math in fp32; tolerance fp32 {MODEL_TOLERANCE[torch.float32]:.0e}, bf16 "
             f"{MODEL_TOLERANCE[torch.bfloat16]:.0e} (logits):"
         )
-        rows = [[r["backend"], *_cells(r, peak=False)] for r in native]
-        lines += ["", intro, "", *md_table(NATIVE_HEADS, "lrrlrr", rows)]
+        lines += ["", intro, "", *_table(NATIVE_COLUMNS, native)]
     return lines

@@ -23,6 +23,8 @@ from torch import nn
 
 import visionpe  # noqa: F401  (registers the models)
 
+from ..engine.fsdp_memory import MMAP_THRESHOLD  # the probe process's glibc mmap threshold, as fsdp_memory's ranks
+from ..engine.setup import run_model, to_device
 from ..zoo import family_of, list_visionpe_models
 
 CLOCKS = ("wall", "cpu")
@@ -38,10 +40,6 @@ class Clock:
             raise ValueError(f"clock must be one of {', '.join(CLOCKS)}, got {self.kind!r}")
         if self.kind == "cpu" and not self.device.startswith("cpu"):
             raise ValueError(f"the 'cpu' clock counts CPU work; use the 'wall' clock on {self.device}")
-
-    @staticmethod
-    def default(device: str) -> str:
-        return "cpu" if device.startswith("cpu") else "wall"
 
     def now(self) -> float:
         if self.device.startswith("cuda"):
@@ -94,15 +92,6 @@ def torch_threads(n: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def forward(model: nn.Module, x):
-    """model(x), or model(**x) for the dict inputs of multimodal models."""
-    return model(**x) if isinstance(x, dict) else model(x)
-
-
-def to_device(x, device: str):
-    return {k: v.to(device) for k, v in x.items()} if isinstance(x, dict) else x.to(device)
-
-
 def model_step(model: nn.Module, x, train: bool) -> Callable[[], int]:
     """One forward (inference mode) or forward + backward of `model` on `x`; returns the batch size (items done)."""
     batch = next(iter(x.values())).shape[0] if isinstance(x, dict) else x.shape[0]
@@ -110,7 +99,7 @@ def model_step(model: nn.Module, x, train: bool) -> Callable[[], int]:
     def step() -> int:
         model.train(train)
         with torch.inference_mode(not train):
-            out = forward(model, x)
+            out = run_model(model, x)
         if train:
             out.float().square().mean().backward()
             for p in model.parameters():
@@ -151,19 +140,14 @@ def paired_ratios(rates: dict[str, list[float]], baseline: str) -> dict[str, lis
 # --------------------------------------------------------------------------------------------------------------- FLOPs
 
 
-def _shape(value) -> list[int]:
-    from fvcore.nn.jit_handles import get_shape
-
-    shape = get_shape(value)
-    if shape is None:
-        raise ValueError("scaled_dot_product_attention traced without complete shapes; trace with real tensors")
-    return list(shape)
-
-
 def sdpa_flop_jit(inputs: list, outputs: list) -> int:
     """aten::scaled_dot_product_attention(q [.., N, d], k [.., M, d], v [.., M, dv]): q k^T is N*M*d MACs per
     batch x head, probs @ v is N*M*dv; the softmax and the mask are element-wise and not counted."""
-    q, k, v = (_shape(x) for x in inputs[:3])
+    from fvcore.nn.jit_handles import get_shape
+
+    q, k, v = (get_shape(x) for x in inputs[:3])
+    if None in (q, k, v):
+        raise ValueError("scaled_dot_product_attention traced without complete shapes; trace with real tensors")
     batch_heads = prod(q[:-2])
     n, d, m, dv = q[-2], q[-1], k[-2], v[-1]
     return batch_heads * n * m * (d + dv)
@@ -208,15 +192,13 @@ def count_flops(model: nn.Module, inputs, by_operator: bool = False):
 
 # -------------------------------------------------------------------------------------------------------------- memory
 
-MMAP_THRESHOLD = 256 * 1024  # bytes: allocations this large get their own mapping in the probe process (glibc)
-
 
 def is_video(name: str) -> bool:
     """True for models that take clips [B, C, T, H, W]."""
     return isinstance(x := example_input(name, 32, 1), torch.Tensor) and x.ndim == 5
 
 
-def example_input(name: str, size: int, batch: int, frames: int | None = None, in_chans: int = 3):
+def example_input(name: str, size: int, batch: int, frames: int | None = None):
     """A random input of `size` px for `name`: its family's example input (clips of `frames` frames for video)."""
     if name in list_visionpe_models():
         make = getattr(family_of(name), "example_input", None)
@@ -225,7 +207,7 @@ def example_input(name: str, size: int, batch: int, frames: int | None = None, i
             if frames is not None and isinstance(x, torch.Tensor) and x.ndim == 5:
                 x = torch.randn(batch, x.shape[1], frames, size, size)
             return x
-    return torch.randn(batch, in_chans, size, size)
+    return torch.randn(batch, 3, size, size)
 
 
 def cuda_peak_mb(step: Callable[[], object], device: str = "cuda") -> float:
@@ -252,7 +234,7 @@ def saved_activation_mb(model: nn.Module, x) -> float:
     was_training = model.training
     model.train()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        forward(model, x)
+        run_model(model, x)
     model.train(was_training)
     return sum(seen.values()) / 2**20
 

@@ -8,7 +8,6 @@ torch.compile, `--data` for loader throughput (docs/benchmark.md).
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import json
 import math
 import os
@@ -29,6 +28,8 @@ from ..data import build_dataset, build_train_loader, get_dataset_info
 from ..data.loader import dataset_num_classes
 from ..engine.checkpoint import atomic_write_text
 from ..engine.config import Config, apply_overrides
+from ..engine.setup import to_device
+from ..models.pretrained_cfgs import model_args_for
 from ..zoo import FAMILIES, create_model, family_of, list_visionpe_models, model_name
 from .measure import (
     CLOCKS,
@@ -45,37 +46,37 @@ from .measure import (
     peak_memory_mb,
     saved_activation_mb,
     spread,
-    to_device,
     torch_threads,
 )
 from .report import fmt, md_table
 
-_VIT_SIZES = {"t": "tiny", "s": "small", "b": "base", "l": "large"}
-_LS = dict(init_values=1e-5)  # timm's RoPE-ViT ports are DeiT-III models (LayerScale)
 _DEFAULT_MODELS = ["vit_s_ape", "vit_s_rope2d_mixed", "swin_t_rpb", "cvt_13"]
 _COMPILE_MODELS = ["vit_s_rope2d_mixed", "swin_t_rpb"]
+_SIZES = {"t": "tiny", "s": "small", "b": "base", "l": "large"}
 
 
-def _equivalents() -> dict[str, tuple[str, dict]]:
-    """ours -> (timm's model, kwargs that give ours the same architecture), for the pairs timm has."""
-    pairs = {}
-    for s, word in _VIT_SIZES.items():
-        pairs[f"vit_{s}_ape"] = (f"vit_{word}_patch16_224", {})
-        pairs[f"vit_{s}_rope2d"] = (f"vit_{word}_patch16_rope_224", _LS)
-        pairs[f"vit_{s}_rope2d_mixed"] = (f"vit_{word}_patch16_rope_mixed_224", _LS)
-        pairs[f"vit_{s}_rope2d_ape"] = (f"vit_{word}_patch16_rope_ape_224", dict(_LS, no_embed_class=True))
-        pairs[f"vit_{s}_rope2d_mixed_ape"] = (f"vit_{word}_patch16_rope_mixed_ape_224", dict(_LS, no_embed_class=True))
-    for s, word in (("t", "tiny"), ("s", "small"), ("b", "base")):
-        pairs[f"swin_{s}_rpb"] = (f"swin_{word}_patch4_window7_224", {})
-    return {ours: ref for ours, ref in pairs.items() if timm.is_model(ref[0])}
+def _timm_pairs() -> dict[str, str]:
+    """ours -> timm's model of the same architecture, for the pairs timm has (not CvT, not most PEs)."""
+    pes = {
+        "ape": "",
+        "rope2d": "_rope",
+        "rope2d_mixed": "_rope_mixed",
+        "rope2d_ape": "_rope_ape",
+        "rope2d_mixed_ape": "_rope_mixed_ape",
+    }
+    vit = {f"vit_{s}_{pe}": f"vit_{w}_patch16{theirs}_224" for s, w in _SIZES.items() for pe, theirs in pes.items()}
+    swin = {f"swin_{s}_rpb": f"swin_{w}_patch4_window7_224" for s, w in _SIZES.items() if s != "l"}
+    return {ours: ref for ours, ref in {**vit, **swin}.items() if timm.is_model(ref)}
 
 
-TIMM_EQUIVALENTS = _equivalents()
+TIMM_EQUIVALENTS = _timm_pairs()
 
 
 def timm_equivalent(name: str) -> tuple[str, dict] | None:
-    """(timm model, kwargs for ours) when timm has the same architecture, else None (e.g. cvt_13)."""
-    return TIMM_EQUIVALENTS.get(name)
+    """(timm's model of the same architecture, the options ours takes to match it: those of our published weights,
+    e.g. LayerScale for the RoPE-ViT ports), or None where timm has none (e.g. cvt_13)."""
+    ref = TIMM_EQUIVALENTS.get(name)
+    return None if ref is None else (ref, model_args_for(name, timm.get_pretrained_cfg(name).tag))
 
 
 def expand_models(patterns: list[str]) -> list[str]:
@@ -83,8 +84,7 @@ def expand_models(patterns: list[str]) -> list[str]:
     names: list[str] = []
     for p in patterns:
         if any(c in p for c in "*?["):
-            hits = fnmatch.filter(list_visionpe_models(), p)
-            if not hits:
+            if not (hits := list_visionpe_models(p)):
                 raise ValueError(f"--models pattern {p!r} matches no registered visionpe model")
             names += hits
         elif timm.is_model(p):
@@ -295,96 +295,13 @@ def _measure_kwargs(args) -> dict:
     return dict(same, memory=args.mode != "time", timing=args.mode != "memory", with_timm=args.timm)
 
 
-# ------------------------------------------------------------------------------------------------------- the command
-
-
-def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="visionpe-bench speed", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    add = ap.add_argument
-    add("--models", nargs="+", help="names or glob patterns (default: vit_s_ape vit_s_rope2d_mixed swin_t_rpb cvt_13)")
-    add("--baseline", help="the model every ratio is against (default: the first listed)")
-    add("--resolutions", nargs="+", type=int, help="image sizes (default 224; with --data: the dataset's own)")
-    add("--frames", nargs="+", type=int, help="clip lengths of video models")
-    add("--mode", choices=("time", "memory", "both"), default="both")
-    phase = ap.add_mutually_exclusive_group()
-    phase.add_argument("--train", dest="phase", action="store_const", const="train", help="training steps only")
-    phase.add_argument("--infer", dest="phase", action="store_const", const="infer", help="inference only")
-    phase.add_argument("--no-train", dest="phase", action="store_const", const="infer", help=argparse.SUPPRESS)
-    add("--no-memory", dest="mode", action="store_const", const="time", help=argparse.SUPPRESS)
-    add("--zoo", action="store_true", help="every PE of one size per family, and every size's FLOPs (for the cards)")
-    add("--compile", action="store_true", help="torch.compile vs eager, compiled ours vs timm, at the first size")
-    add("--data", help="image dataset name: training loader vs training step in images/s (default models vit_n_*)")
-    add("--data-options", nargs="+", default=[], metavar="KEY=VALUE", help="dataset options with --data")
-    add("--workers", type=int, nargs="+", default=[0, 1], help="loader worker counts (with --data)")
-    add("--root", help="dataset folder (with --data)")
-    add("--batch", type=int, help="batch size (default 4; 1 with --compile; 128 with --data)")
-    add("--rounds", type=int, default=3)
-    add("--steps", type=int, default=2)
-    add("--clock", choices=CLOCKS, help="cpu: CPU seconds of one thread (default on CPU); wall: wall-clock")
-    add("--threads", type=int, help="torch threads (default: 1 with --clock cpu)")
-    add("--no-timm", dest="timm", action="store_false", help="do not measure timm's equivalents")
-    add("--no-flops", dest="flops", action="store_false", help="skip FLOP counting (slow at large sizes)")
-    add("--device", default="cpu")
-    add("--out", help="output path without suffix (default results/speed/{speed,zoo,data}); .json and .md")
-    return ap
-
-
-def _checked_args(ap: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
-    """The parsed flags with their defaults filled in (defaults depend on --data and --compile); bad ones exit."""
-    args = ap.parse_args(argv)
-    args.train, args.infer = args.phase in (None, "train"), args.phase in (None, "infer")
-    args.clock = args.clock or ("wall" if args.data else Clock.default(args.device))
-    args.batch = args.batch or (128 if args.data else 1 if args.compile else 4)
-    if args.clock == "cpu" and not args.device.startswith("cpu"):
-        ap.error(f"--clock cpu counts CPU work; use --clock wall on {args.device}")
-    if args.resolutions is None and not args.data:
-        args.resolutions = [224]
-    if args.resolutions is not None and any(r <= 0 for r in args.resolutions):
-        ap.error(f"--resolutions takes positive pixel sizes, got {args.resolutions}")
-    if args.frames is not None and any(f <= 0 for f in args.frames):
-        ap.error(f"--frames takes positive clip lengths, got {args.frames}")
-    if args.batch <= 0 or args.rounds <= 0 or args.steps <= 0:
-        ap.error("--batch, --rounds and --steps must be positive")
-    bad = [item for item in args.data_options if not item.partition("=")[0].strip() or "=" not in item]
-    if bad:
-        ap.error(f"--data-options takes KEY=VALUE words, got {bad[0]!r}")
-    try:
-        default = ["vit_n_*"] if args.data else _COMPILE_MODELS if args.compile else _DEFAULT_MODELS
-        args.models = expand_models(args.models or default)
-        if args.baseline:
-            expand_models([args.baseline])
-    except ValueError as e:
-        ap.error(str(e).splitlines()[0])
-    return args
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = _checked_args(_parser(), argv)
-    t0 = time.perf_counter()
-    with torch_threads(args.threads or (1 if args.clock == "cpu" else None)):
-        machine = machine_info(args.device)
-        keys = ("batch", "rounds", "steps", "clock", "zoo", "mode")
-        settings = {k: getattr(args, k) for k in keys}
-        if args.compile:
-            json_path, md_path = run_compile(args, machine, settings, t0)
-        elif args.data:
-            json_path, md_path = run_data(args, machine, settings, t0)
-        else:
-            rows = (
-                run_zoo(args)
-                if args.zoo
-                else measure(
-                    args.models, args.resolutions, frames=args.frames, baseline=args.baseline, **_measure_kwargs(args)
-                )
-            )
-            settings.update(seconds=round(time.perf_counter() - t0, 1))
-            out = Path(args.out or ("results/speed/zoo" if args.zoo else "results/speed/speed"))
-            json_path, md_path = write_results(rows, out, machine, settings)
-    print(md_path.read_text())
-    print(f"wrote {json_path} and {md_path}")
-    return 0
+def run_speed(args, machine: dict, settings: dict, t0: float) -> tuple[dict, str]:
+    """`speed` (and `speed --zoo`): the rows, their growth with the token count, and their page."""
+    kwargs = dict(frames=args.frames, baseline=args.baseline, **_measure_kwargs(args))
+    rows = run_zoo(args) if args.zoo else measure(args.models, args.resolutions, **kwargs)
+    settings.update(seconds=round(time.perf_counter() - t0, 1))
+    data = dict(machine=machine, settings=settings, rows=[asdict(r) for r in rows], scaling=scaling(rows))
+    return data, format_markdown(rows, machine, settings)
 
 
 # ---------------------------------------------------------------------------------------------------------- the report
@@ -441,15 +358,17 @@ def _spread_word(rounds: int) -> str:
     return "interquartile range" if rounds >= 4 else "min-max"
 
 
-def _clock_text(settings: dict) -> str:
-    return Clock(settings["clock"]).describe() if settings.get("clock") in CLOCKS else "wall-clock seconds"
+def _timed_text(machine: dict, settings: dict, what: str) -> str:
+    """The intros' first words: the machine, what was run (`what`, formatted with the settings), rounds and clock."""
+    clock = Clock(settings["clock"]).describe() if settings.get("clock") in CLOCKS else "wall-clock seconds"
+    rounds = f"{settings['rounds']} interleaved rounds of {settings['steps']} steps"
+    return f"Measured on {machine_description(machine)}; {what.format(**settings)}, {rounds}, timed in {clock}"
 
 
 def format_markdown(rows: list[SpeedRow], machine: dict, settings: dict) -> str:
     intro = (
-        f"Measured on {machine_description(machine)}; batch {settings['batch']}, {settings['rounds']} interleaved "
-        f"rounds of {settings['steps']} steps, timed in {_clock_text(settings)}. Images/s (clips/s for video) are "
-        f"medians over the rounds; ratios are taken per round against the baseline and against timm's equivalent "
+        f"{_timed_text(machine, settings, 'batch {batch}')}. Images/s (clips/s for video) are medians over the "
+        f"rounds; ratios are taken per round against the baseline and against timm's equivalent "
         f"model (same architecture) measured in the same rounds, given as median [{_spread_word(settings['rounds'])}]. "
         f"GFLOPs are fvcore MACs per item with attention counted; memory is the peak of one step of one item beyond "
         f"the weights (infer / train)."
@@ -487,8 +406,9 @@ def format_markdown(rows: list[SpeedRow], machine: dict, settings: dict) -> str:
     )
 
 
-def _write_pair(out: Path, data: dict, markdown: str) -> tuple[Path, Path]:
-    """out.json and out.md, atomically; nothing when nothing was measured (a committed file is never emptied)."""
+def write_results(out: Path, data: dict, markdown: str) -> tuple[Path, Path]:
+    """out.json and out.md, atomically, for every kind of speed run; nothing when nothing was measured (a committed
+    file is never emptied)."""
     json_path, md_path = out.with_suffix(".json"), out.with_suffix(".md")
     if not data.get("rows"):
         raise ValueError(f"nothing was measured; {json_path} and {md_path} are left as they are")
@@ -496,11 +416,6 @@ def _write_pair(out: Path, data: dict, markdown: str) -> tuple[Path, Path]:
     atomic_write_text(json_path, json.dumps(data, indent=1) + "\n")
     atomic_write_text(md_path, markdown)
     return json_path, md_path
-
-
-def write_results(rows: list[SpeedRow], out: Path, machine: dict, settings: dict) -> tuple[Path, Path]:
-    data = dict(machine=machine, settings=settings, rows=[asdict(r) for r in rows], scaling=scaling(rows))
-    return _write_pair(out, data, format_markdown(rows, machine, settings))
 
 
 # ------------------------------------------------------------------------------------------------------- torch.compile
@@ -524,13 +439,6 @@ class CompileRow:
     notes: list[str] = field(default_factory=list)
 
 
-def _same_weights(name: str, kwargs: dict, ref: nn.Module) -> nn.Module:
-    """Our model built to timm's architecture and loaded with timm's weights through the family's converter."""
-    ours = create_model(name, **kwargs)
-    ours.load_state_dict(family_of(name).filter_fn(ref.state_dict(), ours))
-    return ours
-
-
 def _compiled(model: nn.Module, x: torch.Tensor) -> tuple[nn.Module, float, torch.Tensor]:
     """torch.compile(model), the wall-clock seconds of its first call (tracing + code generation) and its output."""
     compiled = torch.compile(model)
@@ -544,7 +452,9 @@ def _compile_row(name: str, resolution: int, settings: dict, with_timm: bool, lo
     """Eager and compiled inference of one model (and of timm's with the same weights), interleaved."""
     pair = timm_equivalent(name) if with_timm else None
     ref = timm.create_model(pair[0], img_size=resolution).eval() if pair else None
-    ours = (_same_weights(name, pair[1], ref) if pair else create_model(name)).eval()
+    ours = create_model(name, **(pair[1] if pair else {})).eval()
+    if ref is not None:  # timm's weights, through the family's converter
+        ours.load_state_dict(family_of(name).filter_fn(ref.state_dict(), ours))
     x = example_input(name, resolution, settings["batch"])
     row = CompileRow(name, resolution, pair[0] if pair else None)
     with torch.inference_mode():
@@ -578,12 +488,11 @@ def _compile_row(name: str, resolution: int, settings: dict, with_timm: bool, lo
 
 def format_compile_markdown(rows: list[CompileRow], machine: dict, settings: dict) -> str:
     intro = (
-        f"Measured on {machine_description(machine)}; inference, batch {settings['batch']}, "
-        f"{settings['resolution']} px, {settings['rounds']} interleaved rounds of {settings['steps']} steps, timed "
-        f"in {Clock(settings['clock']).describe()}; load average {settings['load']}. `torch.compile` with its "
-        f"defaults (inductor). Ratios are of time per image, taken per round and given as median "
-        f"[{_spread_word(settings['rounds'])}]: below 1 is faster. timm's model is loaded with the same weights as "
-        "ours. Compile time is the wall-clock time of the first call (machine shared, so only indicative)."
+        f"{_timed_text(machine, settings, 'inference, batch {batch}, {resolution} px')}; load average "
+        f"{settings['load']}. `torch.compile` with its defaults (inductor). Ratios are of time per image, taken per "
+        f"round and given as median [{_spread_word(settings['rounds'])}]: below 1 is faster. timm's model is loaded "
+        "with the same weights as ours. Compile time is the wall-clock time of the first call (machine shared, so "
+        "only indicative)."
     )
     table = [
         [r.model, r.reference or "-", f"{r.eager_ips:.2f}", f"{r.compiled_ips:.2f}", spread_text(r.compiled_vs_eager),
@@ -600,16 +509,15 @@ def format_compile_markdown(rows: list[CompileRow], machine: dict, settings: dic
     return _page(title, intro, md_table(heads, "llrrrrrrrrr", table), notes and ["Notes:", *notes])
 
 
-def run_compile(args, machine: dict, settings: dict, t0: float) -> tuple[Path, Path]:
-    """`speed --compile`: measure at the first resolution and write results/compile/compile.{json,md} (not under
-    results/speed, whose files the model cards read as speed rows)."""
+def run_compile(args, machine: dict, settings: dict, t0: float) -> tuple[dict, str]:
+    """`speed --compile`, at the first resolution (written under results/compile, not results/speed, whose files the
+    model cards read as speed rows)."""
     res = args.resolutions[0]
     rows = [_compile_row(name, res, settings, args.timm, print) for name in args.models]
     load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
     settings.update(seconds=round(time.perf_counter() - t0, 1), resolution=res, load=load)
     data = dict(machine=machine, settings=settings, rows=[asdict(r) for r in rows])
-    markdown = format_compile_markdown(rows, machine, settings)
-    return _write_pair(Path(args.out or "results/compile/compile"), data, markdown)
+    return data, format_compile_markdown(rows, machine, settings)
 
 
 # ----------------------------------------------------------------------------------------------------- data throughput
@@ -685,8 +593,8 @@ def measure_data(name: str, models: list[str], settings: dict, workers: list[int
     )
 
 
-def run_data(args, machine: dict, settings: dict, t0: float) -> tuple[Path, Path]:
-    """`speed --data`: write results/speed/data.{json,md}."""
+def run_data(args, machine: dict, settings: dict, t0: float) -> tuple[dict, str]:
+    """`speed --data`."""
     options = apply_overrides(Config(), [f"data.options.{item}" for item in args.data_options]).data.options
     result = measure_data(args.data, args.models, settings, args.workers, args.root, args.resolutions, options)
     settings.update(seconds=round(time.perf_counter() - t0, 1), clock="wall")
@@ -699,6 +607,91 @@ def run_data(args, machine: dict, settings: dict, t0: float) -> tuple[Path, Path
     table = [[r["task"], Spread(**r["ips"]).text(".0f"), Spread(**r["vs_base"]).text(".2f")] for r in result["rows"]]
     title = f"Loader vs training step: {result['dataset']}{opts} ({machine['date']})"
     markdown = _page(title, intro, md_table(["task", "images/s", f"vs {result['baseline']}"], "lrr", table))
-    return _write_pair(
-        Path(args.out or "results/speed/data"), dict(machine=machine, settings=settings, **result), markdown
+    return dict(machine=machine, settings=settings, **result), markdown
+
+
+# ------------------------------------------------------------------------------------------------------- the command
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="visionpe-bench speed", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    add = ap.add_argument
+    add("--models", nargs="+", help="names or glob patterns (default: vit_s_ape vit_s_rope2d_mixed swin_t_rpb cvt_13)")
+    add("--baseline", help="the model every ratio is against (default: the first listed)")
+    add("--resolutions", nargs="+", type=int, help="image sizes (default 224; with --data: the dataset's own)")
+    add("--frames", nargs="+", type=int, help="clip lengths of video models")
+    add("--mode", choices=("time", "memory", "both"), default="both")
+    phase = ap.add_mutually_exclusive_group()
+    phase.add_argument("--train", dest="phase", action="store_const", const="train", help="training steps only")
+    phase.add_argument("--infer", dest="phase", action="store_const", const="infer", help="inference only")
+    phase.add_argument("--no-train", dest="phase", action="store_const", const="infer", help=argparse.SUPPRESS)
+    add("--no-memory", dest="mode", action="store_const", const="time", help=argparse.SUPPRESS)
+    add("--zoo", action="store_true", help="every PE of one size per family, and every size's FLOPs (for the cards)")
+    add("--compile", action="store_true", help="torch.compile vs eager, compiled ours vs timm, at the first size")
+    add("--data", help="image dataset name: training loader vs training step in images/s (default models vit_n_*)")
+    add("--data-options", nargs="+", default=[], metavar="KEY=VALUE", help="dataset options with --data")
+    add("--workers", type=int, nargs="+", default=[0, 1], help="loader worker counts (with --data)")
+    add("--root", help="dataset folder (with --data)")
+    add("--batch", type=int, help="batch size (default 4; 1 with --compile; 128 with --data)")
+    add("--rounds", type=int, default=3)
+    add("--steps", type=int, default=2)
+    add("--clock", choices=CLOCKS, help="cpu: CPU seconds of one thread (default on CPU); wall: wall-clock")
+    add("--threads", type=int, help="torch threads (default: 1 with --clock cpu)")
+    add("--no-timm", dest="timm", action="store_false", help="do not measure timm's equivalents")
+    add("--no-flops", dest="flops", action="store_false", help="skip FLOP counting (slow at large sizes)")
+    add("--device", default="cpu")
+    add("--out", help="output path without suffix (default results/speed/{speed,zoo,data}); .json and .md")
+    return ap
+
+
+def _checked_args(ap: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """The parsed flags with their defaults filled in (defaults depend on --data and --compile); bad ones exit."""
+    args = ap.parse_args(argv)
+    args.train, args.infer = args.phase in (None, "train"), args.phase in (None, "infer")
+    args.clock = args.clock or ("wall" if args.data or not args.device.startswith("cpu") else "cpu")
+    args.batch = args.batch or (128 if args.data else 1 if args.compile else 4)
+    if args.clock == "cpu" and not args.device.startswith("cpu"):
+        ap.error(f"--clock cpu counts CPU work; use --clock wall on {args.device}")
+    if args.resolutions is None and not args.data:
+        args.resolutions = [224]
+    if args.resolutions is not None and any(r <= 0 for r in args.resolutions):
+        ap.error(f"--resolutions takes positive pixel sizes, got {args.resolutions}")
+    if args.frames is not None and any(f <= 0 for f in args.frames):
+        ap.error(f"--frames takes positive clip lengths, got {args.frames}")
+    if args.batch <= 0 or args.rounds <= 0 or args.steps <= 0:
+        ap.error("--batch, --rounds and --steps must be positive")
+    bad = [item for item in args.data_options if not item.partition("=")[0].strip() or "=" not in item]
+    if bad:
+        ap.error(f"--data-options takes KEY=VALUE words, got {bad[0]!r}")
+    try:
+        default = ["vit_n_*"] if args.data else _COMPILE_MODELS if args.compile else _DEFAULT_MODELS
+        args.models = expand_models(args.models or default)
+        if args.baseline:
+            expand_models([args.baseline])
+    except ValueError as e:
+        ap.error(str(e).splitlines()[0])
+    return args
+
+
+_RUNS = {  # kind of run -> (runner, default output path without suffix)
+    "speed": (run_speed, "results/speed/speed"),
+    "zoo": (run_speed, "results/speed/zoo"),
+    "compile": (run_compile, "results/compile/compile"),
+    "data": (run_data, "results/speed/data"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _checked_args(_parser(), argv)
+    t0 = time.perf_counter()
+    run, default_out = _RUNS["compile" if args.compile else "data" if args.data else "zoo" if args.zoo else "speed"]
+    with torch_threads(args.threads or (1 if args.clock == "cpu" else None)):
+        machine = machine_info(args.device)
+        settings = {k: getattr(args, k) for k in ("batch", "rounds", "steps", "clock", "zoo", "mode")}
+        data, markdown = run(args, machine, settings, t0)
+    json_path, md_path = write_results(Path(args.out or default_out), data, markdown)
+    print(markdown)
+    print(f"wrote {json_path} and {md_path}")
+    return 0
