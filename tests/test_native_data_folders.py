@@ -189,7 +189,7 @@ def test_evaluation_over_two_ranks_covers_every_image_once_in_order(tmp_path):
     plan = _plan()
     single = [im for b in build_native_eval_loader(ds, plan, 32, 4, 16) for im in _images(b)]
     ranks = [
-        [im for b in build_native_eval_loader(ds, plan, 32, 4, 16, rank=r, world_size=2) for im in _images(b)]
+        [im for b in build_native_eval_loader(ds, plan, 32, 4, 16, Share(rank=r, world_size=2)) for im in _images(b)]
         for r in range(2)
     ]
     assert [len(r) for r in ranks] == [5, 5]

@@ -15,6 +15,7 @@ from torch.utils.data._utils.collate import default_collate
 from ..data.multires import Batch
 from ..data.native_loader import build_native_eval_loader
 from ..data.native_sampler import NativePlan
+from ..data.share import Share
 from ..engine import DistContext, evaluate_loader
 from ..engine.setup import run_model
 
@@ -148,7 +149,7 @@ class NativeView(_View):
     def loader(self, batch_size: int, workers: int = 0) -> DataLoader:
         tokens = self.point.tokens
         plan = NativePlan(self.patch, "padded", (tokens,), tokens * batch_size, tokens, 1)
-        return build_native_eval_loader(self, plan, tokens, batch_size, self.resolution, workers)
+        return build_native_eval_loader(self, plan, tokens, batch_size, self.resolution, Share(workers))
 
 
 def loader(view: SizedView | NativeView, batch_size: int, workers: int = 0) -> DataLoader:

@@ -106,14 +106,11 @@ def build_native_eval_loader(
     budget: int,
     batch_size: int,
     resolution: int,
-    workers: int = 0,
-    rank: int = 0,
-    world_size: int = 1,
-    pin_memory: bool = False,
+    share: Share | None = None,
 ) -> DataLoader:
-    """This rank's contiguous shard at a token budget of `budget` per image (no padding duplicates: sums over ranks
-    are exact)."""
-    share = Share(workers, rank, world_size, pin_memory)
+    """`share`'s contiguous shard (default: all of it, no workers) at a token budget of `budget` per image (no
+    padding duplicates: sums over ranks are exact)."""
+    share = share or Share()
     indices, sizes = share.shard(len(dataset)), native_sizes(dataset, resolution)
     if plan.mode == "buckets":
         keys = bucket_eval_keys(sizes, indices, plan, budget, batch_size)

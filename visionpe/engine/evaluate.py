@@ -29,20 +29,12 @@ from ..data.folders import SkippedImagesWarning
 from ..data.loader import build_eval_loader, dataset_num_classes
 from ..data.native_loader import build_native_eval_loader
 from ..data.native_sampler import NativePlan
+from ..data.share import Share
 from .checkpoint import CheckpointError, find_checkpoint, load_into_model, load_weights
 from .config import Config, apply_overrides, config_from_dict
 from .distributed import DistContext, all_reduce_sum, init_distributed
 from .native_train import eval_budgets, plan_for
-from .setup import (
-    autocast,
-    build_eval_sets,
-    build_model,
-    check_labels,
-    check_resolutions,
-    resolve_amp,
-    run_model,
-    to_device,
-)
+from .setup import build_eval_sets, build_model, check_labels, check_resolutions, forward_on, resolve_amp
 from .sharded_checkpoint import is_sharded_run, load_sharded_weights
 
 __all__ = [
@@ -90,9 +82,7 @@ def evaluate_loader(
         if batch.inputs is None:  # every file of this batch was unreadable
             continue
         targets = batch.targets.to(ctx.device)
-        with autocast(ctx.device, amp):
-            logits = run_model(model, to_device(batch.inputs, ctx.device))
-        logits = logits.float()
+        logits = forward_on(model, batch.inputs, ctx.device, amp).float()
         check_labels(batch.targets, logits.shape[1], where or "the evaluation split")
         n = len(targets)
         # timm's accuracy gives percentages of the batch (top-k with k capped at the number of classes); the counts
@@ -279,9 +269,8 @@ def native_eval_rows(
     """One row per evaluation budget (resolution '<budget>tok'): each image at its aspect ratio, alone in a row."""
     rows = []
     for budget in eval_budgets(cfg, plan):
-        loader = build_native_eval_loader(
-            dataset, plan, budget, batch_size, cfg.data.resolution, cfg.data.workers, ctx.rank, ctx.world_size
-        )
+        share = Share(cfg.data.workers, ctx.rank, ctx.world_size)
+        loader = build_native_eval_loader(dataset, plan, budget, batch_size, cfg.data.resolution, share)
         where = f"{cfg.data.val_split} at {budget} tokens"
         rows.append({"resolution": f"{budget}tok", **evaluate_loader(model, loader, ctx, amp, where, False)})
     return rows

@@ -14,7 +14,7 @@ from ..data.native_loader import build_native_eval_loader, native_plan
 from ..data.native_sampler import NativeKey, NativePlan
 from .config import Config, ConfigError, native_settings
 from .distributed import DistContext, all_reduce_sum
-from .setup import autocast, run_model, to_device
+from .setup import forward_on
 
 __all__ = ["plan_for", "check_native", "NativeWindow", "eval_budgets"]
 
@@ -65,11 +65,10 @@ def check_native(model: nn.Module, name: str, dataset: Dataset, plan: NativePlan
         batch = next(iter(build_native_eval_loader(dataset, plan, max(plan.budgets), 2, resolution)))
         inputs = dict(batch.inputs)
         try:
-            with autocast(device, amp):
-                out = run_model(model, to_device(inputs, device))
-                if plan.mode == "packed":
-                    inputs["image_ids"] = torch.where(inputs["patch_valid"], 0, -1)
-                    out = run_model(model, to_device(inputs, device))
+            out = forward_on(model, inputs, device, amp)
+            if plan.mode == "packed":
+                inputs["image_ids"] = torch.where(inputs["patch_valid"], 0, -1)
+                out = forward_on(model, inputs, device, amp)
         except (RuntimeError, ValueError, TypeError, AssertionError) as e:
             raise ValueError(f"model {name!r} cannot take native-aspect batches (data.native): {e}") from None
         if out.shape[0] != batch.images:
@@ -83,8 +82,7 @@ def _check_buckets(model: nn.Module, name: str, plan: NativePlan, dataset, resol
     for H, W in bucket_sizes(plan.aspects, max(plan.budgets), plan.patch):
         image = collate_buckets([NativeDataset(dataset, None)._item(NativeKey(0, (H, W), None, 0, 0, 1, False))])
         try:
-            with autocast(device, amp):
-                run_model(model, image.inputs.to(device))
+            forward_on(model, image.inputs, device, amp)
         except (RuntimeError, ValueError, TypeError, AssertionError) as e:
             raise ValueError(f"model {name!r} cannot take the {H} x {W} px bucket of data.native: {e}") from None
 

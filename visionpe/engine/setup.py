@@ -30,6 +30,7 @@ __all__ = [
     "build_model",
     "to_device",
     "run_model",
+    "forward_on",
     "check_resolutions",
     "check_labels",
 ]
@@ -134,6 +135,12 @@ def run_model(model: nn.Module, inputs) -> torch.Tensor:
     return model(**inputs) if isinstance(inputs, dict) and "patches" not in inputs else model(inputs)
 
 
+def forward_on(model: nn.Module, inputs, device: torch.device, amp: torch.dtype | None) -> torch.Tensor:
+    """The model's output for `inputs` moved to `device`, under the run's autocast (`amp`, None: full precision)."""
+    with autocast(device, amp):
+        return run_model(model, to_device(inputs, device))
+
+
 def _first_readable(ds: Dataset, res: int) -> tuple:
     """The first item whose input is not None (None: an unreadable file left out of an evaluation split)."""
     if is_stream(ds):  # read by a reader of its own: the stream the loaders read is left unstarted
@@ -169,8 +176,7 @@ def check_resolutions(
             except MemoryError as e:
                 raise _resolution_error(e, model_name, res, device) from None
             try:
-                with autocast(device, amp):
-                    out = run_model(model, to_device(batch.inputs, device))
+                out = forward_on(model, batch.inputs, device, amp)
             except (RuntimeError, ValueError, TypeError, AssertionError, MemoryError) as e:
                 raise _resolution_error(e, model_name, res, device) from None
             if out.ndim != 2:

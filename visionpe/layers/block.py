@@ -15,17 +15,18 @@ __all__ = ["Block", "PreNormBlock"]
 
 class PreNormBlock(nn.Module):
     """x + attn(norm1(x)), then x + mlp(norm2(x)), each branch with optional LayerScale and drop path. A subclass
-    builds its attention (the constructor's RNG draws: attention, then MLP) and says how it runs (`forward`)."""
+    builds its attention (the constructor's RNG draws: attention, then MLP), hands on the branch options it does not
+    use itself (the defaults live here) and says how it runs (`forward`)."""
 
     def __init__(
         self,
         dim: int,
         attn: nn.Module,
-        mlp_ratio: float,
-        proj_drop: float,
-        drop_path: float,
-        act_layer: type[nn.Module],
-        norm_layer: type[nn.Module],
+        mlp_ratio: float = 4.0,
+        proj_drop: float = 0.0,
+        drop_path: float = 0.0,
+        act_layer: type[nn.Module] = nn.GELU,
+        norm_layer: type[nn.Module] = nn.LayerNorm,
         init_values: float | None = None,
     ):
         super().__init__()

@@ -9,6 +9,8 @@ their place.
   each PE's own parameters) draws its parameters afresh; a backbone's `init_weights()` runs it before its own init,
   so that after `to_empty()` no parameter or buffer is left uninitialised. The constructor does not run it, so a
   model built from a seed draws exactly what it drew before this existed.
+- `init_linears`: the ViT-style init of a module's linear layers (truncated normal, std 0.02; zero biases), in the
+  order `modules()` visits them, the draws every backbone's `_init_layers` makes.
 - `place_like`: a rebuilt module (a new classifier) on the model's device and dtype, in its train / eval mode.
 - `UnsupportedPool`: the error for a pool a model refuses; it is a ValueError and, for timm's checks, an
   AssertionError (what timm's own models raise there).
@@ -20,6 +22,7 @@ import functools
 from contextlib import nullcontext
 
 import torch
+from timm.layers import trunc_normal_
 from torch import nn
 
 __all__ = [
@@ -27,6 +30,7 @@ __all__ = [
     "ContractModel",
     "UnsupportedPool",
     "factory_kwargs",
+    "init_linears",
     "not_scriptable",
     "place_like",
     "reset_to_defaults",
@@ -63,6 +67,15 @@ def reset_to_defaults(model: nn.Module) -> None:
         reset = getattr(module, "reset_parameters", None)
         if module is not model and callable(reset):
             reset()
+
+
+def init_linears(module: nn.Module) -> None:
+    """Every nn.Linear in `module` (itself included): weight ~ truncated normal (std 0.02), bias zero."""
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            trunc_normal_(m.weight, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
 
 
 def _place(model: nn.Module) -> dict:

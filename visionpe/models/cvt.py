@@ -33,7 +33,7 @@ from ..layers.layer_group import run_layer
 from ..layout import TokenLayout, cell_centre_layout, image_layout
 from ..pos.base import AttnSpec, PEHost
 from ..pos.presets import build_pos_encoding
-from .construction import UnsupportedPool, factory_kwargs, place_like
+from .construction import UnsupportedPool, factory_kwargs, init_linears, place_like
 from .cvt_layers import CvtBlock, CvtStage
 from .param_groups import exact_no_weight_decay, pe_layer_rules, pe_stem, stage_block
 from .staged import StagedModel
@@ -138,8 +138,10 @@ class ConvolutionalVisionTransformer(StagedModel):
         self.num_prefix_tokens = int(cls_token)
         self.grad_checkpointing = False
 
-        blocks = dict(mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, proj_drop=proj_drop_rate, act_layer=act_layer)
-        blocks.update(kernel_size=kernel_qkv, stride_kv=stride_kv, padding_q=padding_q, padding_kv=padding_kv)
+        attn = dict(
+            qkv_bias=qkv_bias, kernel_size=kernel_qkv, stride_kv=stride_kv, padding_q=padding_q, padding_kv=padding_kv
+        )
+        blocks = dict(mlp_ratio=mlp_ratio, proj_drop=proj_drop_rate, act_layer=act_layer, attn_kwargs=attn)
         rates = _drop_rates(drop_path_rate, n)
         self.stages = _build_stages(
             in_chans, embed_dims, depths, num_heads, embeds, rates, cls_token, norm_layer, blocks
@@ -172,11 +174,7 @@ class ConvolutionalVisionTransformer(StagedModel):
         for stage in self.stages:
             if stage.cls_token is not None:
                 trunc_normal_(stage.cls_token, std=0.02)
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
+        init_linears(self)
         self.pe.init_weights()
 
     # ------------------------------------------------------------------------------------------------ positions

@@ -107,22 +107,13 @@ class ConvAttention(nn.Module):
 
 
 class CvtBlock(PreNormBlock):
-    """Pre-norm block (official names norm1, attn, norm2, mlp)."""
+    """Pre-norm block around ConvAttention (official names norm1, attn, norm2, mlp). attn_kwargs: ConvAttention's
+    options (qkv_bias, kernel_size, stride_kv, padding_q, padding_kv); branch: PreNormBlock's (mlp_ratio,
+    drop_path, act_layer, norm_layer)."""
 
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int,
-        mlp_ratio: float = 4.0,
-        qkv_bias: bool = True,
-        proj_drop: float = 0.0,
-        drop_path: float = 0.0,
-        act_layer: type[nn.Module] = nn.GELU,
-        norm_layer: type[nn.Module] = nn.LayerNorm,
-        **attn_kwargs,
-    ):
-        attn = ConvAttention(dim, num_heads, qkv_bias, proj_drop=proj_drop, **attn_kwargs)
-        super().__init__(dim, attn, mlp_ratio, proj_drop, drop_path, act_layer, norm_layer)
+    def __init__(self, dim: int, num_heads: int, proj_drop: float = 0.0, attn_kwargs: dict | None = None, **branch):
+        attn = ConvAttention(dim, num_heads, proj_drop=proj_drop, **(attn_kwargs or {}))
+        super().__init__(dim, attn, proj_drop=proj_drop, **branch)
 
     def forward(self, x: torch.Tensor, hw: tuple[int, int], num_prefix: int, ctx: PosContext | None = None):
         return self.add_mlp(self.add_attn(x, self.attn(self.norm1(x), hw, num_prefix, ctx)))

@@ -22,7 +22,7 @@ from functools import partial
 
 import torch
 import torch.nn.functional as F
-from timm.layers import ClassifierHead, PatchEmbed, to_2tuple, trunc_normal_
+from timm.layers import ClassifierHead, PatchEmbed, to_2tuple
 from timm.models.swin_transformer import PatchMerging
 from torch import nn
 from torch.fx.experimental.symbolic_shapes import statically_known_true
@@ -35,7 +35,7 @@ from ..layers.layer_group import run_layer
 from ..layout import TokenLayout, image_layout, is_symbolic, window_layout
 from ..pos.base import AttnSpec, PEHost, PosContext, merge_contexts
 from ..pos.presets import build_pos_encoding
-from .construction import UnsupportedPool, factory_kwargs
+from .construction import UnsupportedPool, factory_kwargs, init_linears
 from .param_groups import exact_no_weight_decay, pe_layer_rules, pe_stem, stage_block
 from .staged import StagedModel
 from .swin_windows import WindowPlan, plan_windows, window_mask
@@ -66,22 +66,14 @@ def stage_windows(window_size, num_stages: int) -> tuple[tuple[int, int], ...]:
 
 
 class SwinBlock(PreNormBlock):
-    """Window attention + MLP, pre-norm (timm names norm1, attn.{qkv, proj}, norm2, mlp)."""
+    """Window attention + MLP, pre-norm (timm names norm1, attn.{qkv, proj}, norm2, mlp); shifted: this block's
+    windows are shifted by half a window; branch: PreNormBlock's options (mlp_ratio, drop_path, act_layer,
+    norm_layer)."""
 
     def __init__(
-        self,
-        dim: int,
-        num_heads: int,
-        shifted: bool,
-        mlp_ratio: float = 4.0,
-        qkv_bias: bool = True,
-        proj_drop: float = 0.0,
-        drop_path: float = 0.0,
-        act_layer: type[nn.Module] = nn.GELU,
-        norm_layer: type[nn.Module] = nn.LayerNorm,
+        self, dim: int, num_heads: int, shifted: bool, qkv_bias: bool = True, proj_drop: float = 0.0, **branch
     ):
-        attn = Attention(dim, num_heads, qkv_bias, proj_drop=proj_drop)
-        super().__init__(dim, attn, mlp_ratio, proj_drop, drop_path, act_layer, norm_layer)
+        super().__init__(dim, Attention(dim, num_heads, qkv_bias, proj_drop=proj_drop), proj_drop=proj_drop, **branch)
         self.shifted = shifted
 
     def forward(self, x: torch.Tensor, plan: WindowPlan, ctx: PosContext | None = None) -> torch.Tensor:
@@ -230,11 +222,7 @@ class SwinTransformer(StagedModel):
 
     def _init_layers(self) -> None:
         """The constructor's init (the draws a seeded model has always made)."""
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
+        init_linears(self)
         self.pe.init_weights()
 
     # ---------------------------------------------------------------------------------------------------- forward

@@ -12,7 +12,6 @@ from __future__ import annotations
 from functools import partial
 
 import torch
-from timm.layers import trunc_normal_
 from timm.models._features import feature_take_indices
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -24,7 +23,7 @@ from ..native import BatchLayout, is_native_batch
 from ..pos.base import AttnSpec, PEHost
 from ..pos.mm_positions import segment_layout
 from ..pos.presets import build_pos_encoding
-from .construction import ContractModel, UnsupportedPool, place_like
+from .construction import ContractModel, UnsupportedPool, init_linears, place_like
 from .native_batch import NativeSites, masked_tokens, pool_images
 from .param_groups import exact_no_weight_decay, pe_layer_rules, pe_stem
 
@@ -114,14 +113,8 @@ class TokenEncoder(ContractModel):
         for p in (self.cls_token, self.reg_token):
             if p is not None:
                 nn.init.normal_(p, std=1e-6)
-        for m in self.blocks.modules():
-            if isinstance(m, nn.Linear):
-                trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-        if isinstance(self.head, nn.Linear):
-            trunc_normal_(self.head.weight, std=0.02)
-            nn.init.zeros_(self.head.bias)
+        init_linears(self.blocks)
+        init_linears(self.head)
         self.pe.init_weights()
 
     # ------------------------------------------------------------------------------------------------ positions
