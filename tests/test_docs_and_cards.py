@@ -2,6 +2,7 @@
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,15 @@ def test_docs_cover_the_design_the_pes_and_timm_usage():
 def cards(tmp_path_factory) -> dict[str, str]:
     out = tmp_path_factory.mktemp("cards")
     return {p.stem: p.read_text() for p in write_cards(REPO / "results", out)}
+
+
+def test_committed_cards_are_what_the_committed_results_generate(tmp_path):
+    # a result rerun (or a card writer changed) without `visionpe-bench cards` leaves a stale card: it fails here
+    shutil.copytree(REPO / "results", tmp_path / "results")  # the cards' relative links as from the repository root
+    for path in write_cards(tmp_path / "results", tmp_path / "model_cards"):
+        family, text = path.stem, path.read_text()
+        committed = (REPO / "model_cards" / f"{family}.md").read_text()
+        assert committed == text, f"model_cards/{family}.md is stale: run `visionpe-bench cards`"
 
 
 def _front_matter(text: str) -> dict:
