@@ -223,3 +223,23 @@ def test_mm_reference_follows_set_input_size():
         scaled = model(pixels, text)
         model.position_mode = "extrapolate"
         assert torch.equal(model(pixels, text), scaled)  # the new training sequence: nothing to scale
+
+
+@pytest.mark.parametrize("key, value", [("text_split", 4), ("text_length", 6)])
+def test_mm_reference_follows_text_split_and_length_set_after_construction(key, value):
+    # videorope's training sequence depends on both: a model changed in place scales as one built with the value
+    changed = _mm("videorope", text_length=4, text_split=0, position_mode="ntk")
+    setattr(changed, key, value)
+    built = _mm("videorope", **{"text_length": 4, "text_split": 0, key: value}, position_mode="ntk")
+    built.load_state_dict(changed.state_dict())
+    pe, want = changed.pe.encodings["rope_nd"], built.pe.encodings["rope_nd"].reference_spread()
+    assert (
+        pe.reference_spread()
+        == want
+        != _mm("videorope", text_length=4, text_split=0).pe.encodings["rope_nd"].reference_spread()
+    )
+    pixels, text = torch.randn(1, 3, 16, 32, 48), torch.randint(0, 32, (1, 8))
+    with torch.no_grad():
+        assert torch.equal(changed(pixels, text), built(pixels, text))
+    with pytest.raises(ValueError, match=f"{key} .* must be an integer >= 0, got -1"):
+        setattr(changed, key, -1)

@@ -55,11 +55,11 @@ def check_text(text_ids: torch.Tensor | None, vocab_size: int, batch: int, devic
     return text_ids.long().to(device)
 
 
-def _check_text_length(text_length) -> int:
-    """The training text length (ids per sample) as an int >= 0."""
-    if not isinstance(text_length, bool) and hasattr(text_length, "__index__") and operator.index(text_length) >= 0:
-        return operator.index(text_length)
-    raise ValueError(f"text_length (text ids per sample in training) must be an integer >= 0, got {text_length!r}")
+def _check_count(value, what: str) -> int:
+    """A count of text ids as an int >= 0 (`what` names it in the error)."""
+    if not isinstance(value, bool) and hasattr(value, "__index__") and operator.index(value) >= 0:
+        return operator.index(value)
+    raise ValueError(f"{what} must be an integer >= 0, got {value!r}")
 
 
 class MultimodalEncoder(TubeletEncoder):
@@ -90,10 +90,8 @@ class MultimodalEncoder(TubeletEncoder):
         'extrapolate' (raw positions) or 'ntk' / 'yarn' (RoPE-ND schemes rescale their frequencies beyond the
         training sequence; other PEs read them as 'extrapolate'). Other kwargs (num_classes, depth, num_heads,
         pe_kwargs, ...): see TokenEncoder."""
-        if text_split < 0:
-            raise ValueError(f"text_split must be >= 0, got {text_split}")
-        self.text_split = text_split
-        self.text_length = _check_text_length(text_length)  # before the trunk: its PE host reads both
+        self.text_split = text_split  # before the trunk: its PE host reads both
+        self.text_length = text_length
         stem = (img_size, num_frames, patch_size, tubelet_size, in_chans, embed_dim)
         trunk = dict(global_pool=global_pool, class_token=class_token, pe=pe, default_scheme="rope1d")
         super().__init__(*stem, **trunk, **kwargs)
@@ -197,6 +195,29 @@ class MultimodalEncoder(TubeletEncoder):
             x, layout, indices, return_prefix_tokens, norm, stop_early, output_fmt, intermediates_only, visual
         )
 
+    @property
+    def text_split(self) -> int:
+        return self._text_split
+
+    @text_split.setter
+    def text_split(self, value: int) -> None:
+        self._text_split = _check_count(value, "text_split (text ids before the visual input)")
+        self._refresh_host()
+
+    @property
+    def text_length(self) -> int:
+        return self._text_length
+
+    @text_length.setter
+    def text_length(self, value: int) -> None:
+        self._text_length = _check_count(value, "text_length (text ids per sample in training)")
+        self._refresh_host()
+
+    def _refresh_host(self) -> None:
+        """The PEs' training sequence follows text_split / text_length set after construction (ntk / yarn read it)."""
+        if "pe" in self.__dict__.get("_modules", {}) and "_text_length" in self.__dict__:
+            self.pe.set_host(self._host())
+
     def _host(self, depth: int | None = None) -> PEHost:
         """The trunk's host plus the training sequence (`reference_segments`): the reference clip between its
         markers, with `text_length` text ids split as `text_split` splits them."""
@@ -209,7 +230,7 @@ class MultimodalEncoder(TubeletEncoder):
         """Change the reference visual size (the grid the PEs are built for) and text length (ntk / yarn's
         training sequence)."""
         if text_length is not None:
-            self.text_length = _check_text_length(text_length)
+            self._text_length = _check_count(text_length, "text_length (text ids per sample in training)")
         self.patch_embed.set_input_size(img_size, num_frames)
         self.set_reference(self.patch_embed.grid_size[1:], self.patch_embed.grid_size[0])
         if hasattr(self, "pretrained_cfg"):
