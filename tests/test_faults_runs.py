@@ -93,8 +93,25 @@ def _train_process(tmp_path: Path, args: list[str], signal_at: str | None, ranks
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> tuple[Path, list[str], dict]:
     out = tmp_path_factory.mktemp("sig")
-    common = tiny(out, "model.kwargs.drop_path_rate=0.1", "aug.mixup=0.4")
+    common = tiny(out, "model.kwargs.drop_path_rate=0.1", "aug.mixup=0.4", "train.log_every=3")  # windows 3 + 1
     return out, common, weights(run([*common, "train.run_name=reference"]))
+
+
+def _train_rows(run_dir: Path) -> list[tuple[int, int, float]]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [(r["epoch"], r["global_step"], r["loss"]) for r in rows if r["kind"] == "train"]
+
+
+def _epoch_lines(rows: list[tuple[int, int, float]]) -> dict[int, str]:
+    """The epoch log line's loss from the metrics windows: their means weighted by their steps."""
+    sums, steps, last = {}, {}, 0
+    for epoch, step, loss in rows:
+        sums[epoch], steps[epoch], last = (
+            sums.get(epoch, 0.0) + loss * (step - last),
+            steps.get(epoch, 0) + step - last,
+            step,
+        )
+    return {e: f"train loss {sums[e] / steps[e]:.4f}" for e in sums}
 
 
 @pytest.mark.parametrize(("signum", "at"), [(signal.SIGTERM, 3), (signal.SIGINT, 6), (signal.SIGTERM, 4)])
@@ -110,9 +127,16 @@ def test_a_signal_checkpoints_at_the_step_says_how_to_resume_and_the_resume_is_b
     assert f"stopped by {signum.name} at epoch {(at - 1) // 4 + 1}, step {at}" in line
     assert line.endswith(f"continue with: visionpe-train --resume {tmp_path / 'sig'}")
     assert find_checkpoint(tmp_path / "sig").info["global_step"] == at  # at the step the signal arrived in
-    assert _train_process(tmp_path, ["--resume", str(tmp_path / "sig")], None).returncode == 0
+    resumed = _train_process(tmp_path, ["--resume", str(tmp_path / "sig")], None)
+    assert resumed.returncode == 0
     got = weights(tmp_path / "sig")
     assert all(torch.equal(got[k], v) for k, v in want.items())  # the data, RNG and arithmetic of one run
+    # the loss windows and the epoch's mean are those of the run that never stopped (a checkpoint keeps the open
+    # window and the epoch's sums), also for the epoch the signal cut
+    assert _train_rows(tmp_path / "sig") == _train_rows(out / "reference")
+    for epoch, text in _epoch_lines(_train_rows(out / "reference")).items():
+        if epoch > (at - 1) // 4:  # the epochs the resumed process logs
+            assert f"epoch {epoch}/2: {text}," in resumed.stdout, resumed.stdout
 
 
 def test_a_signal_to_one_ddp_rank_stops_every_rank_at_the_same_step_and_resumes_exactly(tmp_path):

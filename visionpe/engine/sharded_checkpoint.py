@@ -96,6 +96,7 @@ def _rank_state(tr) -> dict:
         "epoch": tr.epoch,
         "batch": tr.batch,
         "global_step": tr.global_step,
+        "loss_tally": tr.tally.state(tr.ctx),
         "scheduler": tr.scheduler.state_dict() if tr.scheduler else None,
         "scaler": tr.scaler.state_dict(),
         "rng": rng_state(),

@@ -62,6 +62,7 @@ from .distributed import (
 from .evaluate import evaluate_resolutions, format_table, json_safe, native_eval_rows, write_json
 from .fsdp import ShardedEma, build_sharded_model, check_strategy, gathered
 from .interrupt import StopOnSignal, TrainingInterrupted, diverged, interrupted
+from .loss_tally import LossTally
 from .metrics_log import METRICS, append_metrics, trim_metrics
 from .native_train import NativeWindow, check_native, plan_for
 from .run_dir import CorruptCheckpointWarning, resume_files
@@ -159,6 +160,7 @@ class Trainer:
         random.seed(cfg.train.seed + ctx.rank)
         np.random.seed(cfg.train.seed + ctx.rank)
         self.epoch, self.batch, self.global_step = 0, 0, 0
+        self.tally = LossTally(self.device)  # the logged loss of the epoch so far (a checkpoint keeps it)
         self.spent_before = (0.0, 0.0)  # wall and CPU seconds of earlier attempts, up to the checkpoint resumed
         self.bar, self.tb, self.stop, self.first_loss = None, None, StopOnSignal(), None
         open_tensorboard(self.run_dir, cfg.train.log_tensorboard, is_main=False)  # a missing package fails here
@@ -365,6 +367,7 @@ class Trainer:
         if self.sharded:
             return save_sharded(self, finished)  # every rank writes its shards and its own RNG state
         rngs = gather_objects(rng_state(), self.ctx)
+        tally = self.tally.state(self.ctx)
         if not self.ctx.is_main:
             return
         seconds, cpu_seconds = self.spent()
@@ -373,6 +376,7 @@ class Trainer:
             "epoch": self.epoch,
             "batch": self.batch,
             "global_step": self.global_step,
+            "loss_tally": tally,
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler else None,
             "scaler": self.scaler.state_dict(),
@@ -424,6 +428,7 @@ class Trainer:
         ranks = ts.get("rng_ranks")
         set_rng_state(ranks[self.ctx.rank] if ranks and len(ranks) == self.ctx.world_size else ts["rng"])
         self.epoch, self.batch, self.global_step = ts["epoch"], ts["batch"], ts["global_step"]
+        self.tally.load(ts.get("loss_tally") if self.batch else None, self.ctx)
         self.spent_before = ts.get("spent")  # None: a checkpoint from before the cost was kept, so it is unknown
         if self.ctx.is_main:  # forget metrics logged after the checkpoint by the run that stopped
             trim_metrics(self.run_dir / METRICS, self.global_step)
@@ -508,8 +513,10 @@ class Trainer:
         self.batches.start_at(self.batch)
         bar = self.bar
         bar.set_description(f"epoch {self.epoch + 1}/{self.epochs}")
-        window_loss, window_n, window_images, t0 = torch.zeros((), device=self.device), 0, 0, time.perf_counter()
-        epoch_loss, epoch_n, skipped, t_epoch = 0.0, 0, [], time.perf_counter()
+        if self.batch == 0:
+            self.tally = LossTally(self.device)
+        tally, window_images, t0 = self.tally, 0, time.perf_counter()
+        skipped, t_epoch = [], time.perf_counter()
         native = NativeWindow(self.device, self.plan.patch) if self.plan is not None else None
         for batch in self.loader:
             if self.batch >= self.steps_per_epoch:
@@ -518,14 +525,13 @@ class Trainer:
             loss = self.step(net, batch)
             self.batch += 1
             self.global_step += 1
-            window_loss += loss.detach()
-            window_n += 1
+            tally.add(loss)
             window_images += len(batch.targets) * ctx.world_size
             if native is not None:
                 native.add(batch)
             bar.update(1)
-            if window_n == cfg.train.log_every or self.batch == self.steps_per_epoch:
-                mean = all_reduce_sum(window_loss.float().clone(), ctx).item() / (window_n * ctx.world_size)
+            if self.batch % cfg.train.log_every == 0 or self.batch == self.steps_per_epoch:
+                mean = tally.close(ctx)
                 if not math.isfinite(mean):
                     raise self._diverged(f"loss became {mean} by step {self.global_step}")
                 extra = native.row(ctx) if native is not None else {}  # padding, images and tokens per batch
@@ -543,13 +549,11 @@ class Trainer:
                     resolution=batch.resolution,
                     **extra,
                 )
-                epoch_loss, epoch_n = epoch_loss + mean * window_n, epoch_n + window_n
-                window_loss.zero_()
-                window_n, window_images, t0 = 0, 0, time.perf_counter()
+                window_images, t0 = 0, time.perf_counter()
             every = cfg.train.ckpt_every_steps
             stop = self._stop_signal()
             if stop or (every and self.global_step % every == 0 and self.batch < self.steps_per_epoch):
-                if not torch.isfinite(window_loss):  # never checkpoint diverged weights
+                if not tally.finite():  # never checkpoint diverged weights
                     raise self._diverged(f"loss became non-finite by step {self.global_step}")
                 self.save()
             if stop:
@@ -565,7 +569,7 @@ class Trainer:
             )
         elapsed = time.perf_counter() - t_epoch
         self.log(
-            f"epoch {self.epoch + 1}/{self.epochs}: train loss {epoch_loss / max(epoch_n, 1):.4f}, "
+            f"epoch {self.epoch + 1}/{self.epochs}: train loss {tally.epoch_mean():.4f}, "
             f"lr {self.optimizer.param_groups[0]['lr']:.2e}, {elapsed:.1f} s"
         )
 
