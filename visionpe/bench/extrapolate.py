@@ -39,10 +39,10 @@ from ..engine.cli import USER_ERRORS, user_error
 from ..engine.config import Config, config_to_dict, format_config_help, native_settings
 from ..engine.interrupt import STOP_SIGNALS, StopOnSignal, TrainingInterrupted
 from ..engine.native_train import model_patch_size
-from ..engine.setup import autocast, build_eval_sets, build_model, build_split, resolve_amp, run_model, to_device
+from ..engine.setup import build_eval_sets, build_model, build_split, forward_on, resolve_amp, to_device
 from . import protocols
 from .protocols import Point, point_label, row_point
-from .report import split_name, write_report
+from .report import base_of, split_name, write_report
 
 
 class BenchInterrupted(Exception):
@@ -97,22 +97,22 @@ class Job:
     def eval_key(self) -> dict:
         return dict(split=self.cfg.data.val_split, samples=self.plan.bench.eval_samples)
 
-    def record(self) -> dict | None:
-        return read_record(self.record_path) if self.record_path.is_file() else None
+    def record(self) -> dict:
+        """The run's record, or a new one when it has none or was evaluated otherwise (another split or count)."""
+        record = read_record(self.record_path) if self.record_path.is_file() else None
+        return record if record and record.get("eval") == self.eval_key() else _new_record(self)
 
-    def missing(self, record: dict | None) -> list[tuple[str, Point]]:
+    def missing(self, record: dict) -> list[tuple[str, Point]]:
         """(mode, point) pairs the record lacks."""
-        have = set()
-        if record and record.get("eval") == self.eval_key():
-            have = {(r["mode"], row_point(r)) for r in record.get("rows", [])}
+        have = {(r["mode"], row_point(r)) for r in record["rows"]}
         return [(m, p) for m in self.modes for p in self.plan.points if (m, p) not in have]
 
-    def needs_base_check(self, record: dict | None) -> bool:
+    def needs_base_check(self, record: dict) -> bool:
         """Whether the training point still has to be evaluated on bench.base_samples items."""
         samples = self.plan.bench.base_samples
-        return samples is not None and (not record or (record.get("base_check") or {}).get("samples") != samples)
+        return samples is not None and (record.get("base_check") or {}).get("samples") != samples
 
-    def done(self, record: dict | None) -> bool:
+    def done(self, record: dict) -> bool:
         return not self.missing(record) and not self.needs_base_check(record)
 
 
@@ -133,10 +133,9 @@ class Plan:
     def base(self) -> tuple[int, int]:
         return self.sizes[0]
 
-    def base_point(self, protocol: str) -> Point:
-        if protocol == "native":
-            return Point("native", 0, 0, 0, self.base_tokens)
-        return Point(protocol, *self.base, self.base_frames if protocol == "frames" else 0)
+    @property
+    def base_point(self):  # protocol -> its training point, as summary.json gives it
+        return base_of(dict(base=self.base, base_frames=self.base_frames, base_tokens=self.base_tokens))
 
 
 def _option_default(cfg: Config, key: str) -> int:
@@ -213,23 +212,6 @@ def eval_split_classes(cfg: Config, info, pretrained: bool) -> tuple[int, dict |
     return dataset_num_classes(info, ds), getattr(ds, "class_to_idx", None)
 
 
-def _try_point(model, model_name: str, x, point: Point, mode: str, amp, num_classes: int) -> None:
-    unit = "" if point.protocol in ("frames", "native") else " px"
-    try:
-        with autocast(torch.device("cpu"), amp):
-            out = run_model(model, x)
-    except (RuntimeError, ValueError, TypeError, AssertionError) as e:
-        raise BenchConfigError(
-            f"model {model_name!r} cannot take {point_label(point)}{unit} in {mode} mode: "
-            f"{e}; drop that size from bench.resolutions / bench.shapes / bench.frames"
-        ) from None
-    if out.shape != (1, num_classes):
-        raise BenchConfigError(
-            f"model {model_name!r} returned {tuple(out.shape)}, not [1, {num_classes}]; the benchmark evaluates "
-            f"classifiers"
-        )
-
-
 @torch.no_grad()
 def _check_models(plan: Plan, info) -> None:
     """Each model built and run on one item at every point and mode (on CPU), before anything trains; a note for
@@ -260,7 +242,17 @@ def _check_models(plan: Plan, info) -> None:
                     protocols.set_position_mode(model, mode)
                 except ValueError as e:
                     raise BenchConfigError(f"bench.position_modes: model {job.model!r} {e}") from None
-                _try_point(model, job.model, x, point, mode, amp, num_classes)
+                try:
+                    out = forward_on(model, x, torch.device("cpu"), amp)
+                except (RuntimeError, ValueError, TypeError, AssertionError) as e:
+                    unit = "" if point.protocol in ("frames", "native") else " px"
+                    raise BenchConfigError(
+                        f"model {job.model!r} cannot take {point_label(point)}{unit} in {mode} mode: "
+                        f"{e}; drop that size from bench.resolutions / bench.shapes / bench.frames"
+                    ) from None
+                if out.shape != (1, num_classes):
+                    raise BenchConfigError(f"model {job.model!r} returned {tuple(out.shape)}, not [1, {num_classes}]; "
+                                           f"the benchmark evaluates classifiers")  # fmt: skip
 
 
 def read_record(path: Path) -> dict:
@@ -311,8 +303,7 @@ def _trained_model(job: Job, record: dict):
         ref = find_checkpoint(job.run_dir)
     if "cpu_seconds" in (ref.info or {}):  # the run's own count, its interrupted attempts included (None: unknown)
         record["train_seconds"], record["train_cpu_seconds"] = ref.info["seconds"], ref.info["cpu_seconds"]
-    elif "train_seconds" not in record:
-        record["train_seconds"] = None  # trained by an earlier benchmark whose record was removed
+    record.setdefault("train_seconds", None)  # None: trained by an earlier benchmark whose record was removed
     model, cfg, meta = engine.load_checkpoint(job.run_dir, device="cpu")
     return model, cfg, json.loads(meta["class_map"]) if meta.get("class_map") else None
 
@@ -390,9 +381,6 @@ def run_job(job: Job, log=print, stop=None) -> dict:
         return record
     if stop is not None and stop.signum:
         raise _stopped(stop, job, "before")
-    todo = job.missing(record)
-    if record is None or record.get("eval") != job.eval_key():
-        record = _new_record(job)
     if bench.pretrained:
         model, cfg, class_map = _load_pretrained(job, record, get_dataset_info(job.cfg.data.name))
     else:
@@ -409,7 +397,7 @@ def run_job(job: Job, log=print, stop=None) -> dict:
 
     record["modes_agree"] = len(job.modes) > 1 and _modes_agree(job, model, datasets, device)  # probed only if used
     t0, c0 = time.perf_counter(), time.process_time()
-    _evaluate_points(job, record, todo, evaluate, stop)
+    _evaluate_points(job, record, job.missing(record), evaluate, stop)
     if job.needs_base_check(record):
         record["base_check"] = _base_check(job, cfg, datasets, class_map, evaluate)
     record["eval_seconds"] = round(time.perf_counter() - t0, 1) + (record.get("eval_seconds") or 0)
@@ -475,10 +463,8 @@ def _run(pending: list[Job], bench: BenchConfig, progress: _Progress, log) -> No
             for job in pending:
                 try:
                     record = run_job(job, log, stop)
-                except (KeyboardInterrupt, SystemExit, BenchInterrupted):
-                    raise
                 except Exception as e:
-                    if os.environ.get("VISIONPE_DEBUG"):
+                    if isinstance(e, BenchInterrupted) or os.environ.get("VISIONPE_DEBUG"):
                         raise
                     progress(job, None, e)
                 else:
@@ -537,7 +523,9 @@ def run_benchmark(bench: BenchConfig, cfg: Config, dry_run: bool = False, log=pr
         records = [read_record(j.record_path) for j in plan.jobs if j.record_path.is_file()]
         seconds, machine = time.perf_counter() - progress.start, None
         if not pending:  # nothing ran: the tables keep the machine and time of the invocation that ran them
-            seconds, machine = _last_invocation(out, seconds)
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                last = json.loads((out / "summary.json").read_text())
+                seconds, machine = float(last["seconds"]), dict(last["machine"])
         paths = write_report(records, plan, out, seconds, machine)
         if paths:
             log(f"wrote {', '.join(str(p) for p in paths)}")
@@ -547,15 +535,6 @@ def run_benchmark(bench: BenchConfig, cfg: Config, dry_run: bool = False, log=pr
             + "\n  ".join(progress.failures)
         )
     return out
-
-
-def _last_invocation(out: Path, seconds: float) -> tuple[float, dict | None]:
-    """(seconds, machine) of the summary.json a rerun would replace, else (`seconds`, None: this machine)."""
-    try:
-        last = json.loads((out / "summary.json").read_text())
-        return float(last["seconds"]), dict(last["machine"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return seconds, None
 
 
 def main(argv: list[str] | None = None) -> int:
