@@ -40,6 +40,7 @@ from ..engine.config import Config, config_to_dict, format_config_help, native_s
 from ..engine.interrupt import STOP_SIGNALS, StopOnSignal, TrainingInterrupted
 from ..engine.native_train import model_patch_size
 from ..engine.setup import build_eval_sets, build_model, build_split, forward_on, resolve_amp, to_device
+from ..engine.trainer import resolve_run_dir
 from . import protocols
 from .protocols import Point, point_label, row_point
 from .report import base_of, split_name, write_report
@@ -80,7 +81,7 @@ class Job:
 
     @property
     def run_dir(self) -> Path:
-        return Path(self.cfg.train.output_dir) / (self.cfg.train.run_name or "")
+        return resolve_run_dir(self.cfg)
 
     @property
     def record_path(self) -> Path:
@@ -100,7 +101,12 @@ class Job:
     def record(self) -> dict:
         """The run's record, or a new one when it has none or was evaluated otherwise (another split or count)."""
         record = read_record(self.record_path) if self.record_path.is_file() else None
-        return record if record and record.get("eval") == self.eval_key() else _new_record(self)
+        if record and record.get("eval") == self.eval_key():
+            return record
+        family, size, pe = split_name(self.model)
+        return dict(model=self.model, family=family, size=size, pe=pe, seed=self.seed, recipe=recipe_of(self.cfg),
+                    eval=self.eval_key(), base=list(self.plan.base), base_frames=self.plan.base_frames,
+                    run_dir=str(self.run_dir), rows=[])  # fmt: skip
 
     def missing(self, record: dict) -> list[tuple[str, Point]]:
         """(mode, point) pairs the record lacks."""
@@ -308,13 +314,6 @@ def _trained_model(job: Job, record: dict):
     return model, cfg, json.loads(meta["class_map"]) if meta.get("class_map") else None
 
 
-def _new_record(job: Job) -> dict:
-    family, size, pe = split_name(job.model)
-    return dict(model=job.model, family=family, size=size, pe=pe, seed=job.seed, recipe=recipe_of(job.cfg),
-                eval=job.eval_key(), base=list(job.plan.base), base_frames=job.plan.base_frames,
-                run_dir=str(job.run_dir), rows=[])  # fmt: skip
-
-
 def _coinciding(job: Job, rows: dict, agree: bool, mode: str, point: Point) -> tuple[dict, str] | None:
     """(a row already measured on identical inputs and logits, what it is) or None: the first mode's row when the
     modes give identical logits; at the training point, another protocol's (every protocol shows the same inputs)."""
@@ -485,11 +484,11 @@ def _run(pending: list[Job], bench: BenchConfig, progress: _Progress, log) -> No
                 for proc in list(getattr(pool, "_processes", {}).values()):  # the executor's own worker table
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(proc.pid, signal.SIGTERM)
-            for fut in finished:
-                err = None if fut.cancelled() else fut.exception()
+            for fut in finished:  # a cancelled future left `remaining` when it was cancelled
+                err = fut.exception()
                 if isinstance(err, BenchInterrupted):
                     stopped = stopped or err
-                elif not fut.cancelled():
+                else:
                     progress(futures[fut], None if err else fut.result(), err)
     if stopped is not None:
         raise stopped

@@ -180,9 +180,8 @@ def _statistics(s: dict, models: list[str], heading: str) -> str:
     (lo_model, lo), (hi_model, hi) = min(at_base, key=lambda x: x[1]["mean"]), max(at_base, key=lambda x: x[1]["mean"])
     sd_model, sd = max(at_base, key=lambda x: x[1]["std"])
     seeds = "/".join(map(str, sorted({st["n"] for _, st in at_base})))
-    text = T["statistics"].format(heading=heading, lo=lo, lo_model=lo_model, hi=hi, hi_model=hi_model, sd=sd,
-                                  sd_model=sd_model, seeds=seeds)  # fmt: skip
-    return text + "\n\n"
+    return T["statistics"].format(heading=heading, lo=lo, lo_model=lo_model, hi=hi, hi_model=hi_model, sd=sd,
+                                  sd_model=sd_model, seeds=seeds) + "\n\n"  # fmt: skip
 
 
 def _claims(judged: list[dict], pes: set) -> str:
