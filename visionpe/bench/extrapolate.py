@@ -65,8 +65,7 @@ def recipe_of(cfg: dict | Config) -> dict:
     for key in _NOT_RECIPE:  # dotted paths, e.g. train.seed, data.native.eval_tokens
         *parents, name = key.split(".")
         functools.reduce(lambda node, p: node.get(p) or {}, parents, d).pop(name, None)
-    if d.get("model", {}).get("img_size") is None:
-        d["model"]["img_size"] = d.get("data", {}).get("resolution")
+    d["model"]["img_size"] = d["model"]["img_size"] or d["data"]["resolution"]  # as the trainer resolves it
     return d
 
 

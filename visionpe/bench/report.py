@@ -415,7 +415,6 @@ def plot_extrapolation(summary: dict, path: Path) -> Path | None:
                  fontsize=11)  # fmt: skip
     rows = -(-len(names) // 6) if names else 0
     fig.tight_layout(rect=(0, 0.05 * rows + 0.02, 1, 1))  # leave room for the legend's rows
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
