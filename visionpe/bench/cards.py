@@ -15,8 +15,6 @@ from pathlib import Path
 
 import yaml
 
-import visionpe  # noqa: F401  (registers the families)
-
 from ..data import get_dataset_info
 from ..engine.checkpoint import atomic_write_text
 from ..engine.config import config_from_dict
@@ -196,8 +194,7 @@ def _summary_block(path: Path, s: dict, models: list[str], out_dir: Path) -> str
         protocols=report.protocols_text(s["protocols"]),
         tables=report.accuracy_tables(s, models, "*{mode}* positions:"),
         plot=f", ![top-1 against the evaluation point]({rel}/results.png)" if png else "",
-        base_check=report.base_check_text({m: c for m, c in s["base_check"].items() if m in models},
-                                          "the tables read fewer"),
+        base_check=report.base_check_text(s, models, "the tables read fewer"),
         machine=machine_description(s["machine"]), date=s["date"],
         notes=(T["modes_agree"] if len(s["modes"]) > 1 else "") + (f" Chance level: {chance:.1f}%." if chance else "")
         + (T["at_chance"] if low else ""),

@@ -140,8 +140,9 @@ def _cell(st: dict | None, base: dict | None, at_base: bool) -> str:
     return f"**{stat_text(st)}**" if at_base or base is None else f"{stat_text(st)} ({st['mean'] - base['mean']:+.1f})"
 
 
-def base_check_text(checks: dict[str, dict], tables: str) -> str:
-    """The paragraph ranking the base checks best first ('' without checks); `tables`: what the tables read instead."""
+def base_check_text(s: dict, models: list[str], tables: str) -> str:
+    """The paragraph ranking the models' base checks best first ('' without any); `tables`: what the tables read."""
+    checks = {m: c for m, c in s["base_check"].items() if m in models}
     if not checks:
         return ""
     ranking = ", ".join(f"{m} {stat_text(c)}" for m, c in sorted(checks.items(), key=lambda kv: -kv[1]["mean"]))
@@ -170,7 +171,7 @@ def recipe_text(cfg) -> str:
 # ------------------------------------------------------------------------------------------------------ results.md
 
 
-def _statistics(s: dict, models: list[str], heading: str) -> str:
+def _statistics(s: dict, models: list[str]) -> str:
     """Base accuracy and seed spread at the training point: whether the benchmark can rank anything."""
     base, mode = base_of(s)(s["protocols"][0]), s["modes"][0]
     stats = {r["model"]: r for r in s["table"] if r["mode"] == mode and row_point(r) == base}
@@ -180,8 +181,8 @@ def _statistics(s: dict, models: list[str], heading: str) -> str:
     (lo_model, lo), (hi_model, hi) = min(at_base, key=lambda x: x[1]["mean"]), max(at_base, key=lambda x: x[1]["mean"])
     sd_model, sd = max(at_base, key=lambda x: x[1]["std"])
     seeds = "/".join(map(str, sorted({st["n"] for _, st in at_base})))
-    return T["statistics"].format(heading=heading, lo=lo, lo_model=lo_model, hi=hi, hi_model=hi_model, sd=sd,
-                                  sd_model=sd_model, seeds=seeds) + "\n\n"  # fmt: skip
+    return T["statistics"].format(heading=headings(s, [base])[0], lo=lo, lo_model=lo_model, hi=hi, hi_model=hi_model,
+                                  sd=sd, sd_model=sd_model, seeds=seeds) + "\n\n"  # fmt: skip
 
 
 def _claims(judged: list[dict], pes: set) -> str:
@@ -203,12 +204,10 @@ def format_markdown(s: dict, records: list[dict], rows: list[dict], plan, second
     b, models = plan.bench, [m for m in s["models"] if any(r["model"] == m for r in s["table"])]  # with a cell
     images = "/".join(map(str, sorted({r["images"] for r in rows})))
     seeds = sorted({r["seed"] for r in rows})
-    heads = headings(s, summary_points(s))
     sections = T["modes_agree"] + "\n\n" if s["modes_agree"] and len(s["modes"]) > 1 else ""
     sections += "".join(f"Note: {n}.\n" for n in plan.notes) + ("\n" if plan.notes else "")
-    sections += _statistics(s, models, heads[0])
-    checks = {m: c for m, c in s["base_check"].items() if m in models}
-    sections += base_check_text(checks, f"bench.base_samples; the tables read {images}")
+    sections += _statistics(s, models)
+    sections += base_check_text(s, models, f"bench.base_samples; the tables read {images}")
     sections += _claims(s["claims"], {r["pe"] for r in s["table"]})
     cpu = [r["train_cpu_seconds"] for r in records if r.get("train_cpu_seconds")] or [0]
     ev = [r["eval_cpu_seconds"] for r in records if r.get("eval_cpu_seconds")] or [0]
