@@ -159,7 +159,7 @@ def chance_level(s: dict) -> float | None:
 
 def at_chance(s: dict) -> bool:
     """No model clearly above guessing at the training point (mean - 2 std within chance level)."""
-    chance, base = chance_level(s), report.base_of(s)(s["protocols"][0])
+    chance, base = chance_level(s), report.base_point(s, s["protocols"][0])
     rows = [r for r in s["table"] if row_point(r) == base]
     return chance is not None and bool(rows) and all(r["mean"] - 2 * r["std"] <= chance for r in rows)
 

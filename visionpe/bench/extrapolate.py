@@ -43,7 +43,7 @@ from ..engine.setup import build_eval_sets, build_model, build_split, forward_on
 from ..engine.trainer import resolve_run_dir
 from . import protocols
 from .protocols import Point, point_label, row_point
-from .report import base_of, split_name, write_report
+from .report import base_point, split_name, write_report
 
 
 class BenchInterrupted(Exception):
@@ -138,9 +138,8 @@ class Plan:
     def base(self) -> tuple[int, int]:
         return self.sizes[0]
 
-    @property
-    def base_point(self):  # protocol -> its training point, as summary.json gives it
-        return base_of(dict(base=self.base, base_frames=self.base_frames, base_tokens=self.base_tokens))
+    def base_point(self, protocol: str) -> Point:
+        return base_point(dict(base=self.base, base_frames=self.base_frames, base_tokens=self.base_tokens), protocol)
 
 
 def _option_default(cfg: Config, key: str) -> int:
