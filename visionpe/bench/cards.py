@@ -218,8 +218,7 @@ def _pe_paper(fam: Family, pe: str, preset: str):
 
 
 def _details(fam: Family, speed: dict, found: list[tuple[Path, dict, list[str]]]) -> dict[str, str]:
-    """The architecture table (each size's configuration and cost) and the PE variants table (preset, options,
-    paper, and which results measure it)."""
+    """The card's architecture table (each size's configuration and cost) and PE variants table."""
     first_pe, sizes, variants = next(iter(fam.pes)), [], []
     for size, kwargs in fam.sizes.items():
         res = _default_res(fam, size)

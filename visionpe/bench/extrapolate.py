@@ -164,9 +164,8 @@ def _job_cfg(cfg: Config, bench: BenchConfig, model: str, seed: int) -> Config:
 
 
 def make_plan(bench: BenchConfig, cfg: Config) -> Plan:
-    """The points, per protocol its base first: upsample and fov at every size, frames at the base size for every
-    length, native at every budget (each image at its own aspect ratio), then every aspect ratio at the training
-    budget; one job per model and seed (published weights are one run)."""
+    """The evaluation points, per protocol its training point first, and one job per model and seed (published
+    weights: one run)."""
     base = (cfg.data.resolution, cfg.data.resolution)
     sizes = list(dict.fromkeys([base, *map(parse_size, bench.resolutions + bench.shapes)]))
     frames = _option_default(cfg, "frames")

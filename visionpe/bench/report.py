@@ -9,7 +9,6 @@ import json
 import math
 import re
 import statistics
-import time
 from pathlib import Path
 
 from ..data.registry import augmentation_text
@@ -247,7 +246,7 @@ def _summary(records: list[dict], stats: dict, plan, seconds: float, machine: di
                     data_options=cfg.data.options, scale=cfg.aug.scale, hflip=cfg.aug.hflip),
         modes_agree=sorted(r["model"] for r in records if r["modes_agree"]), machine=machine, seconds=round(seconds, 1),
         cpu_seconds={k: round(sum(r.get(f"{k}_cpu_seconds") or 0 for r in records), 1) for k in ("train", "eval")},
-        date=machine.get("date") or time.strftime("%Y-%m-%d"), table=table, base_check={
+        date=machine["date"], table=table, base_check={
             m: dict(mean_std([c["top1"] for c in cs]), images=max(c["images"] for c in cs))
             for m, cs in checks.items() if cs},  # top-1 at the training point on bench.base_samples items
         claims=judge_claims(stats, records, plan.points, list(b.position_modes), plan.base_point),
