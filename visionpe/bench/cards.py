@@ -15,8 +15,6 @@ from pathlib import Path
 
 import yaml
 
-import visionpe  # noqa: F401  (registers the families)
-
 from ..data import get_dataset_info
 from ..engine.checkpoint import atomic_write_text
 from ..engine.config import config_from_dict
@@ -161,7 +159,7 @@ def chance_level(s: dict) -> float | None:
 
 def at_chance(s: dict) -> bool:
     """No model clearly above guessing at the training point (mean - 2 std within chance level)."""
-    chance, base = chance_level(s), report.base_of(s)(s["protocols"][0])
+    chance, base = chance_level(s), report.base_point(s, s["protocols"][0])
     rows = [r for r in s["table"] if row_point(r) == base]
     return chance is not None and bool(rows) and all(r["mean"] - 2 * r["std"] <= chance for r in rows)
 
@@ -196,8 +194,7 @@ def _summary_block(path: Path, s: dict, models: list[str], out_dir: Path) -> str
         protocols=report.protocols_text(s["protocols"]),
         tables=report.accuracy_tables(s, models, "*{mode}* positions:"),
         plot=f", ![top-1 against the evaluation point]({rel}/results.png)" if png else "",
-        base_check=report.base_check_text({m: c for m, c in s["base_check"].items() if m in models},
-                                          "the tables read fewer"),
+        base_check=report.base_check_text(s, models, "the tables read fewer"),
         machine=machine_description(s["machine"]), date=s["date"],
         notes=(T["modes_agree"] if len(s["modes"]) > 1 else "") + (f" Chance level: {chance:.1f}%." if chance else "")
         + (T["at_chance"] if low else ""),
@@ -221,8 +218,7 @@ def _pe_paper(fam: Family, pe: str, preset: str):
 
 
 def _details(fam: Family, speed: dict, found: list[tuple[Path, dict, list[str]]]) -> dict[str, str]:
-    """The architecture table (each size's configuration and cost) and the PE variants table (preset, options,
-    paper, and which results measure it)."""
+    """The card's architecture table (each size's configuration and cost) and PE variants table."""
     first_pe, sizes, variants = next(iter(fam.pes)), [], []
     for size, kwargs in fam.sizes.items():
         res = _default_res(fam, size)

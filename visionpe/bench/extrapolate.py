@@ -39,10 +39,11 @@ from ..engine.cli import USER_ERRORS, user_error
 from ..engine.config import Config, config_to_dict, format_config_help, native_settings
 from ..engine.interrupt import STOP_SIGNALS, StopOnSignal, TrainingInterrupted
 from ..engine.native_train import model_patch_size
-from ..engine.setup import autocast, build_eval_sets, build_model, build_split, resolve_amp, run_model, to_device
+from ..engine.setup import build_eval_sets, build_model, build_split, forward_on, resolve_amp, to_device
+from ..engine.trainer import resolve_run_dir
 from . import protocols
 from .protocols import Point, point_label, row_point
-from .report import split_name, write_report
+from .report import base_point, split_name, write_report
 
 
 class BenchInterrupted(Exception):
@@ -64,8 +65,7 @@ def recipe_of(cfg: dict | Config) -> dict:
     for key in _NOT_RECIPE:  # dotted paths, e.g. train.seed, data.native.eval_tokens
         *parents, name = key.split(".")
         functools.reduce(lambda node, p: node.get(p) or {}, parents, d).pop(name, None)
-    if d.get("model", {}).get("img_size") is None:
-        d["model"]["img_size"] = d.get("data", {}).get("resolution")
+    d["model"]["img_size"] = d["model"]["img_size"] or d["data"]["resolution"]  # as the trainer resolves it
     return d
 
 
@@ -80,7 +80,7 @@ class Job:
 
     @property
     def run_dir(self) -> Path:
-        return Path(self.cfg.train.output_dir) / (self.cfg.train.run_name or "")
+        return resolve_run_dir(self.cfg)
 
     @property
     def record_path(self) -> Path:
@@ -97,22 +97,27 @@ class Job:
     def eval_key(self) -> dict:
         return dict(split=self.cfg.data.val_split, samples=self.plan.bench.eval_samples)
 
-    def record(self) -> dict | None:
-        return read_record(self.record_path) if self.record_path.is_file() else None
-
-    def missing(self, record: dict | None) -> list[tuple[str, Point]]:
-        """(mode, point) pairs the record lacks."""
-        have = set()
+    def record(self) -> dict:
+        """The run's record, or a new one when it has none or was evaluated otherwise (another split or count)."""
+        record = read_record(self.record_path) if self.record_path.is_file() else None
         if record and record.get("eval") == self.eval_key():
-            have = {(r["mode"], row_point(r)) for r in record.get("rows", [])}
+            return record
+        family, size, pe = split_name(self.model)
+        return dict(model=self.model, family=family, size=size, pe=pe, seed=self.seed, recipe=recipe_of(self.cfg),
+                    eval=self.eval_key(), base=list(self.plan.base), base_frames=self.plan.base_frames,
+                    run_dir=str(self.run_dir), rows=[])  # fmt: skip
+
+    def missing(self, record: dict) -> list[tuple[str, Point]]:
+        """(mode, point) pairs the record lacks."""
+        have = {(r["mode"], row_point(r)) for r in record["rows"]}
         return [(m, p) for m in self.modes for p in self.plan.points if (m, p) not in have]
 
-    def needs_base_check(self, record: dict | None) -> bool:
+    def needs_base_check(self, record: dict) -> bool:
         """Whether the training point still has to be evaluated on bench.base_samples items."""
         samples = self.plan.bench.base_samples
-        return samples is not None and (not record or (record.get("base_check") or {}).get("samples") != samples)
+        return samples is not None and (record.get("base_check") or {}).get("samples") != samples
 
-    def done(self, record: dict | None) -> bool:
+    def done(self, record: dict) -> bool:
         return not self.missing(record) and not self.needs_base_check(record)
 
 
@@ -134,9 +139,7 @@ class Plan:
         return self.sizes[0]
 
     def base_point(self, protocol: str) -> Point:
-        if protocol == "native":
-            return Point("native", 0, 0, 0, self.base_tokens)
-        return Point(protocol, *self.base, self.base_frames if protocol == "frames" else 0)
+        return base_point(dict(base=self.base, base_frames=self.base_frames, base_tokens=self.base_tokens), protocol)
 
 
 def _option_default(cfg: Config, key: str) -> int:
@@ -161,9 +164,8 @@ def _job_cfg(cfg: Config, bench: BenchConfig, model: str, seed: int) -> Config:
 
 
 def make_plan(bench: BenchConfig, cfg: Config) -> Plan:
-    """The points, per protocol its base first: upsample and fov at every size, frames at the base size for every
-    length, native at every budget (each image at its own aspect ratio), then every aspect ratio at the training
-    budget; one job per model and seed (published weights are one run)."""
+    """The evaluation points, per protocol its training point first, and one job per model and seed (published
+    weights: one run)."""
     base = (cfg.data.resolution, cfg.data.resolution)
     sizes = list(dict.fromkeys([base, *map(parse_size, bench.resolutions + bench.shapes)]))
     frames = _option_default(cfg, "frames")
@@ -213,23 +215,6 @@ def eval_split_classes(cfg: Config, info, pretrained: bool) -> tuple[int, dict |
     return dataset_num_classes(info, ds), getattr(ds, "class_to_idx", None)
 
 
-def _try_point(model, model_name: str, x, point: Point, mode: str, amp, num_classes: int) -> None:
-    unit = "" if point.protocol in ("frames", "native") else " px"
-    try:
-        with autocast(torch.device("cpu"), amp):
-            out = run_model(model, x)
-    except (RuntimeError, ValueError, TypeError, AssertionError) as e:
-        raise BenchConfigError(
-            f"model {model_name!r} cannot take {point_label(point)}{unit} in {mode} mode: "
-            f"{e}; drop that size from bench.resolutions / bench.shapes / bench.frames"
-        ) from None
-    if out.shape != (1, num_classes):
-        raise BenchConfigError(
-            f"model {model_name!r} returned {tuple(out.shape)}, not [1, {num_classes}]; the benchmark evaluates "
-            f"classifiers"
-        )
-
-
 @torch.no_grad()
 def _check_models(plan: Plan, info) -> None:
     """Each model built and run on one item at every point and mode (on CPU), before anything trains; a note for
@@ -260,7 +245,17 @@ def _check_models(plan: Plan, info) -> None:
                     protocols.set_position_mode(model, mode)
                 except ValueError as e:
                     raise BenchConfigError(f"bench.position_modes: model {job.model!r} {e}") from None
-                _try_point(model, job.model, x, point, mode, amp, num_classes)
+                try:
+                    out = forward_on(model, x, torch.device("cpu"), amp)
+                except (RuntimeError, ValueError, TypeError, AssertionError) as e:
+                    unit = "" if point.protocol in ("frames", "native") else " px"
+                    raise BenchConfigError(
+                        f"model {job.model!r} cannot take {point_label(point)}{unit} in {mode} mode: "
+                        f"{e}; drop that size from bench.resolutions / bench.shapes / bench.frames"
+                    ) from None
+                if out.shape != (1, num_classes):
+                    raise BenchConfigError(f"model {job.model!r} returned {tuple(out.shape)}, not [1, {num_classes}]; "
+                                           f"the benchmark evaluates classifiers")  # fmt: skip
 
 
 def read_record(path: Path) -> dict:
@@ -311,17 +306,9 @@ def _trained_model(job: Job, record: dict):
         ref = find_checkpoint(job.run_dir)
     if "cpu_seconds" in (ref.info or {}):  # the run's own count, its interrupted attempts included (None: unknown)
         record["train_seconds"], record["train_cpu_seconds"] = ref.info["seconds"], ref.info["cpu_seconds"]
-    elif "train_seconds" not in record:
-        record["train_seconds"] = None  # trained by an earlier benchmark whose record was removed
+    record.setdefault("train_seconds", None)  # None: trained by an earlier benchmark whose record was removed
     model, cfg, meta = engine.load_checkpoint(job.run_dir, device="cpu")
     return model, cfg, json.loads(meta["class_map"]) if meta.get("class_map") else None
-
-
-def _new_record(job: Job) -> dict:
-    family, size, pe = split_name(job.model)
-    return dict(model=job.model, family=family, size=size, pe=pe, seed=job.seed, recipe=recipe_of(job.cfg),
-                eval=job.eval_key(), base=list(job.plan.base), base_frames=job.plan.base_frames,
-                run_dir=str(job.run_dir), rows=[])  # fmt: skip
 
 
 def _coinciding(job: Job, rows: dict, agree: bool, mode: str, point: Point) -> tuple[dict, str] | None:
@@ -390,9 +377,6 @@ def run_job(job: Job, log=print, stop=None) -> dict:
         return record
     if stop is not None and stop.signum:
         raise _stopped(stop, job, "before")
-    todo = job.missing(record)
-    if record is None or record.get("eval") != job.eval_key():
-        record = _new_record(job)
     if bench.pretrained:
         model, cfg, class_map = _load_pretrained(job, record, get_dataset_info(job.cfg.data.name))
     else:
@@ -409,7 +393,7 @@ def run_job(job: Job, log=print, stop=None) -> dict:
 
     record["modes_agree"] = len(job.modes) > 1 and _modes_agree(job, model, datasets, device)  # probed only if used
     t0, c0 = time.perf_counter(), time.process_time()
-    _evaluate_points(job, record, todo, evaluate, stop)
+    _evaluate_points(job, record, job.missing(record), evaluate, stop)
     if job.needs_base_check(record):
         record["base_check"] = _base_check(job, cfg, datasets, class_map, evaluate)
     record["eval_seconds"] = round(time.perf_counter() - t0, 1) + (record.get("eval_seconds") or 0)
@@ -475,10 +459,8 @@ def _run(pending: list[Job], bench: BenchConfig, progress: _Progress, log) -> No
             for job in pending:
                 try:
                     record = run_job(job, log, stop)
-                except (KeyboardInterrupt, SystemExit, BenchInterrupted):
-                    raise
                 except Exception as e:
-                    if os.environ.get("VISIONPE_DEBUG"):
+                    if isinstance(e, BenchInterrupted) or os.environ.get("VISIONPE_DEBUG"):
                         raise
                     progress(job, None, e)
                 else:
@@ -499,11 +481,11 @@ def _run(pending: list[Job], bench: BenchConfig, progress: _Progress, log) -> No
                 for proc in list(getattr(pool, "_processes", {}).values()):  # the executor's own worker table
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(proc.pid, signal.SIGTERM)
-            for fut in finished:
-                err = None if fut.cancelled() else fut.exception()
+            for fut in finished:  # a cancelled future left `remaining` when it was cancelled
+                err = fut.exception()
                 if isinstance(err, BenchInterrupted):
                     stopped = stopped or err
-                elif not fut.cancelled():
+                else:
                     progress(futures[fut], None if err else fut.result(), err)
     if stopped is not None:
         raise stopped
@@ -537,7 +519,9 @@ def run_benchmark(bench: BenchConfig, cfg: Config, dry_run: bool = False, log=pr
         records = [read_record(j.record_path) for j in plan.jobs if j.record_path.is_file()]
         seconds, machine = time.perf_counter() - progress.start, None
         if not pending:  # nothing ran: the tables keep the machine and time of the invocation that ran them
-            seconds, machine = _last_invocation(out, seconds)
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                last = json.loads((out / "summary.json").read_text())
+                seconds, machine = float(last["seconds"]), dict(last["machine"])
         paths = write_report(records, plan, out, seconds, machine)
         if paths:
             log(f"wrote {', '.join(str(p) for p in paths)}")
@@ -547,15 +531,6 @@ def run_benchmark(bench: BenchConfig, cfg: Config, dry_run: bool = False, log=pr
             + "\n  ".join(progress.failures)
         )
     return out
-
-
-def _last_invocation(out: Path, seconds: float) -> tuple[float, dict | None]:
-    """(seconds, machine) of the summary.json a rerun would replace, else (`seconds`, None: this machine)."""
-    try:
-        last = json.loads((out / "summary.json").read_text())
-        return float(last["seconds"]), dict(last["machine"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return seconds, None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,6 @@ import json
 import math
 import re
 import statistics
-import time
 from pathlib import Path
 
 from ..data.registry import augmentation_text
@@ -75,57 +74,49 @@ def md_table(heads: list[str], align: str, rows) -> list[str]:
 # ----------------------------------------------------------------- a summary's tables (results.md and the model cards)
 
 
-def base_of(s: dict):
-    """protocol -> the training point of a summary: its size (and clip length), or its token budget for native."""
-
-    def base(protocol: str) -> Point:
-        if protocol == "native":  # each image at its own aspect ratio
-            return Point(protocol, 0, 0, 0, s["base_tokens"])
-        return Point(protocol, *s["base"], s["base_frames"] if protocol == "frames" else 0)
-
-    return base
+def base_point(s: dict, protocol: str) -> Point:
+    """A protocol's training point in a summary: its size (and clip length), or its token budget for native."""
+    if protocol == "native":  # each image at its own aspect ratio
+        return Point(protocol, 0, 0, 0, s["base_tokens"])
+    return Point(protocol, *s["base"], s["base_frames"] if protocol == "frames" else 0)
 
 
 def summary_points(s: dict) -> list[Point]:
     """The table's columns: the training point once (the native budget apart), then each protocol's other points:
     sizes as the summary orders them, clip lengths and budgets ascending, aspect ratios from tallest to widest."""
-    base, protocols, order = base_of(s), s["protocols"], {tuple(x): i for i, x in enumerate(s["sizes"])}
-    cols = [base(protocols[0]), *([base("native")] if "native" in protocols[1:] else [])]
+    protocols, order = s["protocols"], {tuple(x): i for i, x in enumerate(s["sizes"])}
+    cols = [base_point(s, protocols[0]), *([base_point(s, "native")] if "native" in protocols[1:] else [])]
     for pr in protocols:
-        mine = {row_point(r) for r in s["table"] if r["protocol"] == pr} - {base(pr)}
+        mine = {row_point(r) for r in s["table"] if r["protocol"] == pr} - {base_point(s, pr)}
         cols += sorted(mine, key=lambda p: (p.frames, p.height > 0, p.tokens, p.width / p.height if p.height else 0,
                                             order.get(p.size, len(order)), p.size))  # fmt: skip
     return cols
 
 
-def headings(s: dict, cols: list[Point]) -> list[str]:
-    """Column headings: 'base (32)' ('base (8 f, 32)' with clip lengths, 'base (64 tok)' for the native budget) at
+def heading(s: dict, c: Point) -> str:
+    """A column's heading: 'base (32)' ('base (8 f, 32)' with clip lengths, 'base (64 tok)' for the native budget) at
     the training point, else the point ('up 48' when protocols sit side by side)."""
-    base, protocols = base_of(s), s["protocols"]
-    frames = f"{s['base_frames']} f, " if "frames" in protocols else ""
-    train = f"base ({frames}{size_label(tuple(s['base']))})"
-
-    def heading(c: Point) -> str:
-        if c != base(c.protocol):
-            return ("up " if c.protocol == "upsample" and len(protocols) > 1 else "") + point_label(c)
-        return f"base ({point_label(c)})" if c.protocol == "native" else train
-
-    return [heading(c) for c in cols]
+    if c != base_point(s, c.protocol):
+        return ("up " if c.protocol == "upsample" and len(s["protocols"]) > 1 else "") + point_label(c)
+    if c.protocol == "native":
+        return f"base ({point_label(c)})"
+    frames = f"{s['base_frames']} f, " if "frames" in s["protocols"] else ""
+    return f"base ({frames}{size_label(tuple(s['base']))})"
 
 
 def accuracy_tables(s: dict, models: list[str], title: str, pe_column: bool = False) -> str:
     """Top-1 per model and evaluation point, one table per position mode under `title` ({mode}); (=) marks, after the
     first mode, the models whose two modes give the same logits."""
-    base, cols, first = base_of(s), summary_points(s), s["modes"][0]
+    cols, first = summary_points(s), s["modes"][0]
+    bases = {c: base_point(s, c.protocol) for c in cols}
     stats = {(r["model"], r["mode"], row_point(r)): r for r in s["table"]}
     pe = {r["model"]: r["pe"] for r in s["table"]}
-    heads = ["model", *(["PE"] if pe_column else []), *headings(s, cols)]
+    heads = ["model", *(["PE"] if pe_column else []), *(heading(s, c) for c in cols)]
     text = ""
     for mode in s["modes"]:
         rows = []
         for m in models:
-            cells = [_cell(stats.get((m, mode, c)), stats.get((m, mode, base(c.protocol))), c == base(c.protocol))
-                     for c in cols]  # fmt: skip
+            cells = [_cell(stats.get((m, mode, c)), stats.get((m, mode, bases[c])), c == bases[c]) for c in cols]
             name = f"{m} (=)" if m in s["modes_agree"] and mode != first else m
             rows.append([name, *([pe[m]] if pe_column else []), *cells])
         table = md_table(heads, "l" * (len(heads) - len(cols)) + "r" * len(cols), rows)
@@ -140,8 +131,9 @@ def _cell(st: dict | None, base: dict | None, at_base: bool) -> str:
     return f"**{stat_text(st)}**" if at_base or base is None else f"{stat_text(st)} ({st['mean'] - base['mean']:+.1f})"
 
 
-def base_check_text(checks: dict[str, dict], tables: str) -> str:
-    """The paragraph ranking the base checks best first ('' without checks); `tables`: what the tables read instead."""
+def base_check_text(s: dict, models: list[str], tables: str) -> str:
+    """The paragraph ranking the models' base checks best first ('' without any); `tables`: what the tables read."""
+    checks = {m: c for m, c in s["base_check"].items() if m in models}
     if not checks:
         return ""
     ranking = ", ".join(f"{m} {stat_text(c)}" for m, c in sorted(checks.items(), key=lambda kv: -kv[1]["mean"]))
@@ -170,9 +162,9 @@ def recipe_text(cfg) -> str:
 # ------------------------------------------------------------------------------------------------------ results.md
 
 
-def _statistics(s: dict, models: list[str], heading: str) -> str:
+def _statistics(s: dict, models: list[str]) -> str:
     """Base accuracy and seed spread at the training point: whether the benchmark can rank anything."""
-    base, mode = base_of(s)(s["protocols"][0]), s["modes"][0]
+    base, mode = base_point(s, s["protocols"][0]), s["modes"][0]
     stats = {r["model"]: r for r in s["table"] if r["mode"] == mode and row_point(r) == base}
     at_base = [(m, stats[m]) for m in models if m in stats]
     if not at_base:
@@ -180,9 +172,8 @@ def _statistics(s: dict, models: list[str], heading: str) -> str:
     (lo_model, lo), (hi_model, hi) = min(at_base, key=lambda x: x[1]["mean"]), max(at_base, key=lambda x: x[1]["mean"])
     sd_model, sd = max(at_base, key=lambda x: x[1]["std"])
     seeds = "/".join(map(str, sorted({st["n"] for _, st in at_base})))
-    text = T["statistics"].format(heading=heading, lo=lo, lo_model=lo_model, hi=hi, hi_model=hi_model, sd=sd,
-                                  sd_model=sd_model, seeds=seeds)  # fmt: skip
-    return text + "\n\n"
+    return T["statistics"].format(heading=heading(s, base), lo=lo, lo_model=lo_model, hi=hi, hi_model=hi_model,
+                                  sd=sd, sd_model=sd_model, seeds=seeds) + "\n\n"  # fmt: skip
 
 
 def _claims(judged: list[dict], pes: set) -> str:
@@ -204,12 +195,10 @@ def format_markdown(s: dict, records: list[dict], rows: list[dict], plan, second
     b, models = plan.bench, [m for m in s["models"] if any(r["model"] == m for r in s["table"])]  # with a cell
     images = "/".join(map(str, sorted({r["images"] for r in rows})))
     seeds = sorted({r["seed"] for r in rows})
-    heads = headings(s, summary_points(s))
     sections = T["modes_agree"] + "\n\n" if s["modes_agree"] and len(s["modes"]) > 1 else ""
     sections += "".join(f"Note: {n}.\n" for n in plan.notes) + ("\n" if plan.notes else "")
-    sections += _statistics(s, models, heads[0])
-    checks = {m: c for m, c in s["base_check"].items() if m in models}
-    sections += base_check_text(checks, f"bench.base_samples; the tables read {images}")
+    sections += _statistics(s, models)
+    sections += base_check_text(s, models, f"bench.base_samples; the tables read {images}")
     sections += _claims(s["claims"], {r["pe"] for r in s["table"]})
     cpu = [r["train_cpu_seconds"] for r in records if r.get("train_cpu_seconds")] or [0]
     ev = [r["eval_cpu_seconds"] for r in records if r.get("eval_cpu_seconds")] or [0]
@@ -257,7 +246,7 @@ def _summary(records: list[dict], stats: dict, plan, seconds: float, machine: di
                     data_options=cfg.data.options, scale=cfg.aug.scale, hflip=cfg.aug.hflip),
         modes_agree=sorted(r["model"] for r in records if r["modes_agree"]), machine=machine, seconds=round(seconds, 1),
         cpu_seconds={k: round(sum(r.get(f"{k}_cpu_seconds") or 0 for r in records), 1) for k in ("train", "eval")},
-        date=machine.get("date") or time.strftime("%Y-%m-%d"), table=table, base_check={
+        date=machine["date"], table=table, base_check={
             m: dict(mean_std([c["top1"] for c in cs]), images=max(c["images"] for c in cs))
             for m, cs in checks.items() if cs},  # top-1 at the training point on bench.base_samples items
         claims=judge_claims(stats, records, plan.points, list(b.position_modes), plan.base_point),
@@ -416,7 +405,6 @@ def plot_extrapolation(summary: dict, path: Path) -> Path | None:
                  fontsize=11)  # fmt: skip
     rows = -(-len(names) // 6) if names else 0
     fig.tight_layout(rect=(0, 0.05 * rows + 0.02, 1, 1))  # leave room for the legend's rows
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
