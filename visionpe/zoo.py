@@ -25,11 +25,12 @@ __all__ = [
     "family_of",
     "list_visionpe_models",
     "model_name",
+    "name_parts",
     "register_family",
 ]
 
 
-_REGISTERED: list[str] = []
+_REGISTERED: dict[str, tuple[str, str, str]] = {}  # registered name -> (family, size, PE variant)
 
 
 def model_name(family: str, size: str, pe: str) -> str:
@@ -108,7 +109,7 @@ def register_family(family: Family) -> list[str]:
             setattr(mod, name, fn)
             register_model(fn)
             names.append(name)
-    _REGISTERED.extend(n for n in names if n not in _REGISTERED)
+            _REGISTERED[name] = (family.name, size, pe)
     return names
 
 
@@ -125,6 +126,15 @@ def family_of(name: str) -> Family:
         if name.startswith(fam.name + "_") and name in _REGISTERED:
             return fam
     raise ValueError(f"{name!r} is not a visionpe model; nearest: {nearest(name, _REGISTERED)}")
+
+
+def name_parts(name: str) -> tuple[str, str, str]:
+    """(family, size, PE) of a registered name, a family's default variant by its preset (cvt_13: the PE the family
+    builds without a suffix); (name, '', name) for a name outside the zoo."""
+    if name not in _REGISTERED:
+        return name, "", name
+    family, size, pe = _REGISTERED[name]
+    return family, size, pe or FAMILIES[family].pes[""].get("pe", "default")
 
 
 def create_model(name: str, **kwargs):

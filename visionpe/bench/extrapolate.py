@@ -41,9 +41,10 @@ from ..engine.interrupt import STOP_SIGNALS, StopOnSignal, TrainingInterrupted
 from ..engine.native_train import model_patch_size
 from ..engine.setup import build_eval_sets, build_model, build_split, forward_on, resolve_amp, to_device
 from ..engine.trainer import resolve_run_dir
+from ..zoo import name_parts
 from . import protocols
 from .protocols import Point, point_label, row_point
-from .report import base_point, split_name, write_report
+from .report import base_point, write_report
 
 
 class BenchInterrupted(Exception):
@@ -102,7 +103,7 @@ class Job:
         record = read_record(self.record_path) if self.record_path.is_file() else None
         if record and record.get("eval") == self.eval_key():
             return record
-        family, size, pe = split_name(self.model)
+        family, size, pe = name_parts(self.model)
         return dict(model=self.model, family=family, size=size, pe=pe, seed=self.seed, recipe=recipe_of(self.cfg),
                     eval=self.eval_key(), base=list(self.plan.base), base_frames=self.plan.base_frames,
                     run_dir=str(self.run_dir), rows=[])  # fmt: skip

@@ -14,7 +14,7 @@ from pathlib import Path
 from ..data.registry import augmentation_text
 from ..engine.checkpoint import atomic_write_text
 from ..papers import CLAIMS
-from ..zoo import FAMILIES, family_of
+from ..zoo import name_parts
 from .measure import machine_description, machine_info
 from .protocols import Point, point_label, row_point, size_label
 
@@ -388,7 +388,7 @@ def plot_extrapolation(summary: dict, path: Path) -> Path | None:
     modes, protocols, models = summary["modes"], summary["protocols"], summary["models"]
     square = [(p, m, False) for p in protocols for m in modes]
     panels = square + [(p, m, True) for p, m, _ in square if p != "frames" and _panel_rows(summary, p, m, True)]
-    parts = {m: split_name(m) for m in models}
+    parts = {m: name_parts(m) for m in models}
     one_backbone = len({p[:2] for p in parts.values()}) == 1  # then the PE names label the lines (vit_n_ape -> ape)
     labels = {m: p[2] if one_backbone else m for m, p in parts.items()}
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.6), sharey=True, squeeze=False)
@@ -444,15 +444,3 @@ def _panel(ax, summary: dict, protocol: str, mode: str, shapes: bool, labels: di
         ax.set_title(name)
         ax.set_xlabel(AXES[protocol])
         ax.grid(alpha=0.3)
-
-
-def split_name(name: str) -> tuple[str, str, str]:
-    """(family, size, PE) of a registered model name; (name, '', name) for names outside the zoo."""
-    try:
-        fam = family_of(name)
-    except ValueError:
-        return name, "", name
-    rest = name[len(fam.name) + 1 :]
-    size = max((s for s in fam.sizes if rest == s or rest.startswith(s + "_")), key=len, default="")
-    pe = rest[len(size) + 1 :] if size else rest
-    return fam.name, size, pe or FAMILIES[fam.name].pes.get("", {}).get("pe", "default")
