@@ -26,3 +26,19 @@ def test_reports_and_cards_state_the_augmentation_not_the_unused_settings():
                                 train=dict(epochs=2)))  # fmt: skip
     text = recipe_text(cfg)
     assert "hflip" not in text and text.endswith("data options: frames=8; augmentation: none)")
+
+
+def test_image_folders_name_the_native_routes_crop_when_data_native_is_on():
+    aug = {"scale": [0.35, 1.0], "ratio": [0.75, 4 / 3], "hflip": 0.5, "re_prob": 0.25}
+    square = augmentation_text("imagefolder", {}, aug)
+    crops = "random resized crops (area [0.35, 1.0], aspect [0.75, 1.33])"
+    assert square == f"{crops} and flips (p=0.5), re_prob=0.25 (timm's transforms)"
+    native = augmentation_text("imagefolder", {}, aug, native=True)
+    assert native.startswith("random crops (area [0.35, 1.0], aspect the image's own x [0.75, 1.33]) resized to")
+    assert native.endswith("and flips (p=0.5), re_prob=0.25")
+    assert augmentation_text("fashion-mnist-canvas", {"item": 22}, {}, native=True) == augmentation_text(
+        "fashion-mnist-canvas", {"item": 22}, {}
+    )  # a dataset without a native wording keeps its one
+    for loader, words in (("visionpe", native), ("timm", square)):  # timm's NaFlex loader takes the square items
+        cfg = config_from_dict(dict(data=dict(name="imagefolder", native={"loader": loader}), aug=aug))
+        assert recipe_text(cfg).endswith(f"augmentation: {words})")

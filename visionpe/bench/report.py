@@ -150,12 +150,13 @@ def recipe_text(cfg) -> str:
         shapes = f" (canvases of 1:{aspect:g} to {aspect:g}:1)" if isinstance(aspect, (int, float)) else ""
         native = f", at native aspect ratios{shapes}, {budget}, {n.get('mode', 'packed')} rows"
     model_opts = ", ".join(f"{k}={v}" for k, v in cfg.model.kwargs.items())  # what every model was built with
+    own = bool(n) and n.get("loader", "visionpe") == "visionpe"  # timm's loader takes the square route's items
     return T["trained"].format(
         data=cfg.data.name, res=cfg.data.resolution, native=native, epochs=cfg.train.epochs,
         batch=cfg.data.batch_size, opt=cfg.optim.opt, lr=cfg.optim.lr,
         opts=", ".join(f"{k}={v}" for k, v in cfg.data.options.items()) or "none",
         model_opts=f"; model options: {model_opts}" if model_opts else "",
-        aug=augmentation_text(cfg.data.name, cfg.data.options, vars(cfg.aug)),
+        aug=augmentation_text(cfg.data.name, cfg.data.options, vars(cfg.aug), native=own),
     )  # fmt: skip
 
 

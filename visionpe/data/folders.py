@@ -205,13 +205,28 @@ def _check_classes(split_dir: Path, class_map: dict, drop: bool) -> int:
 
 def folder_augmentation(options: dict, aug: dict) -> str:
     """timm's training transforms with the aug settings, in words."""
+    return _crops(aug, "random resized crops (area {scale}, aspect {ratio})") + " (timm's transforms)"
+
+
+def folder_native_augmentation(options: dict, aug: dict) -> str:
+    """The native route's crops (folder_native.NativeFolderTransform), then timm's colour transforms, in words."""
+    return _crops(aug, "random crops (area {scale}, aspect the image's own x {ratio}) resized to the item's size")
+
+
+def _crops(aug: dict, crop: str) -> str:
     ratio = [round(r, 2) for r in aug.get("ratio") or (3 / 4, 4 / 3)]
     extra = [f"{k}={aug[k]}" for k in ("auto_augment", "re_prob", "color_jitter") if aug.get(k)]
-    text = f"random resized crops (area {list(aug.get('scale') or (0.08, 1.0))}, aspect {ratio}) and flips"
-    return text + f" (p={aug.get('hflip', 0.5)})" + (f", {', '.join(extra)}" if extra else "") + " (timm's transforms)"
+    text = (
+        crop.format(scale=list(aug.get("scale") or (0.08, 1.0)), ratio=ratio)
+        + f" and flips (p={aug.get('hflip', 0.5)})"
+    )
+    return text + (f", {', '.join(extra)}" if extra else "")
 
 
-@register_dataset("imagefolder", num_classes=None, in_chans=3, kind="image", augmentation=folder_augmentation)
+@register_dataset(
+    "imagefolder", num_classes=None, in_chans=3, augmentation=folder_augmentation,
+    native_augmentation=folder_native_augmentation,
+)  # fmt: skip
 def image_folder(
     split: str = "train",
     resolution: int = 224,
@@ -259,7 +274,10 @@ def transform_kwargs(training: bool, aug: dict | None, mean, std, interpolation:
     return kwargs
 
 
-@register_dataset("imagenet", num_classes=1000, in_chans=3, kind="image", augmentation=folder_augmentation)
+@register_dataset(
+    "imagenet", num_classes=1000, in_chans=3, augmentation=folder_augmentation,
+    native_augmentation=folder_native_augmentation,
+)  # fmt: skip
 @functools.wraps(image_folder, assigned=())  # image_folder's options (inspect.signature follows __wrapped__)
 def imagenet(*args, **options) -> ImageFolderDataset:
     """ImageNet-1k in the usual `root/train/n01440764/*.JPEG`, `root/val/n01440764/*.JPEG` layout."""

@@ -38,6 +38,8 @@ class DatasetInfo:
     description: str = ""
     # what training items go through, in words, from (data.options, the aug settings); None: no augmentation
     augmentation: Callable[[dict, dict], str] | None = None
+    # the same for the native-resolution route (data.native with visionpe's loader), where it differs; None: as above
+    native_augmentation: Callable[[dict, dict], str] | None = None
 
 
 DATASETS: dict[str, DatasetInfo] = {}
@@ -58,22 +60,26 @@ def register_dataset(
     kind: str = "image",
     description: str = "",
     augmentation: Callable[[dict, dict], str] | None = None,
+    native_augmentation: Callable[[dict, dict], str] | None = None,
 ):
     """Decorator registering a dataset factory under `name`. augmentation(options, aug) says in words what its
-    training items go through (for reports and model cards); None: nothing."""
+    training items go through (for reports and model cards); None: nothing. native_augmentation: the same on the
+    native-resolution route, where it differs."""
 
     def wrap(factory: Callable) -> Callable:
         doc = description or (factory.__doc__ or "")
-        DATASETS[name] = DatasetInfo(name, factory, num_classes, in_chans, kind, doc, augmentation)
+        DATASETS[name] = DatasetInfo(name, factory, num_classes, in_chans, kind, doc, augmentation, native_augmentation)
         return factory
 
     return wrap
 
 
-def augmentation_text(name: str, options: dict | None, aug: dict | None) -> str:
-    """What the training items of dataset `name` go through with these data options and aug settings, in words."""
+def augmentation_text(name: str, options: dict | None, aug: dict | None, native: bool = False) -> str:
+    """What the training items of dataset `name` go through with these data options and aug settings, in words;
+    native: on the native-resolution route (data.native with visionpe's loader)."""
     info = get_dataset_info(name)
-    return info.augmentation(dict(options or {}), dict(aug or {})) if info.augmentation else "none"
+    words = (native and info.native_augmentation) or info.augmentation
+    return words(dict(options or {}), dict(aug or {})) if words else "none"
 
 
 def get_dataset_info(name: str) -> DatasetInfo:
