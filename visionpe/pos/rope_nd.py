@@ -93,6 +93,7 @@ class RoPEND(PosEncoding):
         self.mrope_section = mrope_section if scheme in ("mrope", "mrope_time", "mrope_interleaved") else None
         self._cos_sin_cache = FixedCosSinCache()
         self._scaled = []  # [(positions tensor, (its ntk / yarn scaling, the training spreads))]
+        self._reference_spread = None  # (options, spreads) of the host's training input
         self.init_non_persistent_buffers()
 
     def init_non_persistent_buffers(self):
@@ -124,9 +125,12 @@ class RoPEND(PosEncoding):
     def reference_spread(self) -> tuple[float, ...]:
         """Spread (max - min + 1) of each stream's positions in the training input's layout: the host's
         `reference_segments` under this scheme, else the training clip alone (frames x grid)."""
-        segments = self.host.reference_segments or [("video", (self.host.frames, *self.host.grid))]
-        ref = segment_layout(segments, self.scheme, 0, None, **self.layout_options(False))
-        return _spread(ref.pos)
+        options = self.layout_options(False)
+        key = repr(sorted(options.items()))  # kept per host and options (delta, scheme options may be set later)
+        if self._reference_spread is None or self._reference_spread[0] != key:
+            segments = self.host.reference_segments or [("video", (self.host.frames, *self.host.grid))]
+            self._reference_spread = (key, _spread(segment_layout(segments, self.scheme, 0, None, **options).pos))
+        return self._reference_spread[1]
 
     def scaling(self, layout: TokenLayout) -> RopeScaling | None:
         """The ntk / yarn scaling of `layout` over the training input; None in another mode or when no stream
@@ -148,7 +152,7 @@ class RoPEND(PosEncoding):
 
     def set_host(self, host: PEHost) -> None:
         super().set_host(host)
-        self._scaled = []
+        self._scaled, self._reference_spread = [], None
 
     def layout_options(self, training):
         return {**self.scheme_options, **runtime_options(self.scheme, training, self.delta, self.temporal_scale)}
