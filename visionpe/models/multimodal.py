@@ -62,6 +62,16 @@ def _check_count(value, what: str) -> int:
     raise ValueError(f"{what} must be an integer >= 0, got {value!r}")
 
 
+def _refreshing_count(name: str, what: str) -> property:
+    """A count of text ids (an int >= 0) that, set after construction, refreshes the PEs' training sequence."""
+
+    def put(self, value) -> None:
+        self.__dict__[f"_{name}"] = _check_count(value, what)
+        self._refresh_host()
+
+    return property(lambda self: self.__dict__[f"_{name}"], put, doc=what)
+
+
 class MultimodalEncoder(TubeletEncoder):
     position_modes = VIDEO_POSITION_MODES  # extrapolate; ntk / yarn rescale the RoPE-ND schemes (visionpe.pos.rope_nd)
 
@@ -195,23 +205,8 @@ class MultimodalEncoder(TubeletEncoder):
             x, layout, indices, return_prefix_tokens, norm, stop_early, output_fmt, intermediates_only, visual
         )
 
-    @property
-    def text_split(self) -> int:
-        return self._text_split
-
-    @text_split.setter
-    def text_split(self, value: int) -> None:
-        self._text_split = _check_count(value, "text_split (text ids before the visual input)")
-        self._refresh_host()
-
-    @property
-    def text_length(self) -> int:
-        return self._text_length
-
-    @text_length.setter
-    def text_length(self, value: int) -> None:
-        self._text_length = _check_count(value, "text_length (text ids per sample in training)")
-        self._refresh_host()
+    text_split = _refreshing_count("text_split", "text_split (text ids before the visual input)")
+    text_length = _refreshing_count("text_length", "text_length (text ids per sample in training)")
 
     def _refresh_host(self) -> None:
         """The PEs' training sequence follows text_split / text_length set after construction (ntk / yarn read it)."""
@@ -230,7 +225,7 @@ class MultimodalEncoder(TubeletEncoder):
         """Change the reference visual size (the grid the PEs are built for) and text length (ntk / yarn's
         training sequence)."""
         if text_length is not None:
-            self._text_length = _check_count(text_length, "text_length (text ids per sample in training)")
+            self.text_length = text_length
         self.patch_embed.set_input_size(img_size, num_frames)
         self.set_reference(self.patch_embed.grid_size[1:], self.patch_embed.grid_size[0])
         if hasattr(self, "pretrained_cfg"):
