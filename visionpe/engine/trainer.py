@@ -428,7 +428,7 @@ class Trainer:
         ranks = ts.get("rng_ranks")
         set_rng_state(ranks[self.ctx.rank] if ranks and len(ranks) == self.ctx.world_size else ts["rng"])
         self.epoch, self.batch, self.global_step = ts["epoch"], ts["batch"], ts["global_step"]
-        self.tally.load(ts.get("loss_tally") if self.batch else None, self.ctx)
+        self.tally.load(ts.get("loss_tally"), self.ctx)  # a new epoch (batch 0) starts its own
         self.spent_before = ts.get("spent")  # None: a checkpoint from before the cost was kept, so it is unknown
         if self.ctx.is_main:  # forget metrics logged after the checkpoint by the run that stopped
             trim_metrics(self.run_dir / METRICS, self.global_step)
