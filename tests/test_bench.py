@@ -4,6 +4,7 @@ bad benchmark files fail before any training."""
 from __future__ import annotations
 
 import csv
+import importlib.metadata
 import json
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import visionpe  # noqa: F401
 import visionpe.attention
 import visionpe.engine
 from visionpe.attention import attn_backend
+from visionpe.backend_check import xformers_status
 from visionpe.bench import gpu_check
 from visionpe.bench.__main__ import main as bench_main
 from visionpe.bench.cards import write_cards
@@ -555,7 +557,7 @@ def test_gpu_check_cuda_branches_run_with_a_mocked_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a: None)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: next(allocated))
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: next(allocated) + 5 * 2**20)
-    monkeypatch.setattr(gpu_check, "xformers_status", lambda: dict(torch="t", cuda="c", usable=True, reason=""))
+    monkeypatch.setattr(gpu_check.checks, "xformers_status", lambda: dict(torch="t", cuda="c", usable=True, reason=""))
     monkeypatch.setattr(visionpe.attention, "xformers_supports", lambda q, bias: (True, ""))
     shape = dict(rows=2, length=48, images_per_row=3, heads=2, head_dim=8, reps=1)
     result = gpu_check.run_check("cpu", "vit_n_ape", (32,), 1, "vit_n_rope2d_mixed", gpu_check._tiny, shape)
@@ -588,7 +590,7 @@ def test_gpu_check_reports_a_failing_masked_backend_and_fails(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("no triton")
 
-    monkeypatch.setattr(gpu_check, "check_masked_backend", broken)
+    monkeypatch.setattr(gpu_check.checks, "check_masked_backend", broken)
     rows = gpu_check.masked_attention(["flex", "sdpa"], "cpu")
     assert [r["ok"] for r in rows] == [False, False] and rows[0]["error"] == "RuntimeError: no triton"
     assert "| flex (block mask) | RuntimeError: no triton | - | False |" in "\n".join(gpu_check.format_native(rows, []))
@@ -596,9 +598,9 @@ def test_gpu_check_reports_a_failing_masked_backend_and_fails(monkeypatch):
 
 def test_gpu_check_reports_an_xformers_build_for_another_torch(monkeypatch):
     _fake_xformers(monkeypatch, [])  # imports, but has no compiled `xformers._C`
-    monkeypatch.setattr(gpu_check.importlib.metadata, "version", lambda name: "0.0.34")
-    monkeypatch.setattr(gpu_check.importlib.metadata, "requires", lambda name: ["numpy", "torch==2.10.0"])
-    status = gpu_check.xformers_status()
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.0.34")
+    monkeypatch.setattr(importlib.metadata, "requires", lambda name: ["numpy", "torch==2.10.0"])
+    status = xformers_status()
     assert status["xformers"] == "0.0.34" and status["xformers_requires_torch"] == "==2.10.0"
     assert status["ops_import"] and not status["compiled_ops"] and not status["usable"]
     assert "compiled ops do not load with torch" in status["reason"]

@@ -24,7 +24,7 @@ RANK = {
     "pos": 1,
     "attention": 2,
     "layers": 2,
-    "native_check": 2,  # masked attention backends against the math reference
+    "backend_check": 2,  # the attention backends against the math reference
     "models": 3,
     "zoo": 4,
     "<root>": 4,

@@ -11,9 +11,9 @@ import torch
 from visionpe import attention, attn_mask
 from visionpe.attention import attend, attn_backend
 from visionpe.attn_mask import AttnMask
+from visionpe.backend_check import check_masked_backend, check_native_model, packed_segment_ids
 from visionpe.models.vit_zoo import VIT
 from visionpe.native import pack_images
-from visionpe.native_check import check_masked_backend, check_native_model, packed_segment_ids
 
 # row 0: two images and padding; row 1: one image filling the row; row 2: only padding; row 3: interleaved segments
 IDS = torch.tensor(

@@ -22,7 +22,7 @@ NANO = [n for n in ALL_MODELS if n.split("_")[1] == "n"]  # every PE of every fa
 
 
 def _input(fam, size=32, batch=2, device=None):
-    x = fam.example_input(size, batch) if fam.example_input is not None else torch.randn(batch, 3, size, size)
+    x = fam.example_input(size, batch)
     if device is not None:
         x = {k: v.to(device) for k, v in x.items()} if isinstance(x, dict) else x.to(device)
     return x

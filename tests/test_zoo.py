@@ -34,10 +34,7 @@ def test_pretrained_cfg_lets_timm_data_helpers_work(name):
 
 
 def _example(fam, size, batch=2):
-    if getattr(fam, "example_input", None) is not None:
-        return fam.example_input(size, batch)
-    chans = fam.tiny.get("in_chans", 3)
-    return torch.randn(batch, chans, size, size)
+    return fam.example_input(size, batch)
 
 
 def _run(model, inp):

@@ -199,14 +199,9 @@ def is_video(name: str) -> bool:
 
 
 def example_input(name: str, size: int, batch: int, frames: int | None = None):
-    """A random input of `size` px for `name`: its family's example input (clips of `frames` frames for video)."""
+    """A random input of `size` px for `name`: its family's (clips of `frames` frames for video), else images."""
     if name in list_visionpe_models():
-        make = getattr(family_of(name), "example_input", None)
-        if make is not None:
-            x = make(size, batch)
-            if frames is not None and isinstance(x, torch.Tensor) and x.ndim == 5:
-                x = torch.randn(batch, x.shape[1], frames, size, size)
-            return x
+        return family_of(name).example_input(size, batch, frames)
     return torch.randn(batch, 3, size, size)
 
 

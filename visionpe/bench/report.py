@@ -71,6 +71,15 @@ def md_table(heads: list[str], align: str, rows) -> list[str]:
     return [f"| {' | '.join(heads)} |", f"|{rule}", *(f"| {' | '.join(map(str, r))} |" for r in rows)]
 
 
+def write_files(out: Path, data: dict, markdown: str) -> tuple[Path, Path]:
+    """out.json and out.md, each written atomically (a command's results)."""
+    paths = out.with_suffix(".json"), out.with_suffix(".md")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(paths[0], json.dumps(data, indent=1, default=str) + "\n")
+    atomic_write_text(paths[1], markdown)
+    return paths
+
+
 # ----------------------------------------------------------------- a summary's tables (results.md and the model cards)
 
 

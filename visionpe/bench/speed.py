@@ -8,7 +8,6 @@ torch.compile, `--data` for loader throughput (docs/benchmark.md).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics
@@ -26,7 +25,6 @@ import visionpe  # noqa: F401  (registers the models)
 
 from ..data import build_dataset, build_train_loader, get_dataset_info
 from ..data.loader import dataset_num_classes
-from ..engine.checkpoint import atomic_write_text
 from ..engine.config import Config, apply_overrides
 from ..engine.setup import to_device
 from ..models.pretrained_cfgs import model_args_for
@@ -48,7 +46,7 @@ from .measure import (
     spread,
     torch_threads,
 )
-from .report import fmt, md_table
+from .report import fmt, md_table, write_files
 
 _DEFAULT_MODELS = ["vit_s_ape", "vit_s_rope2d_mixed", "swin_t_rpb", "cvt_13"]
 _COMPILE_MODELS = ["vit_s_rope2d_mixed", "swin_t_rpb"]
@@ -407,15 +405,11 @@ def format_markdown(rows: list[SpeedRow], machine: dict, settings: dict) -> str:
 
 
 def write_results(out: Path, data: dict, markdown: str) -> tuple[Path, Path]:
-    """out.json and out.md, atomically, for every kind of speed run; nothing when nothing was measured (a committed
-    file is never emptied)."""
-    json_path, md_path = out.with_suffix(".json"), out.with_suffix(".md")
+    """out.json and out.md for every kind of speed run; nothing when nothing was measured (a committed file is never
+    emptied)."""
     if not data.get("rows"):
-        raise ValueError(f"nothing was measured; {json_path} and {md_path} are left as they are")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(json_path, json.dumps(data, indent=1) + "\n")
-    atomic_write_text(md_path, markdown)
-    return json_path, md_path
+        raise ValueError(f"nothing was measured; {out}.json and {out}.md are left as they are")
+    return write_files(out, data, markdown)
 
 
 # ------------------------------------------------------------------------------------------------------- torch.compile

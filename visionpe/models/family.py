@@ -10,14 +10,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 from ..papers import family_paper
 
-__all__ = ["FAMILIES", "Family", "TOKEN_FEATURES", "base_cfg", "same_name"]
+__all__ = ["FAMILIES", "Family", "TOKEN_FEATURES", "base_cfg", "image_input", "same_name"]
 
 # features of token models (video, multimodal) come as [B, N, C]: timm's Format has no 'NCTHW'
 TOKEN_FEATURES = dict(out_indices=3, feature_cls="getter", output_fmt="NLC")
+
+
+def image_input(size: int | tuple[int, int], batch: int = 2, frames: int | None = None) -> torch.Tensor:
+    """Random images [B, 3, H, W] (size: H = W or (H, W)); image families take no clip length."""
+    h, w = (size, size) if isinstance(size, int) else size
+    return torch.randn(batch, 3, h, w)
 
 
 @dataclass
@@ -36,7 +43,7 @@ class Family:
     feature_cfg: dict = field(default_factory=lambda: dict(out_indices=3, feature_cls="getter"))
     tiny: dict = field(default_factory=dict)  # kwargs for a tiny instance (tests, smoke runs)
     test_sizes: tuple[int, int] = (32, 48)  # two input resolutions a tiny instance must run at
-    example_input: Callable | None = None  # (size, batch) -> model input; None: images [B, in_chans, size, size]
+    example_input: Callable = image_input  # (size, batch, frames=None) -> a random input (tests, benchmarks)
 
     def __post_init__(self):
         self.module = self.module or self.model_cls.__module__

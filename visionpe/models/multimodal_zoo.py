@@ -31,11 +31,11 @@ MM = Family(  # RoFormer's paper (visionpe.papers): 1D RoPE over the text and th
 )
 
 
-def example_input(size: int | tuple[int, int], batch: int = 2) -> dict:
-    """Random model kwargs for smoke tests (size: H = W or (H, W)): an image (up to 32 px) or a 4-frame clip, and
-    5 text ids."""
+def example_input(size: int | tuple[int, int], batch: int = 2, frames: int | None = None) -> dict:
+    """Random model kwargs (size: H = W or (H, W)): an image (up to 32 px without `frames`) or a clip of `frames`
+    (default 4) frames, and 5 text ids."""
     h, w = (size, size) if isinstance(size, int) else size
-    shape = (batch, 3, h, w) if max(h, w) <= 32 else (batch, 3, 4, h, w)
+    shape = (batch, 3, h, w) if max(h, w) <= 32 and not frames else (batch, 3, frames or 4, h, w)
     return {"pixels": torch.randn(shape), "text_ids": torch.randint(0, 32, (batch, 5))}
 
 

@@ -32,11 +32,11 @@ VIDEO = Family(  # ViViT's paper (visionpe.papers)
 )
 
 
-def example_input(size: int | tuple[int, int], batch: int = 2) -> torch.Tensor:
-    """A random clip batch [B, 3, T, H, W] for smoke tests (size: H = W or (H, W)); the length grows with the size
+def example_input(size: int | tuple[int, int], batch: int = 2, frames: int | None = None) -> torch.Tensor:
+    """A random clip batch [B, 3, T, H, W] (size: H = W or (H, W)); T = `frames`, by default growing with the size
     (32 px: 4 frames, 48 px: 5 frames, which pads to whole tubelets)."""
     h, w = (size, size) if isinstance(size, int) else size
-    return torch.randn(batch, 3, 2 + max(h, w) // 16, h, w)
+    return torch.randn(batch, 3, frames or 2 + max(h, w) // 16, h, w)
 
 
 VIDEO.example_input = example_input  # read by the generic zoo tests and benchmarks

@@ -1,10 +1,13 @@
-"""Check a masked attention backend (native-resolution batches) against the math reference: output agreement in
-fp32 and bf16, images/s and peak memory. `check_masked_backend` (one attention call) and `check_native_model` (a
-model on a packed batch against each image alone) return dicts a report (e.g. `visionpe-bench gpu-check`) can print;
-both run on any device (on CPU: sdpa, flex in eager mode, math)."""
+"""The attention backends against the math reference, as dicts a report (`visionpe-bench gpu-check`) prints:
+whether xformers can run here (`xformers_status`), a model's logits per backend and dtype (`check_model_backends`),
+masked attention of native-resolution batches (`check_masked_backend`: one call, fp32 and bf16, images/s, peak
+memory) and a model on a packed batch against each image alone (`check_native_model`). All run on any device (on
+CPU: sdpa, flex in eager mode, math)."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.metadata
 import time
 
 import torch
@@ -13,9 +16,79 @@ from .attention import attend, attn_backend
 from .attn_mask import AttnMask
 from .native import pack_images
 
-__all__ = ["packed_segment_ids", "check_masked_backend", "check_native_model", "TOLERANCE", "MODEL_TOLERANCE"]
+__all__ = ["xformers_status", "check_model_backends", "packed_segment_ids", "check_masked_backend",
+           "check_native_model", "LOGIT_TOLERANCE", "TOLERANCE", "MODEL_TOLERANCE"]  # fmt: skip
 
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2}  # max error relative to the output's scale
+# Largest |backend - math| relative to max |math| of a model's logits. fp32: unit roundoff 6e-8, and the backends
+# order the sums of a few hundred products per dot product and softmax row differently, through 2 blocks: ~1e-6
+# expected, 1e-4 leaves room for TF32-free reordering on any kernel. bf16: unit roundoff 3.9e-3 on every stored
+# activation, several roundings per block, 2 blocks: a few 1e-2 expected.
+LOGIT_TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 6e-2}
+
+
+def xformers_status() -> dict:
+    """Installed versions and whether xformers' compiled ops load (and run, on CUDA); `reason` says why not."""
+    info: dict = dict(torch=torch.__version__, cuda=torch.version.cuda, cuda_available=torch.cuda.is_available())
+    try:
+        info["xformers"] = importlib.metadata.version("xformers")
+    except importlib.metadata.PackageNotFoundError:
+        return dict(info, xformers=None, usable=False, reason="xformers is not installed (pip install '.[xformers]')")
+    reqs = importlib.metadata.requires("xformers") or []
+    info["xformers_requires_torch"] = next((r.split(";")[0][5:].strip() for r in reqs if r.startswith("torch")), None)
+    try:
+        import xformers.ops as xops
+
+        info["ops_import"] = True
+    except Exception as e:  # a build for another torch can fail here with an undefined-symbol or version error
+        return dict(info, ops_import=False, usable=False, reason=f"import xformers.ops: {type(e).__name__}: {e}")
+    try:  # a build for another torch imports with a warning, but its compiled extension does not load
+        importlib.import_module("xformers._C")
+        info["compiled_ops"] = True
+    except (ImportError, OSError) as e:
+        why = f"xformers' compiled ops do not load with torch {torch.__version__}: {str(e)[:160]}"
+        return dict(info, compiled_ops=False, usable=False, reason=why)
+    if not torch.cuda.is_available():
+        return dict(info, usable=False, reason="xformers' kernels run on CUDA only")
+    try:
+        q = torch.randn(1, 16, 2, 32, device="cuda", dtype=torch.float16)
+        xops.memory_efficient_attention(q, q, q)
+    except Exception as e:
+        return dict(info, usable=False, reason=f"memory_efficient_attention failed: {type(e).__name__}: {e}")
+    return dict(info, usable=True, reason="")
+
+
+def error_text(e: Exception) -> str:
+    return f"{type(e).__name__}: {str(e)[:200]}"
+
+
+def _logits(model, x: torch.Tensor, dtype: torch.dtype, backend: str) -> torch.Tensor:
+    mixed = torch.autocast(x.device.type, dtype=dtype, enabled=dtype != torch.float32)
+    with torch.inference_mode(), mixed, attn_backend(backend):
+        return model(x).float()
+
+
+def check_model_backends(model, x: torch.Tensor, backends: list[str], dtypes: list[torch.dtype]) -> list[dict]:
+    """Per dtype and backend, {dtype, backend, rel_err, tol, ok}: the max |backend - math| / max |math| of the
+    model's logits on `x` (eval mode; bf16 under autocast with fp32 weights, as mixed precision runs), or {dtype,
+    backend, error, ok=False} where the backend (or the math reference) fails: reported, not raised."""
+    rows = []
+    for dtype in dtypes:
+        label = str(dtype).removeprefix("torch.")
+        try:
+            ref = _logits(model, x, dtype, "math")
+        except Exception as e:
+            rows += [dict(dtype=label, backend=b, error=f"math reference: {error_text(e)}", ok=False) for b in backends]
+            continue
+        for backend in backends:
+            try:
+                err = ((_logits(model, x, dtype, backend) - ref).abs().max() / ref.abs().max().clamp_min(1e-12)).item()
+            except Exception as e:
+                rows.append(dict(dtype=label, backend=backend, error=error_text(e), ok=False))
+                continue
+            tol = LOGIT_TOLERANCE[dtype]
+            rows.append(dict(dtype=label, backend=backend, rel_err=err, tol=tol, ok=err <= tol))
+    return rows
 
 
 def packed_segment_ids(rows: int, length: int, images_per_row: int, seed: int = 0) -> torch.Tensor:
