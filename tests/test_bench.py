@@ -179,11 +179,11 @@ def test_base_samples_evaluate_the_training_point_on_more_items(tmp_path, monkey
 _ORPHAN = """
 import multiprocessing, os, time
 from concurrent.futures import ProcessPoolExecutor
-from visionpe.bench.extrapolate import _worker_init
+from visionpe.engine.interrupt import worker_init
 
 if __name__ == "__main__":
     ctx = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(1, mp_context=ctx, initializer=_worker_init, initargs=(1, os.getpid()))
+    pool = ProcessPoolExecutor(1, mp_context=ctx, initializer=worker_init, initargs=(1, os.getpid()))
     print(pool.submit(os.getpid).result(), flush=True)
     pool.submit(time.sleep, 120)  # the worker is busy with a run
     time.sleep(1)

@@ -12,17 +12,10 @@ import argparse
 import contextlib
 import copy
 import dataclasses
-import functools
 import inspect
 import json
-import multiprocessing
-import os
-import signal
 import sys
-import threading
 import time
-import types
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,11 +26,11 @@ from .. import engine
 from ..data import get_dataset_info
 from ..data.loader import dataset_num_classes
 from ..engine.bench_settings import BenchConfig, BenchConfigError, load_bench, parse_aspect, parse_size
-from ..engine.changes import FREE_KEYS, changed_keys, flatten
+from ..engine.changes import changed_keys, flatten, recipe_of
 from ..engine.checkpoint import atomic_write_text, find_checkpoint
 from ..engine.cli import USER_ERRORS, user_error
 from ..engine.config import Config, config_to_dict, format_config_help, native_settings
-from ..engine.interrupt import STOP_SIGNALS, StopOnSignal, TrainingInterrupted
+from ..engine.interrupt import JobStopped, TrainingInterrupted, run_stoppable, stopped_job
 from ..engine.native_train import model_patch_size
 from ..engine.setup import build_eval_sets, build_model, build_split, forward_on, resolve_amp, to_device
 from ..engine.trainer import resolve_run_dir
@@ -45,29 +38,6 @@ from ..zoo import name_parts
 from . import protocols
 from .protocols import Point, point_label, row_point
 from .report import base_point, write_report
-
-
-class BenchInterrupted(Exception):
-    """The benchmark stopped on SIGTERM / SIGINT; args: (message, signal number). Picklable across workers."""
-
-
-# keys that name a run or how it is run, not what it learns: the engine's free keys (a resume may change them) and
-# the run's name, seed, device and execution strategy (fsdp = ddp and checkpointed blocks = plain, to fp32 precision)
-_NOT_RECIPE = FREE_KEYS | {"model.name", "train.seed", "train.device", "train.strategy", "train.fsdp",
-                           "train.activation_checkpointing"}  # fmt: skip
-
-
-def recipe_of(cfg: dict | Config) -> dict:
-    """The parts of a training config that decide what a run learns (for comparing a run with the benchmark)."""
-    d = copy.deepcopy(config_to_dict(cfg) if isinstance(cfg, Config) else cfg)
-    # a key the saved config lacks (added to the engine since the run) stands at its default
-    defaults = config_to_dict(Config())
-    d = {**defaults, **{k: {**defaults.get(k, {}), **v} if isinstance(v, dict) else v for k, v in d.items()}}
-    for key in _NOT_RECIPE:  # dotted paths, e.g. train.seed, data.native.eval_tokens
-        *parents, name = key.split(".")
-        functools.reduce(lambda node, p: node.get(p) or {}, parents, d).pop(name, None)
-    d["model"]["img_size"] = d["model"]["img_size"] or d["data"]["resolution"]  # as the trainer resolves it
-    return d
 
 
 @dataclass
@@ -271,13 +241,6 @@ def write_record(path: Path, record: dict) -> None:
     atomic_write_text(path, json.dumps(record, indent=1) + "\n")
 
 
-_WORKER_STOP = types.SimpleNamespace(signum=0)  # the stop signal a worker process received (0: none)
-
-
-def _stopped(stop, job: Job, where: str) -> BenchInterrupted:
-    return BenchInterrupted(f"stopped by {signal.Signals(stop.signum).name} {where} {job.label}", stop.signum)
-
-
 def _load_pretrained(job: Job, record: dict, info):
     """(model, cfg, class map) of published weights: a visionpe run directory, a weights file through the model's
     pretrained filter (official/timm layouts convert), or timm's own."""
@@ -296,13 +259,13 @@ def _load_pretrained(job: Job, record: dict, info):
 
 def _trained_model(job: Job, record: dict):
     """(model, cfg, class map) of the job's run, trained, resumed or reused; a stop signal checkpoints (the trainer)
-    and raises BenchInterrupted, and a rerun resumes there."""
+    and raises JobStopped, and a rerun resumes there."""
     ref = find_checkpoint(job.run_dir) if job.run_dir.is_dir() else None
     if ref is None or not (ref.info or {}).get("finished"):
         try:
             engine.train(job.cfg, resume=ref is not None)
         except TrainingInterrupted as e:
-            raise BenchInterrupted(str(e), e.signum) from None
+            raise JobStopped(str(e), e.signum) from None
         record["resumed"] = ref is not None
         ref = find_checkpoint(job.run_dir)
     if "cpu_seconds" in (ref.info or {}):  # the run's own count, its interrupted attempts included (None: unknown)
@@ -344,7 +307,7 @@ def _evaluate_points(job: Job, record: dict, todo: list, evaluate, stop) -> None
     rank = {m: i for i, m in enumerate(job.modes)}
     for mode, point in todo:
         if stop is not None and stop.signum:
-            raise _stopped(stop, job, "during the evaluation of")
+            raise stopped_job(stop.signum, f" during the evaluation of {job.label}")
         fields = dict(protocol=point.protocol, mode=mode, height=point.height, width=point.width, frames=point.frames)
         if point.protocol == "native":
             fields["tokens"] = point.tokens
@@ -368,7 +331,7 @@ def _base_check(job: Job, cfg: Config, datasets: dict, class_map, evaluate) -> d
     return dict(samples=job.plan.bench.base_samples, mode=job.modes[0], **result)
 
 
-def run_job(job: Job, log=print, stop=None) -> dict:
+def run_job(job: Job, stop=None) -> dict:
     """Train (or resume, or reuse) one run, or load pretrained weights; evaluate what its record lacks; return the
     record. `stop.signum` (a stop signal received) ends it at the next step or evaluation point."""
     bench = job.plan.bench
@@ -377,7 +340,7 @@ def run_job(job: Job, log=print, stop=None) -> dict:
     if job.done(record):
         return record
     if stop is not None and stop.signum:
-        raise _stopped(stop, job, "before")
+        raise stopped_job(stop.signum, f" before {job.label}")
     if bench.pretrained:
         model, cfg, class_map = _load_pretrained(job, record, get_dataset_info(job.cfg.data.name))
     else:
@@ -401,28 +364,6 @@ def run_job(job: Job, log=print, stop=None) -> dict:
     record["eval_cpu_seconds"] = round(time.process_time() - c0, 1) + (record.get("eval_cpu_seconds") or 0)
     write_record(job.record_path, record)
     return record
-
-
-def _note_stop(signum, frame) -> None:
-    _WORKER_STOP.signum = _WORKER_STOP.signum or signum
-
-
-def _worker_init(threads: int, parent: int) -> None:
-    torch.set_num_threads(threads)
-    for s in STOP_SIGNALS:  # a stop signal ends the run at its next step or point (the trainer's own handler nests)
-        signal.signal(s, _note_stop)
-    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
-
-
-def _exit_with_parent(parent: int, poll_s: float = 1.0) -> None:
-    """Stop this worker once the benchmark process is gone: an orphan would go on writing into its runs folder."""
-    while os.getppid() == parent:
-        time.sleep(poll_s)
-    os._exit(1)
-
-
-def _worker_job(job: Job) -> dict:
-    return run_job(job, stop=_WORKER_STOP)
 
 
 class _Progress:
@@ -451,50 +392,9 @@ class _Progress:
             self.failures.append(f"{job.label}: {type(error).__name__}: {error}")
 
 
-def _run(pending: list[Job], bench: BenchConfig, progress: _Progress, log) -> None:
-    """The runs, here or in `bench.processes` worker processes; a failed run does not lose the others (reported at
-    the end). A stop signal here cancels the runs not started and passes SIGTERM on to the workers, which checkpoint
-    (training) or finish their point (evaluation) and stop; then BenchInterrupted."""
-    if bench.processes == 1 or len(pending) <= 1:
-        with StopOnSignal() as stop:
-            for job in pending:
-                try:
-                    record = run_job(job, log, stop)
-                except Exception as e:
-                    if isinstance(e, BenchInterrupted) or os.environ.get("VISIONPE_DEBUG"):
-                        raise
-                    progress(job, None, e)
-                else:
-                    progress(job, record, None)
-        return
-    stopped: BenchInterrupted | None = None
-    with StopOnSignal() as stop, ProcessPoolExecutor(
-        min(bench.processes, len(pending)), mp_context=multiprocessing.get_context("spawn"),
-        initializer=_worker_init, initargs=(bench.threads, os.getpid()),
-    ) as pool:  # fmt: skip
-        futures = {pool.submit(_worker_job, job): job for job in pending}
-        remaining = set(futures)
-        while remaining:
-            finished, remaining = wait(remaining, timeout=0.5, return_when=FIRST_COMPLETED)
-            if stop.signum and stopped is None:
-                stopped = BenchInterrupted(f"stopped by {signal.Signals(stop.signum).name}", stop.signum)
-                remaining = {f for f in remaining if not f.cancel()}
-                for proc in list(getattr(pool, "_processes", {}).values()):  # the executor's own worker table
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(proc.pid, signal.SIGTERM)
-            for fut in finished:  # a cancelled future left `remaining` when it was cancelled
-                err = fut.exception()
-                if isinstance(err, BenchInterrupted):
-                    stopped = stopped or err
-                else:
-                    progress(futures[fut], None if err else fut.result(), err)
-    if stopped is not None:
-        raise stopped
-
-
 def run_benchmark(bench: BenchConfig, cfg: Config, dry_run: bool = False, log=print) -> Path:
     """Check everything, run what is missing (in `bench.processes` processes), write the tables and the plot.
-    Returns the output directory. SIGTERM / SIGINT stop it cleanly (BenchInterrupted): trainings checkpoint,
+    Returns the output directory. SIGTERM / SIGINT stop it cleanly (JobStopped): trainings checkpoint,
     evaluated points are kept, the tables are written from what exists, and a rerun continues."""
     plan = make_plan(bench, cfg)
     validate(plan)
@@ -515,7 +415,7 @@ def run_benchmark(bench: BenchConfig, cfg: Config, dry_run: bool = False, log=pr
     atomic_write_text(out / "bench.yaml", yaml.safe_dump(snapshot, sort_keys=False))
     progress = _Progress(len(pending), plan.points, log)
     try:
-        _run(pending, bench, progress, log)
+        run_stoppable(run_job, pending, progress, bench.processes, bench.threads)
     finally:
         records = [read_record(j.record_path) for j in plan.jobs if j.record_path.is_file()]
         seconds, machine = time.perf_counter() - progress.start, None
@@ -551,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
         run_benchmark(*load_bench(args.config, overrides), dry_run=args.dry_run)
     except (*USER_ERRORS, RuntimeError) as e:
         return user_error(e)
-    except BenchInterrupted as e:  # one line: what stopped, and how to continue
+    except JobStopped as e:  # one line: what stopped, and how to continue
         print(f"{e.args[0]}; checkpoints and evaluated points are kept: rerun the same command to continue",
               file=sys.stderr)  # fmt: skip
         return 128 + e.args[1]

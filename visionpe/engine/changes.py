@@ -8,6 +8,8 @@ evaluated and how fast) may differ freely.
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import time
 import unicodedata
@@ -17,6 +19,7 @@ from .config import Config, ConfigError, config_from_dict, config_to_dict, read_
 
 __all__ = [
     "FREE_KEYS",
+    "recipe_of",
     "CHANGES",
     "config_in_force",
     "changed_keys",
@@ -46,6 +49,26 @@ FREE_KEYS = frozenset(
         "data.eval_batch_size",
     }
 )
+
+
+# keys that name a run or how it is run, not what it learns: the free keys and the run's name, seed, device and
+# execution strategy (fsdp = ddp and checkpointed blocks = plain, to fp32 precision)
+NOT_RECIPE = FREE_KEYS | {"model.name", "train.seed", "train.device", "train.strategy", "train.fsdp",
+                          "train.activation_checkpointing"}  # fmt: skip
+
+
+def recipe_of(cfg: dict | Config) -> dict:
+    """The parts of a (nested) training config that decide what a run learns: runs with equal recipes differ only
+    in their seed (the benchmark compares its runs' and records' recipes with its own)."""
+    d = copy.deepcopy(config_to_dict(cfg) if isinstance(cfg, Config) else cfg)
+    # a key the saved config lacks (added to the engine since the run) stands at its default
+    defaults = config_to_dict(Config())
+    d = {**defaults, **{k: {**defaults.get(k, {}), **v} if isinstance(v, dict) else v for k, v in d.items()}}
+    for key in NOT_RECIPE:  # dotted paths, e.g. train.seed, data.native.eval_tokens
+        *parents, name = key.split(".")
+        functools.reduce(lambda node, p: node.get(p) or {}, parents, d).pop(name, None)
+    d["model"]["img_size"] = d["model"]["img_size"] or d["data"]["resolution"]  # as the trainer resolves it
+    return d
 
 
 def flatten(d: dict, prefix: str = "") -> dict:
