@@ -35,10 +35,11 @@ from visionpe.bench.measure import (
     spread,
 )
 from visionpe.bench.protocols import modes_agree
-from visionpe.bench.speed import expand_models, measure, timm_equivalent
+from visionpe.bench.speed import measure
 from visionpe.engine.bench_settings import parse_size
 from visionpe.engine.checkpoint import find_checkpoint
 from visionpe.recipes import list_recipes
+from visionpe.zoo import expand_models, timm_equivalent
 
 TINY = "{embed_dim: 32, depth: 1, num_heads: 2}"
 

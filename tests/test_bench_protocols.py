@@ -112,7 +112,7 @@ def test_fov_needs_a_canvas_dataset_and_room_for_the_item(tmp_path):
 def test_frames_protocol_clips_need_temporal_order():
     ds = build_dataset("video-shapes", "val", 16, options=dict(num_samples=8, noise=0.0))
     for index in range(8):
-        clip, y, _ = SizedView(ds, (16, 16), protocol="frames", frames=16)[index]
+        clip, y, *_ = SizedView(ds, (16, 16), protocol="frames", frames=16)[index]
         assert clip.shape == (3, 16, 16, 16)
         scene = ds.scene(index)
         rev = reverse_scene(scene)

@@ -22,11 +22,13 @@ __all__ = [
     "FAMILIES",
     "Family",
     "create_model",
+    "expand_models",
     "family_of",
     "list_visionpe_models",
     "model_name",
     "name_parts",
     "register_family",
+    "timm_equivalent",
 ]
 
 
@@ -142,6 +144,42 @@ def create_model(name: str, **kwargs):
     if not timm.is_model(name):
         raise ValueError(f"unknown model {name!r}; nearest visionpe models: {nearest(name, _REGISTERED)}")
     return timm.create_model(name, **kwargs)
+
+
+def expand_models(patterns: list[str]) -> list[str]:
+    """Model names with glob patterns ('vit_s_*') expanded over the registered visionpe models, order kept; timm's own
+    names pass through. A pattern that matches nothing or an unknown name is a ValueError."""
+    names: list[str] = []
+    for p in patterns:
+        if any(c in p for c in "*?["):
+            if not (hits := list_visionpe_models(p)):
+                raise ValueError(f"--models pattern {p!r} matches no registered visionpe model")
+            names += hits
+        elif timm.is_model(p):
+            names.append(p)
+        else:
+            create_model(p)  # raises, naming the nearest model names
+    return list(dict.fromkeys(names))
+
+
+def _timm_pairs() -> dict[str, str]:
+    """ours -> timm's model of the same architecture, for the pairs timm has (not CvT, not most PEs)."""
+    widths = {"t": "tiny", "s": "small", "b": "base", "l": "large"}
+    pes = {"ape": "", "rope2d": "_rope", "rope2d_mixed": "_rope_mixed", "rope2d_ape": "_rope_ape",
+           "rope2d_mixed_ape": "_rope_mixed_ape"}  # fmt: skip
+    vit = {f"vit_{s}_{pe}": f"vit_{w}_patch16{theirs}_224" for s, w in widths.items() for pe, theirs in pes.items()}
+    swin = {f"swin_{s}_rpb": f"swin_{w}_patch4_window7_224" for s, w in widths.items() if s != "l"}
+    return {ours: ref for ours, ref in {**vit, **swin}.items() if timm.is_model(ref)}
+
+
+TIMM_EQUIVALENTS = _timm_pairs()
+
+
+def timm_equivalent(name: str) -> tuple[str, dict] | None:
+    """(timm's model of the same architecture, the options ours takes to match it: those of our published weights,
+    e.g. LayerScale for the RoPE-ViT ports), or None where timm has none (e.g. cvt_13)."""
+    ref = TIMM_EQUIVALENTS.get(name)
+    return None if ref is None else (ref, model_args_for(name, timm.get_pretrained_cfg(name).tag))
 
 
 for _family in list(FAMILIES.values()):

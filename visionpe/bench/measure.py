@@ -164,9 +164,9 @@ class _Kwargs(nn.Module):
         return self.model(**dict(zip(self.keys, args)))
 
 
-def count_flops(model: nn.Module, inputs, by_operator: bool = False):
+def count_flops(model: nn.Module, inputs) -> float:
     """Total MACs of one forward pass (model in eval mode; `inputs` a tensor, a tuple of positional tensors or a dict
-    of keyword tensors). With `by_operator`, also the Counter per aten op (e.g. {'linear': ..., 'conv': ...})."""
+    of keyword tensors)."""
     try:
         from fvcore.nn import FlopCountAnalysis
     except ImportError:
@@ -176,18 +176,15 @@ def count_flops(model: nn.Module, inputs, by_operator: bool = False):
         model, inputs = _Kwargs(model, list(inputs)), tuple(inputs.values())
     was_training = model.training
     model.eval()
-    args = inputs if isinstance(inputs, tuple) else (inputs,)
     logging.getLogger("fvcore").setLevel(logging.ERROR)  # traces of our layout caches are harmless
     try:
         with torch.no_grad():
-            analysis = FlopCountAnalysis(model, args)
+            analysis = FlopCountAnalysis(model, inputs if isinstance(inputs, tuple) else (inputs,))
             analysis.set_op_handle("aten::scaled_dot_product_attention", sdpa_flop_jit)
             analysis.unsupported_ops_warnings(False).uncalled_modules_warnings(False).tracer_warnings("none")
-            total = analysis.total()
-            ops = analysis.by_operator() if by_operator else None
+            return analysis.total()
     finally:
         model.train(was_training)
-    return (total, ops) if by_operator else total
 
 
 # -------------------------------------------------------------------------------------------------------------- memory

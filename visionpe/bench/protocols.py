@@ -7,12 +7,10 @@ from functools import partial
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
-from torch.utils.data._utils.collate import default_collate
 
-from ..data.multires import Batch
+from ..data.multires import collate_to_resolution, resize_to
 from ..data.native_loader import build_native_eval_loader
 from ..data.native_sampler import NativePlan
 from ..data.share import Share
@@ -86,40 +84,15 @@ class SizedView(_View):
         return self.render(index, max(self.size)) if self.render else self.dataset[index]
 
     def __getitem__(self, index: int):
-        """(input at the view's size, class, unreadable files): an unreadable file gives input None, left out and
-        counted by the collate as in the engine's evaluation."""
-        (h, w), (x, y) = self.size, self._load(index)
+        """(input at the view's size, class, size, unreadable files), as the engine's evaluation items: its collate
+        leaves out (and counts) an unreadable file's item, whose input is None."""
+        x, y = self._load(index)
         skipped = tuple(self.dataset.pop_skipped()) if hasattr(self.dataset, "pop_skipped") else ()
-        if x is None:
-            return None, int(y), skipped
-        if isinstance(x, dict) and "pixels" in x:  # image-text items: draw the image at the size asked for
-            if tuple(x["pixels"].shape[-2:]) != (h, w):
-                x, y = self.render(index, (h, w))
-            return x, int(y), skipped
-        if not isinstance(x, torch.Tensor) or x.ndim not in (3, 4):
-            raise TypeError(
-                f"the extrapolation benchmark evaluates images [C, H, W], clips [C, T, H, W] or image-text dicts; "
-                f"the dataset gave {type(x).__name__} {tuple(getattr(x, 'shape', ()))}"
-            )
-        if tuple(x.shape[-2:]) != (h, w):
-            shrink = h < x.shape[-2] or w < x.shape[-1]
-            flat = x.reshape(-1, 1, *x.shape[-2:]) if x.ndim == 4 else x[None]
-            flat = F.interpolate(flat.float(), size=(h, w), mode="bilinear", align_corners=False, antialias=shrink)
-            x = flat.reshape(*x.shape[:-2], h, w)
-        return x, int(y), skipped
-
-
-def _collate(items, size: tuple[int, int], collate_inputs=None) -> Batch:
-    skipped = tuple(p for _, _, files in items for p in files)
-    items = [item for item in items if item[0] is not None]
-    if not items:  # every file of this batch was unreadable
-        return Batch(None, torch.zeros(0, dtype=torch.long), size[0], skipped)
-    xs, ys, _ = zip(*items)
-    if isinstance(xs[0], dict):
-        inputs = collate_inputs(list(xs)) if collate_inputs else default_collate(list(xs))
-    else:
-        inputs = torch.stack(xs)
-    return Batch(inputs, torch.as_tensor(ys), size[0], skipped)
+        if isinstance(x, dict) and "pixels" in x and tuple(x["pixels"].shape[-2:]) != self.size:
+            x, y = self.render(index, self.size)  # image-text items: draw the image at the size asked for
+        elif isinstance(x, torch.Tensor):
+            x = resize_to(x, self.size)
+        return x, int(y), self.size, skipped
 
 
 class NativeView(_View):
@@ -155,7 +128,7 @@ class NativeView(_View):
 def loader(view: SizedView | NativeView, batch_size: int, workers: int = 0) -> DataLoader:
     if isinstance(view, NativeView):
         return view.loader(batch_size, workers)
-    collate = partial(_collate, size=view.size, collate_inputs=getattr(view.dataset, "collate_inputs", None))
+    collate = partial(collate_to_resolution, collate_inputs=getattr(view.dataset, "collate_inputs", None))
     return DataLoader(view, batch_size=batch_size, shuffle=False, num_workers=workers, collate_fn=collate)
 
 

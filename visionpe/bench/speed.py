@@ -27,8 +27,7 @@ from ..data import build_dataset, build_train_loader, get_dataset_info
 from ..data.loader import dataset_num_classes
 from ..engine.config import Config, apply_overrides
 from ..engine.setup import to_device
-from ..models.pretrained_cfgs import model_args_for
-from ..zoo import FAMILIES, create_model, family_of, list_visionpe_models, model_name
+from ..zoo import FAMILIES, create_model, expand_models, family_of, list_visionpe_models, model_name, timm_equivalent
 from .measure import (
     CLOCKS,
     Clock,
@@ -50,46 +49,6 @@ from .report import fmt, md_table, write_files
 
 _DEFAULT_MODELS = ["vit_s_ape", "vit_s_rope2d_mixed", "swin_t_rpb", "cvt_13"]
 _COMPILE_MODELS = ["vit_s_rope2d_mixed", "swin_t_rpb"]
-_SIZES = {"t": "tiny", "s": "small", "b": "base", "l": "large"}
-
-
-def _timm_pairs() -> dict[str, str]:
-    """ours -> timm's model of the same architecture, for the pairs timm has (not CvT, not most PEs)."""
-    pes = {
-        "ape": "",
-        "rope2d": "_rope",
-        "rope2d_mixed": "_rope_mixed",
-        "rope2d_ape": "_rope_ape",
-        "rope2d_mixed_ape": "_rope_mixed_ape",
-    }
-    vit = {f"vit_{s}_{pe}": f"vit_{w}_patch16{theirs}_224" for s, w in _SIZES.items() for pe, theirs in pes.items()}
-    swin = {f"swin_{s}_rpb": f"swin_{w}_patch4_window7_224" for s, w in _SIZES.items() if s != "l"}
-    return {ours: ref for ours, ref in {**vit, **swin}.items() if timm.is_model(ref)}
-
-
-TIMM_EQUIVALENTS = _timm_pairs()
-
-
-def timm_equivalent(name: str) -> tuple[str, dict] | None:
-    """(timm's model of the same architecture, the options ours takes to match it: those of our published weights,
-    e.g. LayerScale for the RoPE-ViT ports), or None where timm has none (e.g. cvt_13)."""
-    ref = TIMM_EQUIVALENTS.get(name)
-    return None if ref is None else (ref, model_args_for(name, timm.get_pretrained_cfg(name).tag))
-
-
-def expand_models(patterns: list[str]) -> list[str]:
-    """Model names with glob patterns ('vit_s_*') expanded over the registered visionpe models, order kept."""
-    names: list[str] = []
-    for p in patterns:
-        if any(c in p for c in "*?["):
-            if not (hits := list_visionpe_models(p)):
-                raise ValueError(f"--models pattern {p!r} matches no registered visionpe model")
-            names += hits
-        elif timm.is_model(p):
-            names.append(p)
-        else:
-            create_model(p)  # raises, naming the nearest model names
-    return list(dict.fromkeys(names))
 
 
 @dataclass

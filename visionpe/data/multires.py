@@ -33,7 +33,7 @@ __all__ = [
 class Batch(NamedTuple):
     inputs: torch.Tensor | dict  # images [B, C, R, R], clips [B, C, T, R, R], or a dict of model kwargs
     targets: torch.Tensor  # [B] class ids
-    resolution: int
+    resolution: int | tuple[int, int]  # a square side, or (height, width)
     skipped: tuple[str, ...]  # unreadable files replaced (training) or left out (evaluation) in this batch
 
 
@@ -124,26 +124,25 @@ def eval_batches(indices: Sequence[int], batch_size: int, resolution: int) -> li
     return [[(i, resolution, None) for i in idx[s : s + batch_size]] for s in range(0, len(idx), batch_size)]
 
 
-def resize_to(x: torch.Tensor, resolution: int) -> torch.Tensor:
-    """Resize the last two dims of an image [C, H, W] or clip [C, T, H, W] to resolution x resolution (bilinear,
+def resize_to(x: torch.Tensor, size: int | tuple[int, int]) -> torch.Tensor:
+    """Resize the last two dims of an image [C, H, W] or clip [C, T, H, W] to size x size (or height x width; bilinear,
     antialiased when shrinking)."""
-    if x.shape[-2:] == (resolution, resolution):
+    h, w = (size, size) if isinstance(size, int) else size
+    if x.shape[-2:] == (h, w):
         return x
     if x.ndim not in (3, 4):
         raise ValueError(f"can only resize images [C, H, W] or clips [C, T, H, W], got shape {tuple(x.shape)}")
     flat = x.reshape(-1, 1, *x.shape[-2:]) if x.ndim == 4 else x[None]
-    shrink = resolution < max(x.shape[-2:])
-    out = F.interpolate(
-        flat.float(), size=(resolution, resolution), mode="bilinear", align_corners=False, antialias=shrink
-    ).to(x.dtype)
-    return out.reshape(*x.shape[:-2], resolution, resolution)
+    shrink = h < x.shape[-2] or w < x.shape[-1]
+    out = F.interpolate(flat.float(), size=(h, w), mode="bilinear", align_corners=False, antialias=shrink).to(x.dtype)
+    return out.reshape(*x.shape[:-2], h, w)
 
 
 def collate_to_resolution(items: list[tuple], collate_inputs: Callable | None = None) -> Batch:
-    """Items (input, target, resolution, skipped) -> a Batch at the batch's resolution. Dict inputs are collated by
-    the dataset's `collate_inputs(list_of_dicts)` when it has one (e.g. to pad text), else by default_collate.
-    Items whose input is None (unreadable files of an evaluation split) are left out; if none is left, the Batch has
-    inputs None and no targets."""
+    """Items (input, target, resolution or (height, width), skipped) -> a Batch at the batch's size. Dict inputs are
+    collated by the dataset's `collate_inputs(list_of_dicts)` when it has one (e.g. to pad text), else by
+    default_collate. Items whose input is None (unreadable files of an evaluation split) are left out; if none is
+    left, the Batch has inputs None and no targets."""
     skipped = tuple(p for item in items for p in item[3])
     res = items[0][2]
     items = [item for item in items if item[0] is not None]
