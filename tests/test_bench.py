@@ -458,7 +458,7 @@ def test_speed_command_rejects_bad_models_and_sizes(capsys):
     assert "matches no registered visionpe model" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         bench_main(["speed", "--models", "vit_n_ape", "--resolutions", "0"])
-    assert "positive pixel sizes" in capsys.readouterr().err
+    assert "--resolutions: takes whole numbers above 0, got '0'" in capsys.readouterr().err
     assert bench_main(["speed", "--data", "no-such-set", "--models", "vit_n_ape"]) == 2  # one line, no traceback
     err = capsys.readouterr().err
     assert "unknown dataset 'no-such-set'" in err and "Traceback" not in err

@@ -17,6 +17,7 @@ from visionpe import attn_backend
 
 from .. import backend_check as checks
 from ..attn_mask import flex_available
+from ..engine.cli import positive_int
 from ..zoo import create_model, family_of
 from .measure import Clock, Spread, cuda_peak_mb, interleave, model_step, paired_ratios, spread
 from .report import md_table, write_files
@@ -199,13 +200,11 @@ def main(argv: list[str] | None = None) -> int:
         prog="visionpe-bench gpu-check", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--model", default="vit_b_ape", help="model of the throughput rows (default ViT-B/16, APE)")
-    ap.add_argument("--resolutions", nargs="+", type=int, default=[224, 512, 1024])
-    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--resolutions", nargs="+", type=positive_int, default=[224, 512, 1024])
+    ap.add_argument("--batch", type=positive_int, default=8)
     ap.add_argument("--native-model", default=NATIVE_MODEL, help=f"model of the packed-batch check ({NATIVE_MODEL})")
     ap.add_argument("--out", default="results/gpu_check", help="output path without suffix (.json and .md)")
     args = ap.parse_args(argv)
-    if args.batch <= 0 or any(r <= 0 for r in args.resolutions):
-        ap.error("--batch and --resolutions must be positive")
     result = run_check(None, args.model, args.resolutions, args.batch, args.native_model)
     md = format_markdown(result)
     print(md)

@@ -25,6 +25,7 @@ import visionpe  # noqa: F401  (registers the models)
 
 from ..data import build_dataset, build_train_loader, get_dataset_info
 from ..data.loader import dataset_num_classes
+from ..engine.cli import positive_int
 from ..engine.config import Config, apply_overrides
 from ..engine.setup import to_device
 from ..zoo import FAMILIES, create_model, expand_models, family_of, list_visionpe_models, model_name, timm_equivalent
@@ -573,8 +574,8 @@ def _parser() -> argparse.ArgumentParser:
     add = ap.add_argument
     add("--models", nargs="+", help="names or glob patterns (default: vit_s_ape vit_s_rope2d_mixed swin_t_rpb cvt_13)")
     add("--baseline", help="the model every ratio is against (default: the first listed)")
-    add("--resolutions", nargs="+", type=int, help="image sizes (default 224; with --data: the dataset's own)")
-    add("--frames", nargs="+", type=int, help="clip lengths of video models")
+    add("--resolutions", nargs="+", type=positive_int, help="image sizes (default 224; with --data: the dataset's own)")
+    add("--frames", nargs="+", type=positive_int, help="clip lengths of video models")
     add("--mode", choices=("time", "memory", "both"), default="both")
     phase = ap.add_mutually_exclusive_group()
     phase.add_argument("--train", dest="phase", action="store_const", const="train", help="training steps only")
@@ -587,9 +588,9 @@ def _parser() -> argparse.ArgumentParser:
     add("--data-options", nargs="+", default=[], metavar="KEY=VALUE", help="dataset options with --data")
     add("--workers", type=int, nargs="+", default=[0, 1], help="loader worker counts (with --data)")
     add("--root", help="dataset folder (with --data)")
-    add("--batch", type=int, help="batch size (default 4; 1 with --compile; 128 with --data)")
-    add("--rounds", type=int, default=3)
-    add("--steps", type=int, default=2)
+    add("--batch", type=positive_int, help="batch size (default 4; 1 with --compile; 128 with --data)")
+    add("--rounds", type=positive_int, default=3)
+    add("--steps", type=positive_int, default=2)
     add("--clock", choices=CLOCKS, help="cpu: CPU seconds of one thread (default on CPU); wall: wall-clock")
     add("--threads", type=int, help="torch threads (default: 1 with --clock cpu)")
     add("--no-timm", dest="timm", action="store_false", help="do not measure timm's equivalents")
@@ -609,12 +610,6 @@ def _checked_args(ap: argparse.ArgumentParser, argv: list[str] | None) -> argpar
         ap.error(f"--clock cpu counts CPU work; use --clock wall on {args.device}")
     if args.resolutions is None and not args.data:
         args.resolutions = [224]
-    if args.resolutions is not None and any(r <= 0 for r in args.resolutions):
-        ap.error(f"--resolutions takes positive pixel sizes, got {args.resolutions}")
-    if args.frames is not None and any(f <= 0 for f in args.frames):
-        ap.error(f"--frames takes positive clip lengths, got {args.frames}")
-    if args.batch <= 0 or args.rounds <= 0 or args.steps <= 0:
-        ap.error("--batch, --rounds and --steps must be positive")
     bad = [item for item in args.data_options if not item.partition("=")[0].strip() or "=" not in item]
     if bad:
         ap.error(f"--data-options takes KEY=VALUE words, got {bad[0]!r}")

@@ -41,6 +41,14 @@ def _parse_resolutions(text: str) -> list[int]:
     return values
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number above 0 (a size, a count)."""
+    value = int(text) if text.strip().isdigit() else 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"takes whole numbers above 0, got {text!r}")
+    return value
+
+
 def _unwritable(path: str | None) -> str | None:
     """Why a results file cannot be written at `path` (None: it can, or no path)."""
     if not path:
