@@ -25,7 +25,7 @@ from ..zoo import FAMILIES, Family, model_name, preset_model_options
 from . import report
 from .measure import machine_description
 from .protocols import row_point, size_label
-from .report import fmt, md_table
+from .report import fmt, md_table, tally_text
 from .speed import ZOO_SIZES, SpeedRow, memory_ratio_text, spread_text
 
 T = report.template("card_template.md")
@@ -80,14 +80,13 @@ def _speed_section(fam: Family, speed: dict, files_of: dict) -> str:
     measured = [speed[(n, res)] for n in names if (n, res) in speed]
     if not measured:
         return T["no_speed"] + "\n"
-    base, rows, timm_rows = speed.get((names[0], res)), [], []
-    for r in measured:
-        rows.append([r.model, f"{r.params_m:.2f}", fmt(r.gflops), fmt(r.infer_ips, ".1f"), _ratio(r, base, "infer_ips"),
-                     fmt(r.train_ips, ".1f"), _ratio(r, base, "train_ips"), fmt(r.infer_mem_mb, ".0f")])  # fmt: skip
-        if r.reference:
-            ref = speed.get((r.reference, res))
-            timm_rows.append([r.model, r.reference, f"{fmt(r.gflops)} / {fmt(ref and ref.gflops)}",
-                              _ratio(r, ref, "infer_ips"), _ratio(r, ref, "train_ips")])  # fmt: skip
+    base = speed.get((names[0], res))
+    rows = [[r.model, f"{r.params_m:.2f}", fmt(r.gflops), fmt(r.infer_ips, ".1f"), _ratio(r, base, "infer_ips"),
+             fmt(r.train_ips, ".1f"), _ratio(r, base, "train_ips"), fmt(r.infer_mem_mb, ".0f")]
+            for r in measured]  # fmt: skip
+    refs = [(r, speed.get((r.reference, res))) for r in measured if r.reference]
+    timm_rows = [[r.model, r.reference, f"{fmt(r.gflops)} / {fmt(ref and ref.gflops)}", _ratio(r, ref, "infer_ips"),
+                  _ratio(r, ref, "train_ips")] for r, ref in refs]  # fmt: skip
     heads = ["model", "params (M)", "GFLOPs", "infer img/s", "infer vs first", "train img/s", "train vs first"]
     how = _how_measured(files_of[measured[0].model])
     text = T["speed"].format(family=fam.name, size=size, res=res, how=how, first=names[0],
@@ -115,10 +114,9 @@ def _cost_spread_section(fam: Family, files: list[tuple[Path, dict]], out_dir: P
                   spread_text(r.infer_vs_timm), spread_text(r.train_vs_timm)] for r in mine]  # fmt: skip
         md = path.with_suffix(".md")
         text += T["cost_spread"].format(
-            name=path.stem, file=f"{path.parent.name}/{path.name}", how=_how_measured(data),
+            path=path, how=_how_measured(data), table="\n".join(md_table(heads, "lrrlrrrrr", cells)),
             link=f" ([{md.name}]({relative_link(md, out_dir)}))" if md.is_file() else "",
             word="interquartile range" if data["settings"]["rounds"] >= 4 else "min-max",
-            table="\n".join(md_table(heads, "lrrlrrrrr", cells)),
         ) + "\n\n"  # fmt: skip
     return text
 
@@ -174,22 +172,19 @@ def _summary_block(path: Path, s: dict, models: list[str], out_dir: Path) -> str
     n = f"{len(seeds)} seeds" if len(seeds) > 1 else "1 seed (single runs: no spread)"
     one = f"one run (seed {seeds[0]}) per cell, so no spread is given"
     text = T["accuracy"].format(
-        name=s["name"], how=f"pretrained weights at {where}" if s["pretrained"] else f"trained at {where}, {n}",
-        chance_heading=", at chance level" if low else "", dataset=s["dataset"], rel=rel,
+        s=s, how=f"pretrained weights at {where}" if s["pretrained"] else f"trained at {where}, {n}", rel=rel,
+        chance_heading=", at chance level" if low else "", machine=machine_description(s["machine"]),
         spread=f"mean ± standard deviation over the seeds {seeds}" if len(seeds) > 1 else one,
-        protocols=report.protocols_text(s["protocols"]),
+        protocols="; ".join(report.T[p] for p in s["protocols"]),  # what each protocol shows
         tables=report.accuracy_tables(s, models, "*{mode}* positions:"),
         plot=f", ![top-1 against the evaluation point]({rel}/results.png)" if png else "",
         base_check=report.base_check_text(s, models, "the tables read fewer"),
-        machine=machine_description(s["machine"]), date=s["date"],
         notes=(T["modes_agree"] if len(s["modes"]) > 1 else "") + (f" Chance level: {chance:.1f}%." if chance else "")
         + (T["at_chance"] if low else ""),
     )  # fmt: skip
-    claims = []
-    for j in s["claims"]:  # the claims with comparisons between the family's models, restricted to those
-        mine = [c for c in j["comparisons"] if c["better"] in models and c["worse"] in models]
-        if mine:
-            claims.append(f"- **{j['claim']}** ({j['source']}): {report.tally_text(dict(j, comparisons=mine))}.")
+    # the claims with comparisons between the family's models, restricted to those
+    mine = [(j, [c for c in j["comparisons"] if c["better"] in models and c["worse"] in models]) for j in s["claims"]]
+    claims = [f"- **{j['claim']}** ({j['source']}): {tally_text(dict(j, comparisons=cs))}." for j, cs in mine if cs]
     return text + "\n" + ("\n" + T["claims"].format(rel=rel, claims="\n".join(claims)) + "\n" if claims else "")
 
 
@@ -244,9 +239,8 @@ def _weights_section(fam: Family) -> str:
 def card_metadata(fam: Family, summaries: list[tuple[Path, dict]]) -> str:
     """The `---`-fenced YAML block that opens a Hugging Face model card."""
     pipeline = TASKS.get(fam.name, TASKS["*"])
-    tags = ["timm", "visionpe", "positional-encoding", pipeline, fam.name]
-    for pe in fam.pes:
-        tags += [tag for word, tag in PE_TAGS.items() if word in pe and tag not in tags]
+    tags = list(dict.fromkeys(["timm", "visionpe", "positional-encoding", pipeline, fam.name,
+                               *(tag for pe in fam.pes for word, tag in PE_TAGS.items() if word in pe)]))  # fmt: skip
     hub_ids = [DATASETS.get(s["dataset"], (None,))[0] for _, s in summaries if family_models(fam, s)]
     meta = dict(library_name="timm", license="apache-2.0", pipeline_tag=pipeline, tags=tags, metrics=["accuracy"])
     if any(hub_ids):
@@ -304,11 +298,9 @@ def write_cards(results: str | Path = "results", out: str | Path = "model_cards"
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file, not a folder")
     speed_files = [(p, json.loads(p.read_text())) for p in sorted((results / "speed").glob("*.json"))]
-    speed, files_of = {}, {}  # (model, resolution) -> its row, model -> its speed file's data; zoo.json last: it wins
-    for _, data in sorted(speed_files, key=lambda f: f[0].stem == "zoo"):
-        for r in (SpeedRow(**r) for r in data["rows"]):
-            speed[(r.model, r.resolution)] = r
-            files_of[r.model] = data
+    ordered = [data for _, data in sorted(speed_files, key=lambda f: f[0].stem == "zoo")]  # zoo.json last: it wins
+    speed = {(r["model"], r["resolution"]): SpeedRow(**r) for data in ordered for r in data["rows"]}
+    files_of = {r["model"]: data for data in ordered for r in data["rows"]}  # the speed file that measured a model
     summaries = [(p, json.loads(p.read_text())) for p in sorted(results.glob("*/summary.json"))]
     cards = {out / f"{name}.md": family_card(fam, speed, files_of, summaries, out, speed_files)
              for name, fam in FAMILIES.items() if not families or name in families}  # fmt: skip

@@ -32,23 +32,10 @@ def template(file: str) -> dict[str, str]:
 T = template("results_template.md")
 
 
-def protocols_text(protocols: list[str]) -> str:
-    """What each evaluation protocol shows, in words (the tables' legend)."""
-    return "; ".join(T[p] for p in protocols)
-
-
 def mean_std(values: list[float]) -> dict:
     """{'mean', 'std', 'n'} over seeds (sample std; 0 for one value)."""
     sd = statistics.stdev(values) if len(values) > 1 else 0.0
     return dict(mean=statistics.fmean(values), std=sd, n=len(values))
-
-
-def aggregate(rows: list[dict]) -> dict[tuple[str, str, Point], dict]:
-    """(model, mode, point) -> {'mean', 'std', 'n'} of top-1 over seeds."""
-    groups: dict[tuple, list[float]] = {}
-    for r in rows:
-        groups.setdefault((r["model"], r["mode"], row_point(r)), []).append(r["top1"])
-    return {k: mean_std(v) for k, v in groups.items()}
 
 
 def stat_text(st: dict) -> str:
@@ -203,7 +190,7 @@ def format_markdown(s: dict, records: list[dict], rows: list[dict], plan, second
     return T["results"].format(
         name=b.name, how=T["pretrained"] if b.pretrained else recipe_text(plan.cfg) + ", then",
         images=images, split=plan.cfg.data.val_split, n_seeds=len(seeds), seeds=seeds,
-        protocols=protocols_text(b.protocols), tables=accuracy_tables(s, models, "## {mode}", pe_column=True),
+        protocols="; ".join(T[p] for p in b.protocols), tables=accuracy_tables(s, models, "## {mode}", pe_column=True),
         sections=sections, runs=len(records), minutes=seconds / 60, machine=machine_description(s["machine"]),
         processes=b.processes, threads=b.threads, train=statistics.fmean(cpu), eval=statistics.fmean(ev),
         n_train=len(cpu), n_eval=len(ev), total=_total_time_text(records, b.processes),
@@ -224,8 +211,12 @@ def _total_time_text(records: list[dict], processes: int) -> str:
     return text
 
 
-def _summary(records: list[dict], stats: dict, plan, seconds: float, machine: dict) -> dict:
-    """summary.json: the aggregated table (with each cell's change against the training point) and the setup."""
+def _summary(records: list[dict], rows: list[dict], plan, seconds: float, machine: dict) -> dict:
+    """summary.json: top-1 over seeds (with each cell's change against the training point) and the setup."""
+    groups: dict[tuple, list[float]] = {}
+    for r in rows:
+        groups.setdefault((r["model"], r["mode"], row_point(r)), []).append(r["top1"])
+    stats = {k: mean_std(v) for k, v in groups.items()}  # (model, mode, point) -> {'mean', 'std', 'n'}
     pe = {r["model"]: r["pe"] for r in records}
     table = []
     for (model, mode, point), st in sorted(stats.items()):
@@ -263,7 +254,7 @@ def write_report(records: list[dict], plan, out: Path, seconds: float, machine: 
     table = io.StringIO()
     csv.writer(table, lineterminator="\r\n").writerows([CSV_KEYS, *([r[k] for k in CSV_KEYS] for r in rows)])
     machine = machine or dict(machine_info(), threads=plan.bench.threads)
-    summary = _summary(records, aggregate(rows), plan, seconds, machine)
+    summary = _summary(records, rows, plan, seconds, machine)
     texts = {
         "results.csv": table.getvalue(),
         "results.md": format_markdown(summary, records, rows, plan, seconds),
@@ -341,8 +332,7 @@ def tally_text(judged: dict) -> str:
     """'upsample: holds at 5 of 8 comparisons, within noise at 3; fov: ...' or why nothing was compared."""
     comparisons = judged["comparisons"]
     if not comparisons and judged["present"]:
-        models = "; ".join(" and ".join(pair) for pair in judged["present"])
-        return T["no_point"].format(models=models, where=judged["where"])
+        return T["no_point"].format(models="; ".join(" and ".join(p) for p in judged["present"]), where=judged["where"])
     if not comparisons:
         return T["no_pair"].format(pes=", ".join(sorted({pe for pair in judged["pairs"] for pe in pair})))
     parts = []
@@ -392,8 +382,7 @@ def plot_extrapolation(summary: dict, path: Path) -> Path | None:
     frames = f", {summary['base_frames']} frames" if "frames" in protocols else ""
     fig.suptitle(f"{summary['dataset']}: trained at {trained}{frames}, {seeds} seed{'s' if seeds > 1 else ''}",
                  fontsize=11)  # fmt: skip
-    rows = -(-len(names) // 6) if names else 0
-    fig.tight_layout(rect=(0, 0.05 * rows + 0.02, 1, 1))  # leave room for the legend's rows
+    fig.tight_layout(rect=(0, 0.05 * math.ceil(len(names) / 6) + 0.02, 1, 1))  # leave room for the legend's rows
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
@@ -414,12 +403,12 @@ def _panel(ax, summary: dict, protocol: str, mode: str, shapes: bool, labels: di
             style = dict(fmt="s") if shapes else dict(marker="o", label=labels[model])
             ax.errorbar(xs, ys, yerr=es if any(es) else None, ms=4, capsize=2, color=f"C{k}", **style)
     name = f"{protocol}, {mode} positions" if len(summary["modes"]) > 1 else protocol
+    ax.set_title(f"{name}, {'aspect ratios' if native else 'non-square'}" if shapes else name)
+    ax.grid(alpha=0.3, axis="y" if shapes else "both")
     if shapes:
         ax.set_xticks(range(len(cats)), [f"{w}:{h}" if native else f"{h}x{w}" for h, w in cats])
         ax.set_xlim(-0.6, len(cats) - 0.4)
-        ax.set_title(f"{name}, {'aspect ratios' if native else 'non-square'}")
         ax.set_xlabel(T["axis_native_shapes" if native else "axis_shapes"].format(tokens=summary["base_tokens"]))
-        ax.grid(alpha=0.3, axis="y")
     else:
         base = {"native": summary["base_tokens"], "frames": summary["base_frames"]}
         ax.axvline(base.get(protocol, summary["base"][0]), color="grey", ls=":")
@@ -428,6 +417,4 @@ def _panel(ax, summary: dict, protocol: str, mode: str, shapes: bool, labels: di
             ax.set_xscale("log", base=2)
             ax.set_xticks(ticks, [str(t) for t in ticks])
             ax.minorticks_off()
-        ax.set_title(name)
         ax.set_xlabel(T[f"axis_{protocol}"])
-        ax.grid(alpha=0.3)
