@@ -25,7 +25,7 @@ from ..zoo import FAMILIES, Family, model_name, preset_model_options
 from . import report
 from .measure import machine_description
 from .protocols import row_point, size_label
-from .report import fmt, md_table
+from .report import fmt, md_table, tally_text
 from .speed import ZOO_SIZES, SpeedRow, memory_ratio_text, spread_text
 
 T = report.template("card_template.md")
@@ -60,17 +60,8 @@ def _default_res(fam: Family, size: str) -> int:
 # ---------------------------------------------------------------------------------------------------------- the cost
 
 
-def load_speed(files: list[tuple[Path, dict]]) -> tuple[dict[tuple[str, int], SpeedRow], dict[str, dict]]:
-    """(model, resolution) -> speed row, and model -> the machine (and settings) it was measured on; zoo.json wins."""
-    rows, machines = {}, {}
-    for _, data in sorted(files, key=lambda f: f[0].stem == "zoo"):  # zoo.json last: it wins
-        for r in (SpeedRow(**r) for r in data["rows"]):
-            rows[(r.model, r.resolution)] = r
-            machines[r.model] = dict(data["machine"], settings=data["settings"])
-    return rows, machines
-
-
-def _how_measured(machine: dict, s: dict) -> str:
+def _how_measured(data: dict) -> str:
+    machine, s = data["machine"], data["settings"]
     clock = "CPU seconds of one thread" if s.get("clock") == "cpu" else "wall-clock"  # memory runs keep no clock
     when = f"{machine['date']}; batch {s['batch']}, {s['rounds']} interleaved rounds"
     return f"{machine_description(machine)}, {when}, {clock}"
@@ -81,7 +72,7 @@ def _ratio(r: SpeedRow, base: SpeedRow | None, key: str) -> str:
     return f"{a / b:.2f}" if a and b else "-"
 
 
-def _speed_section(fam: Family, speed: dict, machines: dict) -> str:
+def _speed_section(fam: Family, speed: dict, files_of: dict) -> str:
     """The zoo size's PEs side by side (the zoo speed file), and against timm where it has the same model."""
     size = ZOO_SIZES.get(fam.name, next(iter(fam.sizes)))
     res = _default_res(fam, size)
@@ -89,17 +80,16 @@ def _speed_section(fam: Family, speed: dict, machines: dict) -> str:
     measured = [speed[(n, res)] for n in names if (n, res) in speed]
     if not measured:
         return T["no_speed"] + "\n"
-    base, rows, timm_rows = speed.get((names[0], res)), [], []
-    for r in measured:
-        rows.append([r.model, f"{r.params_m:.2f}", fmt(r.gflops), fmt(r.infer_ips, ".1f"), _ratio(r, base, "infer_ips"),
-                     fmt(r.train_ips, ".1f"), _ratio(r, base, "train_ips"), fmt(r.infer_mem_mb, ".0f")])  # fmt: skip
-        if r.reference:
-            ref = speed.get((r.reference, res))
-            timm_rows.append([r.model, r.reference, f"{fmt(r.gflops)} / {fmt(ref and ref.gflops)}",
-                              _ratio(r, ref, "infer_ips"), _ratio(r, ref, "train_ips")])  # fmt: skip
+    base = speed.get((names[0], res))
+    rows = [[r.model, f"{r.params_m:.2f}", fmt(r.gflops), fmt(r.infer_ips, ".1f"), _ratio(r, base, "infer_ips"),
+             fmt(r.train_ips, ".1f"), _ratio(r, base, "train_ips"), fmt(r.infer_mem_mb, ".0f")]
+            for r in measured]  # fmt: skip
+    refs = [(r, speed.get((r.reference, res))) for r in measured if r.reference]
+    timm_rows = [[r.model, r.reference, f"{fmt(r.gflops)} / {fmt(ref and ref.gflops)}", _ratio(r, ref, "infer_ips"),
+                  _ratio(r, ref, "train_ips")] for r, ref in refs]  # fmt: skip
     heads = ["model", "params (M)", "GFLOPs", "infer img/s", "infer vs first", "train img/s", "train vs first"]
-    m = machines[measured[0].model]
-    text = T["speed"].format(family=fam.name, size=size, res=res, how=_how_measured(m, m["settings"]), first=names[0],
+    how = _how_measured(files_of[measured[0].model])
+    text = T["speed"].format(family=fam.name, size=size, res=res, how=how, first=names[0],
                              table="\n".join(md_table([*heads, "infer MiB"], "lrrrrrrr", rows)))  # fmt: skip
     if timm_rows:
         heads = ["ours", "timm", "GFLOPs (ours / timm)", "inference speed ratio", "training speed ratio"]
@@ -108,8 +98,7 @@ def _speed_section(fam: Family, speed: dict, machines: dict) -> str:
 
 
 def _cost_spread_section(fam: Family, files: list[tuple[Path, dict]], out_dir: Path) -> str:
-    """Per-PE cost against a baseline measured in the same rounds, median [spread], from every speed file that has
-    such ratios for models of the family."""
+    """Per-PE cost against a baseline measured in the same rounds, median [spread], from each speed file with some."""
     heads = ["model", "px", "frames", "baseline", "infer vs baseline", "train vs baseline", "memory vs baseline",
              "infer vs timm", "train vs timm"]  # fmt: skip
     text = ""
@@ -123,12 +112,11 @@ def _cost_spread_section(fam: Family, files: list[tuple[Path, dict]], out_dir: P
         cells = [[r.model, r.resolution, r.frames or "-", r.baseline, spread_text(r.infer_vs_base),
                   spread_text(r.train_vs_base), memory_ratio_text(r, by.get((r.baseline, r.resolution, r.frames))),
                   spread_text(r.infer_vs_timm), spread_text(r.train_vs_timm)] for r in mine]  # fmt: skip
-        md, s = path.with_suffix(".md"), data["settings"]
+        md = path.with_suffix(".md")
         text += T["cost_spread"].format(
-            name=path.stem, file=f"{path.parent.name}/{path.name}", how=_how_measured(data["machine"], s),
+            path=path, how=_how_measured(data), table="\n".join(md_table(heads, "lrrlrrrrr", cells)),
             link=f" ([{md.name}]({relative_link(md, out_dir)}))" if md.is_file() else "",
-            word="interquartile range" if s["rounds"] >= 4 else "min-max",
-            table="\n".join(md_table(heads, "lrrlrrrrr", cells)),
+            word="interquartile range" if data["settings"]["rounds"] >= 4 else "min-max",
         ) + "\n\n"  # fmt: skip
     return text
 
@@ -164,21 +152,17 @@ def at_chance(s: dict) -> bool:
     return chance is not None and bool(rows) and all(r["mean"] - 2 * r["std"] <= chance for r in rows)
 
 
-def _training_section(found: list[tuple[Path, dict, list[str]]], out_dir: Path) -> str:
-    """Per benchmark: its models, dataset and recipe (in results.md's words, from the run's saved bench.yaml)."""
-    lines = []
-    for path, s, models in found:
-        if s["pretrained"]:
-            how = T["pretrained"].format(where=_trained_where(s))
-        else:
-            saved = yaml.safe_load((path.parent / "bench.yaml").read_text())
-            cfg = config_from_dict({k: v for k, v in saved.items() if k != "bench"}, f" in {path.parent}/bench.yaml")
-            how = T["trained"].format(recipe=report.recipe_text(cfg), seeds=s["seeds"])
-        lines.append(T["training"].format(name=s["name"], models=", ".join(f"`{m}`" for m in models), how=how,
-                                          data=DATASETS.get(s["dataset"], (None, s["dataset"]))[1],
-                                          rel=relative_link(path.parent, out_dir),
-                                          folder=f"{path.parent.parent.name}/{path.parent.name}"))  # fmt: skip
-    return "\n".join(lines) + "\n" if found else T["no_training"] + "\n"
+def _training_line(path: Path, s: dict, models: list[str], out_dir: Path) -> str:
+    """A benchmark's models, dataset and recipe (in results.md's words, from the run's saved bench.yaml)."""
+    if s["pretrained"]:
+        how = T["pretrained"].format(where=_trained_where(s))
+    else:
+        saved = yaml.safe_load((path.parent / "bench.yaml").read_text())
+        cfg = config_from_dict({k: v for k, v in saved.items() if k != "bench"}, f" in {path.parent}/bench.yaml")
+        how = T["trained"].format(recipe=report.recipe_text(cfg), seeds=s["seeds"])
+    return T["training"].format(s=s, models=", ".join(f"`{m}`" for m in models), how=how, path=path,
+                                data=DATASETS.get(s["dataset"], (None, s["dataset"]))[1],
+                                rel=relative_link(path.parent, out_dir)) + "\n"  # fmt: skip
 
 
 def _summary_block(path: Path, s: dict, models: list[str], out_dir: Path) -> str:
@@ -188,22 +172,19 @@ def _summary_block(path: Path, s: dict, models: list[str], out_dir: Path) -> str
     n = f"{len(seeds)} seeds" if len(seeds) > 1 else "1 seed (single runs: no spread)"
     one = f"one run (seed {seeds[0]}) per cell, so no spread is given"
     text = T["accuracy"].format(
-        name=s["name"], how=f"pretrained weights at {where}" if s["pretrained"] else f"trained at {where}, {n}",
-        chance_heading=", at chance level" if low else "", dataset=s["dataset"], rel=rel,
+        s=s, how=f"pretrained weights at {where}" if s["pretrained"] else f"trained at {where}, {n}", rel=rel,
+        chance_heading=", at chance level" if low else "", machine=machine_description(s["machine"]),
         spread=f"mean ± standard deviation over the seeds {seeds}" if len(seeds) > 1 else one,
-        protocols=report.protocols_text(s["protocols"]),
+        protocols="; ".join(report.T[p] for p in s["protocols"]),  # what each protocol shows
         tables=report.accuracy_tables(s, models, "*{mode}* positions:"),
         plot=f", ![top-1 against the evaluation point]({rel}/results.png)" if png else "",
         base_check=report.base_check_text(s, models, "the tables read fewer"),
-        machine=machine_description(s["machine"]), date=s["date"],
         notes=(T["modes_agree"] if len(s["modes"]) > 1 else "") + (f" Chance level: {chance:.1f}%." if chance else "")
         + (T["at_chance"] if low else ""),
     )  # fmt: skip
-    claims = []
-    for j in s["claims"]:  # the claims with comparisons between the family's models, restricted to those
-        mine = [c for c in j["comparisons"] if c["better"] in models and c["worse"] in models]
-        if mine:
-            claims.append(f"- **{j['claim']}** ({j['source']}): {report.tally_text(dict(j, comparisons=mine))}.")
+    # the claims with comparisons between the family's models, restricted to those
+    mine = [(j, [c for c in j["comparisons"] if c["better"] in models and c["worse"] in models]) for j in s["claims"]]
+    claims = [f"- **{j['claim']}** ({j['source']}): {tally_text(dict(j, comparisons=cs))}." for j, cs in mine if cs]
     return text + "\n" + ("\n" + T["claims"].format(rel=rel, claims="\n".join(claims)) + "\n" if claims else "")
 
 
@@ -211,8 +192,7 @@ def _summary_block(path: Path, s: dict, models: list[str], out_dir: Path) -> str
 
 
 def _pe_paper(fam: Family, pe: str, preset: str):
-    """The row in visionpe/papers.py of a PE variant: its preset's paper, else for the family's default PE the
-    family's own paper; None for no PE."""
+    """A PE variant's paper (visionpe/papers.py): its preset's, else the family's for its default PE; None for no PE."""
     default = pe == next(iter(fam.pes)) and preset != "nope"
     return PRESET_PAPERS.get(preset) or (family_paper(fam.name) if default else None)
 
@@ -228,10 +208,10 @@ def _details(fam: Family, speed: dict, found: list[tuple[Path, dict, list[str]]]
         preset = kwargs.get("pe", "")
         kinds = " + ".join(f"{kind}({_options(kw)})" if kw else kind for kind, kw in PE_PRESETS.get(preset, []))
         extra = {**preset_model_options(kwargs), **{k: v for k, v in kwargs.items() if k != "pe"}}
-        paper = _pe_paper(fam, pe, preset)
         mine = {model_name(fam.name, size, pe) for size in fam.sizes}
         measured = [s["name"] for _, s, models in found if mine & set(models)]
         measured += ["speed"] if any(m in mine for m, _ in speed) else []
+        paper = _pe_paper(fam, pe, preset)
         paper = f"{paper.title} (arXiv:{paper.arxiv})" if paper else "-"
         variants.append([f"`{pe or '(none)'}`", f"{preset}: {kinds or 'none'}", _options(extra) or "-", paper,
                          ", ".join(measured) or "none yet"])  # fmt: skip
@@ -259,9 +239,8 @@ def _weights_section(fam: Family) -> str:
 def card_metadata(fam: Family, summaries: list[tuple[Path, dict]]) -> str:
     """The `---`-fenced YAML block that opens a Hugging Face model card."""
     pipeline = TASKS.get(fam.name, TASKS["*"])
-    tags = ["timm", "visionpe", "positional-encoding", pipeline, fam.name]
-    for pe in fam.pes:
-        tags += [tag for word, tag in PE_TAGS.items() if word in pe and tag not in tags]
+    tags = list(dict.fromkeys(["timm", "visionpe", "positional-encoding", pipeline, fam.name,
+                               *(tag for pe in fam.pes for word, tag in PE_TAGS.items() if word in pe)]))  # fmt: skip
     hub_ids = [DATASETS.get(s["dataset"], (None,))[0] for _, s in summaries if family_models(fam, s)]
     meta = dict(library_name="timm", license="apache-2.0", pipeline_tag=pipeline, tags=tags, metrics=["accuracy"])
     if any(hub_ids):
@@ -270,10 +249,9 @@ def card_metadata(fam: Family, summaries: list[tuple[Path, dict]]) -> str:
     return f"---\n{body}\n---\n"
 
 
-def family_card(fam: Family, speed: dict, machines: dict, summaries: list[tuple[Path, dict]], out_dir: Path,
+def family_card(fam: Family, speed: dict, files_of: dict, summaries: list[tuple[Path, dict]], out_dir: Path,
                 speed_files: list[tuple[Path, dict]] = ()) -> str:  # fmt: skip
-    """The Markdown card of one family: card_template.md filled from the zoo's tables and the results; the
-    summaries with models of the family, above-chance runs first."""
+    """A family's card: card_template.md filled from the zoo's tables and the results (above-chance ones first)."""
     names = [model_name(fam.name, s, p) for s in fam.sizes for p in fam.pes]
     notes = fam.cfg.get("notes") or ()
     papers = [family_paper(fam.name), *(_pe_paper(fam, pe, kw.get("pe", "")) for pe, kw in fam.pes.items())]
@@ -287,9 +265,10 @@ def family_card(fam: Family, speed: dict, machines: dict, summaries: list[tuple[
         module_doc=" ".join((sys.modules[fam.module].__doc__ or "").strip().split("\n\n")[0].split()),
         n_models=len(names), first=names[0], last=names[-1], model_type=T[f"model_type_{kind}"],
         notes="".join(f"- {n}\n" for n in notes) + "\n" if notes else "", call=T[f"call_{kind}"],
-        **_details(fam, speed, found), training=_training_section(found, out_dir),
+        **_details(fam, speed, found),
+        training="".join(_training_line(p, s, m, out_dir) for p, s, m in found) or T["no_training"] + "\n",
         accuracy="\n".join(_summary_block(p, s, m, out_dir) for p, s, m in found) or T["no_accuracy"] + "\n",
-        speed=_speed_section(fam, speed, machines), cost_spread=_cost_spread_section(fam, speed_files, out_dir),
+        speed=_speed_section(fam, speed, files_of), cost_spread=_cost_spread_section(fam, speed_files, out_dir),
         limitations=("" if found else T["no_accuracy_limit"] + "\n") + ("" if kind == "image" else toy),
         weights=_weights_section(fam), papers="\n".join(f"- {p.title} (arXiv:{p.arxiv})" for p in papers),
         bibtex="\n\n".join(p.bibtex() for p in papers), date=time.strftime("%Y-%m-%d"),
@@ -300,9 +279,15 @@ def family_card(fam: Family, speed: dict, machines: dict, summaries: list[tuple[
 # ------------------------------------------------------------------------------------------------------ the command
 
 
-def _check_folders(results: Path, out: Path) -> None:
-    """A mistyped or empty results folder fails before anything is written (cards from no results would replace the
-    committed ones with empty tables)."""
+def write_cards(results: str | Path = "results", out: str | Path = "model_cards", families: list[str] | None = None
+                ) -> list[Path]:  # fmt: skip
+    """Write one card per family (all of them drawn up before any is written); returns the paths."""
+    results, out = Path(results), Path(out)
+    unknown = [f for f in families or [] if f not in FAMILIES]
+    if unknown:
+        word = "family" if len(unknown) == 1 else "families"
+        raise ValueError(f"unknown {word} {unknown}; registered: {', '.join(FAMILIES)}")
+    # a mistyped or empty results folder fails here: cards of no results would replace the committed ones
     if not results.is_dir():
         raise ValueError(f"--results {results}: no such folder (it holds speed/*.json and <benchmark>/summary.json)")
     if not any((results / "speed").glob("*.json")) and not any(results.glob("*/summary.json")):
@@ -312,21 +297,12 @@ def _check_folders(results: Path, out: Path) -> None:
         )
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file, not a folder")
-
-
-def write_cards(results: str | Path = "results", out: str | Path = "model_cards", families: list[str] | None = None
-                ) -> list[Path]:  # fmt: skip
-    """Write one card per family (all of them drawn up before any is written); returns the paths."""
-    results, out = Path(results), Path(out)
-    unknown = [f for f in families or [] if f not in FAMILIES]
-    if unknown:
-        word = "family" if len(unknown) == 1 else "families"
-        raise ValueError(f"unknown {word} {unknown}; registered: {', '.join(FAMILIES)}")
-    _check_folders(results, out)
     speed_files = [(p, json.loads(p.read_text())) for p in sorted((results / "speed").glob("*.json"))]
-    speed, machines = load_speed(speed_files)
+    ordered = [data for _, data in sorted(speed_files, key=lambda f: f[0].stem == "zoo")]  # zoo.json last: it wins
+    speed = {(r["model"], r["resolution"]): SpeedRow(**r) for data in ordered for r in data["rows"]}
+    files_of = {r["model"]: data for data in ordered for r in data["rows"]}  # the speed file that measured a model
     summaries = [(p, json.loads(p.read_text())) for p in sorted(results.glob("*/summary.json"))]
-    cards = {out / f"{name}.md": family_card(fam, speed, machines, summaries, out, speed_files)
+    cards = {out / f"{name}.md": family_card(fam, speed, files_of, summaries, out, speed_files)
              for name, fam in FAMILIES.items() if not families or name in families}  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     for path, text in cards.items():

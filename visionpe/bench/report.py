@@ -32,29 +32,10 @@ def template(file: str) -> dict[str, str]:
 T = template("results_template.md")
 
 
-def protocols_text(protocols: list[str]) -> str:
-    """What each evaluation protocol shows, in words (the tables' legend)."""
-    return "; ".join(T[p] for p in protocols)
-
-
-def long_rows(records: list[dict]) -> list[dict]:
-    """One flat row per (run, mode, evaluated size)."""
-    return [{**{k: rec.get(k) for k in RUN_KEYS}, **{k: r.get(k) for k in CSV_KEYS if k not in RUN_KEYS},
-             "tokens": r.get("tokens", 0)} for rec in records for r in rec["rows"]]  # fmt: skip
-
-
 def mean_std(values: list[float]) -> dict:
     """{'mean', 'std', 'n'} over seeds (sample std; 0 for one value)."""
     sd = statistics.stdev(values) if len(values) > 1 else 0.0
     return dict(mean=statistics.fmean(values), std=sd, n=len(values))
-
-
-def aggregate(rows: list[dict]) -> dict[tuple[str, str, Point], dict]:
-    """(model, mode, point) -> {'mean', 'std', 'n'} of top-1 over seeds."""
-    groups: dict[tuple, list[float]] = {}
-    for r in rows:
-        groups.setdefault((r["model"], r["mode"], row_point(r)), []).append(r["top1"])
-    return {k: mean_std(v) for k, v in groups.items()}
 
 
 def stat_text(st: dict) -> str:
@@ -91,8 +72,7 @@ def base_point(s: dict, protocol: str) -> Point:
 
 
 def summary_points(s: dict) -> list[Point]:
-    """The table's columns: the training point once (the native budget apart), then each protocol's other points:
-    sizes as the summary orders them, clip lengths and budgets ascending, aspect ratios from tallest to widest."""
+    """The table's columns: the training point (and the native budget), then each protocol's other points in order."""
     protocols, order = s["protocols"], {tuple(x): i for i, x in enumerate(s["sizes"])}
     cols = [base_point(s, protocols[0]), *([base_point(s, "native")] if "native" in protocols[1:] else [])]
     for pr in protocols:
@@ -103,8 +83,7 @@ def summary_points(s: dict) -> list[Point]:
 
 
 def heading(s: dict, c: Point) -> str:
-    """A column's heading: 'base (32)' ('base (8 f, 32)' with clip lengths, 'base (64 tok)' for the native budget) at
-    the training point, else the point ('up 48' when protocols sit side by side)."""
+    """A column's heading: 'base (32)', 'base (8 f, 32)' or 'base (64 tok)' at the training point, else the point."""
     if c != base_point(s, c.protocol):
         return ("up " if c.protocol == "upsample" and len(s["protocols"]) > 1 else "") + point_label(c)
     if c.protocol == "native":
@@ -114,10 +93,8 @@ def heading(s: dict, c: Point) -> str:
 
 
 def accuracy_tables(s: dict, models: list[str], title: str, pe_column: bool = False) -> str:
-    """Top-1 per model and evaluation point, one table per position mode under `title` ({mode}); (=) marks, after the
-    first mode, the models whose two modes give the same logits."""
+    """Top-1 per model and point, a table per position mode under `title`; (=): the modes give the same logits."""
     cols, first = summary_points(s), s["modes"][0]
-    bases = {c: base_point(s, c.protocol) for c in cols}
     stats = {(r["model"], r["mode"], row_point(r)): r for r in s["table"]}
     pe = {r["model"]: r["pe"] for r in s["table"]}
     heads = ["model", *(["PE"] if pe_column else []), *(heading(s, c) for c in cols)]
@@ -125,7 +102,7 @@ def accuracy_tables(s: dict, models: list[str], title: str, pe_column: bool = Fa
     for mode in s["modes"]:
         rows = []
         for m in models:
-            cells = [_cell(stats.get((m, mode, c)), stats.get((m, mode, bases[c])), c == bases[c]) for c in cols]
+            cells = [_cell(stats.get((m, mode, c)), c == base_point(s, c.protocol)) for c in cols]
             name = f"{m} (=)" if m in s["modes_agree"] and mode != first else m
             rows.append([name, *([pe[m]] if pe_column else []), *cells])
         table = md_table(heads, "l" * (len(heads) - len(cols)) + "r" * len(cols), rows)
@@ -133,11 +110,11 @@ def accuracy_tables(s: dict, models: list[str], title: str, pe_column: bool = Fa
     return text
 
 
-def _cell(st: dict | None, base: dict | None, at_base: bool) -> str:
-    """Mean ± std over seeds, bold at the training point, else with the change against it in brackets."""
+def _cell(st: dict | None, at_base: bool) -> str:
+    """Mean ± std over seeds, bold at the training point, else with the change against it (delta) in brackets."""
     if st is None:
         return "-"
-    return f"**{stat_text(st)}**" if at_base or base is None else f"{stat_text(st)} ({st['mean'] - base['mean']:+.1f})"
+    return f"**{stat_text(st)}**" if at_base or st["delta"] is None else f"{stat_text(st)} ({st['delta']:+.1f})"
 
 
 def base_check_text(s: dict, models: list[str], tables: str) -> str:
@@ -161,9 +138,7 @@ def recipe_text(cfg) -> str:
     model_opts = ", ".join(f"{k}={v}" for k, v in cfg.model.kwargs.items())  # what every model was built with
     own = bool(n) and n.get("loader", "visionpe") == "visionpe"  # timm's loader takes the square route's items
     return T["trained"].format(
-        data=cfg.data.name, res=cfg.data.resolution, native=native, epochs=cfg.train.epochs,
-        batch=cfg.data.batch_size, opt=cfg.optim.opt, lr=cfg.optim.lr,
-        opts=", ".join(f"{k}={v}" for k, v in cfg.data.options.items()) or "none",
+        cfg=cfg, native=native, opts=", ".join(f"{k}={v}" for k, v in cfg.data.options.items()) or "none",
         model_opts=f"; model options: {model_opts}" if model_opts else "",
         aug=augmentation_text(cfg.data.name, cfg.data.options, vars(cfg.aug), native=own),
     )  # fmt: skip
@@ -215,7 +190,7 @@ def format_markdown(s: dict, records: list[dict], rows: list[dict], plan, second
     return T["results"].format(
         name=b.name, how=T["pretrained"] if b.pretrained else recipe_text(plan.cfg) + ", then",
         images=images, split=plan.cfg.data.val_split, n_seeds=len(seeds), seeds=seeds,
-        protocols=protocols_text(b.protocols), tables=accuracy_tables(s, models, "## {mode}", pe_column=True),
+        protocols="; ".join(T[p] for p in b.protocols), tables=accuracy_tables(s, models, "## {mode}", pe_column=True),
         sections=sections, runs=len(records), minutes=seconds / 60, machine=machine_description(s["machine"]),
         processes=b.processes, threads=b.threads, train=statistics.fmean(cpu), eval=statistics.fmean(ev),
         n_train=len(cpu), n_eval=len(ev), total=_total_time_text(records, b.processes),
@@ -236,8 +211,12 @@ def _total_time_text(records: list[dict], processes: int) -> str:
     return text
 
 
-def _summary(records: list[dict], stats: dict, plan, seconds: float, machine: dict) -> dict:
-    """summary.json: the aggregated table (with each cell's change against the training point) and the setup."""
+def _summary(records: list[dict], rows: list[dict], plan, seconds: float, machine: dict) -> dict:
+    """summary.json: top-1 over seeds (with each cell's change against the training point) and the setup."""
+    groups: dict[tuple, list[float]] = {}
+    for r in rows:
+        groups.setdefault((r["model"], r["mode"], row_point(r)), []).append(r["top1"])
+    stats = {k: mean_std(v) for k, v in groups.items()}  # (model, mode, point) -> {'mean', 'std', 'n'}
     pe = {r["model"]: r["pe"] for r in records}
     table = []
     for (model, mode, point), st in sorted(stats.items()):
@@ -264,20 +243,18 @@ def _summary(records: list[dict], stats: dict, plan, seconds: float, machine: di
 
 
 def write_report(records: list[dict], plan, out: Path, seconds: float, machine: dict | None = None) -> list[Path]:
-    """results.csv, results.md, summary.json and results.png under `out` (`machine`: what the runs were measured on,
-    default this one); returns the paths, [] when no row is of the plan's points and modes: nothing is replaced."""
+    """results.csv/.md, summary.json and results.png under `out`; [] and nothing replaced without a row of the plan."""
     points, modes = set(plan.points), set(plan.bench.position_modes)  # a record keeps rows of points since dropped
     records = [dict(r, rows=[x for x in r["rows"] if x["mode"] in modes and row_point(x) in points]) for r in records]
-    rows = long_rows(records)
+    rows = [{**{k: (rec if k in RUN_KEYS else r).get(k) for k in CSV_KEYS}, "tokens": r.get("tokens", 0)}
+            for rec in records for r in rec["rows"]]  # one per (run, mode, evaluated point)  # fmt: skip
     if not rows:
         return []
     out.mkdir(parents=True, exist_ok=True)
     table = io.StringIO()
-    w = csv.DictWriter(table, fieldnames=CSV_KEYS, extrasaction="ignore", lineterminator="\r\n")
-    w.writeheader()
-    w.writerows(rows)
+    csv.writer(table, lineterminator="\r\n").writerows([CSV_KEYS, *([r[k] for k in CSV_KEYS] for r in rows)])
     machine = machine or dict(machine_info(), threads=plan.bench.threads)
-    summary = _summary(records, aggregate(rows), plan, seconds, machine)
+    summary = _summary(records, rows, plan, seconds, machine)
     texts = {
         "results.csv": table.getvalue(),
         "results.md": format_markdown(summary, records, rows, plan, seconds),
@@ -295,7 +272,6 @@ VERDICTS = ("holds", "does not hold", "within noise", "one seed")
 
 
 def standard_error(a: dict, b: dict) -> float:
-    """Standard error of mean_a - mean_b from each side's sample std and number of seeds."""
     return math.sqrt(a["std"] ** 2 / a["n"] + b["std"] ** 2 / b["n"])
 
 
@@ -333,8 +309,7 @@ def _compare(claim, good: str, bad: str, stats: dict, points: list, modes: list[
 
 
 def judge_claims(stats: dict, records: list[dict], points: list, modes: list[str], base_of) -> list[dict]:
-    """Every claim judged at every point and mode where the benchmark has both models of a pair (one backbone):
-    stats (model, mode, point) -> {'mean', 'std', 'n'}; base_of(protocol) -> the training point of that protocol."""
+    """Every claim judged at each point and mode with both models of a pair (one backbone); base_of: training point."""
     by_pe: dict[str, dict[str, dict]] = {}
     for rec in records:
         by_pe.setdefault(rec["pe"], {}).setdefault(rec["model"], rec)
@@ -357,8 +332,7 @@ def tally_text(judged: dict) -> str:
     """'upsample: holds at 5 of 8 comparisons, within noise at 3; fov: ...' or why nothing was compared."""
     comparisons = judged["comparisons"]
     if not comparisons and judged["present"]:
-        models = "; ".join(" and ".join(pair) for pair in judged["present"])
-        return T["no_point"].format(models=models, where=judged["where"])
+        return T["no_point"].format(models="; ".join(" and ".join(p) for p in judged["present"]), where=judged["where"])
     if not comparisons:
         return T["no_pair"].format(pes=", ".join(sorted({pe for pair in judged["pairs"] for pe in pair})))
     parts = []
@@ -374,20 +348,15 @@ def tally_text(judged: dict) -> str:
 
 # ------------------------------------------------------------------------------------------------------------ the plot
 
-AXES = {"upsample": "evaluation resolution (px), content scaled", "fov": "canvas size (px), content at training scale",
-        "frames": "clip length (frames)", "native": "tokens per image, each at its own aspect ratio"}  # fmt: skip
-
 
 def _panel_rows(summary: dict, protocol: str, mode: str, shapes: bool) -> list[dict]:
-    """The rows of a protocol's shapes panel (native: every fixed aspect ratio, 1:1 too; the others: every non-square
-    shape), or with shapes=False those of its line panel."""
+    """A protocol's rows for its shapes panel (native: fixed aspect ratios; else non-square), or its line panel."""
     return [r for r in summary["table"] if r["mode"] == mode and r["protocol"] == protocol
             and (r["height"] > 0 if protocol == "native" else r["height"] != r["width"]) == shapes]  # fmt: skip
 
 
 def plot_extrapolation(summary: dict, path: Path) -> Path | None:
-    """Draw summary.json's table to `path`: per protocol and mode a panel of lines (square sizes, clip lengths,
-    budgets), then one of the non-square shapes; None when matplotlib is missing."""
+    """summary.json's table to `path`: a line panel per protocol and mode, then shapes; None without matplotlib."""
     try:
         import matplotlib
 
@@ -413,16 +382,14 @@ def plot_extrapolation(summary: dict, path: Path) -> Path | None:
     frames = f", {summary['base_frames']} frames" if "frames" in protocols else ""
     fig.suptitle(f"{summary['dataset']}: trained at {trained}{frames}, {seeds} seed{'s' if seeds > 1 else ''}",
                  fontsize=11)  # fmt: skip
-    rows = -(-len(names) // 6) if names else 0
-    fig.tight_layout(rect=(0, 0.05 * rows + 0.02, 1, 1))  # leave room for the legend's rows
+    fig.tight_layout(rect=(0, 0.05 * math.ceil(len(names) / 6) + 0.02, 1, 1))  # leave room for the legend's rows
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
 
 
 def _panel(ax, summary: dict, protocol: str, mode: str, shapes: bool, labels: dict) -> None:
-    """Top-1 with seed error bars, one colour per model: against the size, clip length or token budget (lines), or
-    at each non-square shape (native: aspect ratio) on a categorical axis, markers side by side."""
+    """Top-1 with seed error bars, a colour per model: along sizes, clip lengths or budgets, or per shape."""
     rows, models, native = _panel_rows(summary, protocol, mode, shapes), summary["models"], protocol == "native"
     key = (lambda hw: hw[1] / hw[0]) if native else (lambda hw: (hw[0] * hw[1], hw))  # tallest or smallest first
     cats = sorted({(r["height"], r["width"]) for r in rows}, key=key) if shapes else []
@@ -436,13 +403,12 @@ def _panel(ax, summary: dict, protocol: str, mode: str, shapes: bool, labels: di
             style = dict(fmt="s") if shapes else dict(marker="o", label=labels[model])
             ax.errorbar(xs, ys, yerr=es if any(es) else None, ms=4, capsize=2, color=f"C{k}", **style)
     name = f"{protocol}, {mode} positions" if len(summary["modes"]) > 1 else protocol
+    ax.set_title(f"{name}, {'aspect ratios' if native else 'non-square'}" if shapes else name)
+    ax.grid(alpha=0.3, axis="y" if shapes else "both")
     if shapes:
         ax.set_xticks(range(len(cats)), [f"{w}:{h}" if native else f"{h}x{w}" for h, w in cats])
         ax.set_xlim(-0.6, len(cats) - 0.4)
-        ax.set_title(f"{name}, {'aspect ratios' if native else 'non-square'}")
-        tokens = f" at {summary['base_tokens']} tokens" if native else ""
-        ax.set_xlabel(f"aspect ratio (width:height){tokens}" if native else "evaluation shape (height x width, px)")
-        ax.grid(alpha=0.3, axis="y")
+        ax.set_xlabel(T["axis_native_shapes" if native else "axis_shapes"].format(tokens=summary["base_tokens"]))
     else:
         base = {"native": summary["base_tokens"], "frames": summary["base_frames"]}
         ax.axvline(base.get(protocol, summary["base"][0]), color="grey", ls=":")
@@ -451,6 +417,4 @@ def _panel(ax, summary: dict, protocol: str, mode: str, shapes: bool, labels: di
             ax.set_xscale("log", base=2)
             ax.set_xticks(ticks, [str(t) for t in ticks])
             ax.minorticks_off()
-        ax.set_title(name)
-        ax.set_xlabel(AXES[protocol])
-        ax.grid(alpha=0.3)
+        ax.set_xlabel(T[f"axis_{protocol}"])
