@@ -10,7 +10,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import yaml
@@ -271,7 +270,8 @@ def family_card(fam: Family, speed: dict, files_of: dict, summaries: list[tuple[
         speed=_speed_section(fam, speed, files_of), cost_spread=_cost_spread_section(fam, speed_files, out_dir),
         limitations=("" if found else T["no_accuracy_limit"] + "\n") + ("" if kind == "image" else toy),
         weights=_weights_section(fam), papers="\n".join(f"- {p.title} (arXiv:{p.arxiv})" for p in papers),
-        bibtex="\n\n".join(p.bibtex() for p in papers), date=time.strftime("%Y-%m-%d"),
+        bibtex="\n\n".join(p.bibtex() for p in papers),
+        date=max([s["date"] for _, s, _ in found] + [d["machine"]["date"] for _, d in speed_files], default="-"),
     )  # fmt: skip
     return text + "\n"
 
