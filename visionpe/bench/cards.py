@@ -22,10 +22,10 @@ from ..papers import family_paper
 from ..pos.presets import PE_PRESETS, PRESET_PAPERS
 from ..zoo import FAMILIES, Family, model_name, preset_model_options
 from . import report
-from .measure import machine_description
+from .measure import machine_description, spread_word
 from .protocols import row_point, size_label
 from .report import fmt, md_table, tally_text
-from .speed import ZOO_SIZES, SpeedRow, memory_ratio_text, spread_text
+from .speed import ZOO_SIZES, SpeedRow, memory_ratio_text, ratio_text, spread_text
 
 T = report.template("card_template.md")
 
@@ -53,6 +53,7 @@ def _options(kwargs: dict) -> str:
 
 
 def _default_res(fam: Family, size: str) -> int:
+    """A size's default input as the family's size table gives it (the size of its speed rows)."""
     return int({**fam.cfg, **fam.size_cfg.get(size, {})}.get("input_size", (3, 224, 224))[-1])
 
 
@@ -66,11 +67,6 @@ def _how_measured(data: dict) -> str:
     return f"{machine_description(machine)}, {when}, {clock}"
 
 
-def _ratio(r: SpeedRow, base: SpeedRow | None, key: str) -> str:
-    a, b = getattr(r, key), base and getattr(base, key)
-    return f"{a / b:.2f}" if a and b else "-"
-
-
 def _speed_section(fam: Family, speed: dict, files_of: dict) -> str:
     """The zoo size's PEs side by side (the zoo speed file), and against timm where it has the same model."""
     size = ZOO_SIZES.get(fam.name, next(iter(fam.sizes)))
@@ -80,12 +76,12 @@ def _speed_section(fam: Family, speed: dict, files_of: dict) -> str:
     if not measured:
         return T["no_speed"] + "\n"
     base = speed.get((names[0], res))
-    rows = [[r.model, f"{r.params_m:.2f}", fmt(r.gflops), fmt(r.infer_ips, ".1f"), _ratio(r, base, "infer_ips"),
-             fmt(r.train_ips, ".1f"), _ratio(r, base, "train_ips"), fmt(r.infer_mem_mb, ".0f")]
+    rows = [[r.model, f"{r.params_m:.2f}", fmt(r.gflops), fmt(r.infer_ips, ".1f"), ratio_text(r, base, "infer_ips"),
+             fmt(r.train_ips, ".1f"), ratio_text(r, base, "train_ips"), fmt(r.infer_mem_mb, ".0f")]
             for r in measured]  # fmt: skip
     refs = [(r, speed.get((r.reference, res))) for r in measured if r.reference]
-    timm_rows = [[r.model, r.reference, f"{fmt(r.gflops)} / {fmt(ref and ref.gflops)}", _ratio(r, ref, "infer_ips"),
-                  _ratio(r, ref, "train_ips")] for r, ref in refs]  # fmt: skip
+    timm_rows = [[r.model, r.reference, f"{fmt(r.gflops)} / {fmt(ref and ref.gflops)}", ratio_text(r, ref, "infer_ips"),
+                  ratio_text(r, ref, "train_ips")] for r, ref in refs]  # fmt: skip
     heads = ["model", "params (M)", "GFLOPs", "infer img/s", "infer vs first", "train img/s", "train vs first"]
     how = _how_measured(files_of[measured[0].model])
     text = T["speed"].format(family=fam.name, size=size, res=res, how=how, first=names[0],
@@ -115,7 +111,7 @@ def _cost_spread_section(fam: Family, files: list[tuple[Path, dict]], out_dir: P
         text += T["cost_spread"].format(
             path=path, how=_how_measured(data), table="\n".join(md_table(heads, "lrrlrrrrr", cells)),
             link=f" ([{md.name}]({relative_link(md, out_dir)}))" if md.is_file() else "",
-            word="interquartile range" if data["settings"]["rounds"] >= 4 else "min-max",
+            word=spread_word(data["settings"]["rounds"]),
         ) + "\n\n"  # fmt: skip
     return text
 

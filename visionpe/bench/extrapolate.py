@@ -199,8 +199,7 @@ def _check_models(plan: Plan, info) -> None:
             model = build_model(copy.deepcopy(job.cfg), num_classes, info.in_chans).eval()
         except (TypeError, ValueError, RuntimeError) as e:
             raise BenchConfigError(f"model {job.model!r} cannot be built for {cfg.data.name!r}: {e}") from None
-        patch = getattr(getattr(model, "patch_embed", None), "patch_size", None)
-        patch = patch[-1] if isinstance(patch, (tuple, list)) else patch  # a video tubelet's is (frames, h, w)
+        patch = model_patch_size(model)
         odd = [p for p in plan.points if patch and p.protocol != "native" and (p.height % patch or p.width % patch)]
         if odd:
             plan.notes.append(f"{job.model}: {', '.join(sorted({point_label(p) for p in odd}))} are not multiples of "
@@ -208,7 +207,7 @@ def _check_models(plan: Plan, info) -> None:
                               f"accuracy of its own")  # fmt: skip
         for point in plan.points:
             try:
-                x = protocols.first_inputs(protocols.view_of(evals, point, plan.base, 1, model_patch_size(model)), 1)
+                x = protocols.first_inputs(protocols.view_of(evals, point, plan.base, 1, patch), 1)
             except ValueError as e:
                 raise BenchConfigError(f"cannot evaluate at {point_label(point)}: {e}") from None
             for mode in plan.bench.position_modes[: None if protocols.has_position_modes(model) else 1]:
@@ -437,10 +436,8 @@ def run_benchmark(bench: BenchConfig, cfg: Config, dry_run: bool = False, log=pr
 def main(argv: list[str] | None = None) -> int:
     keys = format_config_help({"bench": BenchConfig})
     epilog = f"bench keys (default, then help):{keys}\n\nthe other sections are train.py's recipe keys ({Config.HELP})"
-    formatter = argparse.RawDescriptionHelpFormatter
-    ap = argparse.ArgumentParser(
-        "visionpe-bench extrapolate", description=__doc__, epilog=epilog, formatter_class=formatter
-    )
+    ap = argparse.ArgumentParser("visionpe-bench extrapolate", description=__doc__, epilog=epilog,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("-c", "--config", required=True, help="benchmark file, e.g. configs/bench/quick.yaml")
     ap.add_argument("--dry-run", action="store_true", help="check the benchmark and print the plan; train nothing")
     ap.add_argument("--pretrained", action="store_true", help="evaluate weights without training (bench.pretrained)")

@@ -116,8 +116,8 @@ def run_check(
     status = checks.xformers_status()
     backends = ["sdpa"] + (["xformers"] if status["usable"] else [])
     dtypes = [torch.float32] + ([torch.bfloat16] if cuda else [])
-    result: dict = dict(versions=status, device=device, backends=backends, skipped=[], throughput=[], masked=[])
-    result["native"] = []
+    result: dict = dict(versions=status, device=device, backends=backends, skipped=[])
+    result.update(throughput=[], masked=[], native=[])
     if not status["usable"]:
         result["skipped"].append(f"xformers: {status['reason']}")
     if not cuda:

@@ -62,7 +62,7 @@ class Spread:
     n: int
 
     def text(self, spec: str = ".2f") -> str:
-        """'0.95 [0.93-0.97]': median and interquartile range (the range itself with fewer than 4 rounds)."""
+        """'0.95 [0.93-0.97]': the median and, in brackets, the spread_word(n)."""
         lo, hi = (self.q1, self.q3) if self.n >= 4 else (self.min, self.max)
         if self.n == 1:
             return format(self.median, spec)
@@ -70,6 +70,11 @@ class Spread:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def spread_word(n: int) -> str:
+    """What Spread.text gives in brackets for n rounds: the interquartile range, or with fewer than 4 the range."""
+    return "interquartile range" if n >= 4 else "min-max"
 
 
 def spread(values: list[float]) -> Spread:

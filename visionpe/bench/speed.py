@@ -44,6 +44,7 @@ from .measure import (
     peak_memory_mb,
     saved_activation_mb,
     spread,
+    spread_word,
     torch_threads,
 )
 from .report import fmt, md_table, write_files
@@ -269,12 +270,14 @@ def spread_text(d: dict | None) -> str:
     return "-" if not d else Spread(**d).text()
 
 
+def ratio_text(r: SpeedRow, base: SpeedRow | None, key: str) -> str:
+    """r's `key` over the baseline's, or '-' where either is missing."""
+    a, b = getattr(r, key), base and getattr(base, key)
+    return f"{a / b:.2f}" if a and b else "-"
+
+
 def memory_ratio_text(r: SpeedRow, base: SpeedRow | None) -> str:
-    parts = []
-    for key in ("infer_mem_mb", "train_mem_mb"):
-        a, b = getattr(r, key), base and getattr(base, key)
-        parts.append(f"{a / b:.2f}" if a and b else "-")
-    return " / ".join(parts)
+    return f"{ratio_text(r, base, 'infer_mem_mb')} / {ratio_text(r, base, 'train_mem_mb')}"
 
 
 def growth_exponent(xs: list[float], ys: list[float]) -> float:
@@ -312,10 +315,6 @@ def _page(title: str, intro: str, *blocks: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _spread_word(rounds: int) -> str:
-    return "interquartile range" if rounds >= 4 else "min-max"
-
-
 def _timed_text(machine: dict, settings: dict, what: str) -> str:
     """The intros' first words: the machine, what was run (`what`, formatted with the settings), rounds and clock."""
     clock = Clock(settings["clock"]).describe() if settings.get("clock") in CLOCKS else "wall-clock seconds"
@@ -327,7 +326,7 @@ def format_markdown(rows: list[SpeedRow], machine: dict, settings: dict) -> str:
     intro = (
         f"{_timed_text(machine, settings, 'batch {batch}')}. Images/s (clips/s for video) are medians over the "
         f"rounds; ratios are taken per round against the baseline and against timm's equivalent "
-        f"model (same architecture) measured in the same rounds, given as median [{_spread_word(settings['rounds'])}]. "
+        f"model (same architecture) measured in the same rounds, given as median [{spread_word(settings['rounds'])}]. "
         f"GFLOPs are fvcore MACs per item with attention counted; memory is the peak of one step of one item beyond "
         f"the weights (infer / train)."
     )
@@ -348,18 +347,14 @@ def format_markdown(rows: list[SpeedRow], machine: dict, settings: dict) -> str:
              *(f"{g[k]:.2f}" if k in g else "-" for k in ("time_exp", "memory_exp", "activation_exp"))]
             for name, g in scaling(rows).items()]  # fmt: skip
     grow_heads = ["model", "N", "time per item ~ N^a", "memory ~ N^b", "saved activations ~ N^c"]
+    growth = "Growth with the number of tokens N (least-squares power-law fit over the sizes measured):"
     notes = [f"- {r.model} @ {r.resolution}: {n}" for r in rows for n in r.notes]
     return _page(
         f"Speed, memory and FLOPs ({machine['date']})",
         intro,
         md_table(heads, "lrrrrrrrrrlrrrrr", table),
         saved and ["Activations autograd saves for backward (one clip, MiB):", "", *saved],
-        grow
-        and [
-            "Growth with the number of tokens N (least-squares power-law fit over the sizes measured):",
-            "",
-            *md_table(grow_heads, "llrrr", grow),
-        ],  # fmt: skip
+        grow and [growth, "", *md_table(grow_heads, "llrrr", grow)],
         notes and ["Notes:", *notes],
     )
 
@@ -444,7 +439,7 @@ def format_compile_markdown(rows: list[CompileRow], machine: dict, settings: dic
     intro = (
         f"{_timed_text(machine, settings, 'inference, batch {batch}, {resolution} px')}; load average "
         f"{settings['load']}. `torch.compile` with its defaults (inductor). Ratios are of time per image, taken per "
-        f"round and given as median [{_spread_word(settings['rounds'])}]: below 1 is faster. timm's model is loaded "
+        f"round and given as median [{spread_word(settings['rounds'])}]: below 1 is faster. timm's model is loaded "
         "with the same weights as ours. Compile time is the wall-clock time of the first call (machine shared, so "
         "only indicative)."
     )
