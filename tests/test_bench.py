@@ -39,7 +39,7 @@ from visionpe.bench.speed import measure
 from visionpe.engine.bench_settings import parse_size
 from visionpe.engine.checkpoint import find_checkpoint
 from visionpe.recipes import list_recipes
-from visionpe.zoo import expand_models, timm_equivalent
+from visionpe.zoo import create_model, expand_models, family_of, timm_equivalent
 
 TINY = "{embed_dim: 32, depth: 1, num_heads: 2}"
 
@@ -561,7 +561,8 @@ def test_gpu_check_cuda_branches_run_with_a_mocked_gpu(monkeypatch):
     monkeypatch.setattr(gpu_check.checks, "xformers_status", lambda: dict(torch="t", cuda="c", usable=True, reason=""))
     monkeypatch.setattr(visionpe.attention, "xformers_supports", lambda q, bias: (True, ""))
     shape = dict(rows=2, length=48, images_per_row=3, heads=2, head_dim=8, reps=1)
-    result = gpu_check.run_check("cpu", "vit_n_ape", (32,), 1, "vit_n_rope2d_mixed", gpu_check._tiny, shape)
+    tiny = lambda name: create_model(name, **family_of(name).tiny)
+    result = gpu_check.run_check("cpu", "vit_n_ape", (32,), 1, "vit_n_rope2d_mixed", tiny, shape)
     assert result["gpu"] == "Mock GPU" and result["backends"] == ["sdpa", "xformers"]
     got = {(r["model"], r["dtype"], r["backend"]) for r in result["agreement"]}
     assert got == {

@@ -348,11 +348,11 @@ def test_evaluation_class_missing_from_training_is_an_error_or_dropped_and_count
 
 
 def test_benchmark_views_leave_out_and_count_unreadable_evaluation_images(tmp_path):
-    from visionpe.bench.protocols import SizedView, loader
+    from visionpe.bench.protocols import SizedView
 
     _image_folder(tmp_path, "train", per_class=2)
     (tmp_path / "train" / "cat" / "1.png").write_bytes(b"not a png at all")
     ev = ImageFolderDataset(tmp_path, "train", 16)
-    (batch,) = list(loader(SizedView(ev, (16, 24)), batch_size=4))  # a non-square size, as the benchmark evaluates
+    (batch,) = list(SizedView(ev, (16, 24)).loader(batch_size=4))  # a non-square size, as the benchmark evaluates
     assert batch.targets.tolist() == [0, 1, 1] and tuple(batch.inputs.shape) == (3, 3, 16, 24)
     assert len(batch.skipped) == 1 and batch.skipped[0].endswith("1.png")

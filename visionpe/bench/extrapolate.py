@@ -23,8 +23,7 @@ import torch
 import yaml
 
 from .. import engine
-from ..data import get_dataset_info
-from ..data.loader import dataset_num_classes
+from ..data import dataset_num_classes, get_dataset_info
 from ..engine.bench_settings import BenchConfig, BenchConfigError, load_bench, parse_aspect, parse_size
 from ..engine.changes import changed_keys, flatten, recipe_of
 from ..engine.checkpoint import atomic_write_text, find_checkpoint

@@ -45,10 +45,6 @@ NATIVE_COLUMNS = [("backend", "backend", ""), ("fp32 rel. err", "fp32_max_rel_er
 MASKED_COLUMNS = [*NATIVE_COLUMNS, ("fp32 MiB", "fp32_peak_mib", ".0f"), ("bf16 MiB", "bf16_peak_mib", ".0f")]
 
 
-def _tiny(name: str) -> torch.nn.Module:
-    return create_model(name, **family_of(name).tiny)
-
-
 def _attempt(row: dict, check: Callable[..., dict], *args, **kwargs) -> dict:
     """`row` with the fields `check(*args, **kwargs)` returns and `ok` (all its `*_ok` fields), or with its error:
     reported, not raised, so the check goes on to the next backend."""
@@ -64,7 +60,7 @@ def agreement(backends: list[str], dtypes: list[torch.dtype], device: str, batch
     rows = []
     for kind, name in AGREEMENT_MODELS.items():
         torch.manual_seed(0)
-        model = _tiny(name).eval().to(device)
+        model = create_model(name, **family_of(name).tiny).eval().to(device)
         x = torch.randn(batch, 3, 32, 32, device=device)
         rows += [dict(pe=kind, model=name, **r) for r in checks.check_model_backends(model, x, backends, dtypes)]
         model.cpu()

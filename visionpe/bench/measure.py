@@ -250,14 +250,12 @@ def peak_memory_mb(
     kwargs = model_kwargs or {}
     if device.startswith("cuda"):
         model = (model or timm.create_model(name, **kwargs)).to(device).train(train)
-        return cuda_peak_mb(
-            model_step(model, to_device(example_input(name, size, batch, frames), device), train), device
-        )
-    spec = dict(name=name, size=size, batch=batch, train=train, kwargs=kwargs, frames=frames)
+        step = model_step(model, to_device(example_input(name, size, batch, frames), device), train)
+        return cuda_peak_mb(step, device)
+    spec = json.dumps(dict(name=name, size=size, batch=batch, train=train, kwargs=kwargs, frames=frames))
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": os.environ.get("MALLOC_MMAP_THRESHOLD_", str(MMAP_THRESHOLD))}
-    out = subprocess.run(
-        [sys.executable, "-m", "visionpe.bench.measure", json.dumps(spec)], capture_output=True, text=True, env=env
-    )
+    probe = [sys.executable, "-m", "visionpe.bench.measure", spec]  # this module's __main__: _child
+    out = subprocess.run(probe, capture_output=True, text=True, env=env)
     if out.returncode != 0:
         raise RuntimeError(f"memory probe for {name} at {size} px failed:\n{out.stderr[-2000:]}")
     return float(out.stdout.strip().splitlines()[-1])

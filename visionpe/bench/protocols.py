@@ -94,6 +94,10 @@ class SizedView(_View):
             x = resize_to(x, self.size)
         return x, int(y), self.size, skipped
 
+    def loader(self, batch_size: int, workers: int = 0) -> DataLoader:
+        collate = partial(collate_to_resolution, collate_inputs=getattr(self.dataset, "collate_inputs", None))
+        return DataLoader(self, batch_size=batch_size, shuffle=False, num_workers=workers, collate_fn=collate)
+
 
 class NativeView(_View):
     """Items of a set (one with `render_size`, e.g. fashion-mnist-native, or square items) at a native point: each
@@ -125,13 +129,6 @@ class NativeView(_View):
         return build_native_eval_loader(self, plan, tokens, batch_size, self.resolution, Share(workers))
 
 
-def loader(view: SizedView | NativeView, batch_size: int, workers: int = 0) -> DataLoader:
-    if isinstance(view, NativeView):
-        return view.loader(batch_size, workers)
-    collate = partial(collate_to_resolution, collate_inputs=getattr(view.dataset, "collate_inputs", None))
-    return DataLoader(view, batch_size=batch_size, shuffle=False, num_workers=workers, collate_fn=collate)
-
-
 def view_of(evals: dict, point: Point, base: tuple[int, int], limit: int = 0, patch: int | None = None):
     """The inputs of one point: upsample reads the set built for its size, the others the base size's."""
     if point.protocol == "native":
@@ -143,7 +140,7 @@ def view_of(evals: dict, point: Point, base: tuple[int, int], limit: int = 0, pa
 
 def first_inputs(view: SizedView | NativeView, n: int):
     """The model inputs of the view's first n items as one batch (a tensor or a dict of tensors)."""
-    return next(iter(loader(view, n))).inputs
+    return next(iter(view.loader(n))).inputs
 
 
 def has_position_modes(model: nn.Module) -> bool:
@@ -183,7 +180,7 @@ def evaluate_view(model: nn.Module, view, mode: str, batch_size: int, device, am
     """{'top1', 'top5', 'loss', 'images'} of `model` on a view (any protocol) in position `mode` (amp: a dtype or
     None)."""
     set_position_mode(model, mode)
-    return evaluate_loader(model, loader(view, batch_size, workers), DistContext(device=device), amp)
+    return evaluate_loader(model, view.loader(batch_size, workers), DistContext(device=device), amp)
 
 
 def row_point(row: dict) -> Point:

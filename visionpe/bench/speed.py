@@ -8,6 +8,7 @@ torch.compile, `--data` for loader throughput (docs/benchmark.md).
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import os
 import statistics
@@ -23,8 +24,7 @@ from torch import nn
 
 import visionpe  # noqa: F401  (registers the models)
 
-from ..data import build_dataset, build_train_loader, get_dataset_info
-from ..data.loader import dataset_num_classes
+from ..data import build_dataset, build_train_loader, dataset_num_classes, get_dataset_info
 from ..engine.cli import positive_int
 from ..engine.config import Config, apply_overrides
 from ..engine.setup import to_device
@@ -477,11 +477,9 @@ _NATIVE_SIZE = {"fashion-mnist": 28}  # datasets measured at their own size when
 def _batches(dataset, batch: int, resolutions: list[int], workers: int):
     """Endless training batches (a new epoch when one ends)."""
     loader = build_train_loader(dataset, batch, resolutions, seed=0, workers=workers)
-    epoch = 0
-    while True:
+    for epoch in itertools.count():
         loader.batch_sampler.set_epoch(epoch)
         yield from loader
-        epoch += 1
 
 
 def _trainer(name: str, size: int, chans: int, classes: int) -> Callable:
