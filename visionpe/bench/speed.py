@@ -131,7 +131,7 @@ def _static_row(name: str, built: dict, res: int, n_frames, with_timm: bool, flo
         row.notes.append(f"built with {kwargs} to match {pair[0]}")
     if flops:
         try:
-            row.gflops = count_flops(model, example_input(name, res, 1, n_frames)) / 1e9
+            row.gflops = sum(count_flops(model, example_input(name, res, 1, n_frames)).values()) / 1e9
         except Exception as e:  # a model fvcore cannot trace still gets its speed measured
             row.notes.append(f"FLOPs not counted: {type(e).__name__}: {str(e)[:120]}")
     return row
