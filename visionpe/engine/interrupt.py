@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 __all__ = ["StopOnSignal", "TrainingInterrupted", "JobStopped", "STOP_SIGNALS", "interrupted", "diverged",
-           "run_stoppable"]  # fmt: skip
+           "run_stoppable", "stopped_job", "worker_init"]  # fmt: skip
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
