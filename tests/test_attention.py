@@ -83,6 +83,37 @@ def test_xformers_call_path_layout_and_bias_alignment(monkeypatch):
     assert (out - ref).abs().max() < 1e-5
 
 
+def test_auto_falls_back_to_sdpa_once_xformers_kernel_fails(monkeypatch):
+    """xformers installed, but its compiled ops built for another torch: `auto` must not crash a run. It warns once,
+    answers with sdpa and stops choosing xformers; naming xformers still raises the kernel's own error."""
+    calls = []
+
+    def no_operator(*args, **kwargs):
+        calls.append(1)
+        raise NotImplementedError("No operator found for `memory_efficient_attention_forward`")
+
+    ops = types.ModuleType("xformers.ops")
+    ops.memory_efficient_attention = no_operator
+    pkg = types.ModuleType("xformers")
+    pkg.ops = ops
+    monkeypatch.setitem(sys.modules, "xformers", pkg)
+    monkeypatch.setitem(sys.modules, "xformers.ops", ops)
+    monkeypatch.setattr(A, "xformers_supports", lambda q, bias: (True, ""))
+    monkeypatch.setattr(A, "_xformers_error", None)
+    q, k, v = _qkv()
+    with attn_backend("sdpa"):
+        ref = attend(q, k, v)
+    with attn_backend("auto"):
+        assert A.resolve_backend(q, None) == "xformers"
+        with pytest.warns(UserWarning, match="xformers' kernel failed"):
+            out = attend(q, k, v)
+        assert torch.equal(out, ref) and len(calls) == 1
+        assert A.resolve_backend(q, None) == "sdpa"  # not picked again
+        assert torch.equal(attend(q, k, v), ref) and len(calls) == 1
+    with attn_backend("xformers"), pytest.raises(NotImplementedError, match="No operator found"):
+        attend(q, k, v)
+
+
 def test_backend_selection_errors(monkeypatch):
     with pytest.raises(ValueError, match="choose one of"):
         set_attn_backend("flash")

@@ -1,8 +1,9 @@
 """One entry point for scaled dot-product attention: `attend(q, k, v, bias=None, scale=None)`.
 
 Backends: xformers' memory-efficient kernel (CUDA), PyTorch SDPA, flex attention (masked calls), and an explicit
-`math` reference. `auto` picks the fastest that supports the call and falls back silently; naming a backend that
-cannot run the call raises. Select with VISIONPE_ATTN=auto|xformers|sdpa|flex|math or `set_attn_backend(...)`.
+`math` reference. `auto` picks the fastest that supports the call, and drops a kernel that fails on this machine
+(flex without Triton, xformers' ops built for another torch) with one warning: SDPA answers instead. Naming a backend
+that cannot run the call raises. Select with VISIONPE_ATTN=auto|xformers|sdpa|flex|math or `set_attn_backend(...)`.
 
 `mask=` (a `visionpe.attn_mask.AttnMask`) blocks attention between the images of a padded or packed batch: SDPA
 takes it as a boolean mask, math as -inf logits, flex as a BlockMask (auto's choice on CUDA for a masked call without
@@ -20,6 +21,7 @@ import contextlib
 import functools
 import importlib.util
 import os
+import warnings
 from collections.abc import Iterator
 
 import torch
@@ -96,6 +98,17 @@ def xformers_available() -> bool:
     return importlib.util.find_spec("xformers") is not None
 
 
+_xformers_error: str | None = None  # why xformers' kernel failed under `auto` (then auto no longer picks it)
+
+
+def xformers_failed(error: Exception) -> None:
+    """auto's xformers call failed (e.g. compiled ops built for another torch): warn once, stop choosing it."""
+    global _xformers_error
+    if _xformers_error is None:
+        warnings.warn(f"xformers' kernel failed ({error!r}); attention falls back to SDPA", stacklevel=3)
+    _xformers_error = repr(error)
+
+
 def xformers_supports(q: torch.Tensor, bias: torch.Tensor | None) -> tuple[bool, str]:
     """Whether xformers' memory-efficient kernel can run this call, and if not, why."""
     if not xformers_available():
@@ -167,6 +180,10 @@ def on_cuda(q: torch.Tensor) -> bool:
     return q.is_cuda
 
 
+def _auto_xformers(q: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    return _xformers_error is None and xformers_supports(q, bias)[0]
+
+
 def resolve_backend(q: torch.Tensor, bias: torch.Tensor | None, mask: AttnMask | None = None) -> str:
     """The backend that will run this call under the current selection."""
     name = get_attn_backend()
@@ -176,10 +193,10 @@ def resolve_backend(q: torch.Tensor, bias: torch.Tensor | None, mask: AttnMask |
         if mask is not None:
             if bias is None and on_cuda(q) and flex_usable():
                 return "flex"  # block-sparse: skips the blocks between images
-            if bias is None and xformers_supports(q, bias)[0] and mask.seqlens() is not None:
+            if bias is None and _auto_xformers(q, bias) and mask.seqlens() is not None:
                 return "xformers"  # contiguous segments: a BlockDiagonalMask
             return "sdpa"  # a dense mask (xformers would need it as an aligned bias)
-        return "xformers" if xformers_supports(q, bias)[0] else "sdpa"
+        return "xformers" if _auto_xformers(q, bias) else "sdpa"
     if name == "flex":
         if not flex_available():
             raise RuntimeError("attention backend 'flex' cannot run this call: no flex attention in this PyTorch")
@@ -205,19 +222,18 @@ def attend(
     if scale is None:
         scale = q.shape[-1] ** -0.5
     backend = resolve_backend(q, bias, mask)
-    if backend == "xformers":
-        return _xformers(q, k, v, bias, scale, mask)
-    if backend == "sdpa":
+    kernel = {"xformers": _xformers, "flex": flex_attend, "sdpa": _sdpa}.get(backend)
+    if kernel is None:
+        return attend_with_probs(q, k, v, bias, scale, mask)[0]
+    if backend == "sdpa" or get_attn_backend() != "auto":
+        return kernel(q, k, v, bias, scale, mask)
+    try:  # auto falls back to sdpa, and a kernel that fails here is not picked again: flex that does not compile
+        return kernel(q, k, v, bias, scale, mask)  # (e.g. no Triton), xformers' ops built for another torch
+    except torch.cuda.OutOfMemoryError:
+        raise  # the call is too large; the kernel itself works
+    except Exception as error:  # noqa: BLE001
+        (xformers_failed if backend == "xformers" else flex_failed)(error)
         return _sdpa(q, k, v, bias, scale, mask)
-    if backend == "flex":
-        if get_attn_backend() != "auto":
-            return flex_attend(q, k, v, bias, scale, mask)
-        try:  # auto falls back silently: a flex kernel that does not compile here (e.g. no Triton) is not used again
-            return flex_attend(q, k, v, bias, scale, mask)
-        except Exception as error:  # noqa: BLE001
-            flex_failed(error)
-            return _sdpa(q, k, v, bias, scale, mask)
-    return attend_with_probs(q, k, v, bias, scale, mask)[0]
 
 
 # ------------------------------------------------------------------------------------------------ row-block terms
