@@ -25,7 +25,7 @@ from . import report
 from .measure import machine_description, spread_word
 from .protocols import row_point, size_label
 from .report import fmt, md_table, tally_text
-from .speed import ZOO_SIZES, SpeedRow, memory_ratio_text, ratio_text, spread_text
+from .speed import ZOO_SIZES, SpeedRow, default_resolution, memory_ratio_text, ratio_text, spread_text
 
 T = report.template("card_template.md")
 
@@ -52,11 +52,6 @@ def _options(kwargs: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in kwargs.items())
 
 
-def _default_res(fam: Family, size: str) -> int:
-    """A size's default input as the family's size table gives it (the size of its speed rows)."""
-    return int({**fam.cfg, **fam.size_cfg.get(size, {})}.get("input_size", (3, 224, 224))[-1])
-
-
 # ---------------------------------------------------------------------------------------------------------- the cost
 
 
@@ -70,8 +65,8 @@ def _how_measured(data: dict) -> str:
 def _speed_section(fam: Family, speed: dict, files_of: dict) -> str:
     """The zoo size's PEs side by side (the zoo speed file), and against timm where it has the same model."""
     size = ZOO_SIZES.get(fam.name, next(iter(fam.sizes)))
-    res = _default_res(fam, size)
     names = [model_name(fam.name, size, pe) for pe in fam.pes]
+    res = default_resolution(names[0])  # where `speed --zoo` times them all
     measured = [speed[(n, res)] for n in names if (n, res) in speed]
     if not measured:
         return T["no_speed"] + "\n"
@@ -196,7 +191,7 @@ def _details(fam: Family, speed: dict, found: list[tuple[Path, dict, list[str]]]
     """The card's architecture table (each size's configuration and cost) and PE variants table."""
     first_pe, sizes, variants = next(iter(fam.pes)), [], []
     for size, kwargs in fam.sizes.items():
-        res = _default_res(fam, size)
+        res = default_resolution(model_name(fam.name, size, first_pe))  # the registered model's default input
         r = speed.get((model_name(fam.name, size, first_pe), res))
         sizes.append([size, _options(kwargs), res, fmt(r and r.params_m), fmt(r and r.gflops)])
     for pe, kwargs in fam.pes.items():

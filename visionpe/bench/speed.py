@@ -227,7 +227,8 @@ def measure(
 ZOO_SIZES = {"vit": "s", "swin": "t", "cvt": "13", "vivit": "t", "mm": "t"}  # the size each card times, all PEs
 
 
-def _default_resolution(name: str) -> int:
+def default_resolution(name: str) -> int:
+    """A registered model's default input size (its pretrained cfg's)."""
     return int(timm.get_pretrained_cfg(name).input_size[-1])
 
 
@@ -237,13 +238,13 @@ def run_zoo(args) -> list[SpeedRow]:
     rows: list[SpeedRow] = []
     for fam in FAMILIES.values():
         models = [model_name(fam.name, ZOO_SIZES.get(fam.name, next(iter(fam.sizes))), pe) for pe in fam.pes]
-        res = _default_resolution(models[0])
+        res = default_resolution(models[0])
         print(f"{fam.name}: {len(models)} models at {res} px")
         rows += measure(models, [res], **_measure_kwargs(args))
     timed = {r.model for r in rows}
     for name in [model_name(fam.name, size, next(iter(fam.pes))) for fam in FAMILIES.values() for size in fam.sizes]:
         if name not in timed:
-            res = _default_resolution(name)
+            res = default_resolution(name)
             print(f"{name}: parameters and FLOPs at {res} px")
             rows.append(_static_row(name, {name: (create_model(name), {}, True)}, res, None, False, True, "cpu"))
     return rows
