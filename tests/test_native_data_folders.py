@@ -242,10 +242,11 @@ def test_train_py_under_ddp_on_a_folder_trains_packed_and_counts_each_eval_image
     assert {r["resolution"] for r in evals} == {16, "16tok", "32tok"} and all(r["images"] == 24 for r in evals)
 
 
-@pytest.mark.parametrize("mode", ["padded", "buckets"])
-def test_padded_and_bucket_batches_train_on_a_folder(tmp_path, mode):
-    extra = ["data.native.tokens_per_batch=16"] if mode == "buckets" else []  # 1-2 images a batch
-    run = train(None, _run(tmp_path, f"data.native.mode={mode}", "train.epochs=1", f"train.run_name={mode}", *extra))
+@pytest.mark.parametrize("mode", ["padded", "buckets", "timm"])
+def test_padded_bucket_and_timm_batches_train_on_a_folder(tmp_path, mode):
+    extra = {"buckets": ["data.native.tokens_per_batch=16"], "timm": ["data.native.loader=timm"]}.get(mode, [])
+    native = "padded" if mode == "timm" else mode  # timm's loader pads (1-2 images a batch for buckets)
+    run = train(None, _run(tmp_path, f"data.native.mode={native}", "train.epochs=1", f"train.run_name={mode}", *extra))
     rows = _lines(run, "train")
     assert rows and all(r["images_per_batch"] >= 1 for r in rows)
     if mode == "buckets":
@@ -259,6 +260,25 @@ def test_folder_training_resumes_bit_identically_after_a_kill(tmp_path):
     common = _run(tmp_path, "train.epochs=2", "train.ckpt_every_steps=2", "aug.color_jitter=0.3")
     common.append("data.native.tokens_per_batch=96")
     check_kill_and_resume(tmp_path, common)
+
+
+def test_timm_loader_crops_each_folder_image_at_its_own_aspect(tmp_path):
+    """data.native.loader=timm: timm's NaFlex crop sees each image whole at its own size (the folder's square-route
+    items would make every grid square). The whole image (scale 1, ratio 1): the grid keeps the file's aspect."""
+    ds = _dataset(make_folder(tmp_path / "data", per_class=12, solid=True), training=True)
+    colours = torch.tensor([[5 * i, 255 - 5 * i, (37 * i) % 256] for i in range(24)], dtype=torch.float32) / 255
+    colours = (colours - torch.tensor(MEAN)) / torch.tensor(STD)
+    plan = native_plan(NativeConfig(mode="padded", loader="timm", seq_lens=[16, 32], tokens_per_batch=8 * 32), PATCH)
+    aug = dict(scale=(1.0, 1.0), ratio=(1.0, 1.0), hflip=0.0)
+    grids = {}
+    for batch in build_native_train_loader(ds, plan, 16, seed=0, aug=aug):
+        for grid, patches in _images(batch):
+            i = int((patches.reshape(-1, 3)[0] - colours).abs().sum(-1).argmin())
+            h, w = ds.native_size(i)
+            # one scale t puts the image's sides within one patch of the grid's (t * h, t * w)
+            assert max((grid[0] - 1) / h, (grid[1] - 1) / w) <= min((grid[0] + 1) / h, (grid[1] + 1) / w), (grid, h, w)
+            grids[i] = grid
+    assert len(grids) >= 20 and len({g[0] > g[1] for g in grids.values()}) == 2  # tall and wide grids
 
 
 def test_an_unreadable_image_is_a_one_line_error_naming_the_file(tmp_path):

@@ -163,14 +163,23 @@ class ImageFolderDataset(Dataset):
         folder_native.py. An unreadable file is a one-line error naming it (a packed row's sizes are fixed)."""
         if self._native is None:
             self._native = NativeFolderTransform(self.transform_kwargs, self.training)
+        img, target = self._decoded(index)
+        return self._native(img, size), target
+
+    def native_item(self, index: int):
+        """(image [C, h, w], class): image `index` whole at its own size, normalised, not augmented: what timm's
+        NaFlex loader (data.native.loader=timm) crops, flips and resizes to its budget itself."""
+        img, target = self._decoded(index)
+        return NativeFolderTransform(self.transform_kwargs, training=False)(img, (img.height, img.width)), target
+
+    def _decoded(self, index: int):
         try:
-            img, target = self._open(index)
+            return self._open(index)
         except DECODE_ERRORS as e:
             path = self.base.filename(index, absolute=True)
             raise UnreadableImageError(
                 f"cannot decode image {path} ({type(e).__name__}: {e}); remove or replace the file"
             ) from None
-        return self._native(img, size), target
 
     def pop_skipped(self) -> list[str]:
         """Paths skipped since the last call (per process: the loader reports them with each batch)."""

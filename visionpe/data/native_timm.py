@@ -3,8 +3,10 @@
 `timm.data.create_naflex_loader` draws a sequence length per batch from `seq_lens` (or the one `max_tokens`), resizes
 with its `RandomResizedCropToSequence` (aug.scale / aug.ratio / aug.hflip / aug.color_jitter) and pads every image
 to the batch's length with its NaFlexCollator. Our datasets give normalised tensors, so timm's normalisation is
-the identity (mean 0, std 1). Its batches become NativeBatch; `start_at` skips batches by reading them (timm's
-augmentation draws from the process's RNG, so a mid-epoch resume gets the right images, not the same crops).
+the identity (mean 0, std 1). A dataset with `native_item` (an image folder, whose items are squares of the
+square route) gives timm each image whole at its own size instead. Its batches become NativeBatch; `start_at`
+skips batches by reading them (timm's augmentation draws from the process's RNG, so a mid-epoch resume gets the
+right images, not the same crops).
 """
 
 from __future__ import annotations
@@ -18,12 +20,27 @@ from .native_sampler import NativePlan
 __all__ = ["TimmNaflexBatches"]
 
 
+class _NativeItems(Dataset):
+    """A dataset's `native_item`s: each image whole at its own size, for timm to crop."""
+
+    def __init__(self, dataset: Dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int):
+        return self.dataset.native_item(index)
+
+
 class TimmNaflexBatches:
     """Iterates NativeBatch from timm's NaFlex loader; set_epoch / start_at / num_batches as our samplers."""
 
     def __init__(self, dataset: Dataset, plan: NativePlan, aug: dict, seed: int, workers: int, rank: int, world: int):
         if plan.mode != "padded":
             raise ValueError("data.native.loader=timm pads every image to its batch's length: use mode=padded")
+        if callable(getattr(dataset, "native_item", None)):
+            dataset = _NativeItems(dataset)
         channels = int(dataset[0][0].shape[0])
         self.loader = create_naflex_loader(
             dataset,
