@@ -153,7 +153,7 @@ def expand_models(patterns: list[str]) -> list[str]:
     for p in patterns:
         if any(c in p for c in "*?["):
             if not (hits := list_visionpe_models(p)):
-                raise ValueError(f"--models pattern {p!r} matches no registered visionpe model")
+                raise ValueError(f"model pattern {p!r} matches no registered visionpe model")
             names += hits
         elif timm.is_model(p):
             names.append(p)
