@@ -75,6 +75,16 @@ def test_flops_of_a_vit_match_the_hand_count_with_attention_counted():
         assert sum(count_flops(model, x).values()) == sum(ops.values())
 
 
+def test_swin_flops_match_timms_and_count_at_padded_sizes():
+    # fvcore traces with torch.jit, whose sizes are tensors: the window plan's padding test must still decide
+    ours = timm.create_model("swin_t_rpb", depths=(2, 2, 2, 2))
+    ref = timm.create_model("swin_tiny_patch4_window7_224", depths=(2, 2, 2, 2))
+    x = torch.randn(1, 3, 224, 224)
+    assert sum(count_flops(ours, x).values()) == sum(count_flops(ref, x).values())  # sdpa there, matmuls in timm's
+    small, padded = (sum(count_flops(ours, torch.randn(1, 3, s, s)).values()) for s in (224 - 32, 224 - 24))
+    assert 0 < small < padded  # both sizes pad their maps to whole windows
+
+
 def test_ours_and_timms_vit_measured_in_one_run():
     assert timm_equivalent("vit_s_ape")[0] == "vit_small_patch16_224"
     assert timm_equivalent("swin_t_rpb")[0] == "swin_tiny_patch4_window7_224"

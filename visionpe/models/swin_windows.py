@@ -64,7 +64,7 @@ class WindowPlan:
     def needs_padding(self) -> bool:
         """The map is not whole windows; True also when symbolic sizes leave it open (pad by a possibly zero
         amount rather than guard the traced graph on divisibility)."""
-        return not all(statically_known_true(p == s) for p, s in zip(self.padded, self.hw))
+        return not all(_known_equal(p, s) for p, s in zip(self.padded, self.hw))
 
     @property
     def needs_mask(self) -> bool:
@@ -88,6 +88,13 @@ class WindowPlan:
         if self.needs_padding:  # a negative pad crops (a slice would guard on h <= Hp, unprovable symbolically)
             x = F.pad(x, (0, 0, 0, w - self.padded[1], 0, h - self.padded[0]))
         return x
+
+
+def _known_equal(a, b) -> bool:
+    """a == b where it is decided: ints, symbolic sizes torch proves equal without a guard, or sizes torch.jit.trace
+    records as tensors (fvcore's FLOP counter traces at one size), read as the value they hold."""
+    equal = a == b
+    return bool(equal) if isinstance(equal, torch.Tensor) else statically_known_true(equal)
 
 
 def plan_windows(hw: tuple[int, int], window: tuple[int, int], shifted: bool) -> WindowPlan:
