@@ -52,6 +52,17 @@ def test_xformers_capability_checks():
     assert not ok and why  # CPU tensors (or no xformers) are refused with a reason
 
 
+def _install_xformers(monkeypatch, kernel) -> None:
+    """An `xformers` package whose memory_efficient_attention is `kernel`, usable on these (CPU) tensors."""
+    ops = types.ModuleType("xformers.ops")
+    ops.memory_efficient_attention = kernel
+    pkg = types.ModuleType("xformers")
+    pkg.ops = ops
+    monkeypatch.setitem(sys.modules, "xformers", pkg)
+    monkeypatch.setitem(sys.modules, "xformers.ops", ops)
+    monkeypatch.setattr(A, "xformers_supports", lambda q, bias: (True, ""))
+
+
 def test_xformers_call_path_layout_and_bias_alignment(monkeypatch):
     """Drive the xformers path with a stand-in kernel that checks what xformers requires: [B, M, H, K] inputs and
     a full-shape bias whose row stride is a multiple of 8."""
@@ -66,13 +77,7 @@ def test_xformers_call_path_layout_and_bias_alignment(monkeypatch):
         logits = qh @ kh.transpose(-1, -2) * scale + (0 if attn_bias is None else attn_bias)
         return (logits.softmax(-1) @ vh).transpose(1, 2)
 
-    ops = types.ModuleType("xformers.ops")
-    ops.memory_efficient_attention = fake_mea
-    pkg = types.ModuleType("xformers")
-    pkg.ops = ops
-    monkeypatch.setitem(sys.modules, "xformers", pkg)
-    monkeypatch.setitem(sys.modules, "xformers.ops", ops)
-    monkeypatch.setattr(A, "xformers_supports", lambda q, bias: (True, ""))
+    _install_xformers(monkeypatch, fake_mea)
     q, k, v = _qkv()
     bias = torch.randn(1, 3, 17, 13)
     with attn_backend("sdpa"):
@@ -92,13 +97,7 @@ def test_auto_falls_back_to_sdpa_once_xformers_kernel_fails(monkeypatch):
         calls.append(1)
         raise NotImplementedError("No operator found for `memory_efficient_attention_forward`")
 
-    ops = types.ModuleType("xformers.ops")
-    ops.memory_efficient_attention = no_operator
-    pkg = types.ModuleType("xformers")
-    pkg.ops = ops
-    monkeypatch.setitem(sys.modules, "xformers", pkg)
-    monkeypatch.setitem(sys.modules, "xformers.ops", ops)
-    monkeypatch.setattr(A, "xformers_supports", lambda q, bias: (True, ""))
+    _install_xformers(monkeypatch, no_operator)
     monkeypatch.setattr(A, "_xformers_error", None)
     q, k, v = _qkv()
     with attn_backend("sdpa"):
