@@ -195,7 +195,7 @@ def test_auto_falls_back_to_sdpa_when_flex_fails(monkeypatch):
 
     monkeypatch.setattr(attention, "on_cuda", lambda q: True)
     monkeypatch.setattr(attn_mask, "flex_kernel", broken)
-    monkeypatch.setattr(attn_mask, "_flex_error", None)
+    monkeypatch.setattr(attention, "_auto_failed", {})
     q, k, v = _qkv()
     with pytest.warns(UserWarning, match="falls back to SDPA"):
         got = attend(q, k, v, mask=AttnMask(IDS))

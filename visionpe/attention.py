@@ -27,7 +27,7 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
-from .attn_mask import AttnMask, flex_attend, flex_available, flex_failed, flex_usable, xformers_block_attend
+from .attn_mask import AttnMask, flex_attend, flex_available, xformers_block_attend
 from .fx import is_fx_tracing
 from .pos.rows import RowBias, RowValue
 
@@ -98,15 +98,15 @@ def xformers_available() -> bool:
     return importlib.util.find_spec("xformers") is not None
 
 
-_xformers_error: str | None = None  # why xformers' kernel failed under `auto` (then auto no longer picks it)
+_auto_failed: dict[str, str] = {}  # backend -> why its kernel failed under `auto` (auto no longer picks it)
 
 
-def xformers_failed(error: Exception) -> None:
-    """auto's xformers call failed (e.g. compiled ops built for another torch): warn once, stop choosing it."""
-    global _xformers_error
-    if _xformers_error is None:
-        warnings.warn(f"xformers' kernel failed ({error!r}); attention falls back to SDPA", stacklevel=3)
-    _xformers_error = repr(error)
+def _drop_from_auto(backend: str, error: Exception) -> None:
+    """auto's call on `backend` failed on this machine (flex without Triton, xformers' ops built for another torch):
+    warn once, stop choosing it."""
+    if backend not in _auto_failed:
+        warnings.warn(f"{backend} attention failed ({error!r}); attention falls back to SDPA", stacklevel=3)
+    _auto_failed[backend] = repr(error)
 
 
 def xformers_supports(q: torch.Tensor, bias: torch.Tensor | None) -> tuple[bool, str]:
@@ -181,7 +181,7 @@ def on_cuda(q: torch.Tensor) -> bool:
 
 
 def _auto_xformers(q: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    return _xformers_error is None and xformers_supports(q, bias)[0]
+    return "xformers" not in _auto_failed and xformers_supports(q, bias)[0]
 
 
 def resolve_backend(q: torch.Tensor, bias: torch.Tensor | None, mask: AttnMask | None = None) -> str:
@@ -191,7 +191,7 @@ def resolve_backend(q: torch.Tensor, bias: torch.Tensor | None, mask: AttnMask |
         if is_fx_tracing():  # an FX graph keeps PyTorch's kernel (the tensors' device is not known while tracing)
             return "sdpa"
         if mask is not None:
-            if bias is None and on_cuda(q) and flex_usable():
+            if bias is None and on_cuda(q) and flex_available() and "flex" not in _auto_failed:
                 return "flex"  # block-sparse: skips the blocks between images
             if bias is None and _auto_xformers(q, bias) and mask.seqlens() is not None:
                 return "xformers"  # contiguous segments: a BlockDiagonalMask
@@ -222,17 +222,17 @@ def attend(
     if scale is None:
         scale = q.shape[-1] ** -0.5
     backend = resolve_backend(q, bias, mask)
-    kernel = {"xformers": _xformers, "flex": flex_attend, "sdpa": _sdpa}.get(backend)
-    if kernel is None:
+    if backend == "math":
         return attend_with_probs(q, k, v, bias, scale, mask)[0]
+    kernel = _sdpa if backend == "sdpa" else _xformers if backend == "xformers" else flex_attend
     if backend == "sdpa" or get_attn_backend() != "auto":
         return kernel(q, k, v, bias, scale, mask)
-    try:  # auto falls back to sdpa, and a kernel that fails here is not picked again: flex that does not compile
-        return kernel(q, k, v, bias, scale, mask)  # (e.g. no Triton), xformers' ops built for another torch
+    try:  # auto falls back to sdpa, and a kernel that fails here is not picked again
+        return kernel(q, k, v, bias, scale, mask)
     except torch.cuda.OutOfMemoryError:
         raise  # the call is too large; the kernel itself works
     except Exception as error:  # noqa: BLE001
-        (xformers_failed if backend == "xformers" else flex_failed)(error)
+        _drop_from_auto(backend, error)
         return _sdpa(q, k, v, bias, scale, mask)
 
 

@@ -10,11 +10,10 @@ contiguous run of tokens.
 from __future__ import annotations
 
 import functools
-import warnings
 
 import torch
 
-__all__ = ["AttnMask", "flex_available", "flex_usable", "flex_failed", "flex_attend", "xformers_block_attend"]
+__all__ = ["AttnMask", "flex_available", "flex_attend", "xformers_block_attend"]
 
 
 class AttnMask:
@@ -82,22 +81,6 @@ def flex_available() -> bool:
     except ImportError:
         return False
     return True
-
-
-_flex_error: str | None = None  # why flex attention failed under `auto` (then auto no longer picks it)
-
-
-def flex_failed(error: Exception) -> None:
-    """auto's flex call failed (e.g. the kernel does not compile on this machine): warn once, stop choosing it."""
-    global _flex_error
-    if _flex_error is None:
-        warnings.warn(f"flex attention failed ({error!r}); masked attention falls back to SDPA", stacklevel=3)
-    _flex_error = repr(error)
-
-
-def flex_usable() -> bool:
-    """flex attention exists and has not failed under auto."""
-    return flex_available() and _flex_error is None
 
 
 @functools.lru_cache(maxsize=1)
