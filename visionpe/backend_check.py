@@ -17,14 +17,14 @@ from .attn_mask import AttnMask
 from .native import pack_images
 
 __all__ = ["xformers_status", "check_model_backends", "packed_segment_ids", "check_masked_backend",
-           "check_native_model", "LOGIT_TOLERANCE", "TOLERANCE", "MODEL_TOLERANCE"]  # fmt: skip
+           "check_native_model", "TOLERANCE", "MODEL_TOLERANCE"]  # fmt: skip
 
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2}  # max error relative to the output's scale
-# Largest |backend - math| relative to max |math| of a model's logits. fp32: unit roundoff 6e-8, and the backends
-# order the sums of a few hundred products per dot product and softmax row differently, through 2 blocks: ~1e-6
-# expected, 1e-4 leaves room for TF32-free reordering on any kernel. bf16: unit roundoff 3.9e-3 on every stored
-# activation, several roundings per block, 2 blocks: a few 1e-2 expected.
-LOGIT_TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 6e-2}
+# Largest |backend - math| relative to max |math| of a model's logits (check_model_backends, check_native_model).
+# fp32: unit roundoff 6e-8, and the backends order the sums of a few hundred products per dot product and softmax row
+# differently, through 2 blocks: ~1e-6 expected, 1e-4 leaves room for TF32-free reordering on any kernel. bf16: unit
+# roundoff 3.9e-3 on every stored activation, several roundings per block, 2 blocks: a few 1e-2 expected.
+MODEL_TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 6e-2}
 
 
 def xformers_status() -> dict:
@@ -86,7 +86,7 @@ def check_model_backends(model, x: torch.Tensor, backends: list[str], dtypes: li
             except Exception as e:
                 rows.append(dict(dtype=label, backend=backend, error=error_text(e), ok=False))
                 continue
-            tol = LOGIT_TOLERANCE[dtype]
+            tol = MODEL_TOLERANCE[dtype]
             rows.append(dict(dtype=label, backend=backend, rel_err=err, tol=tol, ok=err <= tol))
     return rows
 
@@ -158,7 +158,6 @@ def check_masked_backend(
     return result
 
 
-MODEL_TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 6e-2}  # logits, relative to their scale (a few blocks)
 GRIDS = [(6, 18), (18, 6), (10, 10), (8, 12), (12, 8), (1, 16), (16, 16), (7, 14)]  # aspect ratios 1:3 to 3:1
 
 
