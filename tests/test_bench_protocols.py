@@ -7,10 +7,12 @@ import csv
 import gzip
 import json
 import math
+import statistics
 from pathlib import Path
 
 import numpy as np
 import pytest
+import scipy.stats
 import timm
 import torch
 import torch.nn.functional as F
@@ -22,7 +24,8 @@ from visionpe.bench.cards import write_cards
 from visionpe.bench.extrapolate import BenchConfigError, load_bench, run_benchmark
 from visionpe.bench.extrapolate import main as extrapolate_main
 from visionpe.bench.protocols import Point, SizedView, evaluate_view, modes_agree, set_position_mode
-from visionpe.bench.report import judge_claims, tally_text, verdict
+from visionpe.bench.report import judge, judge_claims, mean_std, tally_text
+from visionpe.bench.stats import detectable_difference, holm, welch
 from visionpe.data import build_dataset
 from visionpe.data.video_shapes import render_scene, reverse_scene
 from visionpe.engine.setup import build_eval_sets
@@ -127,13 +130,57 @@ def test_frames_protocol_clips_need_temporal_order():
 # ------------------------------------------------------------------------------------------------ statistics
 
 
-def test_orderings_are_judged_against_twice_the_combined_standard_error():
-    a = dict(mean=80.0, std=1.0, n=3)
-    se = math.sqrt(2 / 3)  # sqrt(1/3 + 1/3)
-    assert verdict(a, dict(mean=80.0 - 2.1 * se, std=1.0, n=3)) == "holds"
-    assert verdict(a, dict(mean=80.0 - 1.9 * se, std=1.0, n=3)) == "within noise"
-    assert verdict(a, dict(mean=80.0 + 2.1 * se, std=1.0, n=3)) == "does not hold"
-    assert verdict(a, dict(mean=70.0, std=0.0, n=1)) == "one seed"
+def test_welch_test_matches_scipys_independent_implementation():
+    a, b = [81.0, 82.5, 80.2], [78.1, 79.9, 80.4, 77.0]
+    got = welch(a, b)
+    ref = scipy.stats.ttest_ind(a, b, equal_var=False, alternative="greater")
+    assert got["p"] == pytest.approx(ref.pvalue, rel=1e-9)
+    lo, hi = scipy.stats.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
+    assert got["ci95"] == pytest.approx([lo, hi], rel=1e-9)
+    # Welch-Satterthwaite by hand: variances of the means 0.01343..., 0.5456...
+    va, vb = statistics.variance(a) / 3, statistics.variance(b) / 4
+    assert got["df"] == pytest.approx((va + vb) ** 2 / (va**2 / 2 + vb**2 / 3), rel=1e-12)
+    # no spread on either side: the difference is exact
+    assert welch([80.0, 80.0], [70.0, 70.0])["p"] == 0.0 and welch([70.0, 70.0], [80.0, 80.0])["p"] == 1.0
+    with pytest.raises(ValueError, match="two values"):
+        welch([80.0], [70.0, 71.0])
+
+
+def test_holm_adjusts_step_down_and_keeps_order():
+    # sorted 0.01, 0.03, 0.04 -> 3 x 0.01, max(0.03, 2 x 0.03), max(0.06, 1 x 0.04)
+    assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])  # capped at 1
+    assert holm([]) == []
+
+
+def test_detectable_difference_shrinks_with_more_seeds():
+    # n = 3: (t_0.95,4 + t_0.8,4) x s x sqrt(2/3) = (2.1318 + 0.9410) x 1 x 0.8165
+    assert detectable_difference(1.0, 3) == pytest.approx((2.131847 + 0.940965) * math.sqrt(2 / 3), rel=1e-5)
+    assert detectable_difference(1.0, 5) < detectable_difference(1.0, 3)
+    assert detectable_difference(1.0, 1) is None
+
+
+def _judged(good: list[float], bad: list[float], chance: float | None = 10.0) -> str:
+    c = dict(a_values=good, b_values=bad, a_stat=mean_std(good), b_stat=mean_std(bad))
+    return judge([c], chance)[0]["verdict"]
+
+
+def test_verdicts_follow_the_corrected_one_sided_p():
+    assert _judged([80.0, 81.0, 82.0], [70.0, 71.0, 72.0]) == "holds"  # p ~ 1e-4
+    assert _judged([70.0, 71.0, 72.0], [80.0, 81.0, 82.0]) == "does not hold"
+    # a lead of 2 standard errors at 3 seeds (the old rule's "holds") is p ~ 0.06: within noise now
+    se = math.sqrt(2 / 3)
+    assert _judged([79.0, 80.0, 81.0], [x - 2.0 * se for x in (79.0, 80.0, 81.0)]) == "within noise"
+    assert _judged([12.0, 13.0, 14.0], [10.0, 10.5, 11.0]) == "uninformative"  # both within 5 points of chance
+    assert _judged([70.0], [60.0, 61.0]) == "one seed"
+    # Holm over a claim's comparisons: p 0.02 alone holds; beside two others of p 0.02 it needs p < 0.05 / 3
+    cs = [dict(a_values=[80.0 + d, 81.0 + d, 82.0 + d], b_values=[79.0, 80.0, 81.0]) for d in (1.2, 1.2, 1.2)]
+    for c in cs:
+        c.update(a_stat=mean_std(c["a_values"]), b_stat=mean_std(c["b_values"]))
+    ps = [welch(c["a_values"], c["b_values"])["p"] for c in cs]
+    assert 0.05 / 3 < ps[0] < 0.05
+    assert {c["verdict"] for c in judge(cs, None)} == {"within noise"}
+    assert judge(cs[:1], None)[0]["verdict"] == "holds"
 
 
 def test_claims_compare_pes_on_one_backbone_beyond_the_training_point():
@@ -142,17 +189,17 @@ def test_claims_compare_pes_on_one_backbone_beyond_the_training_point():
         for m, pe in (("vit_n_rope2d_mixed", "rope2d_mixed"), ("vit_n_rope2d", "rope2d"), ("vit_n_ape", "ape"))
     ]
     base, far = Point("fov", 32, 32), Point("fov", 64, 64)
-    stats = {
-        ("vit_n_rope2d_mixed", "extrapolate", base): dict(mean=90, std=1, n=3),
-        ("vit_n_rope2d", "extrapolate", base): dict(mean=90, std=1, n=3),
-        ("vit_n_ape", "extrapolate", base): dict(mean=90, std=1, n=3),
-        ("vit_n_rope2d_mixed", "extrapolate", far): dict(mean=70, std=1, n=3),
-        ("vit_n_rope2d", "extrapolate", far): dict(mean=60, std=1, n=3),
-        ("vit_n_ape", "extrapolate", far): dict(mean=65, std=1, n=3),
+    values = {
+        ("vit_n_rope2d_mixed", "extrapolate", base): [89.0, 90.0, 91.0],
+        ("vit_n_rope2d", "extrapolate", base): [89.0, 90.0, 91.0],
+        ("vit_n_ape", "extrapolate", base): [89.0, 90.0, 91.0],
+        ("vit_n_rope2d_mixed", "extrapolate", far): [69.0, 70.0, 71.0],
+        ("vit_n_rope2d", "extrapolate", far): [59.0, 60.0, 61.0],
+        ("vit_n_ape", "extrapolate", far): [64.0, 65.0, 66.0],
     }
-    judged = judge_claims(stats, records, [base, far], ["extrapolate"], lambda p: base)
+    judged = judge_claims(values, records, [base, far], ["extrapolate"], lambda p: base)
     rope = next(j for j in judged if j["claim"].startswith("RoPE-Mixed"))
-    got = {(c["better"], c["worse"]): c["verdict"] for c in rope["comparisons"]}
+    got = {(c["a"], c["b"]): c["verdict"] for c in rope["comparisons"]}
     assert got == {("vit_n_rope2d_mixed", "vit_n_rope2d"): "holds", ("vit_n_rope2d", "vit_n_ape"): "does not hold"}
     assert all((c["height"], c["width"]) == (64, 64) for c in rope["comparisons"])  # the base point is not beyond
     assert next(j for j in judged if j["claim"].startswith("VideoRoPE"))["comparisons"] == []
@@ -162,8 +209,8 @@ def test_claims_compare_pes_on_one_backbone_beyond_the_training_point():
 
     # both video PEs on one backbone, but only larger images: a claim about longer clips has no point to judge
     records += [dict(model=f"mm_n_{pe}", family="mm", size="n", pe=pe) for pe in ("mrope", "videorope")]
-    stats |= {(f"mm_n_{pe}", "extrapolate", far): dict(mean=50, std=1, n=3) for pe in ("mrope", "videorope")}
-    judged = judge_claims(stats, records, [base, far], ["extrapolate"], lambda p: base)
+    values |= {(f"mm_n_{pe}", "extrapolate", far): [49.0, 50.0, 51.0] for pe in ("mrope", "videorope")}
+    judged = judge_claims(values, records, [base, far], ["extrapolate"], lambda p: base)
     video = next(j for j in judged if j["claim"].startswith("VideoRoPE"))
     assert video["comparisons"] == [] and video["present"] == [["mm_n_videorope", "mm_n_mrope"]]
     assert tally_text(video).startswith("not measured: this benchmark has mm_n_videorope and mm_n_mrope, but no ")
@@ -203,7 +250,7 @@ train: {{epochs: 1, amp: none, progress: false}}
     assert {r["protocol"] for r in summary["table"]} == {"upsample", "fov"}
     assert all(r["n"] == 2 for r in summary["table"])
     rope = next(c for c in summary["claims"] if c["claim"].startswith("RoPE-Mixed"))
-    assert {(c["better"], c["worse"]) for c in rope["comparisons"]} == {("vit_n_rope2d", "vit_n_ape")}
+    assert {(c["a"], c["b"]) for c in rope["comparisons"]} == {("vit_n_rope2d", "vit_n_ape")}
     assert {c["protocol"] for c in rope["comparisons"]} == {"upsample", "fov"}
     (card,) = write_cards(out.parent, tmp_path / "cards", ["vit"])  # the card shows both protocols and the claim
     assert (
@@ -378,4 +425,4 @@ train: {{epochs: 1, amp: none, progress: false}}
     assert {(r["height"], r["images"]) for r in record["rows"]} == {(32, 16), (48, 16)}
     summary = json.loads((out / "summary.json").read_text())
     v2pe = next(c for c in summary["claims"] if c["claim"].startswith("V2PE"))
-    assert {(c["better"], c["worse"], c["height"]) for c in v2pe["comparisons"]} == {("mm_n_v2pe", "mm_n_mrope", 48)}
+    assert {(c["a"], c["b"], c["height"]) for c in v2pe["comparisons"]} == {("mm_n_v2pe", "mm_n_mrope", 48)}

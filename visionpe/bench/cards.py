@@ -14,7 +14,6 @@ from pathlib import Path
 
 import yaml
 
-from ..data import get_dataset_info
 from ..engine.checkpoint import atomic_write_text
 from ..engine.config import config_from_dict
 from ..models.pretrained_cfgs import WEIGHTS
@@ -126,18 +125,9 @@ def _trained_where(s: dict) -> str:
     return f"{s['base_frames']} frames of {base} px" if "frames" in s["protocols"] else f"{base} px"
 
 
-def chance_level(s: dict) -> float | None:
-    """Top-1 (%) of guessing on the summary's dataset; None when the number of classes is not known."""
-    try:
-        classes = get_dataset_info(s["dataset"]).num_classes
-    except ValueError:  # a dataset not registered here
-        return None
-    return 100.0 / classes if classes else None  # image folders know their classes only from the data
-
-
 def at_chance(s: dict) -> bool:
     """No model clearly above guessing at the training point (mean - 2 std within chance level)."""
-    chance, base = chance_level(s), report.base_point(s, s["protocols"][0])
+    chance, base = report.chance_level(s["dataset"]), report.base_point(s, s["protocols"][0])
     rows = [r for r in s["table"] if row_point(r) == base]
     return chance is not None and bool(rows) and all(r["mean"] - 2 * r["std"] <= chance for r in rows)
 
@@ -157,7 +147,12 @@ def _training_line(path: Path, s: dict, models: list[str], out_dir: Path) -> str
 
 def _summary_block(path: Path, s: dict, models: list[str], out_dir: Path) -> str:
     """One benchmark's tables for the family's models, its base check, machine, chance level and claims."""
-    rel, seeds, chance, low = relative_link(path.parent, out_dir), s["seeds"], chance_level(s), at_chance(s)
+    rel, seeds, chance, low = (
+        relative_link(path.parent, out_dir),
+        s["seeds"],
+        report.chance_level(s["dataset"]),
+        at_chance(s),
+    )
     where, png = _trained_where(s), (path.parent / "results.png").exists()
     n = f"{len(seeds)} seeds" if len(seeds) > 1 else "1 seed (single runs: no spread)"
     one = f"one run (seed {seeds[0]}) per cell, so no spread is given"
@@ -173,7 +168,7 @@ def _summary_block(path: Path, s: dict, models: list[str], out_dir: Path) -> str
         + (T["at_chance"] if low else ""),
     )  # fmt: skip
     # the claims with comparisons between the family's models, restricted to those
-    mine = [(j, [c for c in j["comparisons"] if c["better"] in models and c["worse"] in models]) for j in s["claims"]]
+    mine = [(j, [c for c in j["comparisons"] if c["a"] in models and c["b"] in models]) for j in s["claims"]]
     claims = [f"- **{j['claim']}** ({j['source']}): {tally_text(dict(j, comparisons=cs))}." for j, cs in mine if cs]
     return text + "\n" + ("\n" + T["claims"].format(rel=rel, claims="\n".join(claims)) + "\n" if claims else "")
 

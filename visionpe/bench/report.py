@@ -11,12 +11,13 @@ import re
 import statistics
 from pathlib import Path
 
-from ..data.registry import augmentation_text
+from ..data.registry import augmentation_text, get_dataset_info
 from ..engine.checkpoint import atomic_write_text
 from ..papers import CLAIMS
 from ..zoo import name_parts
 from .measure import machine_description, machine_info
 from .protocols import Point, point_label, row_point, size_label
+from .stats import ALPHA, detectable_difference, holm, welch
 
 CSV_KEYS = ("model", "family", "size", "pe", "seed", "protocol", "mode", "height", "width", "frames", "tokens", "top1",
             "top5", "loss", "images", "same_as", "train_seconds")  # fmt: skip
@@ -157,22 +158,30 @@ def _statistics(s: dict, models: list[str]) -> str:
     (lo_model, lo), (hi_model, hi) = min(at_base, key=lambda x: x[1]["mean"]), max(at_base, key=lambda x: x[1]["mean"])
     sd_model, sd = max(at_base, key=lambda x: x[1]["std"])
     seeds = "/".join(map(str, sorted({st["n"] for _, st in at_base})))
+    items = [f"{k} {d['difference']:.1f} points ({d['seeds']} seeds, spread {d['std']:.2f})"
+             for k, d in s["detectable"].items()]  # fmt: skip
+    found = T["detectable"].format(items="; ".join(items)) if items else ""
     return T["statistics"].format(heading=heading(s, base), lo=lo, lo_model=lo_model, hi=hi, hi_model=hi_model,
-                                  sd=sd, sd_model=sd_model, seeds=seeds) + "\n\n"  # fmt: skip
+                                  sd=sd, sd_model=sd_model, seeds=seeds, detectable=found) + "\n\n"  # fmt: skip
 
 
 def _claims(judged: list[dict], pes: set) -> str:
     """The claims about a PE this benchmark trained (summary.json keeps every claim)."""
     judged = [j for j in judged if pes & {pe for pair in j["pairs"] for pe in pair}]
-    heads = ["better?", "than", "protocol", "point", "mode", "top-1 a", "top-1 b", "a - b", "2 x s.e.", "verdict"]
+    heads = ["better? (a)", "than (b)", "protocol", "point", "mode", "top-1 a", "top-1 b", "a - b", "95% CI", "p",
+             "p (Holm)", "verdict"]  # fmt: skip
     tables = ""
     for j in (j for j in judged if j["comparisons"]):
-        rows = [[c["better"], c["worse"], c["protocol"], point_label(row_point(c)), c["mode"], stat_text(c["a"]),
-                 stat_text(c["b"]), f"{c['diff']:+.1f}", f"{2 * c['se']:.1f}", c["verdict"]]
-                for c in j["comparisons"]]  # fmt: skip
-        tables += f"### {j['claim']}\n\n" + "\n".join(md_table(heads, "lllllrrrrl", rows)) + "\n\n"
+        rows = [[c["a"], c["b"], c["protocol"], c["point"], c["mode"], stat_text(c["a_stat"]), stat_text(c["b_stat"]),
+                 f"{c['diff']:+.1f}", _interval(c["ci95"]), fmt(c["p"], ".3f"), fmt(c["p_holm"], ".3f"),
+                 c["verdict"]] for c in j["comparisons"]]  # fmt: skip
+        tables += f"### {j['claim']}\n\n" + "\n".join(md_table(heads, "lllllrrrrrrl", rows)) + "\n\n"
     claims = "".join(f"- **{j['claim']}** ({j['source']}; where: {j['where']}): {tally_text(j)}.\n" for j in judged)
     return T["claims"].format(claims=claims, tables=tables)
+
+
+def _interval(ci: list[float] | None) -> str:
+    return "-" if ci is None else f"[{ci[0]:+.1f}, {ci[1]:+.1f}]"
 
 
 def format_markdown(s: dict, records: list[dict], rows: list[dict], plan, seconds: float) -> str:
@@ -214,9 +223,13 @@ def _total_time_text(records: list[dict], processes: int) -> str:
 def _summary(records: list[dict], rows: list[dict], plan, seconds: float, machine: dict) -> dict:
     """summary.json: top-1 over seeds (with each cell's change against the training point) and the setup."""
     groups: dict[tuple, list[float]] = {}
+    copies: dict[tuple, list[bool]] = {}
     for r in rows:
-        groups.setdefault((r["model"], r["mode"], row_point(r)), []).append(r["top1"])
+        key = (r["model"], r["mode"], row_point(r))
+        groups.setdefault(key, []).append(r["top1"])
+        copies.setdefault(key, []).append(bool(r.get("same_as")))
     stats = {k: mean_std(v) for k, v in groups.items()}  # (model, mode, point) -> {'mean', 'std', 'n'}
+    repeats = frozenset(k for k, c in copies.items() if all(c))  # every seed's row copied from another cell
     pe = {r["model"]: r["pe"] for r in records}
     table = []
     for (model, mode, point), st in sorted(stats.items()):
@@ -238,7 +251,9 @@ def _summary(records: list[dict], rows: list[dict], plan, seconds: float, machin
         date=machine["date"], table=table, base_check={
             m: dict(mean_std([c["top1"] for c in cs]), images=max(c["images"] for c in cs))
             for m, cs in checks.items() if cs},  # top-1 at the training point on bench.base_samples items
-        claims=judge_claims(stats, records, plan.points, list(b.position_modes), plan.base_point),
+        detectable=detectable(stats, list(b.protocols)),
+        claims=judge_claims(groups, records, plan.points, list(b.position_modes), plan.base_point,
+                            chance_level(cfg.data.name), repeats),
     )  # fmt: skip
 
 
@@ -268,21 +283,30 @@ def write_report(records: list[dict], plan, out: Path, seconds: float, machine: 
 
 # -------------------------------------------------------------------------------------------------- the papers' claims
 
-VERDICTS = ("holds", "does not hold", "within noise", "one seed")
+
+def chance_level(dataset: str) -> float | None:
+    """Top-1 (%) of guessing on a registered dataset; None when its number of classes is not known."""
+    try:
+        classes = get_dataset_info(dataset).num_classes
+    except ValueError:  # a dataset not registered here
+        return None
+    return 100.0 / classes if classes else None  # image folders know their classes only from the data
 
 
-def standard_error(a: dict, b: dict) -> float:
-    return math.sqrt(a["std"] ** 2 / a["n"] + b["std"] ** 2 / b["n"])
+def detectable(stats: dict, protocols: list[str]) -> dict:
+    """Per protocol: the seeds per model, the median seed spread of its cells and the smallest difference that
+    spread and seed count can detect (stats.detectable_difference); {} for a protocol run with one seed."""
+    out = {}
+    for protocol in protocols:
+        cells = [st for (_, _, point), st in stats.items() if point.protocol == protocol and st["n"] > 1]
+        if cells:
+            n, spread = min(st["n"] for st in cells), statistics.median(st["std"] for st in cells)
+            out[protocol] = dict(seeds=n, std=spread, difference=detectable_difference(spread, n))
+    return out
 
 
-def verdict(a: dict, b: dict) -> str:
-    """Whether 'a above b' holds on {'mean', 'std', 'n'} statistics: by at least twice the standard error."""
-    if a["n"] < 2 or b["n"] < 2:
-        return "one seed"
-    diff, se = a["mean"] - b["mean"], standard_error(a, b)
-    if abs(diff) < 2 * se or diff == 0:
-        return "within noise"
-    return "holds" if diff > 0 else "does not hold"
+VERDICTS = ("holds", "does not hold", "within noise", "uninformative", "one seed")
+CHANCE_MARGIN = 5.0  # points above chance a model must reach at a point for a comparison there to count
 
 
 def _is_beyond(point, base) -> bool:
@@ -293,23 +317,50 @@ def _is_beyond(point, base) -> bool:
     return point.height * point.width > base.height * base.width
 
 
-def _compare(claim, good: str, bad: str, stats: dict, points: list, modes: list[str], base_of) -> list[dict]:
-    """The comparisons of one model pair at every point and mode the claim covers."""
+def _compare(claim, good: str, bad: str, values: dict, repeats: set, points: list, modes: list[str], base_of) -> list:
+    """The comparisons of one model pair at every point and mode the claim covers; a cell pair that repeats
+    another's evaluations (both rows copied from another mode or protocol) is left out, so it counts once."""
     out = []
     for mode in modes:
         for point in points:
-            a, b = stats.get((good, mode, point)), stats.get((bad, mode, point))
+            a, b = values.get((good, mode, point)), values.get((bad, mode, point))
             base = base_of(point.protocol)
             where = {"base": point == base, "beyond": _is_beyond(point, base)}.get(claim.where, True)
-            if (not claim.protocols or point.protocol in claim.protocols) and a and b and where:
-                out.append(dict(better=good, worse=bad, mode=mode, **point._asdict(), a=dict(a), b=dict(b),
-                                diff=a["mean"] - b["mean"], se=standard_error(a, b),
-                                verdict=verdict(a, b)))  # fmt: skip
+            copied = (good, mode, point) in repeats and (bad, mode, point) in repeats
+            if (not claim.protocols or point.protocol in claim.protocols) and a and b and where and not copied:
+                out.append(dict(claim=claim.text, protocol=point.protocol, point=point_label(point), mode=mode,
+                                **{k: v for k, v in point._asdict().items() if k != "protocol"}, a=good, b=bad,
+                                a_values=list(a), b_values=list(b), a_stat=mean_std(a), b_stat=mean_std(b),
+                                diff=statistics.fmean(a) - statistics.fmean(b)))  # fmt: skip
     return out
 
 
-def judge_claims(stats: dict, records: list[dict], points: list, modes: list[str], base_of) -> list[dict]:
-    """Every claim judged at each point and mode with both models of a pair (one backbone); base_of: training point."""
+def judge(comparisons: list[dict], chance: float | None) -> list[dict]:
+    """Each comparison's Welch test (a above b), its 95% interval, Holm's correction over the comparisons that
+    count (both sides with two seeds or more, not both within CHANCE_MARGIN of chance) and its verdict."""
+    counted = []
+    for c in comparisons:
+        near = chance is not None and max(c["a_stat"]["mean"], c["b_stat"]["mean"]) < chance + CHANCE_MARGIN
+        if min(len(c["a_values"]), len(c["b_values"])) < 2:
+            c.update(ci95=None, p=None, p_holm=None, verdict="one seed")
+        elif near:
+            c.update(ci95=None, p=None, p_holm=None, verdict="uninformative")
+        else:
+            w = welch(c["a_values"], c["b_values"])
+            c.update(ci95=w["ci95"], p=w["p"])
+            counted.append(c)
+    ahead = holm([c["p"] for c in counted])
+    behind = holm([1 - c["p"] for c in counted])  # the reverse claim, b above a
+    for c, p_a, p_b in zip(counted, ahead, behind):
+        c["p_holm"] = p_a
+        c["verdict"] = "holds" if p_a < ALPHA else "does not hold" if p_b < ALPHA else "within noise"
+    return comparisons
+
+
+def judge_claims(values: dict, records: list[dict], points: list, modes: list[str], base_of,
+                 chance: float | None = None, repeats: frozenset = frozenset()) -> list[dict]:  # fmt: skip
+    """Every claim judged at each point and mode with both models of a pair (one backbone). values: (model, mode,
+    point) -> per-seed top-1; base_of: a protocol's training point; repeats: cells whose rows copy another's."""
     by_pe: dict[str, dict[str, dict]] = {}
     for rec in records:
         by_pe.setdefault(rec["pe"], {}).setdefault(rec["model"], rec)
@@ -318,7 +369,8 @@ def judge_claims(stats: dict, records: list[dict], points: list, modes: list[str
         present = [[ra["model"], rb["model"]] for good, bad in claim.pairs for ra in by_pe.get(good, {}).values()
                    for rb in by_pe.get(bad, {}).values()
                    if (ra["family"], ra["size"]) == (rb["family"], rb["size"])]  # fmt: skip
-        comparisons = [c for a, b in present for c in _compare(claim, a, b, stats, points, modes, base_of)]
+        found = [c for a, b in present for c in _compare(claim, a, b, values, repeats, points, modes, base_of)]
+        comparisons = judge(found, chance)
         out.append(dict(
             claim=claim.text, source=claim.source, pairs=[list(p) for p in claim.pairs],
             present=present,  # the (better, worse) model pairs the benchmark has, compared or not
