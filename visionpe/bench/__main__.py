@@ -12,6 +12,10 @@ COMMANDS = {  # command: (module, one line of help)
     ),
     "speed": ("visionpe.bench.speed", "images/s, peak memory, parameters, GFLOPs: ratios vs a baseline and timm"),
     "gpu-check": ("visionpe.bench.gpu_check", "attention backends agree per PE; ViT-B/16 images/s, memory per backend"),
+    "leaderboard": (
+        "visionpe.bench.leaderboard",
+        "rank every image PE per benchmark and protocol: results/leaderboard.md",
+    ),
     "cards": ("visionpe.bench.cards", "write model_cards/<family>.md from the results under results/"),
 }
 
