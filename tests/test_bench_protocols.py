@@ -266,7 +266,7 @@ bench:
   seeds: [0]
   resolutions: [24]
   frames: [2, 8]
-  protocols: [frames, upsample]
+  protocols: [frames, duration, upsample]
   position_modes: [extrapolate]
   output_dir: {tmp_path / "out"}
   runs_dir: {tmp_path / "runs"}
@@ -277,12 +277,17 @@ train: {{epochs: 1, amp: none, progress: false}}
     out = run_benchmark(*load_bench(path), log=lambda *a: None)
     record = json.loads((out / "evals" / "vivit_n_videorope-s0.json").read_text())
     got = {(r["protocol"], r["frames"], r["height"]) for r in record["rows"]}
-    assert got == {("frames", 4, 16), ("frames", 2, 16), ("frames", 8, 16), ("upsample", 0, 16), ("upsample", 0, 24)}
+    assert got == {("frames", 4, 16), ("frames", 2, 16), ("frames", 8, 16), ("upsample", 0, 16), ("upsample", 0, 24),
+                   ("duration", 4, 16), ("duration", 2, 16), ("duration", 8, 16)}  # fmt: skip
+    # the duration protocol's training point shows the frames protocol's inputs: one evaluation serves both
+    duration = [r for r in record["rows"] if r["protocol"] == "duration"]
+    assert {(r["frames"], r.get("same_as")) for r in duration} == {(4, "frames"), (2, None), (8, None)}
     summary = json.loads((out / "summary.json").read_text())
     video = next(c for c in summary["claims"] if c["claim"].startswith("VideoRoPE"))
     assert {c["frames"] for c in video["comparisons"] if c["protocol"] == "frames"} == {8}  # longer than trained
+    assert {c["frames"] for c in video["comparisons"] if c["protocol"] == "duration"} == {8}
     assert all(c["verdict"] == "one seed" for c in video["comparisons"])
-    assert "8 f" in (out / "results.md").read_text()
+    assert "8 f" in (out / "results.md").read_text() and "dur 8 f" in (out / "results.md").read_text()
 
 
 def _video_bench(tmp_path, modes: str) -> Path:

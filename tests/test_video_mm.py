@@ -252,6 +252,22 @@ def test_video_shapes_items_and_temporal_order():
     assert not torch.equal(frames[:, 0], frames[:, -1])  # things move
 
 
+def test_fixed_rate_clips_keep_the_event_and_add_still_frames_around_it():
+    ds = get_dataset_info("video-shapes").factory("val", 16, frames=4, num_samples=8, noise=0.0)
+    clip, target = ds.render(3)
+    same, same_target = ds.render_duration(3, frames=4)
+    assert torch.equal(same, clip) and same_target == target  # at the training length: the training clip
+    longer, _ = ds.render_duration(3, frames=12)  # 4 still frames, the 4-frame event, 4 still frames
+    assert longer.shape == (3, 12, 16, 16)
+    torch.testing.assert_close(longer[:, 4:8], clip)  # the event at the training frame rate, frame for frame
+    # a 1-frame event in 3 frames samples times -0.5, 0.5, 1.5: the scene before it starts and after it ends
+    before, _, after = render_scene(ds.scene(3), 3, 16, event_frames=1).unbind(1)
+    assert all(torch.equal(longer[:, f], before) for f in range(4))  # the shapes at rest where they start
+    assert all(torch.equal(longer[:, f], after) for f in range(8, 12)) and not torch.equal(before, after)
+    stretched, _ = ds.render(3, frames=12)  # the frames protocol instead spreads the same event over 12 frames
+    assert not torch.equal(stretched[:, 4:8], clip)
+
+
 def test_image_text_answer_depends_on_the_named_position():
     info = get_dataset_info("image-text-shapes")
     assert (info.kind, info.num_classes) == ("image_text", 7)

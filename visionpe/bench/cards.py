@@ -22,7 +22,7 @@ from ..pos.presets import PE_PRESETS, PRESET_PAPERS
 from ..zoo import FAMILIES, Family, model_name, preset_model_options
 from . import report
 from .measure import machine_description, spread_word
-from .protocols import row_point, size_label
+from .protocols import CLIP_PROTOCOLS, row_point, size_label
 from .report import fmt, md_table, tally_text
 from .speed import ZOO_SIZES, SpeedRow, default_resolution, memory_ratio_text, ratio_text, spread_text
 
@@ -122,7 +122,8 @@ def _trained_where(s: dict) -> str:
     if "native" in s["protocols"]:
         return f"{s['base_tokens']} tokens per image at native aspect ratios"
     base = size_label(tuple(s["base"]))
-    return f"{s['base_frames']} frames of {base} px" if "frames" in s["protocols"] else f"{base} px"
+    clips = set(CLIP_PROTOCOLS) & set(s["protocols"])
+    return f"{s['base_frames']} frames of {base} px" if clips else f"{base} px"
 
 
 def at_chance(s: dict) -> bool:

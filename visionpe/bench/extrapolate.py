@@ -35,7 +35,7 @@ from ..engine.setup import build_eval_sets, build_model, build_split, forward_on
 from ..engine.trainer import resolve_run_dir
 from ..zoo import name_parts
 from . import protocols
-from .protocols import Point, point_label, row_point
+from .protocols import CLIP_PROTOCOLS, Point, point_label, row_point
 from .report import base_point, write_report
 
 
@@ -148,8 +148,8 @@ def make_plan(bench: BenchConfig, cfg: Config) -> Plan:
         if protocol == "native":
             aspects = [Point("native", *parse_aspect(a), 0, tokens) for a in bench.aspects]
             points += dict.fromkeys([Point("native", 0, 0, 0, t) for t in [tokens, *bench.tokens]] + aspects)
-        elif protocol == "frames":
-            points += [Point("frames", *base, f) for f in dict.fromkeys([frames, *bench.frames])]
+        elif protocol in CLIP_PROTOCOLS:
+            points += [Point(protocol, *base, f) for f in dict.fromkeys([frames, *bench.frames])]
         else:
             points += [Point(protocol, *s, 0) for s in sizes]
     plan = Plan(bench, cfg, sizes, points, frames, tokens)
@@ -217,7 +217,7 @@ def _check_models(plan: Plan, info) -> None:
                 try:
                     out = forward_on(model, x, torch.device("cpu"), amp)
                 except (RuntimeError, ValueError, TypeError, AssertionError) as e:
-                    unit = "" if point.protocol in ("frames", "native") else " px"
+                    unit = "" if point.protocol in (*CLIP_PROTOCOLS, "native") else " px"
                     raise BenchConfigError(
                         f"model {job.model!r} cannot take {point_label(point)}{unit} in {mode} mode: "
                         f"{e}; drop that size from bench.resolutions / bench.shapes / bench.frames"

@@ -1,5 +1,5 @@
 """Evaluation at any height x width, clip length, token budget, aspect ratio and position mode under a protocol
-(upsample, fov, frames, native; docs/benchmark.md); the engine's evaluation loop does the counting."""
+(upsample, fov, frames, duration, native; docs/benchmark.md); the engine's evaluation loop does the counting."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from ..data.native_sampler import NativePlan
 from ..data.share import Share
 from ..engine import DistContext, evaluate_loader
 from ..engine.setup import run_model
+
+CLIP_PROTOCOLS = ("frames", "duration")  # protocols that change a clip's length (`Point.frames`)
 
 
 def size_label(size: tuple[int, int]) -> str:
@@ -44,6 +46,8 @@ def point_label(point: Point) -> str:
         return f"{point.width}:{point.height} {point.tokens} tok" if point.height else f"{point.tokens} tok"
     if point.protocol == "frames":
         return f"{point.frames} f"
+    if point.protocol == "duration":
+        return f"dur {point.frames} f"
     label = size_label(point.size)
     return f"fov {label}" if point.protocol == "fov" else label
 
@@ -68,8 +72,13 @@ class SizedView(_View):
                 f"the fov protocol needs a dataset that places items on canvases (e.g. fashion-mnist-canvas); "
                 f"{type(dataset).__name__} has no render_canvas"
             )
-        if protocol == "frames" and frames < 1:
-            raise ValueError(f"the frames protocol needs a clip length of at least 1, got {frames}")
+        if protocol in ("frames", "duration") and frames < 1:
+            raise ValueError(f"the {protocol} protocol needs a clip length of at least 1, got {frames}")
+        if protocol == "duration" and not callable(getattr(dataset, "render_duration", None)):
+            raise ValueError(
+                f"the duration protocol needs a video dataset that renders clips at a fixed frame rate (e.g. "
+                f"video-shapes); {type(dataset).__name__} has no render_duration"
+            )
         super().__init__(dataset, limit)
         self.size, self.protocol, self.base, self.frames = size, protocol, base, frames
         self.render, self.canvas = getattr(dataset, "render", None), getattr(dataset, "render_canvas", None)
@@ -79,6 +88,8 @@ class SizedView(_View):
             return self.canvas(index, self.size)
         if self.protocol == "frames":
             return self.render(index, self.size, self.frames)
+        if self.protocol == "duration":
+            return self.dataset.render_duration(index, self.size, self.frames)
         if self.canvas is not None and self.base is not None:
             return self.canvas(index, self.base)
         return self.render(index, max(self.size)) if self.render else self.dataset[index]

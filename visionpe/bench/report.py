@@ -16,7 +16,7 @@ from ..engine.checkpoint import atomic_write_text
 from ..papers import CLAIMS
 from ..zoo import name_parts
 from .measure import machine_description, machine_info
-from .protocols import Point, point_label, row_point, size_label
+from .protocols import CLIP_PROTOCOLS, Point, point_label, row_point, size_label
 from .stats import ALPHA, detectable_difference, holm, welch
 
 CSV_KEYS = ("model", "family", "size", "pe", "seed", "protocol", "mode", "height", "width", "frames", "tokens", "top1",
@@ -69,7 +69,7 @@ def base_point(s: dict, protocol: str) -> Point:
     """A protocol's training point in a summary: its size (and clip length), or its token budget for native."""
     if protocol == "native":  # each image at its own aspect ratio
         return Point(protocol, 0, 0, 0, s["base_tokens"])
-    return Point(protocol, *s["base"], s["base_frames"] if protocol == "frames" else 0)
+    return Point(protocol, *s["base"], s["base_frames"] if protocol in CLIP_PROTOCOLS else 0)
 
 
 def summary_points(s: dict) -> list[Point]:
@@ -89,7 +89,7 @@ def heading(s: dict, c: Point) -> str:
         return ("up " if c.protocol == "upsample" and len(s["protocols"]) > 1 else "") + point_label(c)
     if c.protocol == "native":
         return f"base ({point_label(c)})"
-    frames = f"{s['base_frames']} f, " if "frames" in s["protocols"] else ""
+    frames = f"{s['base_frames']} f, " if set(CLIP_PROTOCOLS) & set(s["protocols"]) else ""
     return f"base ({frames}{size_label(tuple(s['base']))})"
 
 
@@ -312,7 +312,7 @@ CHANCE_MARGIN = 5.0  # points above chance a model must reach at a point for a c
 def _is_beyond(point, base) -> bool:
     if point.protocol == "native":  # a larger budget, or an aspect ratio other than square
         return point.tokens > base.tokens or point.height != point.width
-    if point.protocol == "frames":
+    if point.protocol in CLIP_PROTOCOLS:
         return point.frames > base.frames
     return point.height * point.width > base.height * base.width
 
@@ -418,7 +418,9 @@ def plot_extrapolation(summary: dict, path: Path) -> Path | None:
         return None
     modes, protocols, models = summary["modes"], summary["protocols"], summary["models"]
     square = [(p, m, False) for p in protocols for m in modes]
-    panels = square + [(p, m, True) for p, m, _ in square if p != "frames" and _panel_rows(summary, p, m, True)]
+    panels = square + [
+        (p, m, True) for p, m, _ in square if p not in CLIP_PROTOCOLS and _panel_rows(summary, p, m, True)
+    ]
     parts = {m: name_parts(m) for m in models}
     one_backbone = len({p[:2] for p in parts.values()}) == 1  # then the PE names label the lines (vit_n_ape -> ape)
     labels = {m: p[2] if one_backbone else m for m, p in parts.items()}
@@ -431,7 +433,7 @@ def plot_extrapolation(summary: dict, path: Path) -> Path | None:
     fig.legend(handles, names, loc="lower center", ncol=min(len(names), 6) or 1, fontsize=8, frameon=False)
     seeds = len(summary["seeds"])
     trained = f"{summary['base_tokens']} tokens" if "native" in protocols else f"{summary['base'][0]} px"
-    frames = f", {summary['base_frames']} frames" if "frames" in protocols else ""
+    frames = f", {summary['base_frames']} frames" if set(CLIP_PROTOCOLS) & set(protocols) else ""
     fig.suptitle(f"{summary['dataset']}: trained at {trained}{frames}, {seeds} seed{'s' if seeds > 1 else ''}",
                  fontsize=11)  # fmt: skip
     fig.tight_layout(rect=(0, 0.05 * math.ceil(len(names) / 6) + 0.02, 1, 1))  # leave room for the legend's rows
@@ -445,7 +447,7 @@ def _panel(ax, summary: dict, protocol: str, mode: str, shapes: bool, labels: di
     rows, models, native = _panel_rows(summary, protocol, mode, shapes), summary["models"], protocol == "native"
     key = (lambda hw: hw[1] / hw[0]) if native else (lambda hw: (hw[0] * hw[1], hw))  # tallest or smallest first
     cats = sorted({(r["height"], r["width"]) for r in rows}, key=key) if shapes else []
-    x = {"native": "tokens", "frames": "frames"}.get(protocol, "height")
+    x = {"native": "tokens", "frames": "frames", "duration": "frames"}.get(protocol, "height")
     for k, model in enumerate(models):
         offset = (k - (len(models) - 1) / 2) * 0.8 / max(len(models), 1)  # markers within a shape do not overlap
         pts = sorted((cats.index((r["height"], r["width"])) + offset if shapes else r[x], r["mean"], r["std"])
@@ -462,9 +464,9 @@ def _panel(ax, summary: dict, protocol: str, mode: str, shapes: bool, labels: di
         ax.set_xlim(-0.6, len(cats) - 0.4)
         ax.set_xlabel(T["axis_native_shapes" if native else "axis_shapes"].format(tokens=summary["base_tokens"]))
     else:
-        base = {"native": summary["base_tokens"], "frames": summary["base_frames"]}
+        base = {"native": summary["base_tokens"], "frames": summary["base_frames"], "duration": summary["base_frames"]}
         ax.axvline(base.get(protocol, summary["base"][0]), color="grey", ls=":")
-        if protocol in ("frames", "native"):
+        if protocol in (*CLIP_PROTOCOLS, "native"):
             ticks = sorted({r[x] for r in rows})
             ax.set_xscale("log", base=2)
             ax.set_xticks(ticks, [str(t) for t in ticks])

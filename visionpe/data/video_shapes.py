@@ -27,11 +27,15 @@ MEAN, STD = 0.5, 0.25
 DEFAULT_SIZES = {"train": 4000, "val": 800}
 
 
-def render_scene(scene: dict, frames: int, resolution, noise: float = 0.0, generator=None) -> torch.Tensor:
+def render_scene(
+    scene: dict, frames: int, resolution, noise: float = 0.0, generator=None, event_frames: int | None = None
+) -> torch.Tensor:
     """A scene as a normalised clip [3, T, H, W]. Frame f samples time (f + 0.5) / T; the first mover moves during
-    time [0, 1/2], the second during [1/2, 1]."""
+    time [0, 1/2], the second during [1/2, 1]. With `event_frames` the frame rate is fixed instead: the event takes
+    that many frames, centred in the clip, and the other frames show the still scene before and after it."""
     h, w = side_pair(resolution)
-    tau = (torch.arange(frames, dtype=torch.float32) + 0.5) / frames  # [T]
+    span = frames if event_frames is None else int(event_frames)
+    tau = (torch.arange(frames, dtype=torch.float32) + 0.5 - (frames - span) / 2) / span  # [T]
     progress = [(2 * tau).clamp(0, 1), (2 * tau - 1).clamp(0, 1)]  # first mover, second mover
     ys = ((torch.arange(h, dtype=torch.float32) + 0.5) / h).view(1, h, 1)
     xs = ((torch.arange(w, dtype=torch.float32) + 0.5) / w).view(1, 1, w)
@@ -100,6 +104,16 @@ class VideoShapes(RenderedDataset, classes=CLASS_NAMES, default_sizes=DEFAULT_SI
         clip = render_scene(
             s, frames, res, self.noise, self._generator(index, salt=frames * 65537 + res[0] * 257 + res[1])
         )
+        return clip, s["target"]
+
+    def render_duration(self, index: int, resolution=None, frames: int | None = None) -> tuple[torch.Tensor, int]:
+        """Item `index` as a clip of `frames` at the training frame rate: the event takes the dataset's clip length,
+        centred, with the still scene before and after (a longer clip covers more time, not a slower event)."""
+        frames = self.frames if frames is None else int(frames)
+        res = self.resolution if resolution is None else side_pair(resolution)
+        s = self.checked_scene(index)
+        salt = frames * 65537 + res[0] * 257 + res[1]
+        clip = render_scene(s, frames, res, self.noise, self._generator(index, salt=salt), event_frames=self.frames)
         return clip, s["target"]
 
 

@@ -22,7 +22,7 @@ from .config import Config, ConfigError, apply_overrides, config_from_dict, nati
 
 POSITION_MODES = ("extrapolate", "interpolate")  # the default list
 ACCEPTED_POSITION_MODES = (*POSITION_MODES, "ntk", "yarn")  # ntk / yarn: test-time RoPE scaling
-PROTOCOLS = ("upsample", "fov", "frames", "native")
+PROTOCOLS = ("upsample", "fov", "frames", "duration", "native")
 
 
 class BenchConfigError(ConfigError):
@@ -73,7 +73,8 @@ class BenchConfig:
     protocols: list[str] = setting(
         ["upsample"],
         "upsample (content scaled with the image), fov (larger canvas, content at its training scale; canvas "
-        "datasets), frames (clip lengths of bench.frames at the training frame size; video datasets), native "
+        "datasets), frames (clip lengths of bench.frames at the training frame size, the event stretched over them; "
+        "video datasets), duration (clip lengths of bench.frames at the training frame rate; video-shapes), native "
         "(token budgets of bench.tokens and aspect ratios of bench.aspects; recipes with data.native)",
         choices=PROTOCOLS, nonempty="upsample,fov", unique=True,
     )  # fmt: skip
@@ -86,7 +87,10 @@ class BenchConfig:
         unique=True, parse=parse_aspect,
     )  # fmt: skip
     frames: list[int] = setting(
-        [], "clip lengths evaluated by the frames protocol (the training length is added)", ge=1, unique=True
+        [],
+        "clip lengths evaluated by the frames and duration protocols (the training length is added)",
+        ge=1,
+        unique=True,
     )
     pretrained: bool = setting(False, "evaluate published/saved weights without training (see bench.checkpoints)")
     checkpoints: dict = setting(
@@ -130,10 +134,10 @@ class BenchFile(Config):
 
 def check_bench(b: BenchConfig, cfg: Config) -> None:
     """The checks across bench keys and the recipe's (each key's own range is checked when it is read)."""
-    if ("frames" in b.protocols) != bool(b.frames):
+    if bool({"frames", "duration"} & set(b.protocols)) != bool(b.frames):
         raise BenchConfigError(
-            "the frames protocol and bench.frames go together: list clip lengths (bench.frames=4,16,32) with "
-            "bench.protocols including frames, or neither"
+            "the frames / duration protocols and bench.frames go together: list clip lengths (bench.frames=4,16,32) "
+            "with bench.protocols including frames or duration, or neither"
         )
     if ("native" in b.protocols) != bool(b.tokens or b.aspects):
         raise BenchConfigError(
@@ -146,7 +150,7 @@ def check_bench(b: BenchConfig, cfg: Config) -> None:
             raise BenchConfigError(f"bench.{key} names model(s) {unknown} that are not in bench.models")
     if b.checkpoints and not b.pretrained:
         raise BenchConfigError("bench.checkpoints are evaluated without training; add bench.pretrained=true")
-    if not b.resolutions and not b.shapes and not {"frames", "native"} & set(b.protocols):
+    if not b.resolutions and not b.shapes and not {"frames", "duration", "native"} & set(b.protocols):
         raise BenchConfigError(
             "bench.resolutions and bench.shapes are both empty; list the sizes to evaluate at, "
             "e.g. bench.resolutions=28,42,56"
@@ -183,8 +187,11 @@ def _check_recipe(b: BenchConfig, cfg: Config) -> None:
         raise BenchConfigError(
             f"image-text datasets are evaluated with more visual tokens (bench.protocols=upsample), got {b.protocols}"
         )
-    if "frames" in b.protocols and kind != "video":
-        raise BenchConfigError(f"the frames protocol evaluates clip lengths; dataset {name!r} is not a video")
+    for clip_protocol in {"frames", "duration"} & set(b.protocols):
+        if kind != "video":
+            raise BenchConfigError(
+                f"the {clip_protocol} protocol evaluates clip lengths; dataset {name!r} is not a video"
+            )
     if "native" in b.protocols and (kind != "image" or mode == "buckets"):
         raise BenchConfigError(
             f"the native protocol evaluates image models on native-aspect batches (data.native.mode packed or "
