@@ -95,6 +95,31 @@ def test_official_layout_gives_timms_features(tmp_path):
     assert torch.equal(bias[384:768], torch.zeros(384))  # the k third is zero, not the checkpoint's garbage
 
 
+def test_a_checkpoint_k_bias_is_kept_or_refused_never_zeroed(tmp_path):
+    from visionpe.pos import CheckpointMismatch
+
+    # eva's names (q_bias, k_bias, v_bias), a non-zero k bias: with RoPE it changes the outputs
+    ref, sd = _random_timm("vit_small_patch16_dinov3_qkvb")
+    for i, block in enumerate(ref.blocks):
+        sd[f"blocks.{i}.attn.k_bias"] = torch.randn_like(sd[f"blocks.{i}.attn.q_bias"]) * 0.5
+        block.attn.k_bias.copy_(sd[f"blocks.{i}.attn.k_bias"])
+    _assert_same_features(_load("vit_s_rope2d_dinov3", sd, tmp_path, qkv_bias=True), ref)  # kept
+    with pytest.raises(CheckpointMismatch, match=r"blocks\.0\.attn\.k_bias .*non-zero.*qkv_bias=True"):
+        _load("vit_s_rope2d_dinov3", sd, tmp_path)  # a q/v-bias model cannot hold it: refused
+    # one qkv.bias without DINOv3's bias_mask
+    torch.manual_seed(0)
+    full = timm.create_model("vit_n_rope2d_dinov3", qkv_bias=True, **DEPTH2).eval()
+    with torch.no_grad():
+        for p in full.parameters():
+            p.normal_(0, 0.2)
+    kept = _load("vit_n_rope2d_dinov3", full.state_dict(), tmp_path, qkv_bias=True)
+    x = torch.randn(1, 3, 32, 48)
+    with torch.no_grad():
+        assert torch.equal(kept(x), full(x))
+    with pytest.raises(CheckpointMismatch, match=r"blocks\.0\.attn\.qkv\.bias .*non-zero.*qkv_bias=True"):
+        _load("vit_n_rope2d_dinov3", full.state_dict(), tmp_path)
+
+
 def test_token_pooling_is_the_cls_token_as_timm(tmp_path):
     ref, sd = _random_timm("vit_small_patch16_dinov3_qkvb", global_pool="token")
     model = _load("vit_s_rope2d_dinov3", sd, tmp_path, global_pool="token")

@@ -248,6 +248,19 @@ def test_window_video_and_strided_key_layouts():
     assert torch.allclose(kv[:4, 1], torch.tensor([0.5, 2.5, 4.5, 6.5]) / 7)  # the query grid's linspace step
 
 
+@pytest.mark.parametrize("variant", ["comrope_ap", "comrope_ld"])
+def test_comrope_video_frames_follow_the_official_spatial_unit(variant):
+    # the official get_positions: (t, y, x) integer indices, (p + 0.5) / n on every axis, n the spatial patch count
+    pe = _pe(variant, grid=(4, 4), frames=2, num_axes=3, num_prefix=0)
+    t, y, x = torch.meshgrid(torch.arange(2.0), torch.arange(4.0), torch.arange(4.0), indexing="ij")
+    official = (torch.stack([t, y, x], -1).view(-1, 3) + 0.5) / 4
+    torch.testing.assert_close(pe.coordinates(0, video_layout(2, 4, 4)), official, rtol=0, atol=0)
+    clip = _pe(variant, grid=(4, 4), frames=2, num_axes=3, num_prefix=0, frame_norm="frames")  # the option
+    assert torch.allclose(clip.coordinates(0, video_layout(2, 4, 4))[::16, 0], torch.tensor([0.25, 0.75]))
+    with pytest.raises(ValueError, match="frame_norm must be one of spatial, frames"):
+        _pe(variant, num_axes=3, frame_norm="clip")
+
+
 @pytest.mark.parametrize("name", ["vit_n_liere", "vit_n_comrope_ap", "swin_n_comrope_ld", "vivit_n_comrope_ap"])
 def test_builds_on_the_meta_device_and_rebuilds_its_buffers(name):
     fresh = timm.create_model(name).pe.encodings["lie_rope"]

@@ -239,3 +239,17 @@ def test_a_model_runs_at_other_grids_and_caches_its_tables():
         assert torch.equal(model(x), y) and len(tables) == 8  # per layer a table and the whole bias, reused
         assert all(pe._tables[k] is t for k, t in tables.items())
         assert model(torch.randn(1, 3, 48, 40)).shape == (1, 10)  # a non-square grid, same slopes
+
+
+def test_pruning_keeps_each_kept_layers_slope():
+    # timm's prune contract: the kept layers compute what they did (the slopes are a linspace over the built depth)
+    model = timm.create_model("vit_n_lookhere", num_classes=10, depth=4).eval()
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        before = model.forward_intermediates(x, indices=[0, 1], intermediates_only=True)
+        slopes = [model.pe.encodings["lookhere"].layer_slope(i) for i in (0, 1)]
+        model.prune_intermediate_layers([0, 1])
+        after = model.forward_intermediates(x, indices=[0, 1], intermediates_only=True)
+    assert [model.pe.encodings["lookhere"].layer_slope(i) for i in (0, 1)] == slopes
+    for b, a in zip(before, after):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -8,6 +8,7 @@ import math
 import pytest
 import timm
 import torch
+from test_rope_scaling import reference_yarn  # the reference code's YaRN, re-derived
 
 import visionpe  # noqa: F401
 from visionpe.models.multimodal_zoo import MM
@@ -15,18 +16,24 @@ from visionpe.native import pack_images
 from visionpe.pos import AttnSpec, PEHost
 from visionpe.pos.mm_positions import position_ids, segment_layout, stream_of_pairs
 from visionpe.pos.rope_nd import RoPEND
-from visionpe.pos.rope_scaling import rope_scaling, scale_frequencies, single_ladder_exponents, yarn_temperature
-from visionpe.pos.rotary import apply_rotary, scaled_cos_sin
+from visionpe.pos.rope_scaling import (
+    base_ladder,
+    rope_scaling,
+    scale_frequencies,
+    single_ladder_exponents,
+    yarn_temperature,
+)
+from visionpe.pos.rotary import apply_rotary, rope_frequencies, scaled_cos_sin
 
 D, THETA = 24, 100.0
 VIDEO_SCHEMES = ["rope3d", "mrope", "mrope_interleaved", "videorope", "hope", "vrope", "v2pe"]  # vivit_n_* presets
 
 
-def _pe(scheme, mode, frames=2, grid=(4, 4), reference=None):
+def _pe(scheme, mode, frames=2, grid=(4, 4), reference=None, **options):
     layers = (AttnSpec(2 * D, 2, D),)
     ref = None if reference is None else tuple(reference)
     host = PEHost(2 * D, grid, 1, layers, frames=frames, position_mode=mode, reference_segments=ref)
-    return RoPEND(host, scheme=scheme, theta=THETA)
+    return RoPEND(host, scheme=scheme, theta=THETA, **options)
 
 
 def _rotated(pe, layout, q):
@@ -56,15 +63,20 @@ def test_ntk_gives_each_stream_the_base_times_its_ratio_to_the_d_over_d_minus_2(
     torch.testing.assert_close(_rotated(pe, layout, q), expect, rtol=0, atol=atol)
 
 
-def test_yarn_ramps_each_frequency_by_its_turns_and_scales_q_and_k():
-    pe = _pe("rope3d", "yarn")
-    layout = segment_layout([("video", (8, 4, 4))], "rope3d", 1)  # 4x the frames: s_t = 4 (spread 8 over 2)
+@pytest.mark.parametrize("ramp", ["reference", "paper"])
+def test_yarn_ramps_each_frequency_by_its_turns_and_scales_q_and_k(ramp):
+    pe = _pe("rope3d", "yarn", frames=16, yarn_ramp=ramp)
+    layout = segment_layout([("video", (32, 4, 4))], "rope3d", 1)  # 2x the frames: s_t = 2 (spread 32 over 16)
     base = pe.layer_frequencies(0)
-    ref_spread = torch.tensor([2.0, 4.0, 4.0])[:, None]
-    ratio = torch.tensor([4.0, 1.0, 1.0])[:, None]
-    gamma = ((ref_spread * base / (2 * math.pi) - 1) / 31).clamp(0, 1)  # turns over the training spread
-    freqs = base * (gamma + (1 - gamma) / ratio)
-    gain = 0.1 * math.log(4.0 ** (1 / 3)) + 1  # the geometric mean of the three streams' ratios
+    ref_spread = torch.tensor([16.0, 4.0, 4.0])[:, None]
+    ratio = torch.tensor([2.0, 1.0, 1.0])[:, None]
+    if ramp == "paper":
+        gamma = ((ref_spread * base / (2 * math.pi) - 1) / 31).clamp(0, 1)  # turns over the training spread
+        freqs = base * (gamma + (1 - gamma) / ratio)
+    else:  # the reference code on the one d/2-pair ladder, each stream over its training spread
+        freqs = base.clone()  # (the spatial streams have ratio 1)
+        freqs[0] = base[0] * reference_yarn(D, THETA, 16.0, 2.0) / rope_frequencies(D // 2, THETA)
+    gain = 0.1 * math.log(2.0 ** (1 / 3)) + 1  # the geometric mean of the three streams' ratios
     q = torch.randn(1, 2, layout.num_tokens, D)
     expect = apply_rotary(q, *scaled_cos_sin(layout.pos, freqs, 1, gain=gain))
     torch.testing.assert_close(_rotated(pe, layout, q), expect, rtol=1e-5, atol=1e-5)
@@ -169,7 +181,8 @@ def test_mm_scale_per_stream_is_the_spread_ratio_over_the_training_sequence(sche
     d = model.blocks[0].attn.head_dim
     _, layout = model.embed(torch.randn(1, 3, 20, 32, 32), torch.randint(0, 32, (1, 4)))
     scaling = rope_scaling(mode, _spread(layout), ref_spread)
-    freqs = scale_frequencies(pe.layer_frequencies(0), scaling, d, ref_spread, single_ladder_exponents(d))
+    ladder = base_ladder(pe.theta, d // 2)
+    freqs = scale_frequencies(pe.layer_frequencies(0), scaling, d, ref_spread, single_ladder_exponents(d), ladder)
     q = torch.randn(1, 2, layout.num_tokens, d)
     expect = apply_rotary(q, *scaled_cos_sin(layout.pos, freqs, 0, gain=yarn_temperature(scaling)))
     torch.testing.assert_close(_rotated(pe, layout, q), expect, rtol=0, atol=0)

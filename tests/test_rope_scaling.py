@@ -10,8 +10,8 @@ import torch
 import visionpe  # noqa: F401
 from visionpe.engine.bench_settings import ACCEPTED_POSITION_MODES
 from visionpe.models.vit import POSITION_MODES
-from visionpe.pos.rope_scaling import RopeScaling, rope_scaling, scale_frequencies, yarn_temperature
-from visionpe.pos.rotary import axial_frequencies
+from visionpe.pos.rope_scaling import RopeScaling, base_ladder, rope_scaling, scale_frequencies, yarn_temperature
+from visionpe.pos.rotary import axial_frequencies, rope_frequencies
 
 ROTARY = ["vit_n_rope2d", "vit_n_rope2d_mixed", "vit_n_rope2d_dinov3"]
 
@@ -27,11 +27,66 @@ def test_ntk_is_the_axial_ladder_with_a_larger_base():
     torch.testing.assert_close(scaled[0, k - 1], axial_frequencies(d, theta)[0, k - 1] / s)  # the slowest / s
 
 
-def test_yarn_interpolates_slow_keeps_fast_and_ramps_between():
+def reference_yarn(dim: int, base: float, length: float, factor: float) -> torch.Tensor:
+    """YaRN's frequencies for one 1D ladder base^(-2i/dim), i < dim/2, trained over `length` positions and stretched
+    by `factor`, re-derived from the reference code's definitions (jquesnelle/yarn, transformers' YaRN)."""
+
+    def pair_index(rotations):  # where the ladder turns `rotations` times over the training length
+        return dim * math.log(length / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = max(math.floor(pair_index(32)), 0), min(math.ceil(pair_index(1)), dim - 1)  # beta_fast, beta_slow
+    high = high + 0.001 if low == high else high
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)  # 1: interpolated
+    inv_freq = 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+    return inv_freq / factor * ramp + inv_freq * (1 - ramp)
+
+
+def test_yarn_follows_the_reference_code_on_each_axis():
+    d, theta = 64, 100.0  # ViT-S/B's head dim; 2D 14 x 14 -> 28 x 21 patches
+    k, (sx, sy) = d // 4, (2.0, 1.5)
+    base = axial_frequencies(d, theta)
+    out = scale_frequencies(base, RopeScaling("yarn", (sx, sy)), d, (14.0, 14.0), ladder=base_ladder(theta, k))
+    # each axis block is the reference's 1D ladder over dim = d/2 channels, trained over the 14 patches of its axis
+    torch.testing.assert_close(out[0, :k], reference_yarn(d // 2, theta, 14.0, sx), rtol=1e-6, atol=0)
+    torch.testing.assert_close(out[1, k:], reference_yarn(d // 2, theta, 14.0, sy), rtol=1e-6, atol=0)
+    assert not out[0, k:].any() and not out[1, :k].any()
+    paper = scale_frequencies(base, RopeScaling("yarn", (sx, sy), "paper"), d, (14.0, 14.0))
+    assert (paper[0, :k] / base[0, :k] - out[0, :k] / base[0, :k]).abs().max() > 0.3  # the forms differ here
+    # a 1D ladder of d/2 pairs (the RoPE-ND schemes) and a short training extent, where the reference's range is
+    # a single pair (low == high)
+    one = rope_frequencies(d // 2, theta)[None]
+    for length in (7.0, 40.0):
+        scaled = scale_frequencies(one, RopeScaling("yarn", (3.0,)), d, (length,), ladder=base_ladder(theta, d // 2))
+        torch.testing.assert_close(scaled[0], reference_yarn(d, theta, length, 3.0), rtol=1e-6, atol=0)
+
+
+def test_yarn_reference_scales_nothing_when_its_range_is_empty():
+    d, theta = 32, 100.0  # the fastest pair turns less than once over 2 positions: the reference keeps them all
+    base = axial_frequencies(d, theta)
+    out = scale_frequencies(base, RopeScaling("yarn", (4.0, 4.0)), d, (2.0, 2.0), ladder=base_ladder(theta, d // 4))
+    torch.testing.assert_close(out, base, rtol=0, atol=0)
+    torch.testing.assert_close(out[0, : d // 4], reference_yarn(d // 2, theta, 2.0, 4.0), rtol=1e-6, atol=0)
+
+
+def test_yarn_ramp_is_a_pe_option():
+    x, larger = torch.randn(1, 3, 32, 32), torch.randn(1, 3, 64, 64)
+    outs = {}
+    for ramp in ("reference", "paper"):
+        torch.manual_seed(0)
+        model = timm.create_model("vit_n_rope2d", position_mode="yarn", pe_kwargs={"yarn_ramp": ramp}).eval()
+        with torch.no_grad():
+            outs[ramp] = model(x), model(larger)
+    assert torch.equal(outs["reference"][0], outs["paper"][0])  # the same at the training size
+    assert (outs["reference"][1] - outs["paper"][1]).abs().max() > 1e-5
+    with pytest.raises(ValueError, match="yarn_ramp must be one of reference, paper"):
+        timm.create_model("vit_n_rope2d", pe_kwargs={"yarn_ramp": "wavelength"})
+
+
+def test_yarn_paper_form_interpolates_slow_keeps_fast_and_ramps_between():
     length, s = 10.0, 4.0
     turns = torch.tensor([0.5, 16.5, 40.0])  # below alpha = 1, half-way between alpha and beta = 32, above beta
     freqs = (2 * math.pi * turns / length)[None]  # [1 stream, 3 pairs]
-    out = scale_frequencies(freqs, RopeScaling("yarn", (s,)), 4, (length,))
+    out = scale_frequencies(freqs, RopeScaling("yarn", (s,), "paper"), 4, (length,))
     expect = freqs[0] * torch.tensor([1 / s, 0.5 + 0.5 / s, 1.0])
     torch.testing.assert_close(out[0], expect, rtol=1e-6, atol=0)
     assert yarn_temperature(RopeScaling("yarn", (2.0, 8.0))) == pytest.approx(0.1 * math.log(4.0) + 1)

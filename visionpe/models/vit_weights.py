@@ -36,12 +36,15 @@ def checkpoint_filter_fn(state_dict: dict, model) -> dict:
     _check_layer_scale(state_dict, model)
     source = CheckpointSource("vit", model.pe_name, lambda: describe_checkpoint(original))
     out, rest = split_pe_entries(model.pe, state_dict, source)
-    q_bias, v_bias, bias_masks = {}, {}, {}
+    q_bias, k_bias, v_bias, bias_masks = {}, {}, {}, {}
     for k, v in rest.items():
         if k == "storage_tokens":  # DINOv3's registers
             k = "reg_token"
-        if k == "mask_token" or k.startswith("local_cls_norm.") or k.endswith("k_bias"):
-            continue  # DINOv3's pretraining-only tensors; eva's zero k bias
+        if k == "mask_token" or k.startswith("local_cls_norm."):
+            continue  # DINOv3's pretraining-only tensors
+        if k.endswith("attn.k_bias"):  # eva's k bias (zero in timm's ports)
+            k_bias[k[: -len("k_bias")]] = v
+            continue
         if k.endswith("qkv.bias_mask"):
             bias_masks[k[: -len("bias_mask")] + "bias"] = v
             continue
@@ -56,18 +59,24 @@ def checkpoint_filter_fn(state_dict: dict, model) -> dict:
             v_bias[k[: -len("v_bias")]] = v
             continue
         out[k] = v
-    for prefix, qb in q_bias.items():  # eva: q and v biases, no k bias
-        out[prefix + "qkv.bias"] = torch.cat([qb, torch.zeros_like(qb), v_bias[prefix]])
+    sources = {}  # qkv.bias key -> the checkpoint key its k third comes from
+    for prefix, kb in k_bias.items():
+        if prefix not in q_bias and kb.any():
+            raise CheckpointMismatch(f"checkpoint key {prefix}k_bias has no q_bias / v_bias beside it")
+    for prefix, qb in q_bias.items():  # eva: q and v biases, the k bias zero unless the checkpoint has one
+        out[prefix + "qkv.bias"] = torch.cat([qb, k_bias.get(prefix, torch.zeros_like(qb)), v_bias[prefix]])
+        sources[prefix + "qkv.bias"] = prefix + "k_bias"
     for k, mask in bias_masks.items():  # DINOv3: the bias the official forward uses
         out[k] = out[k] * mask.to(out[k].dtype)
-    _qv_biases(out, model)
+    _qv_biases(out, model, sources)
     ensure_fits(out, model, original, skip=("head.",))
     return out
 
 
-def _qv_biases(out: dict, model) -> None:
-    """A q/v-only bias model (qkv_bias="qv"): k thirds zero, and zeros where the checkpoint has no qkv bias (timm's
-    bias-free DINOv3 ports: the released biases are zero, so zeros give the same outputs)."""
+def _qv_biases(out: dict, model, sources: dict) -> None:
+    """A q/v-only bias model (qkv_bias="qv"): zeros where the checkpoint has no qkv bias (timm's bias-free DINOv3
+    ports: the released biases are zero, so zeros give the same outputs); a checkpoint k bias that is not zero (after
+    DINOv3's bias_mask) is refused, since the model cannot hold it (with RoPE it changes the outputs)."""
     for name, module in model.named_modules():
         if getattr(module, "qv_bias_only", False):
             key = f"{name}.qkv.bias"
@@ -77,4 +86,8 @@ def _qv_biases(out: dict, model) -> None:
                     out[key] = torch.zeros_like(module.qkv.bias, device="cpu")
                 continue
             d = bias.shape[0] // 3
-            out[key] = torch.cat([bias[:d], torch.zeros_like(bias[d : 2 * d]), bias[2 * d :]])
+            if bias[d : 2 * d].any():
+                raise CheckpointMismatch(
+                    f"checkpoint key {sources.get(key, key)} has a non-zero k bias, which a qkv_bias='qv' model "
+                    "cannot hold; build the model with qkv_bias=True"
+                )

@@ -15,7 +15,9 @@ AP's and LD's generators commute, so R(x)^T R(y) = R(y - x) (a relative encoding
 are its official `linspace(0, n / n_ref, n)` per axis (0..1 at the reference grid); ComRoPE's its patch centres
 divided by the reference extent ((0, 1) at the reference grid); prefix tokens (CLS, registers) get LieRE's zero
 generator (R = I) or ComRoPE's image centre (0.5 on every axis). Axes follow the official order: (y, x) for images,
-(t, y, x) for video. All positions pass through `coordinates`, the one place a coordinate augmentation acts.
+(t, y, x) for video; ComRoPE's frame centres are divided by the reference grid's height, as the official code divides
+every axis by the spatial patch count (`frame_norm="frames"`: by the reference frame count). All positions pass
+through `coordinates`, the one place a coordinate augmentation acts.
 
 Coordinate augmentation in training (shift/jitter/rescale_coords, see visionpe.pos.coord_aug; off by default and in
 eval) acts on these normalised coordinates, so a shift is in units of the reference extent (the official DINOv3
@@ -44,6 +46,7 @@ from .rotary import no_autocast
 __all__ = ["LieRoPE", "apply_block_rotation", "commuting_exp", "VARIANTS"]
 
 VARIANTS = ("liere", "comrope_ap", "comrope_ld")
+FRAME_NORMS = ("spatial", "frames")  # ComRoPE on video: frames in units of the spatial patch count, or of the clip
 COMROPE_CENTRE = 0.5  # ComRoPE's `cls_position`: prefix tokens sit at the image centre of the unit square
 
 
@@ -95,8 +98,10 @@ class LieRoPE(PosEncoding):
     """LieRE / ComRoPE at the qk site. variant: liere | comrope_ap | comrope_ld; block_size b (8); num_axes 2 for
     images (y, x), 3 for video (t, y, x); init_std: ComRoPE's generator std (1); layer0_generators: reproduce the
     official LieRE code, whose every layer uses layer 0's generators (default False: each layer its own, as the
-    paper's `rotary_embedding_per_layer` intends); shift/jitter/rescale_coords: coordinate augmentation in training
-    (None: off)."""
+    paper's `rotary_embedding_per_layer` intends); frame_norm: what ComRoPE divides video frame indices by,
+    'spatial' (the reference grid's height, as the official `get_positions` divides every axis by the spatial patch
+    count) or 'frames' (the reference frame count, (0, 1) over the training clip); shift/jitter/rescale_coords:
+    coordinate augmentation in training (None: off)."""
 
     def __init__(
         self,
@@ -106,6 +111,7 @@ class LieRoPE(PosEncoding):
         num_axes: int = 2,
         init_std: float = 1.0,
         layer0_generators: bool = False,
+        frame_norm: str = "spatial",
         shift_coords: float | None = None,
         jitter_coords: float | None = None,
         rescale_coords: float | None = None,
@@ -118,6 +124,9 @@ class LieRoPE(PosEncoding):
             raise ValueError(f"num_axes must be 1, 2 (y, x) or 3 (t, y, x), got {num_axes}")
         if block_size < 2:
             raise ValueError(f"block_size must be at least 2 (a 2 x 2 rotation), got {block_size}")
+        if frame_norm not in FRAME_NORMS:
+            raise ValueError(f"frame_norm must be one of {', '.join(FRAME_NORMS)}, got {frame_norm!r}")
+        self.frame_norm = frame_norm
         if layer0_generators and variant != "liere":
             raise ValueError("layer0_generators reproduces the official LieRE code; it applies to variant 'liere' only")
         for spec in host.layers:
@@ -215,10 +224,12 @@ class LieRoPE(PosEncoding):
     # ------------------------------------------------------------------------------------------------- positions
 
     def _reference(self, i: int) -> list[int]:
-        """Reference extent per axis (official order) of layer i: its window / stage grid, frames for video."""
+        """Reference extent per axis (official order) of layer i: its window / stage grid; for video, the frames
+        (LieRE, ComRoPE with frame_norm 'frames') or the grid's height (ComRoPE's official unit)."""
         spec = self.host.layers[i]
         h, w = spec.grid if spec.grid is not None else self.host.grid
-        return {1: [w], 2: [h, w], 3: [self.host.frames, h, w]}[self.num_axes]
+        frames = self.host.frames if self.variant == "liere" or self.frame_norm == "frames" else h
+        return {1: [w], 2: [h, w], 3: [frames, h, w]}[self.num_axes]
 
     def _axes_pos(self, layout: TokenLayout) -> torch.Tensor:
         """Layout positions [N, A] in the official axis order ((x, y) image streams become (y, x))."""

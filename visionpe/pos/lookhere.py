@@ -20,7 +20,8 @@ For query q and key k with offset (u, v) = (k.x - q.x, k.y - q.y), y downward, a
   multiple of 4), a none / zero run [1/4, 1/16, 1/64, 1/256] (n <= 4: the first n; else entry floor(4 k / n), which
   is the official repeat for n a multiple of 4; the official code fails for a 6-head model whose second part is
   directional, which this rule extends).
-- per layer l of D: layer_slope = numpy's linspace(layer_slopes[0], layer_slopes[1], D).
+- per layer l of D: layer_slope = numpy's linspace(layer_slopes[0], layer_slopes[1], D), D the depth the model
+  was built with (a pruned model's layers keep their slopes).
 - bias = -bf16(nan_to_num(global_slope * layer_slope * (head_slope * d)), with d = +inf where masked and +inf
   replaced by bf16's largest value), computed in float64 and rounded to bfloat16 as the official code does; the
   masked entries are -3.3895e38. Prefix rows and columns are zero (CLS sees every patch, every patch sees CLS).
@@ -157,6 +158,7 @@ class LookHere(OffsetBiasPE):
             raise ValueError(f"layer_slopes must be (first layer, last layer), got {layer_slopes!r}")
         self.head_directions, self.distance = head_directions, distance
         self.global_slope, self.layer_range = float(global_slope), (float(layer_slopes[0]), float(layer_slopes[1]))
+        self.slope_depth = host.depth  # the built depth: pruning layers (keep_layers) leaves each kept layer's slope
         self._heads = {}
         for h in sorted({spec.num_heads for spec in host.layers}):
             names, dirs = head_assignment(head_directions, h)
@@ -164,10 +166,10 @@ class LookHere(OffsetBiasPE):
 
     def layer_slope(self, i: int) -> float:
         """global_slope x layer_slope_i (float64, in the official order)."""
-        return self.global_slope * layer_slopes(*self.layer_range, self.host.depth)[i]
+        return self.global_slope * layer_slopes(*self.layer_range, self.slope_depth)[i]
 
     def table_key(self, i):
-        return (i, self.head_directions, self.global_slope, self.layer_range, self.distance, self.host.depth)
+        return (i, self.head_directions, self.global_slope, self.layer_range, self.distance, self.slope_depth)
 
     def offset_fn(self, i, q, kv):
         dirs, slopes = self._heads[self.heads(i)]

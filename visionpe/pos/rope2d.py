@@ -6,7 +6,8 @@ Both drive the shared rotary kernel with a frequency matrix F over the layout's 
   (theta 10), a ~ U[0, 2 pi); stored as `freqs` [2, depth, heads, d/2] (timm's layout), excluded from weight decay.
 Options of both: coordinate augmentation in training (shift/jitter/rescale_coords, in patch units; see
 visionpe.pos.coord_aug; a fresh draw per layer, as DINOv3 draws per block) and the host's test-time `ntk` / `yarn`
-position modes (visionpe.pos.rope_scaling; the training extent is the reference grid).
+position modes (visionpe.pos.rope_scaling; the training extent is the reference grid; `yarn_ramp` 'reference', the
+reference code's ramp, or 'paper').
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from torch import nn
 from ..layout import TokenLayout
 from .base import EVERY_LAYER, CheckpointMismatch, PEHost, PosContext, PosEncoding
 from .coord_aug import CoordAugment
-from .rope_scaling import rope_scaling, scale_frequencies, yarn_temperature
+from .rope_scaling import base_ladder, check_yarn_ramp, rope_scaling, scale_frequencies, yarn_temperature
 from .rotary import FixedCosSinCache, apply_rotary, axial_frequencies, scaled_cos_sin
 
 torch.fx.wrap("scaled_cos_sin")  # FX: a graph leaf when called from here too (visionpe.fx)
@@ -57,8 +58,10 @@ class RoPE2D(PosEncoding):
         shift_coords: float | None = None,
         jitter_coords: float | None = None,
         rescale_coords: float | None = None,
+        yarn_ramp: str = "reference",
     ):
         super().__init__(host)
+        self.yarn_ramp = check_yarn_ramp(yarn_ramp)
         if mode not in ("axial", "mixed"):
             raise ValueError(f"RoPE2D mode must be 'axial' or 'mixed', got {mode!r}")
         self.mode = mode
@@ -131,12 +134,14 @@ class RoPE2D(PosEncoding):
         if layout.grid is None or layout.grid[0] != 1:
             return None
         (h, w), (ref_h, ref_w) = layout.hw, self.host.grid
-        return rope_scaling(self.host.position_mode, (w, h), (ref_w, ref_h))
+        return rope_scaling(self.host.position_mode, (w, h), (ref_w, ref_h), self.yarn_ramp)
 
     def _cos_sin(self, i: int, layout: TokenLayout, scaling=None, drawn=None):
         """drawn: the layout's positions under this layer's coordinate augmentation (training), else None."""
         ref_h, ref_w = self.host.grid
-        freqs = scale_frequencies(self.layer_frequencies(i), scaling, self.host.layers[i].head_dim, (ref_w, ref_h))
+        d = self.host.layers[i].head_dim
+        ladder = base_ladder(self.theta, d // 4)  # axial f_j = theta^(-4j/d); RoPE-Mixed's initial magnitudes
+        freqs = scale_frequencies(self.layer_frequencies(i), scaling, d, (ref_w, ref_h), ladder=ladder)
         gain = yarn_temperature(scaling)
         if drawn is not None:
             return scaled_cos_sin(drawn, freqs, layout.num_prefix, gain=gain)

@@ -23,7 +23,7 @@ import torch
 from ..layout import TokenLayout, shape_cache
 from .base import PEHost, PosContext, PosEncoding
 from .coord_aug import CoordAugment
-from .rope_scaling import rope_scaling, scale_frequencies, yarn_temperature
+from .rope_scaling import Ladder, base_ladder, check_yarn_ramp, rope_scaling, scale_frequencies, yarn_temperature
 from .rotary import FixedCosSinCache, apply_rotary, scaled_cos_sin
 
 __all__ = ["RoPE2DDinoV3", "dinov3_coords", "dinov3_periods"]
@@ -69,8 +69,8 @@ def dinov3_coords(
 
 class RoPE2DDinoV3(PosEncoding):
     """DINOv3 RoPE on q and k of every layer; options as in the official module (base or min/max_period,
-    normalize_coords, shift/jitter/rescale_coords). The official checkpoints' `rope_embed.periods` are fixed (the
-    options rebuild them) and dropped."""
+    normalize_coords, shift/jitter/rescale_coords), and yarn_ramp: the `yarn` mode's ramp (visionpe.pos.rope_scaling).
+    The official checkpoints' `rope_embed.periods` are fixed (the options rebuild them) and dropped."""
 
     positive_options = ("base", "min_period", "max_period")
     checkpoint_buffers = {"vit": r"^rope_embed\."}
@@ -85,8 +85,10 @@ class RoPE2DDinoV3(PosEncoding):
         shift_coords: float | None = None,
         jitter_coords: float | None = None,
         rescale_coords: float | None = None,
+        yarn_ramp: str = "reference",
     ):
         super().__init__(host)
+        self.yarn_ramp = check_yarn_ramp(yarn_ramp)
         if (min_period is None) != (max_period is None):
             raise ValueError("give both min_period and max_period (or neither, for the base form)")
         if min_period is not None and base is not None:
@@ -115,6 +117,14 @@ class RoPE2DDinoV3(PosEncoding):
 
     def periods(self, head_dim: int) -> torch.Tensor:
         return getattr(self, self._name(head_dim))
+
+    def ladder(self, head_dim: int) -> Ladder:
+        """The ladder of the frequencies 2 pi / p_k (yarn's reference ramp)."""
+        n = head_dim // 4
+        if self.base is not None:
+            return base_ladder(self.base, n, first=2 * math.pi)
+        spread = math.log(self.max_period / self.min_period)
+        return Ladder(2 * math.pi / self.min_period, spread / (n - 1) if n > 1 and spread > 0 else 1.0, n)
 
     def init_non_persistent_buffers(self) -> None:
         """Refill the periods (e.g. after building on the meta device and `to_empty`)."""
@@ -150,7 +160,8 @@ class RoPE2DDinoV3(PosEncoding):
         under this layer's coordinate augmentation (training; never cached), else None."""
         d, ref = self.host.layers[i].head_dim, tuple(self.host.grid)
         den = _denominators(*ref, self.normalize_coords)
-        freqs = scale_frequencies(self.frequencies(d), scaling, d, (2.0 * ref[0] / den[0], 2.0 * ref[1] / den[1]))
+        extents = (2.0 * ref[0] / den[0], 2.0 * ref[1] / den[1])  # the training box, in coordinate units
+        freqs = scale_frequencies(self.frequencies(d), scaling, d, extents, ladder=self.ladder(d))
         gain = yarn_temperature(scaling)
         if drawn is not None:
             return scaled_cos_sin(drawn, freqs, layout.num_prefix, half=True, gain=gain)
@@ -158,7 +169,7 @@ class RoPE2DDinoV3(PosEncoding):
 
     def context(self, i, layout, kv_layout=None):
         (h, w), ref = self._hw(layout), tuple(self.host.grid)
-        scaling = rope_scaling(self.host.position_mode, (h, w), ref)
+        scaling = rope_scaling(self.host.position_mode, (h, w), ref, self.yarn_ramp)
         box = ref if scaling is not None else None  # ntk / yarn: the training spacing
         layouts, boxes = [layout], [box]
         if kv_layout is not None:  # keys on another grid (CvT's stride-2 cells): the same box, in the queries' frame

@@ -38,6 +38,8 @@ from .mm_positions import (
 from .rope_scaling import (
     SCALING_MODES,
     RopeScaling,
+    base_ladder,
+    check_yarn_ramp,
     rope_scaling,
     scale_frequencies,
     single_ladder_exponents,
@@ -61,7 +63,8 @@ class RoPEND(PosEncoding):
     the language-model default); delta: V2PE's visual step at inference (drawn per visual segment in training);
     temporal_scale: HoPE's temporal scale gamma at inference (drawn per visual segment in training);
     scheme_options: fixed position options of the scheme (mrope / mrope_time `after_visual`, mrope_time
-    `temporal_interval`, videorope `temporal_stride`; see visionpe.pos.mm_positions.position_ids)."""
+    `temporal_interval`, videorope `temporal_stride`; see visionpe.pos.mm_positions.position_ids); yarn_ramp: the
+    `yarn` mode's ramp, 'reference' (the reference code) or 'paper' (visionpe.pos.rope_scaling)."""
 
     positive_options = ("theta", "delta")
 
@@ -74,8 +77,10 @@ class RoPEND(PosEncoding):
         delta: float = V2PE_EVAL_DELTA,
         scheme_options: dict | None = None,
         temporal_scale: float = HOPE_EVAL_SCALE,
+        yarn_ramp: str = "reference",
     ):
         super().__init__(host)
+        self.yarn_ramp = check_yarn_ramp(yarn_ramp)
         if scheme not in SCHEMES:
             raise ValueError(f"unknown RoPE scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
         if not 0 < float(delta) <= 1:
@@ -119,7 +124,8 @@ class RoPEND(PosEncoding):
         if scaling is None:
             return self._cos_sin_cache(layout, self.layer_frequencies(i))  # [P + N, d] each
         d = self.host.layers[i].head_dim
-        freqs = scale_frequencies(self.layer_frequencies(i), scaling, d, spread, single_ladder_exponents(d))
+        ladder = base_ladder(self.theta, d // 2)  # theta^(-2c/d) over the d/2 pairs
+        freqs = scale_frequencies(self.layer_frequencies(i), scaling, d, spread, single_ladder_exponents(d), ladder)
         return self._cos_sin_cache(layout, freqs, tag=scaling, gain=yarn_temperature(scaling))
 
     def reference_spread(self) -> tuple[float, ...]:
@@ -146,7 +152,7 @@ class RoPEND(PosEncoding):
             if pos is layout.pos:
                 return scaled
         ref = self.reference_spread()
-        scaled = (rope_scaling(self.host.position_mode, _spread(layout.pos), ref), ref)
+        scaled = (rope_scaling(self.host.position_mode, _spread(layout.pos), ref, self.yarn_ramp), ref)
         self._scaled = [*self._scaled, (layout.pos, scaled)][-SCALED_LAYOUTS:]
         return scaled
 

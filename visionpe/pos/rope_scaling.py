@@ -7,10 +7,18 @@ s_a = (test extent / training extent) of each stream a, taken as 1 below the tra
   s. `ladder_exponents` gives j / (K - 1) for each rotary pair (every 2D RoPE here lays out d/4 ladders per axis);
   `single_ladder_exponents` for one d/2-long ladder shared by the streams (the RoPE-ND schemes: each stream's pairs
   then read base * s_a^(d / (d - 2))).
-- yarn (YaRN, arXiv 2309.00071): per frequency, r = L_a * |f| / (2 pi) turns over the training extent L_a;
-  gamma = clamp((r - alpha) / (beta - alpha), 0, 1) (alpha 1, beta 32); f -> f * (gamma + (1 - gamma) / s_a),
-  so slow frequencies are interpolated and fast ones kept; q and k are multiplied by 0.1 ln(s) + 1 (the attention
-  temperature; s = the geometric mean of the streams' ratios, the growth of the attended area per axis).
+- yarn (YaRN, arXiv 2309.00071): fast frequencies are kept, slow ones interpolated (f / s_a), with a linear ramp
+  between; q and k are multiplied by 0.1 ln(s) + 1 (the attention temperature; s = the geometric mean of the
+  streams' ratios, the growth of the attended area per axis). Two ramps (`RopeScaling.ramp`):
+  - "reference" (default; the reference code, jquesnelle/yarn and transformers' YaRN): on the geometric ladder
+    f_j = f_0 e^(-lambda j) the PE's frequencies come from (`Ladder`), pair index c(r) = ln(L_a f_0 / (2 pi r)) /
+    lambda turns r times over the training extent L_a; the ramp runs over the pair index from
+    low = max(floor(c(beta_fast = 32)), 0) to high = min(ceil(c(beta_slow = 1)), 2K - 1) (high + 0.001 when equal):
+    gamma = 1 - clamp((j - low) / (high - low), 0, 1), f -> f * (gamma + (1 - gamma) / s_a). A frequency off
+    the ladder (RoPE-Mixed's learned ones) takes its continuous index j = ln(f_0 / |f|) / lambda. An empty range
+    (high < low = 0: even the fastest pair turns less than once over L_a, exactly c(1) <= -1) scales nothing.
+  - "paper" (the paper's wavelength form): r = L_a |f| / (2 pi) turns of each frequency over L_a,
+    gamma = clamp((r - 1) / (32 - 1), 0, 1) on r itself (no rounding).
 """
 
 from __future__ import annotations
@@ -22,7 +30,10 @@ import torch
 
 __all__ = [
     "SCALING_MODES",
+    "YARN_RAMPS",
+    "Ladder",
     "RopeScaling",
+    "base_ladder",
     "ladder_exponents",
     "single_ladder_exponents",
     "rope_scaling",
@@ -31,24 +42,48 @@ __all__ = [
 ]
 
 SCALING_MODES = ("ntk", "yarn")
-YARN_ALPHA, YARN_BETA = 1.0, 32.0
+YARN_RAMPS = ("reference", "paper")  # yarn's ramp: the reference code's (default) or the paper's wavelength form
+YARN_BETA_SLOW, YARN_BETA_FAST = 1.0, 32.0  # turns over the training extent: interpolated below, kept above
 
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """One test-time scaling: the mode and the size ratio of each position stream (>= 1)."""
+    """One test-time scaling: the mode, the size ratio of each position stream (>= 1) and yarn's ramp."""
 
     mode: str
     ratios: tuple[float, ...]
+    ramp: str = "reference"
 
 
-def rope_scaling(mode: str, size: tuple[int, ...], ref: tuple[int, ...]) -> RopeScaling | None:
+@dataclass(frozen=True)
+class Ladder:
+    """The geometric ladder f_j = first * exp(-step * j), j = 0..pairs-1, a rotary PE's frequencies come from (per
+    stream); yarn's reference ramp counts in its pairs."""
+
+    first: float
+    step: float
+    pairs: int
+
+
+def base_ladder(base: float, pairs: int, first: float = 1.0) -> Ladder:
+    """The ladder f_j = first * base^(-j / pairs) (axial RoPE: base theta, d/4 pairs; 1D RoPE: d/2 pairs)."""
+    return Ladder(float(first), math.log(base) / pairs, int(pairs))
+
+
+def check_yarn_ramp(ramp: str) -> str:
+    """`ramp` if it names a yarn ramp, else a ValueError naming the choices."""
+    if ramp not in YARN_RAMPS:
+        raise ValueError(f"yarn_ramp must be one of {', '.join(YARN_RAMPS)}, got {ramp!r}")
+    return ramp
+
+
+def rope_scaling(mode: str, size: tuple[int, ...], ref: tuple[int, ...], ramp: str = "reference") -> RopeScaling | None:
     """The scaling of `mode` for streams of extent `size` trained at `ref` (same order); None when nothing scales
-    (another mode, or no stream larger than at training)."""
+    (another mode, or no stream larger than at training). ramp: yarn's (YARN_RAMPS)."""
     if mode not in SCALING_MODES:
         return None
     ratios = tuple(max(float(n) / float(r), 1.0) for n, r in zip(size, ref))
-    return RopeScaling(mode, ratios) if any(r > 1.0 for r in ratios) else None
+    return RopeScaling(mode, ratios, ramp) if any(r > 1.0 for r in ratios) else None
 
 
 def ladder_exponents(head_dim: int) -> torch.Tensor:
@@ -77,10 +112,11 @@ def scale_frequencies(
     head_dim: int,
     extents: tuple[float, ...],
     exponents: torch.Tensor | None = None,
+    ladder: Ladder | None = None,
 ) -> torch.Tensor:
     """F [S, (heads,) C] scaled for `scaling` (unchanged when None). extents: the training extent of each stream in
     the units of the positions F multiplies (yarn's L_a); exponents [C]: ntk's j / (K - 1) per pair (default
-    `ladder_exponents(head_dim)`)."""
+    `ladder_exponents(head_dim)`); ladder: the ladder F's frequencies come from (yarn's reference ramp)."""
     if scaling is None:
         return freqs
     if len(scaling.ratios) != freqs.shape[0] or len(extents) != freqs.shape[0]:
@@ -90,7 +126,28 @@ def scale_frequencies(
     if scaling.mode == "ntk":
         exponents = ladder_exponents(head_dim) if exponents is None else exponents
         return freqs * ratio ** -exponents.to(freqs.device)
-    extent = torch.tensor(extents, dtype=torch.float32, device=freqs.device).view(shape)
-    turns = extent * freqs.abs() / (2 * math.pi)
-    gamma = ((turns - YARN_ALPHA) / (YARN_BETA - YARN_ALPHA)).clamp(0.0, 1.0)
+    if scaling.ramp == "paper":
+        extent = torch.tensor(extents, dtype=torch.float32, device=freqs.device).view(shape)
+        turns = extent * freqs.abs() / (2 * math.pi)
+        gamma = ((turns - YARN_BETA_SLOW) / (YARN_BETA_FAST - YARN_BETA_SLOW)).clamp(0.0, 1.0)
+    else:
+        if ladder is None:
+            raise ValueError("yarn's reference ramp needs the ladder the frequencies come from (ladder=...)")
+        bounds = [_correction_range(float(n), ladder) for n in extents]
+        low = torch.tensor([b[0] for b in bounds], dtype=torch.float32, device=freqs.device).view(shape)
+        high = torch.tensor([b[1] for b in bounds], dtype=torch.float32, device=freqs.device).view(shape)
+        index = torch.log(ladder.first / freqs.abs().float()) / ladder.step  # j on the ladder (inf for f = 0)
+        gamma = 1.0 - ((index - low) / (high - low)).clamp(0.0, 1.0)
     return freqs * (gamma + (1.0 - gamma) / ratio)
+
+
+def _correction_range(extent: float, ladder: Ladder) -> tuple[float, float]:
+    """(low, high) pair indices of yarn's reference ramp over a training extent: rounded outwards, clamped as the
+    reference clamps them, and apart by 0.001 when equal."""
+
+    def index(turns: float) -> float:  # the (real) pair index whose frequency turns `turns` times over the extent
+        return math.log(extent * ladder.first / (2 * math.pi * turns)) / ladder.step
+
+    low = max(math.floor(index(YARN_BETA_FAST)), 0)
+    high = min(math.ceil(index(YARN_BETA_SLOW)), 2 * ladder.pairs - 1)
+    return float(low), float(high) + (0.001 if low == high else 0.0)
