@@ -145,3 +145,27 @@ def test_gpu_check_out_under_a_file_is_one_line_before_checking(tmp_path, capsys
     monkeypatch.setattr(gpu_check, "run_check", _not_reached)
     assert bench_main(["gpu-check", "--out", str(tmp_path / "file" / "g")]) == 2
     assert "--out" in _one_line(capsys)
+
+
+def test_export_into_a_read_only_folder_is_one_line_before_reading(tmp_path, capsys, monkeypatch):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)], capture_output=True).returncode:
+        ro.chmod(0o555)
+        if check_destination_passes(ro):
+            pytest.skip("cannot make a read-only folder here (root without mount)")
+    monkeypatch.setattr(export, "is_sharded_run", _not_reached)
+    try:
+        assert export.export_main(["--checkpoint", str(tmp_path), "--out", str(ro / "w.safetensors")]) == 2
+        line = _one_line(capsys)
+        assert f"--out {ro / 'w.safetensors'}: cannot write to {ro}" in line
+    finally:
+        subprocess.run(["umount", str(ro)], check=False, capture_output=True)
+
+
+def check_destination_passes(folder: Path) -> bool:
+    try:
+        check_destination(folder / "x", "--out")
+        return True
+    except DestinationError:
+        return False
