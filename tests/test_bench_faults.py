@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,8 +18,9 @@ import pytest
 import visionpe  # noqa: F401
 import visionpe.engine.trainer as trainer
 from visionpe.bench.__main__ import main as bench_main
-from visionpe.bench.extrapolate import load_bench, make_plan
+from visionpe.bench.extrapolate import load_bench, make_plan, write_record
 from visionpe.bench.report import write_report
+from visionpe.engine.bench_settings import BenchConfigError
 from visionpe.engine.checkpoint import find_checkpoint
 from visionpe.engine.interrupt import StopOnSignal
 
@@ -127,3 +129,57 @@ def test_sigterm_to_a_parallel_benchmark_checkpoints_its_workers(tmp_path):
     for m in metrics:  # every worker wrote a checkpoint at the step the signal reached it, and is resumable
         ref = find_checkpoint(m.parent)
         assert ref is not None and not ref.info.get("finished")
+
+
+# ------------------------------------------------------------------------------- pretrained weights, sizes, devices
+
+
+def _pretrained(source: Path) -> list[str]:
+    return ["bench.pretrained=true", f"bench.checkpoints.vit_n_ape={source}"]
+
+
+def test_a_run_directory_of_another_model_is_refused_by_name(tmp_path):
+    run = tmp_path / "rope-run"
+    run.mkdir()
+    (run / "config.yaml").write_text("model: {name: vit_n_rope2d}\n")
+    with pytest.raises(BenchConfigError, match=r"bench.checkpoints.vit_n_ape: .*rope-run is a run of model "
+                                               r"'vit_n_rope2d', not 'vit_n_ape'"):  # fmt: skip
+        load_bench(_bench_file(tmp_path), _pretrained(run))
+
+
+def test_other_weights_for_the_same_model_are_a_new_record_not_already_done(tmp_path):
+    weights = tmp_path / "ape.safetensors"
+    weights.write_bytes(b"first weights")
+    job = make_plan(*load_bench(_bench_file(tmp_path), _pretrained(weights))).jobs[0]
+    record = job.record()
+    record["rows"] = [dict(protocol="upsample", mode="extrapolate", height=16, width=16, frames=0, top1=50.0)]
+    write_record(job.record_path, record)
+    assert job.record()["rows"]  # the same weights: the record is reused
+    weights.write_bytes(b"other weights, same model")
+    assert job.record()["rows"] == [] and job.record()["eval"]["weights"] != record["eval"]["weights"]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("bench.resolutions=100000", r"bench.resolutions\[0\] must be >= 1 and <= 8192, got 100000"),
+        ("bench.shapes=28x100000", r"bench.shapes\[0\]: each side must be >= 1 and <= 8192 px"),
+        ("bench.seeds=-1", r"bench.seeds\[0\] must be >= 0 and <= 2147483647, got -1"),
+    ],
+)
+def test_sizes_and_seeds_out_of_range_are_refused_by_the_dry_run(tmp_path, capsys, override, message):
+    assert bench_main(["extrapolate", "-c", str(_bench_file(tmp_path)), "--dry-run", override]) == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err.splitlines()[0]) and "Traceback" not in err
+
+
+def test_speed_checks_its_device_and_sizes_before_measuring(capsys, monkeypatch):
+    from visionpe.bench import speed
+
+    monkeypatch.setattr(speed, "measure", lambda *a, **k: pytest.fail("measured"))
+    monkeypatch.setattr(speed.torch.cuda, "is_available", lambda: False)
+    assert bench_main(["speed", "--models", "vit_n_ape", "--device", "cuda"]) == 2
+    assert capsys.readouterr().err.startswith("error: --device cuda: CUDA is not available on this machine; use "
+                                              "--device cpu")  # fmt: skip
+    assert bench_main(["speed", "--models", "vit_n_ape", "--resolutions", "100000"]) == 2
+    assert capsys.readouterr().err.startswith("error: --resolutions must be >= 1 and <= 8192 px, got 100000")

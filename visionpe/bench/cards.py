@@ -14,8 +14,8 @@ from pathlib import Path
 
 import yaml
 
-from ..engine.checkpoint import atomic_write_text
 from ..engine.config import config_from_dict
+from ..engine.destinations import check_destination, write_text
 from ..models.pretrained_cfgs import WEIGHTS
 from ..papers import family_paper
 from ..pos.presets import PE_PRESETS, PRESET_PAPERS
@@ -282,8 +282,7 @@ def write_cards(results: str | Path = "results", out: str | Path = "model_cards"
             f"--results {results} holds no speed/*.json and no <benchmark>/summary.json: no results to write cards "
             f"from (a mistyped folder?); the cards under {out} are left as they are"
         )
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file, not a folder")
+    check_destination(out, "--out", folder=True)  # before any card is drawn up
     speed_files = [(p, json.loads(p.read_text())) for p in sorted((results / "speed").glob("*.json"))]
     ordered = [data for _, data in sorted(speed_files, key=lambda f: f[0].stem == "zoo")]  # zoo.json last: it wins
     speed = {(r["model"], r["resolution"]): SpeedRow(**r) for data in ordered for r in data["rows"]}
@@ -291,9 +290,8 @@ def write_cards(results: str | Path = "results", out: str | Path = "model_cards"
     summaries = [(p, json.loads(p.read_text())) for p in sorted(results.glob("*/summary.json"))]
     cards = {out / f"{name}.md": family_card(fam, speed, files_of, summaries, out, speed_files)
              for name, fam in FAMILIES.items() if not families or name in families}  # fmt: skip
-    out.mkdir(parents=True, exist_ok=True)
     for path, text in cards.items():
-        atomic_write_text(path, text)
+        write_text(path, text, "--out")
     return list(cards)
 
 

@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import copy
 import dataclasses
+import hashlib
 import inspect
 import json
 import sys
@@ -26,12 +27,13 @@ from .. import engine
 from ..data import dataset_num_classes, get_dataset_info
 from ..engine.bench_settings import BenchConfig, BenchConfigError, load_bench, parse_aspect, parse_size
 from ..engine.changes import changed_keys, flatten, recipe_of
-from ..engine.checkpoint import atomic_write_text, find_checkpoint
+from ..engine.checkpoint import atomic_write_text, find_checkpoint, read_pointer
 from ..engine.cli import USER_ERRORS, user_error
 from ..engine.config import Config, config_to_dict, format_config_help, native_settings
 from ..engine.interrupt import JobStopped, TrainingInterrupted, run_stoppable, stopped_job
 from ..engine.native_train import model_patch_size
 from ..engine.setup import build_eval_sets, build_model, build_split, forward_on, resolve_amp, to_device
+from ..engine.sharded_checkpoint import SHARDED_SUFFIX, is_sharded_run
 from ..engine.trainer import resolve_run_dir
 from ..zoo import name_parts
 from . import protocols
@@ -65,7 +67,12 @@ class Job:
         return list(self.plan.bench.position_modes)
 
     def eval_key(self) -> dict:
-        return dict(split=self.cfg.data.val_split, samples=self.plan.bench.eval_samples)
+        """What the record's rows are of: the split and count evaluated, and for pretrained weights which weights
+        (other weights for the same model are a new record, not 'already done')."""
+        key = dict(split=self.cfg.data.val_split, samples=self.plan.bench.eval_samples)
+        if self.plan.bench.pretrained:
+            key["weights"] = weights_identity(self.plan.bench.checkpoints.get(self.model))
+        return key
 
     def record(self) -> dict:
         """The run's record, or a new one when it has none or was evaluated otherwise (another split or count)."""
@@ -227,6 +234,38 @@ def _check_models(plan: Plan, info) -> None:
                                            f"the benchmark evaluates classifiers")  # fmt: skip
 
 
+_DIGESTS: dict[tuple, str] = {}  # (path, size, mtime) -> content hash: each weights file is read once per process
+
+
+def _file_digest(path: Path) -> str:
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _DIGESTS:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 22):
+                h.update(chunk)
+        _DIGESTS[key] = f"sha256:{h.hexdigest()[:24]}"
+    return _DIGESTS[key]
+
+
+def weights_identity(source: str | None) -> str:
+    """Which weights a pretrained job evaluates: 'timm' (timm's own), else a hash of the weights file's content (for
+    a run directory, of its latest weights; a sharded checkpoint by its files' names, sizes and times)."""
+    if not source:
+        return "timm"
+    path = Path(source)
+    if path.is_dir() and is_sharded_run(path):
+        folder = path if path.name.endswith(SHARDED_SUFFIX) else path / str((read_pointer(path) or {}).get("sharded"))
+        stats = sorted((str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns)
+                       for p in folder.rglob("*") if p.is_file())  # fmt: skip
+        return "stat:" + hashlib.sha256(repr((folder.name, stats)).encode()).hexdigest()[:24]
+    ref = find_checkpoint(path) if path.is_dir() else None
+    if path.is_dir() and ref is None:
+        raise BenchConfigError(f"{source} has no checkpoint yet (no {source}/checkpoint.json)")
+    return _file_digest(ref.weights if ref is not None else path)
+
+
 def read_record(path: Path) -> dict:
     try:
         return json.loads(path.read_text())
@@ -248,6 +287,11 @@ def _load_pretrained(job: Job, record: dict, info):
     record.pop("run_dir", None)
     if source and Path(source).is_dir():
         model, cfg, _ = engine.load_checkpoint(source, device="cpu")
+        if cfg.model.name != job.model:  # check_bench compared config.yaml; this is what the weights say
+            raise BenchConfigError(
+                f"bench.checkpoints.{job.model}: {source} holds weights of model {cfg.model.name!r}, not "
+                f"{job.model!r}; list it as bench.checkpoints.{cfg.model.name}"
+            )
         return model, cfg, class_map
     c = copy.deepcopy(job.cfg)  # the checkpoint's head is kept when it has the dataset's classes
     overlay = dict(num_classes=num_classes, **({"file": str(source)} if source else {}))

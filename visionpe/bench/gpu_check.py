@@ -17,10 +17,11 @@ from visionpe import attn_backend
 
 from .. import backend_check as checks
 from ..attn_mask import flex_available
+from ..engine.bench_settings import check_sizes
 from ..engine.cli import positive_int
 from ..zoo import create_model, family_of
 from .measure import Clock, Spread, cuda_peak_mb, interleave, model_step, paired_ratios, spread
-from .report import md_table, write_files
+from .report import check_files, md_table, write_files
 
 MASKED_BACKENDS = {"flex": "flex (block mask)", "xformers": "xformers (block-diagonal)", "sdpa": "sdpa (bool mask)"}
 NATIVE_MODEL = "vit_b_rope2d_mixed"  # a rotary PE: auto sends its masked calls to flex on CUDA
@@ -201,8 +202,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--native-model", default=NATIVE_MODEL, help=f"model of the packed-batch check ({NATIVE_MODEL})")
     ap.add_argument("--out", default="results/gpu_check", help="output path without suffix (.json and .md)")
     args = ap.parse_args(argv)
+    check_sizes(args.resolutions, "--resolutions")
+    check_files(Path(args.out))  # before the check, which a bad --out would otherwise lose
     result = run_check(None, args.model, args.resolutions, args.batch, args.native_model)
     md = format_markdown(result)
-    print(md)
+    print(md)  # first: a disk that fills up now loses the files, not the numbers
     print("wrote " + " and ".join(map(str, write_files(Path(args.out), result, md))))
     return 0 if result["ok"] else 1

@@ -12,7 +12,7 @@ import json
 import statistics
 from pathlib import Path
 
-from ..engine.checkpoint import atomic_write_text
+from ..engine.destinations import check_destination, write_text
 from ..zoo import FAMILIES, name_parts
 from .protocols import Point
 from .report import _is_beyond, base_point, md_table
@@ -157,11 +157,13 @@ def main(argv: list[str] | None = None) -> int:
     results = Path(args.results).expanduser()
     if not results.is_dir():
         raise ValueError(f"--results {results} is not a folder; point it at the folder holding <benchmark>/results.csv")
+    out = check_destination(Path(args.out).expanduser() if args.out else results / "leaderboard.md", "--out")
+    readme = Path(args.readme).expanduser() if args.readme else None
+    if readme is not None and not readme.is_file():
+        raise ValueError(f"--readme {readme} is not a file; give the README whose leaderboard head to rewrite")
     text, head = leaderboard(results)
-    out = Path(args.out).expanduser() if args.out else results / "leaderboard.md"
-    atomic_write_text(out, text)
-    if args.readme:
-        readme = Path(args.readme).expanduser()
-        atomic_write_text(readme, with_head(readme.read_text(), head))
+    write_text(out, text, "--out")
+    if readme is not None:
+        write_text(readme, with_head(readme.read_text(), head), "--readme")
     print(f"wrote {out}" + (f" and the head in {args.readme}" if args.readme else ""))
     return 0

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..data.registry import augmentation_text, get_dataset_info
 from ..engine.checkpoint import atomic_write_text
+from ..engine.destinations import check_destination, write_text
 from ..papers import CLAIMS
 from ..zoo import name_parts
 from .measure import machine_description, machine_info
@@ -53,12 +54,17 @@ def md_table(heads: list[str], align: str, rows) -> list[str]:
     return [f"| {' | '.join(heads)} |", f"|{rule}", *(f"| {' | '.join(map(str, r))} |" for r in rows)]
 
 
-def write_files(out: Path, data: dict, markdown: str) -> tuple[Path, Path]:
-    """out.json and out.md, each written atomically (a command's results)."""
+def check_files(out: Path, flag: str = "--out") -> None:
+    """Before any work: out.json and out.md can be written (a one-line DestinationError says why not)."""
+    for path in (out.with_suffix(".json"), out.with_suffix(".md")):
+        check_destination(path, flag)
+
+
+def write_files(out: Path, data: dict, markdown: str, flag: str = "--out") -> tuple[Path, Path]:
+    """out.json and out.md, each written atomically (a command's results); a failure is one line naming `flag`."""
     paths = out.with_suffix(".json"), out.with_suffix(".md")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(paths[0], json.dumps(data, indent=1, default=str) + "\n")
-    atomic_write_text(paths[1], markdown)
+    write_text(paths[0], json.dumps(data, indent=1, default=str) + "\n", flag)
+    write_text(paths[1], markdown, flag)
     return paths
 
 

@@ -25,6 +25,7 @@ from torch import nn
 import visionpe  # noqa: F401  (registers the models)
 
 from ..data import build_dataset, build_train_loader, dataset_num_classes, get_dataset_info
+from ..engine.bench_settings import MAX_SIZE_PX, check_device, check_sizes
 from ..engine.cli import positive_int
 from ..engine.config import Config, apply_overrides
 from ..engine.setup import to_device
@@ -47,7 +48,7 @@ from .measure import (
     spread_word,
     torch_threads,
 )
-from .report import fmt, md_table, write_files
+from .report import check_files, fmt, md_table, write_files
 
 _DEFAULT_MODELS = ["vit_s_ape", "vit_s_rope2d_mixed", "swin_t_rpb", "cvt_13"]
 _COMPILE_MODELS = ["vit_s_rope2d_mixed", "swin_t_rpb"]
@@ -568,7 +569,8 @@ def _parser() -> argparse.ArgumentParser:
     add = ap.add_argument
     add("--models", nargs="+", help="names or glob patterns (default: vit_s_ape vit_s_rope2d_mixed swin_t_rpb cvt_13)")
     add("--baseline", help="the model every ratio is against (default: the first listed)")
-    add("--resolutions", nargs="+", type=positive_int, help="image sizes (default 224; with --data: the dataset's own)")
+    add("--resolutions", nargs="+", type=positive_int,
+        help=f"image sizes, at most {MAX_SIZE_PX} px (default 224; with --data: the dataset's own)")  # fmt: skip
     add("--frames", nargs="+", type=positive_int, help="clip lengths of video models")
     add("--mode", choices=("time", "memory", "both"), default="both")
     phase = ap.add_mutually_exclusive_group()
@@ -589,14 +591,17 @@ def _parser() -> argparse.ArgumentParser:
     add("--threads", type=int, help="torch threads (default: 1 with --clock cpu)")
     add("--no-timm", dest="timm", action="store_false", help="do not measure timm's equivalents")
     add("--no-flops", dest="flops", action="store_false", help="skip FLOP counting (slow at large sizes)")
-    add("--device", default="cpu")
+    add("--device", default="cpu", help="cpu, cuda or cuda:N (checked before anything is measured)")
     add("--out", help="output path without suffix (default results/speed/{speed,zoo,data}); .json and .md")
     return ap
 
 
 def _checked_args(ap: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
-    """The parsed flags with their defaults filled in (defaults depend on --data and --compile); bad ones exit."""
+    """The parsed flags with their defaults filled in (defaults depend on --data and --compile); bad ones exit, or
+    raise a one-line BenchConfigError / DestinationError (the device, the sizes, the output files)."""
     args = ap.parse_args(argv)
+    check_device(args.device, "--device")
+    check_sizes(args.resolutions or [], "--resolutions")
     args.train, args.infer = args.phase in (None, "train"), args.phase in (None, "infer")
     args.clock = args.clock or ("wall" if args.data or not args.device.startswith("cpu") else "cpu")
     args.batch = args.batch or (128 if args.data else 1 if args.compile else 4)
@@ -625,15 +630,30 @@ _RUNS = {  # kind of run -> (runner, default output path without suffix)
 }
 
 
+def _out_of_memory(e: BaseException) -> bool:
+    text = str(e).lower()
+    return isinstance(e, MemoryError) or "can't allocate memory" in text or "out of memory" in text
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _checked_args(_parser(), argv)
     t0 = time.perf_counter()
     run, default_out = _RUNS["compile" if args.compile else "data" if args.data else "zoo" if args.zoo else "speed"]
+    out = Path(args.out or default_out)
+    check_files(out)  # before the measurement, which a bad --out would otherwise lose
     with torch_threads(args.threads or (1 if args.clock == "cpu" else None)):
         machine = machine_info(args.device)
         settings = {k: getattr(args, k) for k in ("batch", "rounds", "steps", "clock", "zoo", "mode")}
-        data, markdown = run(args, machine, settings, t0)
-    json_path, md_path = write_results(Path(args.out or default_out), data, markdown)
-    print(markdown)
+        try:
+            data, markdown = run(args, machine, settings, t0)
+        except (MemoryError, RuntimeError) as e:
+            if not _out_of_memory(e):
+                raise
+            raise ValueError(
+                f"out of memory on {args.device} at --resolutions {args.resolutions} (--batch {args.batch}); "
+                f"choose smaller sizes or batch"
+            ) from None
+    print(markdown)  # first: a disk that fills up now loses the files, not the numbers
+    json_path, md_path = write_results(out, data, markdown)
     print(f"wrote {json_path} and {md_path}")
     return 0

@@ -23,6 +23,8 @@ from .config import Config, ConfigError, apply_overrides, config_from_dict, nati
 POSITION_MODES = ("extrapolate", "interpolate")  # the default list
 ACCEPTED_POSITION_MODES = (*POSITION_MODES, "ntk", "yarn")  # ntk / yarn: test-time RoPE scaling
 PROTOCOLS = ("upsample", "fov", "frames", "duration", "native")
+MAX_SIZE_PX = 8192  # the largest evaluated or timed image side (bench.resolutions, bench.shapes, speed --resolutions)
+MAX_SEED = 2**31 - 1
 
 
 class BenchConfigError(ConfigError):
@@ -35,9 +37,31 @@ def parse_size(value) -> tuple[int, int]:
     if not (len(parts) in (1, 2) and all(str(p).strip().isdigit() for p in parts)):
         raise ValueError(f"a size is H or HxW in pixels (e.g. 28 or 28x56), got {value!r}")
     h, w = (int(p) for p in parts * (3 - len(parts)))
-    if h <= 0 or w <= 0:
-        raise ValueError(f"sizes must be positive, got {value!r}")
+    if not (0 < h <= MAX_SIZE_PX and 0 < w <= MAX_SIZE_PX):
+        raise ValueError(f"each side must be >= 1 and <= {MAX_SIZE_PX} px, got {value!r}")
     return h, w
+
+
+def check_sizes(sizes: list[int], key: str) -> None:
+    """Image sides in px within 1..MAX_SIZE_PX; a BenchConfigError naming `key` and the range otherwise."""
+    bad = [s for s in sizes if not 0 < s <= MAX_SIZE_PX]
+    if bad:
+        raise BenchConfigError(f"{key} must be >= 1 and <= {MAX_SIZE_PX} px, got {bad[0]}")
+
+
+def check_device(name: str, key: str) -> torch.device:
+    """`name` as a device this machine has; a BenchConfigError naming `key` (and the fix) otherwise."""
+    given = f"{key} {name}" if key.startswith("--") else f"{key}={name}"
+    cpu = f"{key} cpu" if key.startswith("--") else f"{key}=cpu"
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        raise BenchConfigError(f"{given}: {e}; use cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise BenchConfigError(f"{given}: CUDA is not available on this machine; use {cpu}")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise BenchConfigError(f"{given}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return device
 
 
 def parse_aspect(value) -> tuple[int, int]:
@@ -60,12 +84,17 @@ class BenchConfig:
         nonempty="vit_n_ape,vit_n_rope2d", unique=True,
     )  # fmt: skip
     seeds: list[int] = setting(
-        [0], "training seeds; tables give the mean and standard deviation over them", nonempty="0,1,2", unique=True
-    )
+        [0], "training seeds; tables give the mean and standard deviation over them", nonempty="0,1,2", unique=True,
+        ge=0, le=MAX_SEED,
+    )  # fmt: skip
     resolutions: list[int] = setting(
-        [], "square evaluation sizes in px (the training resolution is always added)", ge=1, unique=True
-    )
-    shapes: list[str] = setting([], "non-square evaluation sizes HxW, e.g. [28x56]", unique=True, parse=parse_size)
+        [], "square evaluation sizes in px (the training resolution is always added)",
+        ge=1, le=MAX_SIZE_PX, unique=True,
+    )  # fmt: skip
+    shapes: list[str] = setting(
+        [], f"non-square evaluation sizes HxW, e.g. [28x56], each side at most {MAX_SIZE_PX} px", unique=True,
+        parse=parse_size,
+    )  # fmt: skip
     position_modes: list[str] = setting(
         list(POSITION_MODES), "test-time position modes: extrapolate, interpolate, ntk, yarn",
         choices=ACCEPTED_POSITION_MODES, nonempty="extrapolate,interpolate", unique=True,
@@ -155,16 +184,27 @@ def check_bench(b: BenchConfig, cfg: Config) -> None:
             "bench.resolutions and bench.shapes are both empty; list the sizes to evaluate at, "
             "e.g. bench.resolutions=28,42,56"
         )
-    try:
-        device = torch.device(b.device)
-    except RuntimeError as e:
-        raise BenchConfigError(f"bench.device: {e}; use cpu, cuda or cuda:N") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise BenchConfigError(f"bench.device={b.device} but no CUDA device is available; use bench.device=cpu")
+    check_device(b.device, "bench.device")
     for model, source in b.checkpoints.items():
         if not Path(source).exists():
             raise BenchConfigError(f"bench.checkpoints.{model}: {source} does not exist")
+        trained = run_model_name(Path(source)) if Path(source).is_dir() else None
+        if trained is not None and trained != model:  # a weights file's model is compared when it is loaded
+            raise BenchConfigError(
+                f"bench.checkpoints.{model}: {source} is a run of model {trained!r}, not {model!r}; list it as "
+                f"bench.checkpoints.{trained} (with {trained} in bench.models)"
+            )
     _check_recipe(b, cfg)
+
+
+def run_model_name(run_dir: Path) -> str | None:
+    """The model a visionpe run directory trained (its config.yaml's model.name); None without a config.yaml."""
+    if not (run_dir / "config.yaml").is_file():
+        return None
+    data = read_yaml(run_dir / "config.yaml")
+    model = data.get("model") if isinstance(data, dict) else None
+    name = model.get("name") if isinstance(model, dict) else None
+    return str(name) if name else None
 
 
 def _check_recipe(b: BenchConfig, cfg: Config) -> None:

@@ -9,6 +9,7 @@ import sys
 
 from .checkpoint import CheckpointError
 from .config import ConfigError, format_config_help
+from .destinations import DestinationError, check_destination
 from .distributed import DistTimeoutError
 from .interrupt import TrainingInterrupted
 
@@ -47,20 +48,6 @@ def positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"takes whole numbers above 0, got {text!r}")
     return value
-
-
-def _unwritable(path: str | None) -> str | None:
-    """Why a results file cannot be written at `path` (None: it can, or no path)."""
-    if not path:
-        return None
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        return "is a folder; give a file name"
-    if not os.path.isdir(folder):
-        return f"folder {folder} does not exist; create it first or choose another path"
-    if not os.access(folder, os.W_OK):
-        return f"folder {folder} is not writable; choose another path"
-    return None
 
 
 def train_main(argv: list[str] | None = None) -> int:
@@ -132,12 +119,11 @@ def eval_main(argv: list[str] | None = None) -> int:
     from .distributed import init_distributed, shutdown
     from .evaluate import evaluate_checkpoint, format_table, write_csv, write_json
 
-    for flag, dest in (("--json", args.json), ("--csv", args.csv)):  # before the evaluation, not after it
-        problem = _unwritable(dest)
-        if problem:
-            return user_error(ValueError(f"{flag} {dest}: {problem}"))
     ctx = None
     try:
+        for flag, dest in (("--json", args.json), ("--csv", args.csv)):  # before the evaluation, not after it
+            if dest:
+                check_destination(dest, flag, create=False)
         device = next((o.split("=", 1)[1] for o in args.overrides if o.startswith("train.device=")), "auto")
         ctx = init_distributed(device)
         rows = evaluate_checkpoint(args.checkpoint, args.resolutions, args.overrides, args.ema, ctx)
@@ -148,8 +134,11 @@ def eval_main(argv: list[str] | None = None) -> int:
             shutdown(ctx)
     if ctx.is_main:
         print(format_table(rows, f"{args.checkpoint}{' (EMA)' if args.ema else ''}:"))
-        if args.json:
-            write_json(rows, args.json)
-        if args.csv:
-            write_csv(rows, args.csv)
+        try:
+            if args.json:
+                write_json(rows, args.json, "--json")
+            if args.csv:
+                write_csv(rows, args.csv, "--csv")
+        except DestinationError as e:  # e.g. the disk filled up during the evaluation: the table is printed above
+            return user_error(e)
     return 0

@@ -11,11 +11,11 @@ left out); a NaN or infinite metric is written to JSON as null, with the key and
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import os
 import warnings
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +32,7 @@ from ..data.native_sampler import NativePlan
 from ..data.share import Share
 from .checkpoint import CheckpointError, find_checkpoint, load_into_model, load_weights
 from .config import Config, apply_overrides, config_from_dict
+from .destinations import write_text
 from .distributed import DistContext, all_reduce_sum, init_distributed
 from .native_train import eval_budgets, plan_for
 from .setup import build_eval_sets, build_model, check_labels, check_resolutions, forward_on, resolve_amp
@@ -251,16 +252,19 @@ def json_safe(row: dict) -> dict:
     return {**{k: None if k in bad else v for k, v in row.items()}, "nonfinite": bad}
 
 
-def write_json(rows: list[dict], path: str | os.PathLike) -> None:
+def write_json(rows: list[dict], path: str | os.PathLike, flag: str = "") -> None:
+    """The rows as a JSON list, written atomically (a failure is one DestinationError line naming `flag`)."""
     out = [json_safe({k: r[k] for k in RESULT_KEYS}) for r in rows]
-    Path(path).write_text(json.dumps(out, indent=1, allow_nan=False) + "\n")
+    write_text(path, json.dumps(out, indent=1, allow_nan=False) + "\n", flag)
 
 
-def write_csv(rows: list[dict], path: str | os.PathLike) -> None:
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=RESULT_KEYS, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows)
+def write_csv(rows: list[dict], path: str | os.PathLike, flag: str = "") -> None:
+    """The rows as CSV, written atomically like write_json."""
+    text = io.StringIO(newline="")
+    w = csv.DictWriter(text, fieldnames=RESULT_KEYS, extrasaction="ignore")
+    w.writeheader()
+    w.writerows(rows)
+    write_text(path, text.getvalue(), flag)
 
 
 def native_eval_rows(

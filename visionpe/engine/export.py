@@ -14,13 +14,19 @@ import os
 from pathlib import Path
 
 from .checkpoint import CheckpointError, find_checkpoint, load_weights, save_weights
+from .destinations import check_destination, writing
 from .sharded_checkpoint import is_sharded_run, load_sharded_weights
 
 __all__ = ["export_weights", "export_main"]
 
 
 def export_weights(checkpoint: str | os.PathLike, out: str | os.PathLike, ema: bool = False) -> Path:
-    """Write the weights (or EMA weights) of `checkpoint` (a run directory or a `.dcp` folder) to `out`."""
+    """Write the weights (or EMA weights) of `checkpoint` (a run directory or a `.dcp` folder) to `out` (checked
+    before anything is read, written atomically)."""
+    out = Path(out)
+    if out.suffix != ".safetensors":
+        raise CheckpointError(f"--out must name a .safetensors file, got {out}")
+    check_destination(out, "--out")
     if is_sharded_run(checkpoint):
         state, meta = load_sharded_weights(checkpoint, ema)
     else:
@@ -35,11 +41,8 @@ def export_weights(checkpoint: str | os.PathLike, out: str | os.PathLike, ema: b
         meta["ema"] = "true"
     else:
         meta.pop("ema", None)
-    out = Path(out)
-    if out.suffix != ".safetensors":
-        raise CheckpointError(f"--out must name a .safetensors file, got {out}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    save_weights(out, state, meta)
+    with writing(out, "--out"):
+        save_weights(out, state, meta)
     return out
 
 
