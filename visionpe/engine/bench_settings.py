@@ -126,6 +126,7 @@ class BenchConfig:
         {},
         "pretrained mode: model -> weights file (timm/official .pth/.safetensors, loaded through the model's "
         "pretrained filter) or a visionpe run directory; models not listed load timm's pretrained weights",
+        path=True,
     )
     eval_samples: int = setting(0, "evaluate on the first N images of the validation split (0: all of it)", ge=0)
     base_samples: int | None = setting(
@@ -142,8 +143,10 @@ class BenchConfig:
     model_kwargs: dict = setting(
         {}, "model -> extra constructor kwargs for that model only (e.g. init_values for LayerScale checkpoints)"
     )
-    output_dir: str = setting("results/{name}", "tables, plot and per-run results (small files, meant to be kept)")
-    runs_dir: str = setting("runs/bench/{name}", "training run directories (checkpoints)")
+    output_dir: str = setting(
+        "results/{name}", "tables, plot and per-run results (small files, meant to be kept)", path=True
+    )
+    runs_dir: str = setting("runs/bench/{name}", "training run directories (checkpoints)", path=True)
 
     def out(self) -> Path:
         return Path(self.output_dir.replace("{name}", self.name))

@@ -43,6 +43,8 @@ __all__ = [
     "remove_stale_tmp",
     "resume_candidates",
     "KILL_AT_ENV",
+    "is_plain_name",
+    "pointer_history",
 ]
 
 POINTER = "checkpoint.json"
@@ -216,8 +218,7 @@ def write_checkpoint(
             save_weights(ref.ema, ema_state, {**metadata, "ema": "true"})
         path = ref.state
         _atomic(ref.state, lambda tmp: torch.save(train_state, tmp), "state")
-        old = read_pointer(run_dir) or {}
-        history = [t for t in old.get("history", []) if t != tag] + [tag]
+        history = [t for t in pointer_history(run_dir) if t != tag] + [tag]
         pointer = {
             **(info or {}),
             "weights": str(ref.weights.relative_to(run_dir)),
@@ -230,7 +231,10 @@ def write_checkpoint(
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
-        previous = (read_pointer(run_dir) or {}).get("weights")
+        try:
+            previous = (read_pointer(run_dir) or {}).get("weights")
+        except CheckpointError:
+            previous = None
         kept = f"the previous checkpoint {run_dir / previous} is intact" if previous else "no earlier checkpoint"
         raise DiskFullError(
             f"disk full while writing checkpoint {path}; {kept} (checkpoint.json still points to it). Free space "
@@ -245,14 +249,57 @@ def write_checkpoint(
     return ref
 
 
+def is_plain_name(name: object) -> bool:
+    """A file or folder name with no path in it: a non-empty string, not `.` or `..`, without separators or NUL."""
+    return isinstance(name, str) and name not in ("", ".", "..") and not any(c in name for c in "/\\\0")
+
+
+def _pointer_problem(pointer: object) -> str | None:
+    """What makes a parsed checkpoint.json unusable (None: nothing). Every file it names must be a plain name in the
+    run's checkpoints/ folder: a crafted pointer must not make a resume read or delete files elsewhere."""
+    if not isinstance(pointer, dict):
+        return f"it holds a JSON {type(pointer).__name__}, not an object"
+    if not pointer.get("weights") and not pointer.get("sharded"):
+        return "it names no checkpoint (no 'weights' or 'sharded' entry)"
+    for key in ("weights", "ema", "state", "sharded"):
+        value = pointer.get(key)
+        if value is None:
+            continue
+        parts = value.split("/") if isinstance(value, str) else []
+        if len(parts) != 2 or parts[0] != CKPT_DIR or not is_plain_name(parts[1]):
+            return f"its {key!r} entry {value!r} is not a file name in {CKPT_DIR}/"
+    history = pointer.get("history", [])
+    if not isinstance(history, list):
+        return f"its 'history' is a JSON {type(history).__name__}, not a list of checkpoint names"
+    bad = [t for t in history if not is_plain_name(t)]
+    if bad:
+        return f"its 'history' names {bad[0]!r}, not a checkpoint name in {CKPT_DIR}/"
+    return None
+
+
 def read_pointer(run_dir: Path) -> dict | None:
+    """The run's checkpoint.json (None if it has none); a CheckpointError if it is not JSON, not of its shape, or
+    names a file outside the run's checkpoints/ folder."""
     path = run_dir / POINTER
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+        pointer = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path} is corrupt ({e}); point it at a checkpoint in {run_dir / CKPT_DIR}") from None
+    problem = _pointer_problem(pointer)
+    if problem:
+        raise CheckpointError(f"{path} is corrupt ({problem}); point it at a checkpoint in {run_dir / CKPT_DIR}")
+    return pointer
+
+
+def pointer_history(run_dir: Path) -> list[str]:
+    """The checkpoint tags the run's pointer lists, oldest first; [] when it has none or it is unreadable (a writer
+    then replaces it, pruning nothing it names)."""
+    try:
+        return (read_pointer(run_dir) or {}).get("history", [])
+    except CheckpointError:
+        return []
 
 
 def find_checkpoint(path: str | os.PathLike) -> CheckpointRef | None:

@@ -66,6 +66,7 @@ def train_main(argv: list[str] | None = None) -> int:
         const=True,
         default=False,
         metavar="RUN_DIR",
+        type=os.path.expanduser,
         help="continue the run the config names, or the given run directory (with its saved config)",
     )
     parser.add_argument(
@@ -104,7 +105,12 @@ def eval_main(argv: list[str] | None = None) -> int:
         description="Evaluate a checkpoint at several resolutions: top-1, top-5 and loss per resolution. "
         "Overrides (key=value) are applied to the checkpoint's config, e.g. data.root=... data.eval_batch_size=256.",
     )
-    parser.add_argument("--checkpoint", required=True, help="a run directory (its latest checkpoint) or .safetensors")
+    parser.add_argument(
+        "--checkpoint",
+        required=True,
+        type=os.path.expanduser,
+        help="a run directory (its latest checkpoint) or .safetensors",
+    )
     parser.add_argument(
         "--resolutions",
         type=_parse_resolutions,
@@ -112,8 +118,12 @@ def eval_main(argv: list[str] | None = None) -> int:
         help="comma-separated resolutions, e.g. 28,42,56 (default: the run's eval.resolutions)",
     )
     parser.add_argument("--ema", action="store_true", help="evaluate the EMA weights")
-    parser.add_argument("--json", help="write the results as a JSON list of {resolution, top1, top5, loss, images}")
-    parser.add_argument("--csv", help="write the results as CSV with the same columns")
+    parser.add_argument(
+        "--json",
+        type=os.path.expanduser,
+        help="write the results as a JSON list of {resolution, top1, top5, loss, images}",
+    )
+    parser.add_argument("--csv", type=os.path.expanduser, help="write the results as CSV with the same columns")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (data.*, train.device)")
     args = parser.parse_args(argv)
     from .distributed import init_distributed, shutdown

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -50,14 +51,15 @@ class ConfigError(ValueError):
     """A config key or value that cannot be used; the message names the fix."""
 
 
-def setting(default: Any, help: str, schema: type | None = None, **check: Any) -> Any:  # noqa: A002
+def setting(default: Any, help: str, schema: type | None = None, path: bool = False, **check: Any) -> Any:  # noqa: A002
     """A config key: its default, its one-line help and its allowed values, checked whenever a config is read:
     `ge`/`gt`/`le`/`lt` bounds (each item of a list), `choices`. A float must be finite. None passes (where the
     type allows it: it means the default named in the help). A list may also declare `unique=True` (no value twice)
     and `nonempty=EXAMPLE` (at least one value; the error shows EXAMPLE); `parse`: a function each value must pass
     (a ValueError says why not). `schema`: a dataclass of settings that the keys of a dict-valued key must be (e.g.
-    data.native.*), each checked as a key of its own; {} means it is off."""
-    meta = {"help": help, "check": check, "schema": schema}
+    data.native.*), each checked as a key of its own; {} means it is off. `path=True`: a path (or a dict of paths),
+    `~` expanded to the home folder when read."""
+    meta = {"help": help, "check": check, "schema": schema, "path": path}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
     return field(default=default, metadata=meta)
@@ -112,7 +114,7 @@ class DataConfig:
     """The dataset and how it is batched."""
 
     name: str = setting("synthetic-shapes", "a registered dataset (synthetic-shapes, fashion-mnist, imagefolder, ...)")
-    root: str | None = setting(None, "data directory (folders: root/train/<class>/*, root/val/<class>/*)")
+    root: str | None = setting(None, "data directory (folders: root/train/<class>/*, root/val/<class>/*)", path=True)
     options: dict = setting({}, "dataset-specific options, e.g. data.options.num_train=2000")
     train_split: str = setting("train", "split to train on")
     val_split: str = setting("val", "split to evaluate on")
@@ -204,8 +206,12 @@ class TrainConfig:
     )
     fsdp: dict = setting({}, "fsdp options: reshard_after_forward (default true); see docs/training.md")
     activation_checkpointing: bool = setting(False, "recompute each block's activations in the backward (less memory)")
-    output_dir: str = setting("runs", "where run directories go")
-    run_name: str | None = setting(None, "run directory name ({model} becomes model.name); null: <config name>-{model}")
+    output_dir: str = setting("runs", "where run directories go", path=True)
+    run_name: str | None = setting(
+        None,
+        "run directory name ({model} becomes model.name), a plain name inside output_dir; null: <config name>-{model}",
+        parse=lambda name: check_run_name(name.replace("{model}", "model")),
+    )
 
 
 @dataclass
@@ -334,6 +340,35 @@ def coerce(value: Any, tp, key: str) -> Any:
     raise ConfigError(f"{key}: unsupported type {tp}")  # pragma: no cover (a new field of an unhandled type)
 
 
+def expand_home(value: Any) -> Any:
+    """`~` (and `~user`) at the start of a path, or of each path of a dict or list, as the home folder."""
+    if isinstance(value, str):
+        return os.path.expanduser(value)
+    if isinstance(value, dict):
+        return {k: expand_home(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [expand_home(v) for v in value]
+    return value
+
+
+NAME_MAX = 255  # bytes in one file name on Linux, macOS and Windows file systems
+
+
+def check_run_name(name: str) -> str:
+    """`name` if it can name a run directory inside train.output_dir (a ValueError saying why not otherwise)."""
+    if name in ("", ".", "..") or any(c in name for c in "/\\\0"):
+        raise ValueError(
+            f"{name!r} is not a plain folder name; a run directory stays inside train.output_dir (set that to "
+            f"choose another place, and train.run_name to a name without / or ..)"
+        )
+    if len(os.fsencode(name)) > NAME_MAX:
+        raise ValueError(
+            f"the name is {len(os.fsencode(name))} bytes long, over the file system's limit of {NAME_MAX}; "
+            f"choose a shorter train.run_name"
+        )
+    return name
+
+
 def _raise(e: Exception):
     raise e
 
@@ -413,6 +448,8 @@ def read_section(cls: type, values: dict, section: str, where: str = "", root: t
             raise _unknown(f"{section}.{k}", where, root)
         converted[k] = coerce(v, hints[k], f"{section}.{k}")
         meta = fields[k].metadata
+        if meta.get("path"):
+            converted[k] = expand_home(converted[k])
         check_value(converted[k], meta.get("check", {}), f"{section}.{k}", meta.get("help", ""))
         if meta.get("schema") is not None:
             converted[k] = check_schema(converted[k], meta["schema"], f"{section}.{k}")

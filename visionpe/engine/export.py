@@ -50,8 +50,13 @@ def export_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Write one safetensors file from a run's latest checkpoint (sharded fsdp checkpoints included)."
     )
-    parser.add_argument("--checkpoint", required=True, help="a run directory or a sharded checkpoint folder (.dcp)")
-    parser.add_argument("--out", required=True, help="the .safetensors file to write")
+    parser.add_argument(
+        "--checkpoint",
+        required=True,
+        type=os.path.expanduser,
+        help="a run directory or a sharded checkpoint folder (.dcp)",
+    )
+    parser.add_argument("--out", required=True, type=os.path.expanduser, help="the .safetensors file to write")
     parser.add_argument("--ema", action="store_true", help="export the EMA weights")
     args = parser.parse_args(argv)
     from .cli import USER_ERRORS, user_error

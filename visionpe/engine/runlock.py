@@ -12,6 +12,7 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import time
 from pathlib import Path
 
@@ -59,7 +60,15 @@ class RunLock:
     def acquire(self) -> None:
         if self._fd is not None:
             return
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:  # never through a link: a planted `.lock -> ~/file` would have that file truncated
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+        except OSError as e:
+            if e.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+                raise
+            raise ConfigError(self._not_a_file()) from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise ConfigError(self._not_a_file())
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
@@ -71,6 +80,10 @@ class RunLock:
         os.ftruncate(fd, 0)
         os.write(fd, (json.dumps(holder) + "\n").encode())
         self._fd = fd
+
+    def _not_a_file(self) -> str:
+        what = "a symbolic link" if self.path.is_symlink() else "not a plain file"
+        return f"{self.path} is {what}; a run's lock is a plain file: remove it (and check who put it there)"
 
     def _held_message(self) -> str:
         try:

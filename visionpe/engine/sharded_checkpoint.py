@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import signal
+import warnings
 from pathlib import Path
 
 import torch
@@ -36,10 +37,12 @@ from .checkpoint import (
     CheckpointRef,
     atomic_write_text,
     load_training_state,
+    pointer_history,
     read_pointer,
     remove_stale_tmp,
     rng_state,
 )
+from .dcp_reader import dcp_load, read_dcp_metadata
 
 __all__ = [
     "SHARDED_SUFFIX",
@@ -132,12 +135,12 @@ def save_sharded(tr, finished: bool = False) -> None:
     _barrier()
     if tr.ctx.is_main:
         _phase("sharded-tmp")
-        old = read_pointer(tr.run_dir) or {}
+        old_history = pointer_history(tr.run_dir)  # plain names only (read_pointer checks them)
         if final.exists():  # a tag written again after a resume from an older checkpoint: never the pointed-to one
             shutil.rmtree(final)
         os.replace(tmp, final)
         _phase("sharded")
-        history = [t for t in old.get("history", []) if t != tag] + [tag]
+        history = [t for t in old_history if t != tag] + [tag]
         keep = max(tr.cfg.train.keep_checkpoints, 1)
         seconds, cpu_seconds = state["spent"]
         pointer = dict(
@@ -183,7 +186,14 @@ def check_sharded_run_dir(tr, resume: bool) -> tuple:
     """Trainer._check_run_dir for fsdp runs: (checkpoint to resume, (None, None, this rank's training state)) or
     (None, None); a DDP run, an existing run without --resume, or another world size is a CheckpointError."""
     run_dir, ctx = tr.run_dir, tr.ctx
-    pointer = read_pointer(run_dir) if (run_dir / POINTER).is_file() else None
+    pointer = None
+    if (run_dir / POINTER).is_file():
+        try:
+            pointer = read_pointer(run_dir)
+        except CheckpointError as e:  # as for ddp runs: the checkpoint folders on disk, newest first
+            pointer = {}  # there, unreadable: the directory still holds a run
+            if resume and ctx.is_main:
+                warnings.warn(f"{e}; looking for checkpoints in {run_dir / CKPT_DIR}", stacklevel=2)
     if pointer is not None and pointer.get("weights") and not pointer.get("sharded"):
         raise CheckpointError(
             f"{run_dir} was trained with train.strategy=ddp (safetensors checkpoints); continue it with "
@@ -238,7 +248,7 @@ def load_sharded(tr, ref: CheckpointRef) -> None:
             f"{folder} has no EMA weights but train.ema=true; resume with train.ema=false or start a new run"
         )
     state = _tensor_state(tr)
-    dcp.load(state, checkpoint_id=folder)
+    dcp_load(state, folder)  # DCP's index and values read without unpickling arbitrary objects (dcp_reader.py)
     set_model_state_dict(tr.model, state["model"])
     set_optimizer_state_dict(tr.model, tr.optimizer, state["optimizer"])
     if tr.ema is not None:
@@ -249,6 +259,8 @@ def _sharded_folder(path: Path) -> Path:
     if path.name.endswith(SHARDED_SUFFIX):
         return path
     pointer = read_pointer(path) or {}
+    if not pointer.get("sharded"):
+        raise CheckpointError(f"{path} has no {POINTER} naming a sharded checkpoint; pass one of its {CKPT_DIR}/*.dcp")
     folder = path / pointer["sharded"]
     if not folder.is_dir():
         raise CheckpointError(f"{path / POINTER} points to {folder}, which is missing")
@@ -263,12 +275,12 @@ def load_sharded_weights(path: str | os.PathLike, ema: bool = False) -> tuple[di
     if ema and not meta.get("ema"):
         raise CheckpointError(f"{path} has no EMA weights (train with train.ema=true)")
     prefix = "ema." if ema else "model."
-    layout = dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+    layout = read_dcp_metadata(folder).state_dict_metadata
     state = {
         k: torch.empty(m.size, dtype=m.properties.dtype)
         for k, m in layout.items()
         if k.startswith(prefix) and isinstance(m, TensorStorageMetadata)
     }
-    dcp.load(state, checkpoint_id=folder, no_dist=True)
+    dcp_load(state, folder, no_dist=True)
     out_meta = {k: v if isinstance(v, str) else json.dumps(v) for k, v in meta.items()}
     return {k.removeprefix(prefix): v for k, v in state.items()}, out_meta

@@ -48,7 +48,15 @@ from .checkpoint import (
     set_rng_state,
     write_checkpoint,
 )
-from .config import Config, ConfigError, check_training_config, config_to_dict, load_config, save_config
+from .config import (
+    Config,
+    ConfigError,
+    check_run_name,
+    check_training_config,
+    config_to_dict,
+    load_config,
+    save_config,
+)
 from .distributed import (
     DistContext,
     all_reduce_max,
@@ -65,7 +73,7 @@ from .interrupt import StopOnSignal, TrainingInterrupted, diverged, interrupted
 from .loss_tally import LossTally
 from .metrics_log import METRICS, append_metrics, trim_metrics
 from .native_train import NativeWindow, check_native, plan_for
-from .run_dir import CorruptCheckpointWarning, resume_files
+from .run_dir import CorruptCheckpointWarning, check_run_dir_is_ours, resume_files
 from .runlock import RunLock, writable_run_dir
 from .setup import (
     autocast,
@@ -98,8 +106,13 @@ class StreamResumeWarning(UserWarning):
 
 
 def resolve_run_dir(cfg: Config) -> Path:
+    """train.output_dir / the run's name: a plain folder name (no separators, `.` or `..`; a ConfigError if not)."""
     name = (cfg.train.run_name or f"{cfg.data.name}-{{model}}").replace("{model}", cfg.model.name)
-    return Path(cfg.train.output_dir) / name
+    try:
+        check_run_name(name)
+    except ValueError as e:
+        raise ConfigError(f"train.run_name: {e}") from None
+    return Path(cfg.train.output_dir).expanduser() / name
 
 
 class Trainer:
@@ -288,6 +301,7 @@ class Trainer:
         error = None
         if self.ctx.is_main:
             try:
+                check_run_dir_is_ours(self.run_dir)  # never another folder's config.yaml / metrics.jsonl
                 self.created_dir = writable_run_dir(self.run_dir)
                 self.lock.acquire()
             except ValueError as e:  # ConfigError, RunLockedError
@@ -650,7 +664,9 @@ def train(
     continues the run directory the config names, `resume=<run dir>` continues that one with its saved config.
     A resume whose config changes what was trained (changes.FREE_KEYS aside) is refused unless `accept_changes`."""
     if isinstance(resume, (str, os.PathLike)):
-        run_dir = Path(resume)
+        run_dir = Path(resume).expanduser()
+        if run_dir.name in ("", ".."):  # `--resume .`: the folder's own name is the run's
+            run_dir = Path(os.path.abspath(run_dir))
         if not (run_dir / "config.yaml").is_file():
             raise CheckpointError(f"{run_dir} is not a run directory (no config.yaml); nothing to resume")
         cfg = load_config(run_dir / "config.yaml", overrides) if config is None else _as_config(config, overrides)
