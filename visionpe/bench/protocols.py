@@ -90,8 +90,8 @@ class SizedView(_View):
             return self.render(index, self.size, self.frames)
         if self.protocol == "duration":
             return self.dataset.render_duration(index, self.size, self.frames)
-        if self.canvas is not None and self.base is not None:
-            return self.canvas(index, self.base)
+        if self.canvas is not None and self.base is not None and not getattr(self.dataset, "renders_detail", False):
+            return self.canvas(index, self.base)  # a canvas dataset's render(R) is a field of view: resize the base
         return self.render(index, max(self.size)) if self.render else self.dataset[index]
 
     def __getitem__(self, index: int):

@@ -1,6 +1,16 @@
 """Datasets, transforms and multi-resolution batching."""
 
-from . import canvas, fashion_mnist, folders, image_text, native_canvas, synthetic_shapes, timm_readers, video_shapes  # noqa: F401
+from . import (  # noqa: F401
+    canvas,
+    clipart,
+    fashion_mnist,
+    folders,
+    image_text,
+    native_canvas,
+    synthetic_shapes,
+    timm_readers,
+    video_shapes,
+)
 from .loader import build_dataset, build_eval_loader, build_train_loader, dataset_num_classes
 from .multires import Batch, ResolutionBatchSampler, collate_to_resolution, resize_to
 from .registry import DATASETS, DatasetInfo, get_dataset_info, register_dataset
