@@ -4,6 +4,7 @@ cannot be written, attention backends that cannot run. Each is now one clear lin
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import unicodedata
 from pathlib import Path
@@ -38,6 +39,9 @@ OUT_OF_RANGE = {
     "train.ema_decay=2": "train.ema_decay must be >= 0 and <= 1, got 2.0",
     "optim.lr=nan": "optim.lr must be a finite number, got nan",
     "eval.resolutions=16,0": "eval.resolutions[1] must be >= 1, got 0",
+    "train.seed=-1": "train.seed must be >= 0 and < 2147483648, got -1",
+    "train.seed=4294967296": "train.seed must be >= 0 and < 2147483648, got 4294967296",
+    "aug.std=0.5,0": "aug.std[1] must be > 0, got 0.0",
 }
 
 
@@ -49,6 +53,22 @@ def test_a_value_out_of_its_keys_declared_range_is_one_line(override, capsys, tm
         cfg = Config()
         cfg.train.threads = -1
         apply_overrides(cfg, [])
+
+
+def test_every_integer_key_declares_its_range():
+    """An int key without a declared range would reach torch/numpy unchecked (train.seed=-1 gave numpy's message)."""
+    unbounded = []
+    for section in dataclasses.fields(Config):
+        schemas = [(section.name, type(getattr(Config(), section.name)))]
+        for f in dataclasses.fields(schemas[0][1]):
+            if f.metadata.get("schema"):
+                schemas.append((f"{section.name}.{f.name}", f.metadata["schema"]))
+        for prefix, schema in schemas:
+            for f in dataclasses.fields(schema):
+                bounded = {"ge", "gt", "le", "lt", "choices"} & set(f.metadata.get("check", {}))
+                if "int" in str(f.type) and not bounded:
+                    unbounded.append(f"{prefix}.{f.name}")
+    assert not unbounded
 
 
 def test_yaml_duplicate_sections_leading_zeros_and_other_encodings(tmp_path, capsys):

@@ -139,7 +139,9 @@ class AugConfig:
     interpolation: str | None = setting(None, "resize interpolation; null: the model's pretrained cfg")
     crop_pct: float | None = setting(None, "evaluation centre-crop fraction; null: the model's pretrained cfg", gt=0)
     mean: list[float] | None = setting(None, "normalisation mean for image folders; null: the model's pretrained cfg")
-    std: list[float] | None = setting(None, "normalisation std for image folders; null: the model's pretrained cfg")
+    std: list[float] | None = setting(
+        None, "normalisation std for image folders; null: the model's pretrained cfg", gt=0
+    )
     mixup: float = setting(0.0, "mixup alpha (0: off)", ge=0)
     cutmix: float = setting(0.0, "cutmix alpha (0: off)", ge=0)
     mixup_prob: float = setting(1.0, "probability of applying mixup or cutmix to a batch", ge=0, le=1)
@@ -174,7 +176,9 @@ class TrainConfig:
     """The training loop, checkpoints and logging."""
 
     epochs: int = setting(10, "number of epochs", ge=1)
-    seed: int = setting(0, "seed of model init, data order, augmentation and multi-resolution schedule")
+    seed: int = setting(  # each rank seeds numpy with seed + rank, which must stay below 2**32
+        0, "seed of model init, data order, augmentation and multi-resolution schedule", ge=0, lt=2**31
+    )
     device: str = setting("auto", "auto (cuda when present), cpu or cuda[:i]")
     amp: str = setting(
         "auto",
