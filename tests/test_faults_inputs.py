@@ -86,6 +86,51 @@ def test_yaml_duplicate_sections_leading_zeros_and_other_encodings(tmp_path, cap
     assert f"{latin} is not UTF-8 text (byte 0xe9 at offset 22)" in line
 
 
+def _alias_bomb(levels: int) -> str:
+    """model.kwargs holding 10**levels copies of one word through nested aliases (a "billion laughs" file)."""
+    lines = ["model:", "  kwargs:", "    l0: &l0 [" + ", ".join(["lol"] * 10) + "]"]
+    lines += [f"    l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 10) + "]" for i in range(1, levels)]
+    return "\n".join([*lines, f"    depth: *l{levels - 1}", ""])
+
+
+def test_yaml_alias_bomb_is_refused_before_it_is_built(tmp_path, capsys):
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(_alias_bomb(9))  # 10**9 values once expanded
+    line = _one_line_error(capsys, ["-c", str(bomb)])
+    assert "holds more than 100,000 values once its aliases (*name) are expanded" in line and len(line) < 300
+    loop = tmp_path / "loop.yaml"
+    loop.write_text("model:\n  kwargs: &k {again: *k}\n")
+    with pytest.raises(ConfigError, match="an alias refers to the value that holds it"):
+        load_config(loop)
+    fine = tmp_path / "fine.yaml"  # aliases and merge keys within the bound read as YAML says
+    fine.write_text("model:\n  kwargs: &k {depth: 1, num_heads: 2}\ndata:\n  options: {<<: *k, num_train: 8}\n")
+    cfg = load_config(fine)
+    assert cfg.data.options == {"depth": 1, "num_heads": 2, "num_train": 8} == {**cfg.model.kwargs, "num_train": 8}
+
+
+def test_errors_show_a_long_value_cut_short():
+    with pytest.raises(ConfigError, match=r"aug.hflip expects float, got 'yyy.*\.\.\..*yyy'$") as e:
+        load_config(None, ["aug.hflip=" + "y" * 100_000])
+    assert len(str(e.value)) < 300
+    with pytest.raises(ConfigError, match="train.epochs expects int") as e:
+        load_config(None, ["train.epochs=[" + ",".join(["[1,2,3]"] * 5000) + "]"])
+    assert len(str(e.value)) < 400
+
+
+def test_yaml_11_words_are_strings_for_string_keys_and_bools_for_bool_keys(tmp_path):
+    recipe = tmp_path / "words.yaml"
+    recipe.write_text(
+        "train:\n  amp: off\n  run_name: no\n  ema: yes\n  progress: Off\n"
+        "model:\n  kwargs: {class_token: no, dynamic_img_pad: on, global_pool: 'off'}\n"
+    )
+    cfg = load_config(recipe)
+    assert (cfg.train.amp, cfg.train.run_name, cfg.train.ema, cfg.train.progress) == ("none", "no", True, False)
+    assert cfg.model.kwargs == {"class_token": False, "dynamic_img_pad": True, "global_pool": "off"}
+    assert load_config(None, ["train.amp=off"]).train.amp == load_config(None, ["train.amp=false"]).train.amp == "none"
+    with pytest.raises(ConfigError, match="train.amp must be one of auto, bf16, fp16, none; got 'on'"):
+        load_config(None, ["train.amp=on"])
+
+
 # ------------------------------------------------------------------------------------------------- image folders
 
 

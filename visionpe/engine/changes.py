@@ -16,6 +16,7 @@ import unicodedata
 from pathlib import Path
 
 from .config import Config, ConfigError, config_from_dict, config_to_dict, read_yaml
+from .yaml_io import short_repr
 
 __all__ = [
     "FREE_KEYS",
@@ -120,7 +121,7 @@ def check_resume_changes(cfg: Config, run_dir: Path, step: int, epoch: int, acce
     changes = changed_keys(old, _resolved(cfg))
     if not changes:
         return {}
-    listed = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items())
+    listed = ", ".join(f"{k} {short_repr(a)} -> {short_repr(b)}" for k, (a, b) in changes.items())
     if not accept:
         raise ConfigError(
             f"--resume would change what {run_dir} was trained with: {listed}; drop these overrides to continue "

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 import yaml
 
-from .yaml_io import YamlError, load_yaml_file, load_yaml_text
+from .yaml_io import YamlError, load_yaml_file, load_yaml_text, short_repr, yaml11_booleans
 
 __all__ = [
     "Config",
@@ -55,7 +55,8 @@ def setting(default: Any, help: str, schema: type | None = None, **check: Any) -
     `ge`/`gt`/`le`/`lt` bounds (each item of a list), `choices`. A float must be finite. None passes (where the
     type allows it: it means the default named in the help). A list may also declare `unique=True` (no value twice)
     and `nonempty=EXAMPLE` (at least one value; the error shows EXAMPLE); `parse`: a function each value must pass
-    (a ValueError says why not). `schema`: a dataclass of settings that the keys of a dict-valued key must be (e.g.
+    (a ValueError says why not); `synonyms`: {other spelling: value}, read as that value (train.amp: off is none).
+    `schema`: a dataclass of settings that the keys of a dict-valued key must be (e.g.
     data.native.*), each checked as a key of its own; {} means it is off."""
     meta = {"help": help, "check": check, "schema": schema}
     if isinstance(default, (list, dict)):
@@ -184,6 +185,7 @@ class TrainConfig:
         "auto",
         "auto (bf16 on GPUs and AMX CPUs, fp16 on older GPUs, else none), bf16, fp16 or none",
         choices=("auto", "bf16", "fp16", "none"),
+        synonyms={"off": "none", "false": "none"},
     )
     threads: int | None = setting(None, "torch intra-op threads per process; null: torch's default", ge=1)
     ema: bool = setting(False, "keep an exponential moving average of the weights (timm ModelEmaV3)")
@@ -276,7 +278,8 @@ def nearest_key(key: str, keys: list[str]) -> str:
 def _unknown(key: str, where: str, root: type = Config) -> ConfigError:
     keys = list(_key_types(root))
     return ConfigError(
-        f"unknown config key {key!r}{where}; did you mean {nearest_key(key, keys)!r}? (`{root.HELP}` lists every key)"
+        f"unknown config key {short_repr(key)}{where}; did you mean {nearest_key(key, keys)!r}? "
+        f"(`{root.HELP}` lists every key)"
     )
 
 
@@ -292,7 +295,7 @@ def coerce(value: Any, tp, key: str) -> Any:
         if value is None or (isinstance(value, str) and value.strip().lower() in ("null", "none", "~", "")):
             return None
         return coerce(value, args[0], key)
-    bad = ConfigError(f"{key} expects {_type_name(tp)}, got {value!r}")
+    bad = ConfigError(f"{key} expects {_type_name(tp)}, got {short_repr(value)}")
     if value is None:
         raise bad
     if tp is bool:
@@ -352,6 +355,7 @@ def describe_check(check: dict) -> str:
     parts += [text for name, text in (("nonempty", "at least one"), ("unique", "each once")) if check.get(name)]
     if "choices" in check:
         parts.append(" | ".join(map(str, check["choices"])))
+    parts += [f"{k} = {v}" for k, v in check.get("synonyms", {}).items()]
     return f"  [{', '.join(parts)}]" if parts else ""
 
 
@@ -369,7 +373,7 @@ def check_value(value: Any, check: dict, key: str, help: str = "") -> None:  # n
         if isinstance(v, float) and not math.isfinite(v):
             raise ConfigError(f"{where} must be a finite number, got {v}")
         if "choices" in check and v not in check["choices"]:
-            raise ConfigError(f"{where} must be one of {', '.join(map(str, check['choices']))}; got {v!r}")
+            raise ConfigError(f"{where} must be one of {', '.join(map(str, check['choices']))}; got {short_repr(v)}")
         try:
             check.get("parse", str)(v)
         except ValueError as e:
@@ -377,7 +381,7 @@ def check_value(value: Any, check: dict, key: str, help: str = "") -> None:  # n
         failed = [f"{sign} {check[b]}" for b, (sign, ok) in _BOUNDS.items() if b in check and not ok(v, check[b])]
         if failed:
             allowed = " and ".join(f"{sign} {check[b]}" for b, (sign, _) in _BOUNDS.items() if b in check)
-            raise ConfigError(f"{where} must be {allowed}, got {v!r}" + (f" ({help})" if help else ""))
+            raise ConfigError(f"{where} must be {allowed}, got {short_repr(v)}" + (f" ({help})" if help else ""))
 
 
 # --------------------------------------------------------------------------------------------- dicts, files, overrides
@@ -401,7 +405,7 @@ def config_from_dict(data: dict | None, where: str = "", root: type = Config) ->
         if values is None:
             values = {}
         if not isinstance(values, dict):
-            raise ConfigError(f"config section {section!r}{where} must be a mapping of keys, got {values!r}")
+            raise ConfigError(f"config section {section!r}{where} must be a mapping of keys, got {short_repr(values)}")
         kwargs[section] = read_section(sections[section], values, section, where, root)
     return root(**kwargs)
 
@@ -415,12 +419,20 @@ def read_section(cls: type, values: dict, section: str, where: str = "", root: t
     for k, v in values.items():
         if k not in fields:
             raise _unknown(f"{section}.{k}", where, root)
-        converted[k] = coerce(v, hints[k], f"{section}.{k}")
         meta = fields[k].metadata
+        converted[k] = _spelled(coerce(v, hints[k], f"{section}.{k}"), meta)
         check_value(converted[k], meta.get("check", {}), f"{section}.{k}", meta.get("help", ""))
         if meta.get("schema") is not None:
             converted[k] = check_schema(converted[k], meta["schema"], f"{section}.{k}")
+        elif isinstance(converted[k], dict):  # free-form (model.kwargs, data.options): yes/no/on/off as YAML 1.1 bools
+            converted[k] = yaml11_booleans(converted[k])
     return cls(**converted)
+
+
+def _spelled(value: Any, meta: Any) -> Any:
+    """A string key's value with its declared `synonyms` (see `setting`) replaced by the value they stand for."""
+    synonyms = meta.get("check", {}).get("synonyms", {})
+    return synonyms.get(value.lower(), value) if isinstance(value, str) else value
 
 
 def check_schema(values: dict, schema: type, key: str) -> dict:
@@ -433,8 +445,8 @@ def check_schema(values: dict, schema: type, key: str) -> dict:
         if name not in fields:
             near = difflib.get_close_matches(str(name), list(fields), n=1, cutoff=0.0)
             raise ConfigError(f"unknown config key {key}.{name}; did you mean {key}.{near[0]}?")
-        out[name] = coerce(value, hints[name], f"{key}.{name}")
         meta = fields[name].metadata
+        out[name] = _spelled(coerce(value, hints[name], f"{key}.{name}"), meta)
         check_value(out[name], meta.get("check", {}), f"{key}.{name}", meta.get("help", ""))
     return out
 
@@ -451,7 +463,7 @@ def apply_overrides(cfg: Config, overrides: list[str] | tuple[str, ...]) -> Conf
     key_types = _key_types(root)
     for item in overrides:
         if "=" not in item:
-            raise ConfigError(f"override {item!r} is not key=value (e.g. train.epochs=2)")
+            raise ConfigError(f"override {short_repr(item)} is not key=value (e.g. train.epochs=2)")
         key, raw = item.split("=", 1)
         key = key.strip()
         parts = key.split(".")
@@ -497,7 +509,7 @@ def _override_value(raw: str, item: str):
     if not raw.strip():
         return None
     try:
-        return load_yaml_text(raw, f"override {item!r}")
+        return load_yaml_text(raw, f"override {short_repr(item)}")
     except YamlError as e:
         raise ConfigError(str(e)) from None
 
