@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import timm
 import torch
 from tiny_runs import tiny_run
 
@@ -19,9 +20,10 @@ from visionpe.data.native_loader import build_native_train_loader, native_plan
 from visionpe.data.share import Share
 from visionpe.engine import train
 from visionpe.engine.checkpoint import find_checkpoint, load_weights
-from visionpe.engine.config import ConfigError, NativeConfig
+from visionpe.engine.config import ConfigError, NativeConfig, load_config
 from visionpe.engine.distributed import DistContext
 from visionpe.engine.evaluate import evaluate_checkpoint
+from visionpe.engine.native_train import plan_for
 
 NATIVE = [  # packed rows of 48 tokens, budgets of 8 and 16 patches of 4 px, evaluated at 16 and 32 tokens
     "data.native.max_tokens=16",
@@ -153,12 +155,32 @@ def test_native_training_runs_under_ddp_each_rank_packing_its_own_rows(tmp_path,
         ("data.native.row_tokens=8", "cannot hold an image at the largest budget"),
         ("data.native.patch_size=8", "has 4 px patches"),
         ("data.native.tokens_per_batch=16", "less than one row"),
+        ("data.train_resolutions=16,24", "data.train_resolutions=16,24 does not apply with data.native"),
     ],
 )
 def test_bad_native_settings_are_one_line_errors(common, override, message):
     with pytest.raises(ConfigError, match=message) as e:
         train(None, common(override, "train.run_name=bad"))
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("dataset", ["video-shapes", "image-text-shapes"])
+def test_native_batches_of_a_dataset_that_is_not_images_are_one_line(dataset):
+    cfg = load_config(None, [f"data.name={dataset}", "data.native.max_tokens=16"])
+    with pytest.raises(ConfigError, match=f"data.native takes image datasets .*'{dataset}' is of kind"):
+        plan_for(cfg, torch.nn.Identity())
+
+
+def test_a_model_without_patches_is_told_the_setting_that_works():
+    cvt = timm.create_model("cvt_13_cpe", num_classes=4, embed_dims=(16, 16, 16), depths=(1, 1, 1), num_heads=(1, 1, 1))
+    cfg = load_config(None, ["model.name=cvt_13_cpe", "data.native.max_tokens=16"])
+    with pytest.raises(ConfigError, match="set data.native.mode=buckets .* and data.native.patch_size=16 "):
+        plan_for(cfg, cvt)
+    cfg = load_config(None, ["model.name=cvt_13_cpe", "data.native.max_tokens=16", "data.native.mode=buckets"])
+    with pytest.raises(ConfigError, match=r"; set data.native.patch_size=16 \(its total stride\)"):
+        plan_for(cfg, cvt)
+    cfg.data.native["patch_size"] = 16  # the setting named works
+    assert plan_for(cfg, cvt).patch == 16
 
 
 def test_timm_naflex_loader_trains_as_the_loader(common):

@@ -527,6 +527,12 @@ def check_training_config(cfg: Config) -> None:
     config is read, from its declaration above)."""
     if (cfg.aug.mixup > 0 or cfg.aug.cutmix > 0) and cfg.data.batch_size % 2:
         raise ConfigError(f"mixup/cutmix pair up images: data.batch_size must be even, got {cfg.data.batch_size}")
+    if cfg.data.native and len(set(cfg.data.train_resolutions)) > 1:
+        raise ConfigError(
+            f"data.train_resolutions={','.join(map(str, cfg.data.train_resolutions))} does not apply with data.native: "
+            f"each image keeps its aspect and is resized to a token budget; vary the sizes with data.native.seq_lens "
+            f"(e.g. data.native.seq_lens=16,36) and drop data.train_resolutions"
+        )
 
 
 def save_config(cfg: Config, path: str | Path) -> None:
