@@ -17,8 +17,10 @@ from tiny_runs import tiny_run
 
 from visionpe.data import build_dataset
 from visionpe.data.native_loader import build_native_train_loader, native_plan
+from visionpe.data.native_timm import TimmResumeWarning
 from visionpe.data.share import Share
 from visionpe.engine import train
+from visionpe.engine.changes import changed_keys
 from visionpe.engine.checkpoint import find_checkpoint, load_weights
 from visionpe.engine.config import ConfigError, NativeConfig, load_config
 from visionpe.engine.distributed import DistContext
@@ -193,6 +195,20 @@ def test_timm_naflex_loader_trains_as_the_loader(common):
         0 <= r["padding"] < 0.5 and 8 <= r["images_per_batch"] <= 24 for r in rows
     )  # timm: multiples of 8
     assert {r["resolution"] for r in json.loads((run / "results.json").read_text())} == {16, "16tok", "32tok"}
+    # its workers draw their own crops: a resume refuses another worker count (data.workers is free elsewhere)
+    args = common("data.native.mode=padded", "data.native.loader=timm", "aug.scale=0.5,1", "train.run_name=timm")
+    with pytest.raises(ConfigError, match="data.workers 0 -> 1"):
+        train(None, [*args, "data.workers=1"], resume=True)
+
+
+def test_timm_loader_resumed_mid_epoch_warns_that_it_is_not_exact(fashion_root):
+    ds = build_dataset("fashion-mnist-native", "train", 16, root=fashion_root, options=dict(num_train=32, item=16))
+    plan = native_plan(NativeConfig(mode="padded", loader="timm", seq_lens=[8, 16], tokens_per_batch=64), 4)
+    batches = build_native_train_loader(ds, plan, 16, seed=1)
+    batches.start_at(0)  # an epoch from its start: no warning
+    with pytest.warns(TimmResumeWarning, match="resumed at batch 2 of an epoch"):
+        batches.start_at(2)
+    assert changed_keys({"data.workers": 0}, {"data.workers": 2}) == {}  # free on visionpe's loader
 
 
 def test_timm_loader_refuses_packing(common):
