@@ -4,6 +4,7 @@ cannot be written, attention backends that cannot run. Each is now one clear lin
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import unicodedata
 from pathlib import Path
@@ -38,6 +39,9 @@ OUT_OF_RANGE = {
     "train.ema_decay=2": "train.ema_decay must be >= 0 and <= 1, got 2.0",
     "optim.lr=nan": "optim.lr must be a finite number, got nan",
     "eval.resolutions=16,0": "eval.resolutions[1] must be >= 1, got 0",
+    "train.seed=-1": "train.seed must be >= 0 and < 2147483648, got -1",
+    "train.seed=4294967296": "train.seed must be >= 0 and < 2147483648, got 4294967296",
+    "aug.std=0.5,0": "aug.std[1] must be > 0, got 0.0",
 }
 
 
@@ -49,6 +53,22 @@ def test_a_value_out_of_its_keys_declared_range_is_one_line(override, capsys, tm
         cfg = Config()
         cfg.train.threads = -1
         apply_overrides(cfg, [])
+
+
+def test_every_integer_key_declares_its_range():
+    """An int key without a declared range would reach torch/numpy unchecked (train.seed=-1 gave numpy's message)."""
+    unbounded = []
+    for section in dataclasses.fields(Config):
+        schemas = [(section.name, type(getattr(Config(), section.name)))]
+        for f in dataclasses.fields(schemas[0][1]):
+            if f.metadata.get("schema"):
+                schemas.append((f"{section.name}.{f.name}", f.metadata["schema"]))
+        for prefix, schema in schemas:
+            for f in dataclasses.fields(schema):
+                bounded = {"ge", "gt", "le", "lt", "choices"} & set(f.metadata.get("check", {}))
+                if "int" in str(f.type) and not bounded:
+                    unbounded.append(f"{prefix}.{f.name}")
+    assert not unbounded
 
 
 def test_yaml_duplicate_sections_leading_zeros_and_other_encodings(tmp_path, capsys):
@@ -64,6 +84,51 @@ def test_yaml_duplicate_sections_leading_zeros_and_other_encodings(tmp_path, cap
     latin.write_bytes("train:\n  run_name: caf\xe9\n".encode("latin-1"))
     line = _one_line_error(capsys, ["-c", str(latin)])
     assert f"{latin} is not UTF-8 text (byte 0xe9 at offset 22)" in line
+
+
+def _alias_bomb(levels: int) -> str:
+    """model.kwargs holding 10**levels copies of one word through nested aliases (a "billion laughs" file)."""
+    lines = ["model:", "  kwargs:", "    l0: &l0 [" + ", ".join(["lol"] * 10) + "]"]
+    lines += [f"    l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 10) + "]" for i in range(1, levels)]
+    return "\n".join([*lines, f"    depth: *l{levels - 1}", ""])
+
+
+def test_yaml_alias_bomb_is_refused_before_it_is_built(tmp_path, capsys):
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(_alias_bomb(9))  # 10**9 values once expanded
+    line = _one_line_error(capsys, ["-c", str(bomb)])
+    assert "holds more than 100,000 values once its aliases (*name) are expanded" in line and len(line) < 300
+    loop = tmp_path / "loop.yaml"
+    loop.write_text("model:\n  kwargs: &k {again: *k}\n")
+    with pytest.raises(ConfigError, match="an alias refers to the value that holds it"):
+        load_config(loop)
+    fine = tmp_path / "fine.yaml"  # aliases and merge keys within the bound read as YAML says
+    fine.write_text("model:\n  kwargs: &k {depth: 1, num_heads: 2}\ndata:\n  options: {<<: *k, num_train: 8}\n")
+    cfg = load_config(fine)
+    assert cfg.data.options == {"depth": 1, "num_heads": 2, "num_train": 8} == {**cfg.model.kwargs, "num_train": 8}
+
+
+def test_errors_show_a_long_value_cut_short():
+    with pytest.raises(ConfigError, match=r"aug.hflip expects float, got 'yyy.*\.\.\..*yyy'$") as e:
+        load_config(None, ["aug.hflip=" + "y" * 100_000])
+    assert len(str(e.value)) < 300
+    with pytest.raises(ConfigError, match="train.epochs expects int") as e:
+        load_config(None, ["train.epochs=[" + ",".join(["[1,2,3]"] * 5000) + "]"])
+    assert len(str(e.value)) < 400
+
+
+def test_yaml_11_words_are_strings_for_string_keys_and_bools_for_bool_keys(tmp_path):
+    recipe = tmp_path / "words.yaml"
+    recipe.write_text(
+        "train:\n  amp: off\n  run_name: no\n  ema: yes\n  progress: Off\n"
+        "model:\n  kwargs: {class_token: no, dynamic_img_pad: on, global_pool: 'off'}\n"
+    )
+    cfg = load_config(recipe)
+    assert (cfg.train.amp, cfg.train.run_name, cfg.train.ema, cfg.train.progress) == ("none", "no", True, False)
+    assert cfg.model.kwargs == {"class_token": False, "dynamic_img_pad": True, "global_pool": "off"}
+    assert load_config(None, ["train.amp=off"]).train.amp == load_config(None, ["train.amp=false"]).train.amp == "none"
+    with pytest.raises(ConfigError, match="train.amp must be one of auto, bf16, fp16, none; got 'on'"):
+        load_config(None, ["train.amp=on"])
 
 
 # ------------------------------------------------------------------------------------------------- image folders

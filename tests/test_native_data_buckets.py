@@ -73,9 +73,10 @@ def test_too_few_images_for_every_bucket_is_a_one_line_error():
     assert enough.num_batches() == 400 // 32 - 7  # 32 images a batch in the smallest (8-token) bucket
 
 
-def test_swin_trains_on_aspect_buckets(tmp_path):
+def test_swin_trains_on_aspect_buckets(tmp_path, fashion_root):
     data = [
         "data.name=fashion-mnist-native",
+        f"data.root={fashion_root}",
         "data.options.num_train=240",
         "data.options.num_val=32",
         "data.options.side=32",

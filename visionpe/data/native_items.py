@@ -63,7 +63,8 @@ class NativeDataset(Dataset):
             seed_rngs(key.seed)
         image, target = self._draw(key)
         if not isinstance(image, torch.Tensor) or image.ndim != 3:
-            raise TypeError(f"native-aspect items must be images [C, H, W], got {type(image).__name__}")
+            got = f"a tensor of shape {list(image.shape)}" if isinstance(image, torch.Tensor) else type(image).__name__
+            raise TypeError(f"native-aspect items must be images [C, H, W], got {got}")
         image = resize_hw(image, key.size)
         return (patchify(image, self.patch) if self.patch else image), target, key
 

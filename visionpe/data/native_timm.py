@@ -6,10 +6,13 @@ to the batch's length with its NaFlexCollator. Our datasets give normalised tens
 the identity (mean 0, std 1). A dataset with `native_item` (an image folder, whose items are squares of the
 square route) gives timm each image whole at its own size instead. Its batches become NativeBatch; `start_at`
 skips batches by reading them (timm's augmentation draws from the process's RNG, so a mid-epoch resume gets the
-right images, not the same crops).
+right images, not the same crops, and warns: `TimmResumeWarning`). Each worker process draws its own crops, so the
+worker count (data.workers) changes the trained model on this route (a resume refuses a changed count, changes.py).
 """
 
 from __future__ import annotations
+
+import warnings
 
 from timm.data import create_naflex_loader
 from torch.utils.data import Dataset
@@ -17,7 +20,11 @@ from torch.utils.data import Dataset
 from .native_collate import NativeBatch
 from .native_sampler import NativePlan
 
-__all__ = ["TimmNaflexBatches"]
+__all__ = ["TimmNaflexBatches", "TimmResumeWarning"]
+
+
+class TimmResumeWarning(UserWarning):
+    """A run on timm's NaFlex loader resumed mid-epoch: the rest of the epoch gets other crops than it would have."""
 
 
 class _NativeItems(Dataset):
@@ -66,13 +73,21 @@ class TimmNaflexBatches:
             pin_memory=False,
         )
         self.batch_sampler = self  # what the trainer steers (loader.epoch_batches)
-        self.start = 0
+        self.start, self.rank = 0, rank
 
     def set_epoch(self, epoch: int) -> None:
         self.loader.dataset.set_epoch(epoch)
 
     def start_at(self, batch: int) -> None:
         self.start = batch
+        if batch and self.rank == 0:
+            warnings.warn(
+                f"data.native.loader=timm resumed at batch {batch} of an epoch: timm's loader draws its crops from "
+                f"each process's RNG, so the rest of this epoch sees the same images with other crops (not "
+                f"bit-identical to an uninterrupted run; data.native.loader=visionpe resumes exactly)",
+                TimmResumeWarning,
+                stacklevel=2,
+            )
 
     def num_batches(self) -> int:
         return len(self.loader.dataset)

@@ -16,6 +16,7 @@ import unicodedata
 from pathlib import Path
 
 from .config import Config, ConfigError, config_from_dict, config_to_dict, read_yaml
+from .yaml_io import short_repr
 
 __all__ = [
     "FREE_KEYS",
@@ -45,7 +46,8 @@ FREE_KEYS = frozenset(
         "eval.every_epochs",
         "eval.ema",
         "data.native.eval_tokens",  # what is evaluated, as eval.resolutions
-        "data.workers",  # items are seeded per (seed, epoch, index): the same with any worker count
+        "data.workers",  # items are seeded per (seed, epoch, index): the same with any worker count (not on
+        # timm's NaFlex loader, whose workers draw their own crops: changed_keys counts it there)
         "data.eval_batch_size",
     }
 )
@@ -104,11 +106,12 @@ def config_in_force(run_dir: Path) -> dict | None:
 
 
 def changed_keys(old: dict, new: dict) -> dict[str, tuple]:
-    """{key: (old, new)} for keys (free ones excluded) whose value differs."""
+    """{key: (old, new)} for keys (free ones excluded) whose value differs. data.workers is not free on timm's
+    NaFlex loader (data.native.loader=timm): each of its workers draws its own crops."""
+    timm_route = "timm" in (old.get("data.native.loader"), new.get("data.native.loader"))
+    free = FREE_KEYS - {"data.workers"} if timm_route else FREE_KEYS
     return {
-        k: (old.get(k), new.get(k))
-        for k in sorted(set(old) | set(new))
-        if k not in FREE_KEYS and old.get(k) != new.get(k)
+        k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new)) if k not in free and old.get(k) != new.get(k)
     }
 
 
@@ -120,7 +123,7 @@ def check_resume_changes(cfg: Config, run_dir: Path, step: int, epoch: int, acce
     changes = changed_keys(old, _resolved(cfg))
     if not changes:
         return {}
-    listed = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items())
+    listed = ", ".join(f"{k} {short_repr(a)} -> {short_repr(b)}" for k, (a, b) in changes.items())
     if not accept:
         raise ConfigError(
             f"--resume would change what {run_dir} was trained with: {listed}; drop these overrides to continue "

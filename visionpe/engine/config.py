@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 import yaml
 
-from .yaml_io import YamlError, load_yaml_file, load_yaml_text
+from .yaml_io import YamlError, load_yaml_file, load_yaml_text, short_repr, yaml11_booleans
 
 __all__ = [
     "Config",
@@ -56,9 +56,10 @@ def setting(default: Any, help: str, schema: type | None = None, path: bool = Fa
     `ge`/`gt`/`le`/`lt` bounds (each item of a list), `choices`. A float must be finite. None passes (where the
     type allows it: it means the default named in the help). A list may also declare `unique=True` (no value twice)
     and `nonempty=EXAMPLE` (at least one value; the error shows EXAMPLE); `parse`: a function each value must pass
-    (a ValueError says why not). `schema`: a dataclass of settings that the keys of a dict-valued key must be (e.g.
-    data.native.*), each checked as a key of its own; {} means it is off. `path=True`: a path (or a dict of paths),
-    `~` expanded to the home folder when read."""
+    (a ValueError says why not); `synonyms`: {other spelling: value}, read as that value (train.amp: off is none).
+    `schema`: a dataclass of settings that the keys of a dict-valued key must be (e.g. data.native.*), each checked
+    as a key of its own; {} means it is off. `path=True`: a path (or a dict of paths), `~` expanded to the home
+    folder when read."""
     meta = {"help": help, "check": check, "schema": schema, "path": path}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
@@ -141,7 +142,9 @@ class AugConfig:
     interpolation: str | None = setting(None, "resize interpolation; null: the model's pretrained cfg")
     crop_pct: float | None = setting(None, "evaluation centre-crop fraction; null: the model's pretrained cfg", gt=0)
     mean: list[float] | None = setting(None, "normalisation mean for image folders; null: the model's pretrained cfg")
-    std: list[float] | None = setting(None, "normalisation std for image folders; null: the model's pretrained cfg")
+    std: list[float] | None = setting(
+        None, "normalisation std for image folders; null: the model's pretrained cfg", gt=0
+    )
     mixup: float = setting(0.0, "mixup alpha (0: off)", ge=0)
     cutmix: float = setting(0.0, "cutmix alpha (0: off)", ge=0)
     mixup_prob: float = setting(1.0, "probability of applying mixup or cutmix to a batch", ge=0, le=1)
@@ -176,12 +179,15 @@ class TrainConfig:
     """The training loop, checkpoints and logging."""
 
     epochs: int = setting(10, "number of epochs", ge=1)
-    seed: int = setting(0, "seed of model init, data order, augmentation and multi-resolution schedule")
+    seed: int = setting(  # each rank seeds numpy with seed + rank, which must stay below 2**32
+        0, "seed of model init, data order, augmentation and multi-resolution schedule", ge=0, lt=2**31
+    )
     device: str = setting("auto", "auto (cuda when present), cpu or cuda[:i]")
     amp: str = setting(
         "auto",
         "auto (bf16 on GPUs and AMX CPUs, fp16 on older GPUs, else none), bf16, fp16 or none",
         choices=("auto", "bf16", "fp16", "none"),
+        synonyms={"off": "none", "false": "none"},
     )
     threads: int | None = setting(None, "torch intra-op threads per process; null: torch's default", ge=1)
     ema: bool = setting(False, "keep an exponential moving average of the weights (timm ModelEmaV3)")
@@ -278,7 +284,8 @@ def nearest_key(key: str, keys: list[str]) -> str:
 def _unknown(key: str, where: str, root: type = Config) -> ConfigError:
     keys = list(_key_types(root))
     return ConfigError(
-        f"unknown config key {key!r}{where}; did you mean {nearest_key(key, keys)!r}? (`{root.HELP}` lists every key)"
+        f"unknown config key {short_repr(key)}{where}; did you mean {nearest_key(key, keys)!r}? "
+        f"(`{root.HELP}` lists every key)"
     )
 
 
@@ -294,7 +301,7 @@ def coerce(value: Any, tp, key: str) -> Any:
         if value is None or (isinstance(value, str) and value.strip().lower() in ("null", "none", "~", "")):
             return None
         return coerce(value, args[0], key)
-    bad = ConfigError(f"{key} expects {_type_name(tp)}, got {value!r}")
+    bad = ConfigError(f"{key} expects {_type_name(tp)}, got {short_repr(value)}")
     if value is None:
         raise bad
     if tp is bool:
@@ -383,6 +390,7 @@ def describe_check(check: dict) -> str:
     parts += [text for name, text in (("nonempty", "at least one"), ("unique", "each once")) if check.get(name)]
     if "choices" in check:
         parts.append(" | ".join(map(str, check["choices"])))
+    parts += [f"{k} = {v}" for k, v in check.get("synonyms", {}).items()]
     return f"  [{', '.join(parts)}]" if parts else ""
 
 
@@ -400,7 +408,7 @@ def check_value(value: Any, check: dict, key: str, help: str = "") -> None:  # n
         if isinstance(v, float) and not math.isfinite(v):
             raise ConfigError(f"{where} must be a finite number, got {v}")
         if "choices" in check and v not in check["choices"]:
-            raise ConfigError(f"{where} must be one of {', '.join(map(str, check['choices']))}; got {v!r}")
+            raise ConfigError(f"{where} must be one of {', '.join(map(str, check['choices']))}; got {short_repr(v)}")
         try:
             check.get("parse", str)(v)
         except ValueError as e:
@@ -408,7 +416,7 @@ def check_value(value: Any, check: dict, key: str, help: str = "") -> None:  # n
         failed = [f"{sign} {check[b]}" for b, (sign, ok) in _BOUNDS.items() if b in check and not ok(v, check[b])]
         if failed:
             allowed = " and ".join(f"{sign} {check[b]}" for b, (sign, _) in _BOUNDS.items() if b in check)
-            raise ConfigError(f"{where} must be {allowed}, got {v!r}" + (f" ({help})" if help else ""))
+            raise ConfigError(f"{where} must be {allowed}, got {short_repr(v)}" + (f" ({help})" if help else ""))
 
 
 # --------------------------------------------------------------------------------------------- dicts, files, overrides
@@ -432,7 +440,7 @@ def config_from_dict(data: dict | None, where: str = "", root: type = Config) ->
         if values is None:
             values = {}
         if not isinstance(values, dict):
-            raise ConfigError(f"config section {section!r}{where} must be a mapping of keys, got {values!r}")
+            raise ConfigError(f"config section {section!r}{where} must be a mapping of keys, got {short_repr(values)}")
         kwargs[section] = read_section(sections[section], values, section, where, root)
     return root(**kwargs)
 
@@ -446,14 +454,22 @@ def read_section(cls: type, values: dict, section: str, where: str = "", root: t
     for k, v in values.items():
         if k not in fields:
             raise _unknown(f"{section}.{k}", where, root)
-        converted[k] = coerce(v, hints[k], f"{section}.{k}")
         meta = fields[k].metadata
+        converted[k] = _spelled(coerce(v, hints[k], f"{section}.{k}"), meta)
         if meta.get("path"):
             converted[k] = expand_home(converted[k])
         check_value(converted[k], meta.get("check", {}), f"{section}.{k}", meta.get("help", ""))
         if meta.get("schema") is not None:
             converted[k] = check_schema(converted[k], meta["schema"], f"{section}.{k}")
+        elif isinstance(converted[k], dict):  # free-form (model.kwargs, data.options): yes/no/on/off as YAML 1.1 bools
+            converted[k] = yaml11_booleans(converted[k])
     return cls(**converted)
+
+
+def _spelled(value: Any, meta: Any) -> Any:
+    """A string key's value with its declared `synonyms` (see `setting`) replaced by the value they stand for."""
+    synonyms = meta.get("check", {}).get("synonyms", {})
+    return synonyms.get(value.lower(), value) if isinstance(value, str) else value
 
 
 def check_schema(values: dict, schema: type, key: str) -> dict:
@@ -466,8 +482,8 @@ def check_schema(values: dict, schema: type, key: str) -> dict:
         if name not in fields:
             near = difflib.get_close_matches(str(name), list(fields), n=1, cutoff=0.0)
             raise ConfigError(f"unknown config key {key}.{name}; did you mean {key}.{near[0]}?")
-        out[name] = coerce(value, hints[name], f"{key}.{name}")
         meta = fields[name].metadata
+        out[name] = _spelled(coerce(value, hints[name], f"{key}.{name}"), meta)
         check_value(out[name], meta.get("check", {}), f"{key}.{name}", meta.get("help", ""))
     return out
 
@@ -484,7 +500,7 @@ def apply_overrides(cfg: Config, overrides: list[str] | tuple[str, ...]) -> Conf
     key_types = _key_types(root)
     for item in overrides:
         if "=" not in item:
-            raise ConfigError(f"override {item!r} is not key=value (e.g. train.epochs=2)")
+            raise ConfigError(f"override {short_repr(item)} is not key=value (e.g. train.epochs=2)")
         key, raw = item.split("=", 1)
         key = key.strip()
         parts = key.split(".")
@@ -530,7 +546,7 @@ def _override_value(raw: str, item: str):
     if not raw.strip():
         return None
     try:
-        return load_yaml_text(raw, f"override {item!r}")
+        return load_yaml_text(raw, f"override {short_repr(item)}")
     except YamlError as e:
         raise ConfigError(str(e)) from None
 
@@ -548,6 +564,12 @@ def check_training_config(cfg: Config) -> None:
     config is read, from its declaration above)."""
     if (cfg.aug.mixup > 0 or cfg.aug.cutmix > 0) and cfg.data.batch_size % 2:
         raise ConfigError(f"mixup/cutmix pair up images: data.batch_size must be even, got {cfg.data.batch_size}")
+    if cfg.data.native and len(set(cfg.data.train_resolutions)) > 1:
+        raise ConfigError(
+            f"data.train_resolutions={','.join(map(str, cfg.data.train_resolutions))} does not apply with data.native: "
+            f"each image keeps its aspect and is resized to a token budget; vary the sizes with data.native.seq_lens "
+            f"(e.g. data.native.seq_lens=16,36) and drop data.train_resolutions"
+        )
 
 
 def save_config(cfg: Config, path: str | Path) -> None:

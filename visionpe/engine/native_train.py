@@ -8,6 +8,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from ..data import get_dataset_info
 from ..data.native_buckets import bucket_sizes, collate_buckets
 from ..data.native_items import NativeDataset
 from ..data.native_loader import build_native_eval_loader, native_plan
@@ -30,6 +31,12 @@ def plan_for(cfg: Config, model: nn.Module) -> NativePlan | None:
     settings = native_settings(cfg)
     if settings is None:
         return None
+    kind = get_dataset_info(cfg.data.name).kind
+    if kind != "image":
+        raise ConfigError(
+            f"data.native takes image datasets (e.g. synthetic-shapes, fashion-mnist-native, imagefolder); "
+            f"dataset {cfg.data.name!r} is of kind {kind!r}: drop data.native"
+        )
     if cfg.aug.mixup > 0 or cfg.aug.cutmix > 0:
         raise ConfigError("mixup/cutmix mix images of one size; turn them off with data.native (aug.mixup=0)")
     if settings.loader == "timm" and settings.mode != "padded":
@@ -41,8 +48,13 @@ def plan_for(cfg: Config, model: nn.Module) -> NativePlan | None:
             f"drop the key (it defaults to the model's) or set it to {patch}"
         )
     patch = settings.patch_size or patch
-    if patch is None:
-        raise ConfigError(f"{cfg.model.name} has no patch_embed.patch_size; set data.native.patch_size")
+    if patch is None:  # a convolutional stem (CvT): one image size per batch, tokens of its total stride
+        stride = (getattr(model, "feature_info", None) or [{}])[-1].get("reduction", 16)
+        need = "" if settings.mode == "buckets" else "data.native.mode=buckets (one size per batch) and "
+        raise ConfigError(
+            f"{cfg.model.name} has no patch_embed.patch_size (it takes images, not patch sequences); set "
+            f"{need}data.native.patch_size={stride} (its total stride)"
+        )
     try:
         return native_plan(settings, patch)
     except ValueError as e:
@@ -70,7 +82,10 @@ def check_native(model: nn.Module, name: str, dataset: Dataset, plan: NativePlan
                 inputs["image_ids"] = torch.where(inputs["patch_valid"], 0, -1)
                 out = forward_on(model, inputs, device, amp)
         except (RuntimeError, ValueError, TypeError, AssertionError) as e:
-            raise ValueError(f"model {name!r} cannot take native-aspect batches (data.native): {e}") from None
+            raise ValueError(
+                f"model {name!r} cannot take native-aspect batches (data.native): {e}; a model of one image size "
+                f"per batch (Swin, CvT) trains on aspect buckets: data.native.mode=buckets"
+            ) from None
         if out.shape[0] != batch.images:
             raise ValueError(f"model {name!r} gave {out.shape[0]} outputs for {batch.images} images of a native batch")
     finally:
