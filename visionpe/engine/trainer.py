@@ -672,7 +672,7 @@ def train(
     ctx = init_distributed(cfg.train.device, cfg.train.dist_timeout)
     explicit = frozenset(o.split("=", 1)[0].strip() for o in overrides)
     try:
-        with timeouts_explained(ctx, cfg.train.dist_timeout):
+        with timeouts_explained(ctx, cfg.train.dist_timeout, resolve_run_dir(cfg)):
             trainer = Trainer(cfg, ctx, resume=bool(resume), accept_changes=accept_changes, explicit=explicit)
             return trainer.run()
     finally:
