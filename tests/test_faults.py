@@ -17,15 +17,16 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from tiny_runs import tiny_run
+from tiny_runs import group_of_one, tiny_run
 
 from visionpe.attention import attn_backend
-from visionpe.engine import CheckpointError, ConfigError, train
+from visionpe.engine import CheckpointError, ConfigError, load_config, train
 from visionpe.engine import checkpoint as ckpt
 from visionpe.engine.checkpoint import KILL_AT_ENV, find_checkpoint, load_weights, write_checkpoint
 from visionpe.engine.cli import train_main
+from visionpe.engine.distributed import DistContext
 from visionpe.engine.evaluate import write_json
-from visionpe.engine.trainer import CorruptCheckpointWarning
+from visionpe.engine.trainer import CorruptCheckpointWarning, Trainer
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -85,6 +86,13 @@ def test_kill_at_each_checkpoint_write_phase_then_resume_is_bit_identical(tmp_pa
     assert not list((tmp_path / "killed").rglob(".*.tmp-*"))  # the resume removed them
     got = weights(tmp_path / "killed")
     assert all(torch.equal(got[k], v) for k, v in want.items())  # bit-identical: same data, RNG and arithmetic
+
+
+def test_resuming_a_ddp_run_with_another_number_of_processes_is_refused(reference):
+    common, _ = reference  # as fsdp: another number would change the global batch and rebuild the schedule
+    cfg = load_config(None, [*common, "train.run_name=reference"])
+    with group_of_one(), pytest.raises(CheckpointError, match="by 1 processes, this run has 2: resume with one"):
+        Trainer(cfg, DistContext(0, 2, 0, torch.device("cpu")), resume=True)  # refused before any collective
 
 
 # ---------------------------------------------------------------------------------------------------- full disk

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -74,19 +75,21 @@ SIGNAL_AT = textwrap.dedent(
 )
 
 
-def _train_process(tmp_path: Path, args: list[str], signal_at: str | None, ranks: int = 1):
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+
+
+def _train_process(tmp_path: Path, args: list[str], signal_at: str | None, ranks: int = 1, cmd: list | None = None):
+    """SIGNAL_AT's script run alone or by torchrun on `ranks` processes (rank 1 gets the signal), or `cmd`."""
     script = tmp_path / "signal_at.py"
     script.write_text(SIGNAL_AT)
     env = {**os.environ, "VISIONPE_ATTN": "sdpa", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    env.pop("SIGNAL_AT", None)
-    if signal_at:
-        env["SIGNAL_AT"] = signal_at
-    else:
-        env["SIGNAL_AT"] = "0,0"
-    cmd = [sys.executable, str(script)]
+    env["SIGNAL_AT"] = signal_at or "0,0"
+    if cmd is None:
+        cmd = [sys.executable, str(script)]
+        if ranks > 1:
+            cmd = [*TORCHRUN, "--standalone", "--nproc_per_node", str(ranks), str(script)]
     if ranks > 1:
         env["SIGNAL_RANK"] = "1"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks)] + cmd[1:]
     return subprocess.run(cmd + args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -146,9 +149,25 @@ def test_a_signal_to_one_ddp_rank_stops_every_rank_at_the_same_step_and_resumes_
     proc = _train_process(tmp_path, [*args, "train.run_name=sig"], f"{int(signal.SIGTERM)},3", ranks=2)
     assert proc.returncode != 0 and "stopped by SIGTERM at epoch 1, step 3" in proc.stderr, proc.stderr
     assert find_checkpoint(tmp_path / "sig").info["global_step"] == 3
-    assert _train_process(tmp_path, ["--resume", str(tmp_path / "sig")], None, ranks=2).returncode == 0
+    # the hint repeats the launcher: one process would halve the global batch, so it is refused by name
+    hint = next(ln for ln in proc.stderr.splitlines() if ln.startswith("stopped by")).split("continue with: ")[1]
+    assert hint == f"torchrun --standalone --nproc_per_node=2 {tmp_path / 'signal_at.py'} --resume {tmp_path / 'sig'}"
+    with pytest.raises(CheckpointError, match="by 2 processes, this run has 1: resume with torchrun .* totalling 2"):
+        run([], resume=tmp_path / "sig")
+    assert _train_process(tmp_path, [], None, ranks=2, cmd=[*TORCHRUN, *shlex.split(hint)[1:]]).returncode == 0
     want, got = weights(tmp_path / "ref"), weights(tmp_path / "sig")
     assert all(torch.equal(got[k], v) for k, v in want.items())  # each rank resumed its own RNG streams
+
+
+def test_a_killed_ddp_rank_leaves_one_line_naming_the_intact_checkpoint(tmp_path):
+    args = tiny(tmp_path, "data.batch_size=8", "train.ckpt_every_steps=2", "train.run_name=k")
+    proc = _train_process(tmp_path, args, f"{int(signal.SIGKILL)},3", ranks=2)  # rank 1 dies after step 3
+    assert proc.returncode != 0
+    (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert line.startswith("error: rank 0: another process of the run died or lost its connection"), line
+    assert f"the last checkpoint (step 2, {tmp_path / 'k' / 'checkpoint.json'}) is intact" in line
+    assert "continue with: torchrun --standalone --nproc_per_node=2" in line
+    assert "trainer.py" not in proc.stderr  # no traceback from rank 0 (torchrun reports the dead rank its own way)
 
 
 # ----------------------------------------------------------------------------------------------------- resume traps

@@ -4,9 +4,11 @@ evaluation and export of a sharded run."""
 
 from __future__ import annotations
 
+import errno
 import json
 import multiprocessing
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +17,9 @@ import pytest
 import timm
 import torch
 from safetensors.torch import load_file
-from tiny_runs import tiny_run
+from tiny_runs import group_of_one, tiny_run
 from torch import nn
+from torch.distributed.checkpoint import filesystem
 
 from visionpe.attention import attn_backend
 from visionpe.engine import CheckpointError, ConfigError, evaluate_checkpoint, load_config, train
@@ -26,7 +29,7 @@ from visionpe.engine.cli import train_main
 from visionpe.engine.distributed import DistContext
 from visionpe.engine.export import export_main
 from visionpe.engine.fsdp import build_sharded_model, check_strategy, full_state_dict, sharding_units
-from visionpe.engine.trainer import Trainer
+from visionpe.engine.trainer import CorruptCheckpointWarning, Trainer
 from visionpe.layers.layer_group import LayerGroup, run_layer
 from visionpe.native import pack_images
 
@@ -361,10 +364,50 @@ def test_kill_at_each_sharded_write_phase_then_resume_is_bit_identical(tmp_path,
 def test_resuming_with_another_world_size_or_strategy_is_refused(reference, capsys):
     common, run_dir = reference
     cfg = load_config(None, [*common, "train.run_name=reference"])
-    with pytest.raises(CheckpointError, match="was written by 1 processes, this run has 2: resume with torchrun"):
+    with group_of_one(), pytest.raises(CheckpointError, match="by 1 processes, this run has 2: resume with one"):
         Trainer(cfg, DistContext(0, 2, 0, torch.device("cpu")), resume=True)  # refused before any collective
     assert train_main(["--resume", str(run_dir), "train.strategy=ddp"]) == 2
     assert "trained with train.strategy=fsdp" in capsys.readouterr().err
+
+
+def test_resume_falls_back_from_unreadable_sharded_checkpoints_with_a_warning(reference, tmp_path):
+    common, ref_dir = reference
+    run_dir = tmp_path / "c"
+    shutil.copytree(ref_dir, run_dir)
+    args = [*common, f"train.output_dir={tmp_path}", "train.run_name=c"]
+    history = json.loads((run_dir / "checkpoint.json").read_text())["history"]
+    newest, older = (run_dir / "checkpoints" / f"{t}.dcp" for t in history[::-1])
+    for shard in newest.glob("*.distcp"):  # the shards: a torch.save zip per tensor
+        shard.write_bytes(shard.read_bytes()[:64])
+    with pytest.warns(CorruptCheckpointWarning, match=f"unreadable .*cannot read .*; resuming from .*{older.name}"):
+        run(args, resume=True)  # the last 2 steps are trained again, exactly
+    for ema in (False, True):
+        want = exported(ref_dir, tmp_path / f"want{ema}.safetensors", ema)
+        got = exported(run_dir, tmp_path / f"got{ema}.safetensors", ema)
+        assert all(torch.equal(got[k], v) for k, v in want.items())
+    (newest / ".metadata").unlink()  # an incomplete write
+    with pytest.warns(CorruptCheckpointWarning, match=f"no DCP .metadata file.*resuming from .*{older.name}"):
+        run(args, resume=True)
+
+
+def test_disk_full_during_a_sharded_save_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, capsys, monkeypatch):
+    real = filesystem._write_item
+
+    def fills_up(*args, **kwargs):
+        if sc._writes > 1:  # the first checkpoint fits, the second does not
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(filesystem, "_write_item", fills_up)
+    monkeypatch.setattr(sc, "_writes", 0)
+    with attn_backend("sdpa"):
+        assert train_main(tiny(tmp_path, "train.run_name=full")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and err[1].startswith("(set VISIONPE_DEBUG=1"), err
+    assert err[0].startswith(f"error: disk full while writing checkpoint {tmp_path / 'full' / 'checkpoints'}")
+    assert "e0000-b000002.dcp is intact (checkpoint.json still points to it)" in err[0]
+    assert json.loads((tmp_path / "full" / "checkpoint.json").read_text())["global_step"] == 2
+    assert not list((tmp_path / "full" / "checkpoints").glob(".partial-*"))  # the partial write is removed
 
 
 @pytest.mark.slow  # three 2-process runs (~1 min on 2 busy cores); the 1-process tests above cover each piece

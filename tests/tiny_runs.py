@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
+
+import torch.distributed as dist
 
 TINY_MODEL = ["model.name=vit_n_ape", "model.kwargs.depth=1", "model.kwargs.embed_dim=32", "model.kwargs.num_heads=2"]
 
@@ -21,3 +24,17 @@ def tiny_run(out: Path, data: list[str], *extra: str) -> list[str]:
         f"train.output_dir={out}",
         *extra,
     ]
+
+
+@contextlib.contextmanager
+def group_of_one():
+    """A process group of one (gloo) for a trainer given a larger DistContext: its refusals come before any
+    collective that needs the other ranks."""
+    owns = not dist.is_initialized()
+    if owns:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        if owns:
+            dist.destroy_process_group()

@@ -40,6 +40,8 @@ __all__ = [
     "rng_state",
     "set_rng_state",
     "DiskFullError",
+    "disk_full_error",
+    "check_world_size",
     "remove_stale_tmp",
     "resume_candidates",
     "KILL_AT_ENV",
@@ -54,7 +56,10 @@ os.umask(_UMASK)
 
 
 class CheckpointError(ValueError):
-    """A checkpoint that is missing, broken or does not fit the model; the message names the fix."""
+    """A checkpoint that is missing, broken or does not fit the model; the message names the fix. `every_rank`: every
+    process of the run raises the same one (the command line prints it once, from rank 0)."""
+
+    every_rank = False
 
 
 class DiskFullError(CheckpointError):
@@ -231,15 +236,7 @@ def write_checkpoint(
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
-        try:
-            previous = (read_pointer(run_dir) or {}).get("weights")
-        except CheckpointError:
-            previous = None
-        kept = f"the previous checkpoint {run_dir / previous} is intact" if previous else "no earlier checkpoint"
-        raise DiskFullError(
-            f"disk full while writing checkpoint {path}; {kept} (checkpoint.json still points to it). Free space "
-            f"on {run_dir}'s disk and continue with --resume"
-        ) from None
+        raise disk_full_error(run_dir, path) from None
     for stale in history[: -max(keep, 1)]:
         for name in (f"{stale}.safetensors", f"{stale}-ema.safetensors", f"{stale}.state.pt"):
             (ckpt_dir / name).unlink(missing_ok=True)
@@ -275,6 +272,37 @@ def _pointer_problem(pointer: object) -> str | None:
     if bad:
         return f"its 'history' names {bad[0]!r}, not a checkpoint name in {CKPT_DIR}/"
     return None
+
+
+def disk_full_error(run_dir: Path, path: str | os.PathLike) -> DiskFullError:
+    """The one line for a checkpoint write into `run_dir` that filled the disk at `path`: what is still intact."""
+    try:
+        pointer = read_pointer(run_dir) or {}
+    except CheckpointError:  # a pointer that names files outside the run: nothing there is vouched for
+        pointer = {}
+    previous = pointer.get("sharded") or pointer.get("weights")
+    kept = (
+        f"the previous checkpoint {run_dir / previous} is intact (checkpoint.json still points to it)"
+        if previous
+        else "no earlier checkpoint"
+    )
+    return DiskFullError(
+        f"disk full while writing checkpoint {path}; {kept}. Free space on {run_dir}'s disk and continue with --resume"
+    )
+
+
+def check_world_size(source: str | os.PathLike, written: int, now: int) -> None:
+    """A resume needs the number of processes that wrote the checkpoint: the global batch, the data order and each
+    rank's random streams depend on it (DDP and fsdp alike)."""
+    if written != now:
+        how = "one process (without torchrun)" if written == 1 else f"torchrun --nproc_per_node ... totalling {written}"
+        error = CheckpointError(
+            f"{source} was written by {written} processes, this run has {now}: resume with {how} (the global batch, "
+            f"the data order and each rank's random streams depend on it), or export its weights (visionpe-export) "
+            f"and start a new run from them"
+        )
+        error.every_rank = True
+        raise error
 
 
 def read_pointer(run_dir: Path) -> dict | None:

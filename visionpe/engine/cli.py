@@ -10,18 +10,20 @@ import sys
 from .checkpoint import CheckpointError
 from .config import ConfigError, format_config_help
 from .destinations import DestinationError, check_destination
-from .distributed import DistTimeoutError
+from .distributed import CollectiveError
 from .interrupt import TrainingInterrupted
 
 __all__ = ["train_main", "eval_main", "user_error", "USER_ERRORS"]
 
-USER_ERRORS = (ConfigError, CheckpointError, FileNotFoundError, ValueError, FloatingPointError, DistTimeoutError)
+USER_ERRORS = (ConfigError, CheckpointError, FileNotFoundError, ValueError, FloatingPointError, CollectiveError)
 
 
 def user_error(e: Exception) -> int:
     """Report a bad input or a known failure in one line (the traceback with VISIONPE_DEBUG=1); exit status 2."""
     if os.environ.get("VISIONPE_DEBUG"):
         raise e
+    if getattr(e, "every_rank", False) and os.environ.get("RANK", "0") != "0":
+        return 2  # the same line as rank 0's
     if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
         e = f"disk full writing {e.filename or 'a file'} ({e.strerror}); free space and rerun (--resume continues)"
     print(f"error: {e}\n(set VISIONPE_DEBUG=1 for the traceback)", file=sys.stderr)

@@ -8,15 +8,22 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import json
 import os
+import re
+import shlex
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 __all__ = [
     "DistContext",
+    "CollectiveError",
     "DistTimeoutError",
+    "PeerFailedError",
     "init_distributed",
     "resolve_device",
     "all_reduce_sum",
@@ -25,11 +32,25 @@ __all__ = [
     "barrier",
     "shutdown",
     "timeouts_explained",
+    "resume_command",
 ]
 
 
-class DistTimeoutError(RuntimeError):
+class CollectiveError(RuntimeError):
+    """A collective operation failed: another process of the group hung, died or lost its connection."""
+
+
+class DistTimeoutError(CollectiveError):
     """Another process of the group did not answer within train.dist_timeout seconds."""
+
+
+class PeerFailedError(CollectiveError):
+    """Another process of the group died (or its connection broke) while this one waited for it in a collective."""
+
+
+# how gloo and nccl word a peer that is gone (torch raises a plain RuntimeError for gloo's)
+_PEER_GONE = ("connection closed by peer", "connection reset by peer", "broken pipe", "remote worker",
+              "remote process", "connection refused")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -110,16 +131,57 @@ def shutdown(ctx: DistContext) -> None:
         dist.destroy_process_group()
 
 
+def resume_command(run_dir: str | os.PathLike) -> str:
+    """The command that continues `run_dir`, with the launcher this process runs under: torchrun with the same
+    number of processes (another number is refused on resume), or visionpe-train alone."""
+    world, local = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("LOCAL_WORLD_SIZE", "0"))
+    run_dir = shlex.quote(str(run_dir))
+    if world <= 1:
+        return f"visionpe-train --resume {run_dir}"
+    local = local or world
+    where = (
+        f"--standalone --nproc_per_node={local}"
+        if local == world
+        else f"--nnodes={world // local} --nproc_per_node={local} <the rendezvous options it was started with>"
+    )
+    return f"torchrun {where} {shlex.quote(sys.argv[0] or 'train.py')} --resume {run_dir}"
+
+
+def _intact(run_dir: Path | None) -> str:
+    """What a failed run leaves: its last checkpoint (checkpoint.json), and how to continue."""
+    try:
+        pointer = json.loads((Path(run_dir) / "checkpoint.json").read_text()) if run_dir else None
+    except (OSError, ValueError):
+        pointer = None
+    if not isinstance(pointer, dict):
+        return "no checkpoint was written yet"
+    return (
+        f"the last checkpoint (step {pointer.get('global_step')}, {Path(run_dir) / 'checkpoint.json'}) is intact; "
+        f"continue with: {resume_command(run_dir)}"
+    )
+
+
 @contextlib.contextmanager
-def timeouts_explained(ctx: DistContext, timeout_s: float | None):
-    """Turn a collective's timeout (gloo/nccl RuntimeError) into a DistTimeoutError that says what happened."""
+def timeouts_explained(ctx: DistContext, timeout_s: float | None, run_dir: Path | None = None):
+    """Turn a collective's failure (gloo/nccl RuntimeError) into one line saying what happened and what is intact:
+    a timeout is a DistTimeoutError, a peer that died a PeerFailedError."""
     try:
         yield
     except RuntimeError as e:
         text = str(e).lower()
-        if not ctx.distributed or isinstance(e, DistTimeoutError) or not ("timed out" in text or "timeout" in text):
+        if not ctx.distributed or isinstance(e, CollectiveError):
             raise
-        raise DistTimeoutError(
-            f"rank {ctx.rank}: another process did not respond within train.dist_timeout={timeout_s} s (it hung "
-            f"or died; see its output); raise train.dist_timeout if a step or an evaluation really takes longer"
-        ) from None
+        if "timed out" in text or "timeout" in text:
+            raise DistTimeoutError(
+                f"rank {ctx.rank}: another process did not respond within train.dist_timeout={timeout_s} s (it "
+                f"hung or died; see its output); raise train.dist_timeout if a step or an evaluation really takes "
+                f"longer; {_intact(run_dir)}"
+            ) from None
+        if isinstance(e, dist.DistError) or any(sign in text for sign in _PEER_GONE):
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            first = re.sub(r"^\[[^\]]*\]\s*", "", first).split(". ")[0]  # gloo's starts with [file:line]
+            raise PeerFailedError(
+                f"rank {ctx.rank}: another process of the run died or lost its connection during a collective "
+                f"operation ({first}; see its output for why); {_intact(run_dir)}"
+            ) from None
+        raise

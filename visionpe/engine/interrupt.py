@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from .distributed import resume_command
+
 __all__ = ["StopOnSignal", "TrainingInterrupted", "JobStopped", "STOP_SIGNALS", "interrupted", "diverged",
            "run_stoppable", "stopped_job", "worker_init"]  # fmt: skip
 
@@ -67,7 +69,7 @@ def interrupted(signum: int, epoch: int, global_step: int, run_dir: Path) -> Tra
     return TrainingInterrupted(
         signum,
         f"stopped by {signal.Signals(signum).name} at epoch {epoch + 1}, step {global_step}: checkpoint saved in "
-        f"{run_dir}; continue with: visionpe-train --resume {run_dir}",
+        f"{run_dir}; continue with: {resume_command(run_dir)}",
     )
 
 

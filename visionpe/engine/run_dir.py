@@ -22,13 +22,23 @@ from .checkpoint import (
 from .config import ConfigError, read_yaml
 from .runlock import LOCK_FILE
 
-__all__ = ["CorruptCheckpointWarning", "resume_files", "check_run_dir_is_ours"]
+__all__ = ["CorruptCheckpointWarning", "resume_files", "check_run_dir_is_ours", "warn_fell_back"]
 
 SECTIONS = ("model", "data", "aug", "optim", "train", "eval")
 
 
 class CorruptCheckpointWarning(UserWarning):
     """The newest checkpoint could not be read; the run resumed from an older, valid one."""
+
+
+def warn_fell_back(run_dir: Path, why: str, name: str, step: int) -> None:
+    """The warning of a resume that skipped an unreadable newest checkpoint (`why`) for the older `name`."""
+    warnings.warn(
+        f"the newest checkpoint of {run_dir} is unreadable ({why}); resuming from the newest valid one, {name} "
+        f"(step {step})",
+        CorruptCheckpointWarning,
+        stacklevel=3,
+    )
 
 
 def resume_files(run_dir: Path, resume: bool, is_main: bool) -> tuple:
@@ -55,12 +65,7 @@ def resume_files(run_dir: Path, resume: bool, is_main: bool) -> tuple:
             broken.append(str(e))
             continue
         if broken and is_main:
-            warnings.warn(
-                f"the newest checkpoint of {run_dir} is unreadable ({broken[0]}); resuming from the "
-                f"newest valid one, {ref.weights.name} (step {state['global_step']})",
-                CorruptCheckpointWarning,
-                stacklevel=2,
-            )
+            warn_fell_back(run_dir, broken[0], ref.weights.name, state["global_step"])
         return ref, (weights, ema, state)
     raise CheckpointError(f"no readable checkpoint in {run_dir}: {'; '.join(broken)}; start a new run")
 

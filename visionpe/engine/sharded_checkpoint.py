@@ -19,8 +19,8 @@ import warnings
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
@@ -35,7 +35,10 @@ from .checkpoint import (
     POINTER,
     CheckpointError,
     CheckpointRef,
+    _disk_full,
     atomic_write_text,
+    check_world_size,
+    disk_full_error,
     load_training_state,
     pointer_history,
     read_pointer,
@@ -43,6 +46,8 @@ from .checkpoint import (
     rng_state,
 )
 from .dcp_reader import dcp_load, read_dcp_metadata
+from .distributed import gather_objects
+from .run_dir import warn_fell_back
 
 __all__ = [
     "SHARDED_SUFFIX",
@@ -80,11 +85,6 @@ def is_sharded_run(path: str | os.PathLike) -> bool:
     return bool(pointer and pointer.get("sharded"))
 
 
-def _barrier() -> None:
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
-
-
 def _tensor_state(tr) -> dict:
     state = {"model": get_model_state_dict(tr.model), "optimizer": get_optimizer_state_dict(tr.model, tr.optimizer)}
     if tr.ema is not None:
@@ -114,47 +114,97 @@ def _fsync_write(path: Path, write) -> None:
         os.fsync(f.fileno())
 
 
+def _causes(e: BaseException) -> list[BaseException]:
+    """The exceptions behind `e`: DCP reports each rank's failure inside one CheckpointException."""
+    return [exc for exc, _ in e.failures.values()] if isinstance(e, CheckpointException) else [e]
+
+
+def _describe(e: BaseException) -> str:
+    cause = _causes(e)[0]
+    text = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {text[0]}" if text else type(cause).__name__
+
+
+def _agree(tr, error: BaseException | None, path: Path, partial: Path | None = None) -> None:
+    """Every rank: wait for the others, and fail together if any rank failed writing checkpoint `path` (instead of
+    waiting at a barrier for a rank that gave up). A full disk on any rank is one DiskFullError on every rank, after
+    rank 0 removed the `partial` folder."""
+    report = None
+    if error is not None:
+        report = ("disk" if any(_disk_full(c, path.parent) for c in _causes(error)) else "other", _describe(error))
+    reports = [(r, rep) for r, rep in enumerate(gather_objects(report, tr.ctx)) if rep is not None]
+    if not reports:
+        return
+    if tr.ctx.is_main and partial is not None:
+        shutil.rmtree(partial, ignore_errors=True)
+    if any(kind == "disk" for _, (kind, _) in reports):
+        error = disk_full_error(tr.run_dir, path)
+        error.every_rank = True
+        raise error from None
+    if error is not None and not isinstance(error, CheckpointException):
+        raise error
+    rank, (_, what) = reports[0]
+    raise CheckpointError(f"rank {rank} failed writing checkpoint {path} ({what}); the previous checkpoint is intact")
+
+
 def save_sharded(tr, finished: bool = False) -> None:
-    """Every rank: write the trainer's checkpoint under a temporary folder; rank 0 renames it, points to it, prunes."""
+    """Every rank: write the trainer's checkpoint under a temporary folder; rank 0 renames it, points to it, prunes.
+    A failed write on any rank (a full disk: DiskFullError) fails every rank, and the previous checkpoint stays."""
     global _writes
     _writes += 1
     ckpt_dir = tr.run_dir / CKPT_DIR
     tag = f"e{tr.epoch:04d}-b{tr.batch:06d}"
     tmp, final = ckpt_dir / f"{PARTIAL}{tag}{SHARDED_SUFFIX}", ckpt_dir / f"{tag}{SHARDED_SUFFIX}"
+    error = None
     if tr.ctx.is_main:
-        ckpt_dir.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-    _barrier()
-    dcp.save(_tensor_state(tr), checkpoint_id=tmp)
-    state = _rank_state(tr)
-    _fsync_write(tmp / f"rank{tr.ctx.rank}.state.pt", lambda p: torch.save(state, p))
+        try:
+            ckpt_dir.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+        except OSError as e:
+            error = e
+    _agree(tr, error, final, tmp)
+    try:
+        dcp.save(_tensor_state(tr), checkpoint_id=tmp)
+        state = _rank_state(tr)
+        _fsync_write(tmp / f"rank{tr.ctx.rank}.state.pt", lambda p: torch.save(state, p))
+        if tr.ctx.is_main:
+            meta = {**tr._metadata(), "world_size": tr.ctx.world_size, "ema": tr.ema is not None}
+            _fsync_write(tmp / "meta.json", lambda p: p.write_text(json.dumps(meta, indent=1)))
+    except (Exception, CheckpointException) as e:  # CheckpointException is a BaseException
+        error = e
+    _agree(tr, error, final, tmp)
     if tr.ctx.is_main:
-        meta = {**tr._metadata(), "world_size": tr.ctx.world_size, "ema": tr.ema is not None}
-        _fsync_write(tmp / "meta.json", lambda p: p.write_text(json.dumps(meta, indent=1)))
-    _barrier()
-    if tr.ctx.is_main:
-        _phase("sharded-tmp")
-        old_history = pointer_history(tr.run_dir)  # plain names only (read_pointer checks them)
-        if final.exists():  # a tag written again after a resume from an older checkpoint: never the pointed-to one
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _phase("sharded")
-        history = [t for t in old_history if t != tag] + [tag]
-        keep = max(tr.cfg.train.keep_checkpoints, 1)
-        seconds, cpu_seconds = state["spent"]
-        pointer = dict(
-            tr.checkpoint_info(finished, seconds, cpu_seconds),
-            sharded=str(final.relative_to(tr.run_dir)),
-            world_size=tr.ctx.world_size,
-            history=history[-keep:],
-        )
-        atomic_write_text(tr.run_dir / POINTER, json.dumps(pointer, indent=1))
-        _phase("pointer")
-        for stale in history[:-keep]:
-            shutil.rmtree(ckpt_dir / f"{stale}{SHARDED_SUFFIX}", ignore_errors=True)
-        _phase("pruned")
-    _barrier()
+        try:
+            _publish(tr, tmp, final, tag, finished, state["spent"])
+        except OSError as e:
+            error = e
+    _agree(tr, error, tr.run_dir / POINTER)
+
+
+def _publish(tr, tmp: Path, final: Path, tag: str, finished: bool, spent: tuple) -> None:
+    """Rank 0: rename the written folder into place, point checkpoint.json to it, prune the oldest."""
+    ckpt_dir = final.parent
+    _phase("sharded-tmp")
+    old_history = pointer_history(tr.run_dir)  # plain names only (read_pointer checks them)
+    if final.exists():  # a tag written again after a resume from an older checkpoint: never the pointed-to one
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _phase("sharded")
+    history = [t for t in old_history if t != tag] + [tag]
+    keep = max(tr.cfg.train.keep_checkpoints, 1)
+    seconds, cpu_seconds = spent
+    pointer = dict(
+        tr.checkpoint_info(finished, seconds, cpu_seconds),
+        sharded=str(final.relative_to(tr.run_dir)),
+        world_size=tr.ctx.world_size,
+        history=history[-keep:],
+    )
+    atomic_write_text(tr.run_dir / POINTER, json.dumps(pointer, indent=1))
+    _phase("pointer")
+    for stale in history[:-keep]:
+        shutil.rmtree(ckpt_dir / f"{stale}{SHARDED_SUFFIX}", ignore_errors=True)
+    _phase("pruned")
 
 
 def _candidates(run_dir: Path) -> list[Path]:
@@ -218,30 +268,65 @@ def check_sharded_run_dir(tr, resume: bool) -> tuple:
         remove_stale_tmp(run_dir)
         for partial in (run_dir / CKPT_DIR).glob(f"{PARTIAL}*"):
             shutil.rmtree(partial, ignore_errors=True)
-    broken = []
+    broken: list[str] = []
+    folder, state = _first_readable(tr, candidates, broken)
+    ref = CheckpointRef(folder, None, None, pointer)
+    if broken and ctx.is_main:
+        warn_fell_back(run_dir, broken[0], folder.name, state["global_step"])
+    return ref, (None, None, state)
+
+
+def _first_readable(tr, candidates: list[Path], broken: list[str]) -> tuple[Path, dict]:
+    """(folder, this rank's training state) of the first candidate that every rank can read; why each one before it
+    was skipped goes to `broken`. A checkpoint of another world size is refused (check_world_size)."""
+    ctx = tr.ctx
     for folder in candidates:
+        error, state = None, None
         try:
             meta = _read_meta(folder)
-            if meta["world_size"] != ctx.world_size:
-                raise ValueError(meta["world_size"])
-            state = load_training_state(folder / f"rank{ctx.rank}.state.pt")
         except CheckpointError as e:
-            broken.append(str(e))
-            continue
-        except ValueError:
-            raise CheckpointError(
-                f"{folder} was written by {meta['world_size']} processes, this run has {ctx.world_size}: resume "
-                f"with torchrun --nproc_per_node ... totalling {meta['world_size']} (the data order and each "
-                f"rank's random streams depend on it), or export its weights (visionpe-export) and start a new "
-                f"run from them"
-            ) from None
-        return CheckpointRef(folder, None, None, pointer), (None, None, state)
-    raise CheckpointError(f"no readable checkpoint in {run_dir}: {'; '.join(broken)}; start a new run")
+            error = str(e)
+        else:
+            written = meta.get("world_size")
+            if not isinstance(written, int):
+                error = f"{folder / 'meta.json'} names no world size"
+            else:
+                check_world_size(folder, written, ctx.world_size)  # before any collective: every rank refuses
+                try:
+                    state = load_training_state(folder / f"rank{ctx.rank}.state.pt")
+                except CheckpointError as e:
+                    error = str(e)
+        errors = [e for e in gather_objects(error, ctx) if e]  # every rank takes the same checkpoint
+        if not errors:
+            return folder, state
+        broken.append(errors[0])
+    error = CheckpointError(f"no readable checkpoint in {tr.run_dir}: {'; '.join(broken)}; start a new run")
+    error.every_rank = True
+    raise error
 
 
-def load_sharded(tr, ref: CheckpointRef) -> None:
-    """Every rank: model, optimizer and EMA shards from the checkpoint folder `ref.weights` into the trainer."""
-    folder = ref.weights
+def load_sharded(tr, ref: CheckpointRef, state: dict) -> tuple[CheckpointRef, dict]:
+    """Every rank: model, optimizer and EMA shards from the checkpoint folder `ref.weights` into the trainer. Shards
+    that cannot be read (DCP fails on every rank together) fall back to the next older readable checkpoint, with the
+    warning of a DDP resume. Returns the checkpoint loaded and this rank's training state (`state`, or the older's)."""
+    folder, broken = ref.weights, []
+    while True:
+        try:
+            _load_folder(tr, folder)
+            break
+        except CheckpointException as e:
+            broken.append(f"cannot read the shards of {folder} ({_describe(e)})")
+        candidates = _candidates(tr.run_dir)
+        older = candidates[candidates.index(folder) + 1 :] if folder in candidates else []
+        folder, state = _first_readable(tr, older, broken)
+    if broken:
+        if tr.ctx.is_main:
+            warn_fell_back(tr.run_dir, broken[0], folder.name, state["global_step"])
+        ref = CheckpointRef(folder, None, None, ref.info)
+    return ref, state
+
+
+def _load_folder(tr, folder: Path) -> None:
     meta = _read_meta(folder)
     if tr.ema is not None and not meta.get("ema"):
         raise CheckpointError(

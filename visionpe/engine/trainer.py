@@ -43,6 +43,7 @@ from .changes import adopt_accepted_changes, check_resume_changes, check_resume_
 from .checkpoint import (
     POINTER,
     CheckpointError,
+    check_world_size,
     load_into_model,
     rng_state,
     set_rng_state,
@@ -105,6 +106,11 @@ class StreamResumeWarning(UserWarning):
     """A run on a streaming dataset resumed mid-epoch: the epoch's stream restarts (see data/streams.py)."""
 
 
+def written_world_size(state: dict) -> int:
+    """The number of processes that wrote a DDP training state (older ones tell it by their per-rank RNG states)."""
+    return state.get("world_size") or len(state.get("rng_ranks") or [None])
+
+
 def resolve_run_dir(cfg: Config) -> Path:
     """train.output_dir / the run's name: a plain folder name (no separators, `.` or `..`; a ConfigError if not)."""
     name = (cfg.train.run_name or f"{cfg.data.name}-{{model}}").replace("{model}", cfg.model.name)
@@ -152,6 +158,8 @@ class Trainer:
             self.resume_ref, self.resume_files = check_sharded_run_dir(self, resume)
         else:
             self.resume_ref, self.resume_files = resume_files(self.run_dir, resume, ctx.is_main)
+            if self.resume_ref is not None:  # the global batch, data order and RNG streams depend on it (as fsdp)
+                check_world_size(self.resume_ref.weights, written_world_size(self.resume_files[2]), ctx.world_size)
         if self.resume_ref is not None:  # before any work: a refused change costs nothing
             # repeating the original command continues the run as changed; only a key set on purpose together with
             # --accept-changes changes it again (or back)
@@ -396,6 +404,7 @@ class Trainer:
             "scaler": self.scaler.state_dict(),
             "rng": rngs[0],
             "rng_ranks": rngs if self.ctx.distributed else None,  # each rank resumes its own streams
+            "world_size": self.ctx.world_size,
             "train_items": self._num_items(),
             "sched_key": self._sched_key(),
         }
@@ -425,7 +434,7 @@ class Trainer:
 
     def _load(self, ref, weights: tuple, ema: tuple | None, ts: dict) -> None:
         if self.sharded:
-            load_sharded(self, ref)
+            ref, ts = load_sharded(self, ref, ts)  # unreadable shards: an older checkpoint and its state
         else:
             load_into_model(self.model, *weights, self.cfg.model.name, ref.weights)
             if self.ema is not None:
@@ -679,7 +688,7 @@ def train(
     ctx = init_distributed(cfg.train.device, cfg.train.dist_timeout)
     explicit = frozenset(o.split("=", 1)[0].strip() for o in overrides)
     try:
-        with timeouts_explained(ctx, cfg.train.dist_timeout):
+        with timeouts_explained(ctx, cfg.train.dist_timeout, resolve_run_dir(cfg)):
             trainer = Trainer(cfg, ctx, resume=bool(resume), accept_changes=accept_changes, explicit=explicit)
             return trainer.run()
     finally:
