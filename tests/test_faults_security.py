@@ -19,6 +19,7 @@ from visionpe.engine.cli import eval_main
 from visionpe.engine.config import save_config
 from visionpe.engine.dcp_reader import read_dcp_metadata
 from visionpe.engine.export import export_main
+from visionpe.engine.metrics_log import append_metrics
 from visionpe.engine.run_dir import check_run_dir_is_ours
 from visionpe.engine.runlock import RunLock
 from visionpe.engine.trainer import resolve_run_dir
@@ -216,3 +217,15 @@ def test_home_is_expanded_in_path_settings(tmp_path, monkeypatch, runs, capsys):
     out = tmp_path / "w.safetensors"
     assert export_main(["--checkpoint", "~/r", "--out", "~/w.safetensors"]) == 0 and out.is_file()
     assert not Path("~").exists() and not os.path.exists(os.path.join(os.getcwd(), "~"))
+
+
+def test_a_symlinked_metrics_file_is_refused_and_its_target_kept(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me\n")
+    (tmp_path / "metrics.jsonl").symlink_to(victim)
+    with pytest.raises(CheckpointError, match="symbolic link"):
+        append_metrics(tmp_path / "metrics.jsonl", {"step": 1})
+    assert victim.read_text() == "keep me\n"
+    append_metrics(tmp_path / "plain.jsonl", {"step": 1})  # a plain file is appended as before
+    append_metrics(tmp_path / "plain.jsonl", {"step": 2})
+    assert (tmp_path / "plain.jsonl").read_text().splitlines() == ['{"step": 1}', '{"step": 2}']

@@ -19,7 +19,16 @@ METRICS = "metrics.jsonl"
 
 
 def append_metrics(path: str | os.PathLike, row: dict) -> None:
-    with open(path, "a") as f:
+    """Append one line; a symbolic link put in the run's place is refused, never followed (its target is kept)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    except OSError as e:
+        if os.path.islink(path):
+            raise CheckpointError(
+                f"{path} is a symbolic link; a run writes its own metrics file: remove the link"
+            ) from None
+        raise e
+    with os.fdopen(fd, "a") as f:
         f.write(json.dumps(row, allow_nan=False) + "\n")
 
 
