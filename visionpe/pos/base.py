@@ -112,9 +112,9 @@ class PosContext:
     needs_probs: bool = False
 
 
-def nonfinite_tensor(pe: nn.Module) -> str | None:
-    """'its <name> is not finite' for the first float parameter or buffer of `pe` holding inf or NaN, else None."""
-    for name, t in [*pe.named_parameters(), *pe.named_buffers()]:
+def nonfinite_tensor(pe: nn.Module, buffers: bool = True) -> str | None:
+    """'its <name> is not finite' for the first float parameter (or buffer) of `pe` holding inf or NaN, else None."""
+    for name, t in [*pe.named_parameters(), *(pe.named_buffers() if buffers else ())]:
         if t.is_floating_point() and t.device.type != "meta" and not bool(torch.isfinite(t).all()):
             return f"its {name!r} is not finite"
     return None
@@ -304,7 +304,8 @@ class PosStack(PosEncoding):
     def init_weights(self):
         for pe in self.encodings.values():
             pe.init_weights()
-            what = nonfinite_tensor(pe)  # an init std that overflows (the constructor's draws: probe_pe)
+            # an init std that overflows (the constructor's draws: probe_pe); buffers are rebuilt after this
+            what = nonfinite_tensor(pe, buffers=False)
             if what:
                 raise nonfinite_error(pe, what)
 
