@@ -4,13 +4,13 @@
 Input format (a dict; the same keys and layout as timm 1.0.31's NaFlex, so `timm.data`'s `Patchify` and
 `NaFlexCollator` feed the models unchanged):
 
-    patches      float [B, N, P*P*C]  flattened patches, each in (ph, pw, c) order (timm's Patchify,
+    patches      float [B, N, P*P*C]  normalised, flattened patches, each in (ph, pw, c) order (timm's Patchify,
                                       channels last); P the model's patch size, C its input channels;
                                       [B, N, P, P, C] (timm's unflattened patches) is flattened
     patch_coord  int   [B, N, 2]      (y, x) patch coordinates within the patch's own image
     patch_valid  bool  [B, N]         True for a patch, False for padding (anywhere in the row)
     image_ids    int   [B, N]         optional (packed rows): the image each patch belongs to within its row,
-                                      0, 1, ... (-1 for padding); absent: one image per row (padded)
+                                      0, 1, ... without gaps (-1 for padding); absent: one image per row
 
 Other keys: `seq_len` (timm's collator) is ignored; anything else is an error.
 Each image must come whole: its patches cover the full grid (max y + 1) x (max x + 1) exactly once, in any order.
