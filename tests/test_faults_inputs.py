@@ -179,6 +179,70 @@ def test_pe_options_that_would_make_nans_are_refused_at_build(pe_kwargs):
         timm.create_model("vit_n_ape", reg_tokens=-1)
 
 
+OVERFLOWING = [  # (model, pe_kwargs, what the message names): finite options whose numbers overflow float32
+    ("vit_n_alibi2d", dict(slope_scale=1e300), r"ALiBi2D with slope_scale=1e\+300: its logits bias at layer 0"),
+    ("vit_n_lookhere", dict(global_slope=1e300), "LookHere with .*global_slope=1e\\+300.*: its logits bias"),
+    ("vit_n_rope2d", dict(rescale_coords=1e300), "RoPE2D with .*rescale_coords=1e\\+300: its rotated queries"),
+    ("vit_n_ape", dict(std=1e300), "LearnedAPE with std=1e\\+300: its 'pos_embed' is not finite"),
+    ("vit_n_irpe", dict(init_std=1e300), "IRPE with .*init_std=1e\\+300: its 'tables.k.0' is not finite"),
+]
+
+
+@pytest.mark.parametrize("name, pe_kwargs, message", OVERFLOWING, ids=[c[0] for c in OVERFLOWING])
+def test_pe_options_that_overflow_float32_are_refused_at_build(name, pe_kwargs, message):
+    tiny_vit = {k: v for k, v in FAMILIES["vit"].tiny.items()}
+    with pytest.raises(ValueError, match=message + ".*an option overflows float32; use smaller values"):
+        timm.create_model(name, pe_kwargs=pe_kwargs, **tiny_vit)
+    timm.create_model(name, pe_kwargs={k: 4.0 for k in pe_kwargs}, **tiny_vit)  # a large but sane value builds
+
+
+def test_the_pe_probe_leaves_the_random_state_as_it_was(monkeypatch):
+    """The probe runs the PE's training-mode coordinate jitter: a model built from a seed draws what it drew."""
+    import visionpe.pos.presets as presets
+
+    def build_and_draw():
+        torch.manual_seed(0)
+        model = timm.create_model("vit_n_rope2d_dinov3_aug", **FAMILIES["vit"].tiny)
+        return torch.cat([p.detach().flatten() for p in model.parameters()] + [torch.rand(3)])
+
+    probed = build_and_draw()
+    monkeypatch.setattr(presets, "probe_pe", lambda pe, options: None)
+    assert torch.equal(probed, build_and_draw())
+
+
+def _tiny_weights(tmp_path, name: str, dtype=None, **kwargs) -> Path:
+    model = timm.create_model("vit_n_ape", **{**FAMILIES["vit"].tiny, **kwargs})
+    state = {k: v if dtype is None else (v * 1000).to(dtype) for k, v in model.state_dict().items()}
+    torch.save(state, tmp_path / name)
+    return tmp_path / name
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool])
+def test_timm_overlay_refuses_integer_weights_like_the_engines_loader(tmp_path, dtype):
+    path = _tiny_weights(tmp_path, "ints.pth", dtype)
+    tiny_vit = FAMILIES["vit"].tiny
+    kind = f"is {str(dtype)[6:]} \\(the model's is float32\\)"
+    with pytest.raises(ValueError, match=f"tensor\\(s\\) of another kind of number .*{kind}"):
+        timm.create_model("vit_n_ape", pretrained=True, pretrained_cfg_overlay=dict(file=str(path)), **tiny_vit)
+    cfg = load_config(None, ["model.name=vit_n_ape", "model.kwargs.pretrained=true", "data.resolution=32"])
+    cfg.model.kwargs.update(pretrained_cfg_overlay=dict(file=str(path)), patch_size=8, embed_dim=32, depth=2)
+    cfg.model.kwargs.update(num_heads=2)
+    with pytest.raises(ValueError, match=kind):  # the engine's model.kwargs route
+        build_model(cfg, 10, 3)
+
+
+def test_timm_overlay_of_another_classifier_size_names_num_classes(tmp_path):
+    path = _tiny_weights(tmp_path, "w16.pth", num_classes=16)
+    tiny_vit = {k: v for k, v in FAMILIES["vit"].tiny.items() if k != "num_classes"}  # timm's default: 1000
+    with pytest.raises(ValueError, match="'head' has 16 classes, the model 1000: add num_classes=16 to pretrained_cfg"):
+        timm.create_model("vit_n_ape", pretrained=True, pretrained_cfg_overlay=dict(file=str(path)), **tiny_vit)
+    overlay = dict(file=str(path), num_classes=16)  # the fix: the model has 16 classes and loads them
+    model = timm.create_model("vit_n_ape", pretrained=True, pretrained_cfg_overlay=overlay, **tiny_vit)
+    assert torch.equal(model.head.weight, torch.load(path)["head.weight"])
+    model = timm.create_model("vit_n_ape", pretrained=True, pretrained_cfg_overlay=overlay, num_classes=7, **tiny_vit)
+    assert model.head.weight.shape == (7, 32)  # num_classes of its own: a new classifier
+
+
 def test_model_drop_path_zero_is_honoured_for_swin():
     def rates(drop_path):
         cfg = load_config(None, ["model.name=swin_t_rpb", f"model.drop_path={drop_path}"])

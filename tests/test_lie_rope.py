@@ -175,6 +175,7 @@ def test_eval_computes_rotations_once_per_layout_and_training_every_forward(monk
     real = LieRoPE.rotations
     monkeypatch.setattr(LieRoPE, "rotations", lambda *a: calls.append(1) or real(*a))
     model = timm.create_model("vit_n_comrope_ld", depth=3).eval()
+    calls.clear()  # the build's finite-numbers probe (visionpe.pos.probe) computed some
     x = torch.randn(1, 3, 32, 32)
     with torch.no_grad():
         y0 = model(x)

@@ -164,6 +164,25 @@ def test_bad_native_batches_are_clear_errors():
         m({**good, "image_ids": torch.full_like(good["patch_valid"], -2, dtype=torch.long)})
 
 
+def test_empty_images_integer_patches_and_huge_ids_are_refused():
+    m = _model("vit_n_rope2d")
+    a, b = _images(m)[:2]
+    with pytest.raises(ValueError, match=r"image 1 of row 0 is empty \(0 x 16 px\)"):
+        pack_images([[a, torch.zeros(3, 0, 16), b]], 8)  # it used to vanish, moving b's logits up a row
+    good = pack_images([[a, b], [b]], 8)
+    gap = good["image_ids"].clone()
+    gap[gap == 1] = 2  # image 1 has no patches: an empty image in a hand-built dict
+    with pytest.raises(ValueError, match="row 0 has image_ids 2 but no patches with image_ids 1"):
+        m({**good, "image_ids": gap})
+    pixels = (good["patches"].clamp(0, 1) * 255).to(torch.uint8)
+    with pytest.raises(ValueError, match=r"'patches' are uint8; give float patches normalised .*pixels / 255"):
+        m({**good, "patches": pixels})
+    huge = good["image_ids"].clone()
+    huge[1][huge[1] == 0] = 3_000_000  # a table sized by the largest id would take memory per id
+    with pytest.raises(ValueError, match="row 1 has image_ids 3000000, not below its 28 patches"):
+        m({**good, "image_ids": huge})
+
+
 def test_training_with_grad_checkpointing_and_bf16_autocast():
     m = _model("vit_n_rope2d_mixed_ape", drop_path_rate=0.1)
     images = _images(m)[:4]

@@ -4,13 +4,13 @@
 Input format (a dict; the same keys and layout as timm 1.0.31's NaFlex, so `timm.data`'s `Patchify` and
 `NaFlexCollator` feed the models unchanged):
 
-    patches      float [B, N, P*P*C]  flattened patches, each in (ph, pw, c) order (timm's Patchify,
+    patches      float [B, N, P*P*C]  normalised, flattened patches, each in (ph, pw, c) order (timm's Patchify,
                                       channels last); P the model's patch size, C its input channels;
                                       [B, N, P, P, C] (timm's unflattened patches) is flattened
     patch_coord  int   [B, N, 2]      (y, x) patch coordinates within the patch's own image
     patch_valid  bool  [B, N]         True for a patch, False for padding (anywhere in the row)
     image_ids    int   [B, N]         optional (packed rows): the image each patch belongs to within its row,
-                                      0, 1, ... (-1 for padding); absent: one image per row (padded)
+                                      0, 1, ... without gaps (-1 for padding); absent: one image per row
 
 Other keys: `seq_len` (timm's collator) is ignored; anything else is an error.
 Each image must come whole: its patches cover the full grid (max y + 1) x (max x + 1) exactly once, in any order.
@@ -158,6 +158,11 @@ def pack_images(rows: list, patch_size: int, length: int | None = None, tubelet:
 
     packed = any(isinstance(r, (list, tuple)) for r in rows)
     rows = [list(r) if isinstance(r, (list, tuple)) else [r] for r in rows]
+    for b, row in enumerate(rows):
+        for j, item in enumerate(row):
+            if 0 in item.shape[1:]:
+                size = " x ".join(map(str, item.shape[1:]))
+                raise ValueError(f"pack_images: image {j} of row {b} is empty ({size} px); every image needs pixels")
     per_row = [[patchify(img) for img in row] for row in rows]
     sizes = [sum(p[0].shape[0] for p in row) for row in per_row]
     n = max(sizes, default=0) if length is None else length
@@ -201,6 +206,11 @@ def check_native(batch: dict, patch_dim: int, dims: int = 2) -> tuple[torch.Tens
     if not isinstance(patches, torch.Tensor) or patches.ndim != 3 or patches.shape[-1] != patch_dim:
         got = tuple(patches.shape) if isinstance(patches, torch.Tensor) else type(patches).__name__
         raise ValueError(f"native batch: 'patches' must be [B, N, {patch_dim}] (P*P*C, flattened), got {got}")
+    if not patches.is_floating_point():  # a cast of uint8 pixels would feed the model 0..255
+        raise ValueError(
+            f"native batch: 'patches' are {str(patches.dtype).removeprefix('torch.')}; give float patches normalised "
+            "as for the model's images ((pixels / 255 - mean) / std, what timm's NaFlex transforms produce)"
+        )
     b, n = patches.shape[:2]
     coords = _tensor(batch, "patch_coord", (b, n, dims), f"[B, N, {dims}]").long()
     valid = _tensor(batch, "patch_valid", (b, n), "[B, N]").bool()
@@ -213,12 +223,39 @@ def check_native(batch: dict, patch_dim: int, dims: int = 2) -> tuple[torch.Tens
     if bool((valid & (ids < 0)).any()):
         raise ValueError("native batch: a valid patch has image_ids < 0; use 0, 1, ... for images, -1 for padding")
     ids = torch.where(valid, ids, -1)
+    if "image_ids" in batch:
+        _check_numbering(ids)
     if bool(((coords < 0) & valid[..., None]).any()):
         raise ValueError("native batch: patch_coord has negative (y, x) coordinates")
     if "image_ids" not in batch and n and bool((~valid.any(1)).any()):
         row = int((~valid.any(1)).nonzero()[0])
         raise ValueError(f"native batch: row {row} has no valid patch (a padded batch holds one image per row)")
     return patches, coords, ids
+
+
+def _check_numbering(ids: torch.Tensor) -> None:
+    """A packed row numbers its images 0, 1, ... without a gap (a missing id is an image without patches, whose
+    output row would vanish and move every later one up), each id below the row length N; checked before any
+    table sized by the largest id is allocated."""
+    b, n = ids.shape
+    top = int(ids.max()) if ids.numel() else -1
+    if top >= n:
+        row = int((ids == top).any(1).nonzero()[0])
+        raise ValueError(
+            f"native batch: row {row} has image_ids {top}, not below its {n} patches; number each row's images "
+            "0, 1, ... without gaps (-1 for padding)"
+        )
+    if top < 0:
+        return
+    present = torch.zeros(b, top + 2, dtype=torch.bool, device=ids.device)
+    present.scatter_(1, ids + 1, True)  # column 0 collects the padding (-1)
+    gap = present[:, 2:] & ~present[:, 1:-1]  # image j + 1 has patches, image j none
+    if bool(gap.any()):
+        row, j = (int(v) for v in gap.nonzero()[0])
+        raise ValueError(
+            f"native batch: row {row} has image_ids {j + 1} but no patches with image_ids {j} (an empty image?); "
+            "number each row's images 0, 1, ... without gaps, every image with at least one patch"
+        )
 
 
 def native_layout(

@@ -15,6 +15,7 @@ import timm
 from timm.models import build_model_with_cfg, generate_default_cfgs, get_pretrained_cfg, register_model
 
 from .models import FAMILIES, Family
+from .models.checkpoints import checked_filter
 from .models.pretrained_cfgs import WEIGHTS, model_args_for
 from .pos.presets import PRESET_MODEL_OPTIONS, nearest, preset_cfg
 
@@ -71,7 +72,7 @@ def _entrypoint(family: Family, name: str, size: str, pe: str) -> Callable:
             name,
             pretrained,
             pretrained_cfg=pretrained_cfg,
-            pretrained_filter_fn=family.filter_fn,
+            pretrained_filter_fn=checked_filter(family.filter_fn),
             feature_cfg=dict(family.feature_cfg),
             **args,
         )

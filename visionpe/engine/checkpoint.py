@@ -25,6 +25,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from ..models.checkpoints import kind_mismatches
+
 __all__ = [
     "CheckpointError",
     "CheckpointRef",
@@ -405,12 +407,7 @@ def load_into_model(
         for k, v in own.items()
         if k in state and state[k].shape != v.shape
     ]
-    kinds = [  # load_state_dict would cast int64 / bool values into float weights: a garbage model, no error
-        f"{k} is {str(state[k].dtype).removeprefix('torch.')} (the model's is {str(v.dtype).removeprefix('torch.')})"
-        for k, v in own.items()
-        if k in state
-        and (state[k].is_floating_point(), state[k].is_complex()) != (v.is_floating_point(), v.is_complex())
-    ]
+    kinds = kind_mismatches(state, own)  # int64 / bool values cast into float weights: garbage, no error
     if kinds:
         raise CheckpointError(
             f"{source} does not hold weights of model {model_name!r}: {len(kinds)} tensor(s) of another kind of "

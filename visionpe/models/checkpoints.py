@@ -4,13 +4,21 @@ checkpoint is when it does not fit the model it is loaded into (so the error nam
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import torch
 
 from ..pos.base import CheckpointMismatch
 from .family import FAMILIES
 
-__all__ = ["describe_checkpoint", "ensure_fits", "expect_blocks", "unwrap"]
+__all__ = [
+    "checked_filter",
+    "describe_checkpoint",
+    "ensure_fits",
+    "expect_blocks",
+    "kind_mismatches",
+    "unwrap",
+]
 
 
 def unwrap(state_dict: dict) -> dict:
@@ -110,3 +118,61 @@ def ensure_fits(mapped: dict, model: torch.nn.Module, original: dict, skip: tupl
             f"the checkpoint does not fit this {type(model).__name__} ({first!r} {what}); "
             f"it is {describe_checkpoint(original)}"
         )
+
+
+def _kind(t: torch.Tensor) -> tuple[bool, bool]:
+    return t.is_floating_point(), t.is_complex()
+
+
+def _dtype(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def kind_mismatches(state: dict, own: dict) -> list[str]:
+    """'key is int64 (the model's is float32)' for each tensor of `state` holding another kind of number (integer or
+    bool, float, complex) than the model's tensor of that name: load_state_dict would cast int64 or bool values into
+    float weights, a garbage model and no error. Shared by the engine's loader and timm's pretrained route."""
+    out = []
+    for k, v in own.items():
+        w = state.get(k)
+        if isinstance(w, torch.Tensor) and isinstance(v, torch.Tensor) and _kind(w) != _kind(v):
+            out.append(f"{k} is {_dtype(w)} (the model's is {_dtype(v)})")
+    return out
+
+
+def _check_loadable(state: dict, model: torch.nn.Module) -> None:
+    """What timm's load_pretrained would load silently wrong or refuse with torch's text: tensors of another kind
+    of number, and a classifier timm keeps (model and pretrained cfg agree on num_classes) of another size."""
+    own = model.state_dict()
+    kinds = kind_mismatches(state, own)
+    if kinds:
+        raise CheckpointMismatch(
+            f"the checkpoint holds {len(kinds)} tensor(s) of another kind of number than the model's "
+            f"({'; '.join(kinds[:3])}); use a file of float weights (the one training wrote)"
+        )
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    names = cfg.get("classifier") or ()
+    if getattr(model, "num_classes", None) != cfg.get("num_classes"):
+        return  # timm drops the checkpoint's classifier: the model trains a new one
+    for name in (names,) if isinstance(names, str) else names:
+        w, v = state.get(f"{name}.weight"), own.get(f"{name}.weight")
+        if isinstance(w, torch.Tensor) and isinstance(v, torch.Tensor) and w.shape[:1] != v.shape[:1]:
+            n, m = w.shape[0], v.shape[0]
+            raise CheckpointMismatch(
+                f"the checkpoint's classifier {name!r} has {n} classes, the model {m}: add num_classes={n} to "
+                f"pretrained_cfg_overlay (the model then has {n} classes and loads them; a model given num_classes of "
+                "its own loads the rest and trains a new classifier)"
+            )
+
+
+def checked_filter(filter_fn: Callable | None) -> Callable:
+    """A family's timm `pretrained_filter_fn` (published layouts -> ours, or None) followed by the checks of
+    `_check_loadable`, so that weights given through timm (`pretrained_cfg_overlay=dict(file=...)`, also from the
+    engine's `model.kwargs`) are refused as the engine's own loader refuses them."""
+
+    def checked(state_dict: dict, model: torch.nn.Module) -> dict:
+        out = filter_fn(state_dict, model) if filter_fn is not None else state_dict
+        _check_loadable(out, model)
+        return out
+
+    return checked

@@ -22,24 +22,6 @@ from ..native import BatchLayout, ImageGroup, check_native, native_layout
 __all__ = ["embed_native_sequence"]
 
 
-def _check_numbering(ids: torch.Tensor) -> None:
-    """Each row's sequences are numbered 0, 1, ... without a gap (text row i belongs to output sequence i)."""
-    if not ids.numel() or int(ids.max()) < 0:
-        return
-    k = int(ids.max()) + 1
-    rows = torch.arange(ids.shape[0], device=ids.device)[:, None]
-    present = torch.zeros(ids.shape[0] * (k + 1), dtype=torch.bool, device=ids.device)
-    present[(rows * (k + 1) + ids + 1).flatten()] = True
-    present = present.view(-1, k + 1)[:, 1:]  # column 0 collected the padding (-1)
-    gap = present[:, 1:] & ~present[:, :-1]
-    if bool(gap.any()):
-        row, j = (int(v) for v in gap.nonzero()[0])
-        raise ValueError(
-            f"native batch: row {row} has image_ids {j + 1} but no patches with image_ids {j}; number each row's "
-            "sequences 0, 1, ... without gaps (every sequence needs its patches)"
-        )
-
-
 def _text(model, text_ids, count: int, packed: bool, text_split: int | None, device):
     """-> (text ids [I, Lt], the split k)."""
     if packed and isinstance(text_ids, torch.Tensor) and text_ids.ndim == 2 and text_ids.shape[0] != count:
@@ -70,9 +52,7 @@ def embed_native_sequence(model, batch: dict, text_ids: torch.Tensor | None, tex
     proj = model.patch_embed.proj
     weight = proj.weight.permute(0, 2, 3, 4, 1).flatten(1)  # (pt, ph, pw, c)-flattened tubelets
     patches, coords, ids = check_native(batch, weight.shape[1], 3)
-    packed = "image_ids" in batch
-    if packed:
-        _check_numbering(ids)
+    packed = "image_ids" in batch  # (check_native refused gaps in each row's numbering)
     vis = native_layout(coords, ids, 0, lambda grid: None)  # cells of each sequence's visual grid
     e = F.linear(patches.to(weight.dtype), weight, proj.bias).flatten(0, 1)  # [B * N, D]
     b, d, device = patches.shape[0], e.shape[-1], e.device

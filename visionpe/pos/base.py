@@ -40,6 +40,8 @@ __all__ = [
     "PosEncoding",
     "PosStack",
     "merge_contexts",
+    "nonfinite_error",
+    "nonfinite_tensor",
 ]
 
 EVERY_LAYER = "every layer"  # `layer_of`: one tensor serves every layer (layer decay: the top group, as timm's eva)
@@ -108,6 +110,23 @@ class PosContext:
     bias: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
     value: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor] | None = None
     needs_probs: bool = False
+
+
+def nonfinite_tensor(pe: nn.Module, buffers: bool = True) -> str | None:
+    """'its <name> is not finite' for the first float parameter (or buffer) of `pe` holding inf or NaN, else None."""
+    for name, t in [*pe.named_parameters(), *(pe.named_buffers() if buffers else ())]:
+        if t.is_floating_point() and t.device.type != "meta" and not bool(torch.isfinite(t).all()):
+            return f"its {name!r} is not finite"
+    return None
+
+
+def nonfinite_error(pe: nn.Module, what: str) -> ValueError:
+    """The one-line error for a PE whose options make a non-finite number (`what`: what was found where)."""
+    options = getattr(pe, "built_with", {})
+    shown = ", ".join(f"{k}={v!r}" for k, v in options.items()) or "its defaults"
+    return ValueError(
+        f"{type(pe).__name__} with {shown}: {what}, an option overflows float32; use smaller values (pe_kwargs)"
+    )
 
 
 def _chain_rotate(f, g):
@@ -285,6 +304,10 @@ class PosStack(PosEncoding):
     def init_weights(self):
         for pe in self.encodings.values():
             pe.init_weights()
+            # an init std that overflows (the constructor's draws: probe_pe); buffers are rebuilt after this
+            what = nonfinite_tensor(pe, buffers=False)
+            if what:
+                raise nonfinite_error(pe, what)
 
     def reset_parameters(self):  # the backbone's walk over its modules resets every PE of the stack itself
         pass

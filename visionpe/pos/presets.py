@@ -31,6 +31,7 @@ from .irpe import IRPE
 from .lepe import LePE
 from .lie_rope import LieRoPE
 from .lookhere import LookHere
+from .probe import probe_pe
 from .rope2d import RoPE2D
 from .rope2d_dinov3 import RoPE2DDinoV3
 from .rope_nd import RoPEND
@@ -206,6 +207,7 @@ def build_pos_encoding(preset: str, host: PEHost, pe_kwargs: dict | None = None)
         options = {**kwargs, **flat, **extra}
         check_pe_options(cls, options)
         encodings[kind] = cls(host, **options)
+        probe_pe(encodings[kind], options)
     unused = set(pe_kwargs) - used
     if unused:
         valid = set().union(*(_accepted(PE_KINDS[k]) for k in kinds)) if kinds else set()
