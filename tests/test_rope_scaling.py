@@ -141,6 +141,7 @@ def test_dinov3_keeps_the_training_spacing_under_ntk():
 
 
 def test_position_modes_are_validated_and_the_bench_accepts_them():
-    assert set(POSITION_MODES) == set(ACCEPTED_POSITION_MODES) == {"extrapolate", "interpolate", "ntk", "yarn"}
+    assert set(POSITION_MODES) == {"extrapolate", "interpolate", "ntk", "yarn"}
+    assert set(ACCEPTED_POSITION_MODES) == set(POSITION_MODES) | {"riflex"}  # the video / multimodal models' too
     with pytest.raises(ValueError, match="position_mode must be one of"):
         timm.create_model("vit_n_rope2d", position_mode="stretch")

@@ -154,6 +154,19 @@ _ROWS = (
                         detail="for ViTs as measured by a later study: 63.1% against 18.9% at 4.57x"),)),
     Paper("2309.00071", "YaRN: Efficient Context Window Extension of Large Language Models", "",
           "Peng, Bowen and Quesnelle, Jeffrey and Fan, Honglu and Shippole, Enrico", 2024, "ICLR", "peng2024yarn"),
+    Paper("2410.06205", "Round and Round We Go! What makes Rotary Positional Encodings useful?", "",
+          "Barbero, Federico and Vitvitskyi, Alex and Perivolaropoulos, Christos and Pascanu, Razvan "
+          "and Veli{\\v{c}}kovi{\\'c}, Petar", 2025, "ICLR", "barbero2025prope",
+          presets=("rope2d_p", "rope1d_p", "rope3d_p"),
+          claims=(Claim("p-RoPE with p = 0.75 (the lowest quarter of the frequencies dropped) >= RoPE",
+                        (("rope2d_p", "rope2d"), ("rope1d_p", "rope1d"), ("rope3d_p", "rope3d")), "base",
+                        detail="Table 2: Gemma-2B validation perplexity at the training context, 0.75-RoPE best"),)),
+    # a test-time position mode (`riflex`) of the RoPE-ND schemes with a time stream, no preset: its claim (longer
+    # videos without repetition, training-free) compares modes of one model, which claims here cannot express
+    Paper("2502.15894", "RIFLEx: A Free Lunch for Length Extrapolation in Video Diffusion Transformers",
+          "https://github.com/thu-ml/RIFLEx",
+          "Zhao, Min and He, Guande and Chen, Yixiao and Zhu, Hongzhou and Li, Chongxuan and Zhu, Jun", 2025, "ICML",
+          "zhao2025riflex"),
     # ------------------------------------------------------------------------------------- video / multimodal PEs
     Paper("2409.12191", "Qwen2-VL: Enhancing Vision-Language Model's Perception of the World at Any Resolution",
           "https://github.com/QwenLM/Qwen2-VL",

@@ -155,8 +155,8 @@ def first_inputs(view: SizedView | NativeView, n: int):
 
 
 def has_position_modes(model: nn.Module) -> bool:
-    """Whether the model takes test-time position modes (vit: extrapolate, interpolate, ntk, yarn; vivit:
-    extrapolate, ntk, yarn); models with windowed or convolutional positions have one, and run as they are."""
+    """Whether the model takes test-time position modes (vit: extrapolate, interpolate, ntk, yarn; vivit, mm:
+    extrapolate, ntk, yarn, riflex); models with windowed or convolutional positions have one, and run as they are."""
     return len(getattr(model, "position_modes", None) or ()) > 1
 
 

@@ -16,12 +16,14 @@ import timm
 import torch
 
 from ..data import get_dataset_info
+from ..models.video_vit import VIDEO_POSITION_MODES
+from ..models.vit import POSITION_MODES as IMAGE_POSITION_MODES
 from ..recipes import resolve_recipe
 from ..zoo import create_model
 from .config import Config, ConfigError, apply_overrides, config_from_dict, native_settings, read_yaml, setting
 
 POSITION_MODES = ("extrapolate", "interpolate")  # the default list
-ACCEPTED_POSITION_MODES = (*POSITION_MODES, "ntk", "yarn")  # ntk / yarn: test-time RoPE scaling
+ACCEPTED_POSITION_MODES = tuple(dict.fromkeys((*IMAGE_POSITION_MODES, *VIDEO_POSITION_MODES)))  # every model's
 PROTOCOLS = ("upsample", "fov", "frames", "duration", "native")
 MAX_SIZE_PX = 8192  # the largest evaluated or timed image side (bench.resolutions, bench.shapes, speed --resolutions)
 MAX_SEED = 2**31 - 1
@@ -96,7 +98,7 @@ class BenchConfig:
         parse=parse_size,
     )  # fmt: skip
     position_modes: list[str] = setting(
-        list(POSITION_MODES), "test-time position modes: extrapolate, interpolate, ntk, yarn",
+        list(POSITION_MODES), "test-time position modes: " + ", ".join(ACCEPTED_POSITION_MODES),
         choices=ACCEPTED_POSITION_MODES, nonempty="extrapolate,interpolate", unique=True,
     )  # fmt: skip
     protocols: list[str] = setting(

@@ -20,6 +20,7 @@ CVT_PES = {
     "": dict(pe="nope"),  # the paper's models
     "rope2d": dict(pe="rope2d"),
     "rope2d_mixed": dict(pe="rope2d_mixed"),
+    "rope2d_p": dict(pe="rope2d_p"),
     "irpe": dict(pe="irpe_k"),  # iRPE contextual on k (no APE: CvT has none)
     **same_name("cpe", "liere", "comrope_ap", "comrope_ld", "alibi2d", "fire2d"),
 }

@@ -9,7 +9,8 @@ features (`forward_features`), a pooled output (`forward_head(pre_logits=True)`)
 
 Test-time RoPE scaling (`position_mode='ntk' | 'yarn'`, visionpe.pos.rope_nd): each position stream scales by the
 spread of the input sequence's positions over that of the training sequence, the reference clip (img_size x
-num_frames) between its markers with `text_length` text ids, built under the model's scheme.
+num_frames) between its markers with `text_length` text ids, built under the model's scheme. RIFLEx
+(`position_mode='riflex'`) compares the time stream's spreads the same way.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def _refreshing_count(name: str, what: str) -> property:
 
 
 class MultimodalEncoder(TubeletEncoder):
-    position_modes = VIDEO_POSITION_MODES  # extrapolate; ntk / yarn rescale the RoPE-ND schemes (visionpe.pos.rope_nd)
+    position_modes = VIDEO_POSITION_MODES  # extrapolate; ntk / yarn / riflex act on RoPE-ND (visionpe.pos.rope_nd)
 
     @factory_kwargs
     def __init__(
@@ -97,8 +98,9 @@ class MultimodalEncoder(TubeletEncoder):
         go before the visual input (the rest follow it); the scheme's options (RoPE base `theta`, V2PE's visual step
         `delta`) go in pe_kwargs. text_length: text ids per sample in training (0: none), with img_size x num_frames
         the training sequence that position_mode 'ntk' / 'yarn' compare the input's positions with; position_mode:
-        'extrapolate' (raw positions) or 'ntk' / 'yarn' (RoPE-ND schemes rescale their frequencies beyond the
-        training sequence; other PEs read them as 'extrapolate'). Other kwargs (num_classes, depth, num_heads,
+        'extrapolate' (raw positions), 'ntk' / 'yarn' (RoPE-ND schemes rescale their frequencies beyond the
+        training sequence) or 'riflex' (schemes with a time stream lower its intrinsic frequency, RIFLEx); other
+        PEs read them as 'extrapolate'. Other kwargs (num_classes, depth, num_heads,
         pe_kwargs, ...): see TokenEncoder."""
         self.text_split = text_split  # before the trunk: its PE host reads both
         self.text_length = text_length

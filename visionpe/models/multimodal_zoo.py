@@ -17,7 +17,7 @@ MM_SIZES = {  # DeiT widths; n(ano) for CPU experiments on small images
 # the language-model base theta = 10000 of the RoPE ladder (the video ViT keeps RoPE-ND's vision default, 100)
 MM_PES = {
     scheme: dict(pe=scheme, pe_kwargs={"rope_nd": {"theta": 10000.0}})
-    for scheme in ("rope1d", "mrope", "videorope", "vrope", "v2pe", "mrope_interleaved", "hope")
+    for scheme in ("rope1d", "mrope", "videorope", "vrope", "v2pe", "mrope_interleaved", "hope", "rope1d_p")
 }
 
 MM = Family(  # RoFormer's paper (visionpe.papers): 1D RoPE over the text and the visual tokens

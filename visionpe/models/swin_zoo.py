@@ -18,6 +18,7 @@ SWIN_PES = {
     "rpb": dict(pe="rpb"),  # Swin's relative position bias (the paper's model)
     "rope2d": dict(pe="rope2d", pe_kwargs={"rope2d": {"theta": 50.0}}),  # RoPE-ViT's Swin: axial, theta 50
     "rope2d_mixed": dict(pe="rope2d_mixed"),
+    "rope2d_p": dict(pe="rope2d_p", pe_kwargs={"rope2d": {"theta": 50.0}}),  # p-RoPE on that Swin RoPE
     "irpe": dict(pe="irpe_k"),  # iRPE contextual on k in place of the bias (no APE: Swin has none)
     **same_name("lepe", "liere", "comrope_ap", "comrope_ld", "nope", "alibi2d", "fire2d"),
 }

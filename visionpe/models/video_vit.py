@@ -3,7 +3,8 @@ tokens, with a swappable PE: separable space-time APE, 3D RoPE, M-RoPE, VideoRoP
 
 Clips are [B, C, T, H, W]. Any length and size works at call time: T, H, W that are not multiples of the tubelet are
 zero-padded at the end; RoPE schemes extrapolate their integer positions (or, with position_mode 'ntk' / 'yarn',
-rescale their frequencies by how far each stream reaches beyond the training clip), the APE resamples its tables.
+rescale their frequencies by how far each stream reaches beyond the training clip; 'riflex' lowers the intrinsic
+time frequency of a clip longer than trained on), the APE resamples its tables.
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ from torch import nn
 from ..fx import fx_unsupported, is_fx_tracing
 from ..layers.checks import check_tensor
 from ..layout import TokenLayout
+from ..pos.rope_scaling import SCALING_MODES, TIME_MODES
 from .construction import factory_kwargs
 from .native_batch import embed_tubelets
 from .token_encoder import TokenEncoder
 
 __all__ = ["TubeletEmbed", "TubeletEncoder", "VideoViT", "check_clip"]
 
-VIDEO_POSITION_MODES = ("extrapolate", "ntk", "yarn")  # ntk / yarn: test-time RoPE scaling (visionpe.pos.rope_nd)
+VIDEO_POSITION_MODES = ("extrapolate", *SCALING_MODES, *TIME_MODES)  # ntk / yarn / riflex: visionpe.pos.rope_nd
 VISUAL_FORMATS = ("NCTHW", "NCHW", "NLC")  # maps over (T, H, W), maps over (H, W) when T = 1, tokens
 
 
@@ -125,8 +127,9 @@ class VideoViT(TubeletEncoder):
         **kwargs,
     ):
         """pe: a PE preset (visionpe.pos.PE_PRESETS), e.g. 'ape_st', 'rope3d', 'vrope'; its options (e.g. V2PE's
-        visual step `delta`) go in pe_kwargs. position_mode: 'extrapolate' (raw positions) or 'ntk' / 'yarn'
-        (RoPE-ND schemes rescale their frequencies beyond the training clip; other PEs read them as 'extrapolate').
+        visual step `delta`) go in pe_kwargs. position_mode: 'extrapolate' (raw positions), 'ntk' / 'yarn'
+        (RoPE-ND schemes rescale their frequencies beyond the training clip) or 'riflex' (RoPE-ND schemes with a
+        time stream lower its intrinsic frequency, RIFLEx); other PEs read them as 'extrapolate'.
         Other kwargs (depth, num_heads, global_pool, pe_kwargs, ...): see TokenEncoder."""
         stem = (img_size, num_frames, patch_size, tubelet_size, in_chans, embed_dim)
         super().__init__(*stem, num_classes=num_classes, pe=pe, default_scheme="rope3d", **kwargs)

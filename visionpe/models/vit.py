@@ -17,13 +17,14 @@ from ..fx import is_fx_tracing
 from ..layers.checks import check_images, patch_grid
 from ..layers.token_merger import AdaptiveTokenMerger
 from ..layout import TokenLayout, image_layout
+from ..pos.rope_scaling import SCALING_MODES
 from .construction import factory_kwargs
 from .native_batch import embed_patches
 from .token_encoder import TokenEncoder
 
 __all__ = ["VisionTransformer"]
 
-POSITION_MODES = ("extrapolate", "interpolate", "ntk", "yarn")
+POSITION_MODES = ("extrapolate", "interpolate", *SCALING_MODES)
 
 
 class VisionTransformer(TokenEncoder):

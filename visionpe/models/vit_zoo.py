@@ -20,7 +20,7 @@ DINOV3_ARCH = dict(reg_tokens=4, init_values=1e-5, qkv_bias="qv", norm_eps=1e-5,
 
 # cpe_gap: CPVT-GAP's average pooling, fuzzy_atm: ViTAR's token merger (model options of the presets)
 VIT_PES = {
-    **same_name("ape", "sincos", "nope", "rope2d", "rope2d_mixed", "rope2d_ape", "rope2d_mixed_ape"),
+    **same_name("ape", "sincos", "nope", "rope2d", "rope2d_mixed", "rope2d_ape", "rope2d_mixed_ape", "rope2d_p"),
     **same_name("irpe", "irpe_bias", "irpe_qkv", "cpe", "cpe_gap", "lepe", "fuzzy", "fuzzy_atm"),
     "rope2d_dinov3": dict(pe="rope2d_dinov3", **DINOV3_ARCH),  # DINOv3's ViT (timm's vit_*_patch16_dinov3)
     # the same model trained as DINOv3 trains it: coordinates rescaled by a log-uniform factor in [1/2, 2] per layer

@@ -80,6 +80,9 @@ PE_PRESETS: dict[str, list[tuple[str, dict]]] = {
     # RoPE-ViT +APE: the APE resampled by plain bicubic, as naver's code does (timm's default antialiases)
     "rope2d_ape": [("rope2d", {"mode": "axial"}), ("ape", {"resample": "bicubic"})],
     "rope2d_mixed_ape": [("rope2d", {"mode": "mixed"}), ("ape", {"resample": "bicubic"})],
+    # p-RoPE (Barbero et al.): the lowest quarter of each axis' / stream's frequencies dropped (the paper's best p);
+    # `p` is an option of every rotary PE here (pe_kwargs=dict(p=...)), these presets its p = 0.75 on plain RoPE
+    "rope2d_p": [("rope2d", {"mode": "axial", "p": 0.75})],
     # DINOv3's RoPE: patch centres in [-1, 1], periods 100^(k / (d/4)), rotate-half layout (no augmentation by
     # default; DINOv3's training draws rescale_coords=2, a pe_kwargs option)
     "rope2d_dinov3": [("rope2d_dinov3", {})],
@@ -103,6 +106,8 @@ PE_PRESETS: dict[str, list[tuple[str, dict]]] = {
     "ape_st": [("ape_st", {})],
     "rope1d": [("rope_nd", {"scheme": "rope1d"})],
     "rope3d": [("rope_nd", {"scheme": "rope3d"})],
+    "rope1d_p": [("rope_nd", {"scheme": "rope1d", "p": 0.75})],
+    "rope3d_p": [("rope_nd", {"scheme": "rope3d", "p": 0.75})],
     "mrope": [("rope_nd", {"scheme": "mrope"})],
     "mrope_time": [("rope_nd", {"scheme": "mrope_time"})],
     "videorope": [("rope_nd", {"scheme": "videorope"})],

@@ -7,7 +7,9 @@ Both drive the shared rotary kernel with a frequency matrix F over the layout's 
 Options of both: coordinate augmentation in training (shift/jitter/rescale_coords, in patch units; see
 visionpe.pos.coord_aug; a fresh draw per layer, as DINOv3 draws per block) and the host's test-time `ntk` / `yarn`
 position modes (visionpe.pos.rope_scaling; the training extent is the reference grid; `yarn_ramp` 'reference', the
-reference code's ramp, or 'paper').
+reference code's ramp, or 'paper'), and p-RoPE (`p`, Barbero et al., ICLR 2025): only the fraction p of each axis'
+ladder, its highest frequencies, rotates; the lowest pairs get frequency 0 (RoPE-Mixed: those learned frequencies
+stay in the parameter, as in a rope2d_mixed checkpoint, and are multiplied by 0).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from ..layout import TokenLayout
 from .base import EVERY_LAYER, CheckpointMismatch, PEHost, PosContext, PosEncoding
 from .coord_aug import CoordAugment
 from .rope_scaling import base_ladder, check_yarn_ramp, rope_scaling, scale_frequencies, yarn_temperature
-from .rotary import FixedCosSinCache, apply_rotary, axial_frequencies, scaled_cos_sin
+from .rotary import FixedCosSinCache, apply_rotary, axial_frequencies, check_p_rope, p_rope_keep, scaled_cos_sin
 
 torch.fx.wrap("scaled_cos_sin")  # FX: a graph leaf when called from here too (visionpe.fx)
 
@@ -59,9 +61,11 @@ class RoPE2D(PosEncoding):
         jitter_coords: float | None = None,
         rescale_coords: float | None = None,
         yarn_ramp: str = "reference",
+        p: float = 1.0,
     ):
         super().__init__(host)
         self.yarn_ramp = check_yarn_ramp(yarn_ramp)
+        self.p = check_p_rope(p)
         if mode not in ("axial", "mixed"):
             raise ValueError(f"RoPE2D mode must be 'axial' or 'mixed', got {mode!r}")
         self.mode = mode
@@ -72,6 +76,8 @@ class RoPE2D(PosEncoding):
             if d % 4:
                 raise ValueError(f"2D RoPE needs head dims divisible by 4, got {d}")
         self._head_dims = sorted(head_dims)
+        for d in self._head_dims if mode == "mixed" and self.p < 1.0 else ():  # p-RoPE's mask of the learned pairs
+            self.register_buffer(f"keep_{d}", self._keep(d), persistent=False)
         if mode == "mixed":
             heads = {spec.num_heads for spec in host.layers}
             if len(heads) == 1 and len(head_dims) == 1:  # one tensor, as in timm / rope-vit checkpoints
@@ -84,8 +90,19 @@ class RoPE2D(PosEncoding):
                 )
         else:
             for d in head_dims:
-                self.register_buffer(f"axial_{d}", axial_frequencies(d, self.theta), persistent=False)
+                self.register_buffer(f"axial_{d}", self._axial(d), persistent=False)
         self._cos_sin_cache = FixedCosSinCache()  # axial only (mixed frequencies are trained)
+
+    def keep(self, head_dim: int) -> torch.Tensor | None:
+        """p-RoPE's mask [d/2] (1: the pair rotates, 0: dropped), None at p = 1."""
+        return getattr(self, f"keep_{head_dim}", None)
+
+    def _keep(self, d: int) -> torch.Tensor:
+        return p_rope_keep([c // (d // 4) for c in range(d // 2)], self.p).float()  # a ladder per d/4-pair half
+
+    def _axial(self, d: int) -> torch.Tensor:
+        freqs = axial_frequencies(d, self.theta)
+        return freqs if self.p == 1.0 else freqs * self._keep(d)
 
     def reset_parameters(self):
         """Mixed: frequencies drawn afresh (random angles) as at construction."""
@@ -101,9 +118,12 @@ class RoPE2D(PosEncoding):
                 self.freqs.copy_(mixed_frequencies(head_dim, depth, heads, self.theta))
 
     def init_non_persistent_buffers(self):
+        for d in self._head_dims if self.mode == "mixed" and self.p < 1.0 else ():
+            buf = self.keep(d)
+            self.register_buffer(f"keep_{d}", self._keep(d).to(buf.device, buf.dtype), persistent=False)
         for d in self._head_dims if self.mode == "axial" else ():
             buf = getattr(self, f"axial_{d}")
-            freqs = axial_frequencies(d, self.theta).to(buf.device, buf.dtype)  # where and how the model keeps it
+            freqs = self._axial(d).to(buf.device, buf.dtype)  # where and how the model keeps it
             self.register_buffer(f"axial_{d}", freqs, persistent=False)
         self._cos_sin_cache.clear()
 
@@ -122,12 +142,14 @@ class RoPE2D(PosEncoding):
         return [self.freqs[i]] if per_layer and i < len(self.freqs) else []
 
     def layer_frequencies(self, i: int) -> torch.Tensor:
-        """Frequency matrix of layer i: [2, d/2] (axial, shared) or [2, heads, d/2] (mixed)."""
+        """Frequency matrix of layer i: [2, d/2] (axial, shared) or [2, heads, d/2] (mixed; p-RoPE's dropped pairs
+        multiplied by 0)."""
+        d = self.host.layers[i].head_dim
         if self.mode == "axial":
-            return getattr(self, f"axial_{self.host.layers[i].head_dim}")
-        if isinstance(self.freqs, nn.ParameterList):
-            return self.freqs[i]
-        return self.freqs[:, i]
+            return getattr(self, f"axial_{d}")
+        freqs = self.freqs[i] if isinstance(self.freqs, nn.ParameterList) else self.freqs[:, i]
+        keep = self.keep(d)
+        return freqs if keep is None else freqs * keep.to(freqs.device, freqs.dtype)
 
     def _scaling(self, layout: TokenLayout):
         """The ntk / yarn scaling of the queries' grid over the reference (x, y) extent (None: no scaling)."""

@@ -11,7 +11,9 @@ Sizes: the coordinates follow the input's own grid (a larger image samples the s
 `extrapolate` and `interpolate` position modes alike, as in the official code. In the `ntk` / `yarn` modes the
 coordinates keep the reference grid's spacing (the box grows with the input) and the frequencies are rescaled
 (visionpe.pos.rope_scaling). Training-time coordinate augmentation (shift/jitter/rescale_coords; DINOv3 trains with
-rescale_coords=2) is drawn afresh for every layer, as the official code draws it for every block.
+rescale_coords=2) is drawn afresh for every layer, as the official code draws it for every block. p-RoPE (`p`,
+Barbero et al., ICLR 2025) keeps the fraction p of each axis' periods, the shortest; the longest become +inf
+(frequency 0: no rotation).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from ..layout import TokenLayout, shape_cache
 from .base import PEHost, PosContext, PosEncoding
 from .coord_aug import CoordAugment
 from .rope_scaling import Ladder, base_ladder, check_yarn_ramp, rope_scaling, scale_frequencies, yarn_temperature
-from .rotary import FixedCosSinCache, apply_rotary, scaled_cos_sin
+from .rotary import FixedCosSinCache, apply_rotary, check_p_rope, p_rope_keep, scaled_cos_sin
 
 __all__ = ["RoPE2DDinoV3", "dinov3_coords", "dinov3_periods"]
 
@@ -69,7 +71,8 @@ def dinov3_coords(
 
 class RoPE2DDinoV3(PosEncoding):
     """DINOv3 RoPE on q and k of every layer; options as in the official module (base or min/max_period,
-    normalize_coords, shift/jitter/rescale_coords), and yarn_ramp: the `yarn` mode's ramp (visionpe.pos.rope_scaling).
+    normalize_coords, shift/jitter/rescale_coords), yarn_ramp: the `yarn` mode's ramp (visionpe.pos.rope_scaling),
+    and p: p-RoPE's kept fraction of each axis' periods (1: all).
     The official checkpoints' `rope_embed.periods` are fixed (the options rebuild them) and dropped."""
 
     positive_options = ("base", "min_period", "max_period")
@@ -86,9 +89,11 @@ class RoPE2DDinoV3(PosEncoding):
         jitter_coords: float | None = None,
         rescale_coords: float | None = None,
         yarn_ramp: str = "reference",
+        p: float = 1.0,
     ):
         super().__init__(host)
         self.yarn_ramp = check_yarn_ramp(yarn_ramp)
+        self.p = check_p_rope(p)
         if (min_period is None) != (max_period is None):
             raise ValueError("give both min_period and max_period (or neither, for the base form)")
         if min_period is not None and base is not None:
@@ -113,7 +118,10 @@ class RoPE2DDinoV3(PosEncoding):
         return f"periods_{d}"
 
     def _periods(self, d: int, device=None) -> torch.Tensor:
-        return dinov3_periods(d, self.base, self.min_period, self.max_period).to(device)
+        periods = dinov3_periods(d, self.base, self.min_period, self.max_period)
+        if self.p < 1.0:  # p-RoPE: the longest periods of the axis' ladder dropped (frequency 2 pi / inf = 0)
+            periods = periods.masked_fill(~p_rope_keep([0] * (d // 4), self.p), math.inf)
+        return periods.to(device)
 
     def periods(self, head_dim: int) -> torch.Tensor:
         return getattr(self, self._name(head_dim))

@@ -17,11 +17,20 @@ and markers are positions like any other: a text token takes the running index o
 visual input stretches every stream, and pure text or rope1d scales by the token-length ratio. Every scheme's F is
 one ladder theta^(-2c/d) over the d/2 pairs: ntk gives stream a's pairs the base theta * s_a^(d / (d - 2)); yarn
 ramps each frequency by its turns over the training spread and multiplies q and k by 0.1 ln s + 1.
+
+RIFLEx (the host's `riflex` position mode, schemes with a time stream: rope3d, mrope, mrope_time, videorope,
+mrope_interleaved; HoPE's time pairs do not rotate): L = the time stream's spread in the training input, L_test its
+spread in the layout; the intrinsic time frequency (`riflex_k`, the official 1-based k over the time pairs, fastest
+first; else the one nearest the repetition frame `riflex_repeat`; else the fastest whose period exceeds L) becomes
+0.9 * 2 pi / L_test when L_test exceeds its period, every other frequency kept. p-RoPE (`p`): of each stream's
+pairs only the fraction p with the highest frequencies rotates (visionpe.pos.rotary.p_rope_keep).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+import torch
 
 from ..layout import TokenLayout
 from .base import PEHost, PosContext, PosEncoding
@@ -34,22 +43,28 @@ from .mm_positions import (
     runtime_options,
     scheme_streams,
     segment_layout,
+    stream_of_pairs,
 )
 from .rope_scaling import (
     SCALING_MODES,
+    TIME_MODES,
     RopeScaling,
     base_ladder,
     check_yarn_ramp,
+    intrinsic_index,
+    riflex_frequency,
+    rope_period,
     rope_scaling,
     scale_frequencies,
     single_ladder_exponents,
     yarn_temperature,
 )
-from .rotary import FixedCosSinCache, apply_rotary
+from .rotary import FixedCosSinCache, apply_rotary, check_p_rope, p_rope_keep
 
-__all__ = ["RoPEND", "layout_scheme"]
+__all__ = ["RoPEND", "TIME_SCHEMES", "layout_scheme"]
 
-SCALED_LAYOUTS = 32  # layouts whose ntk / yarn scaling is kept (as many as the cos/sin cache keeps)
+SCALED_LAYOUTS = 32  # layouts whose position spreads are kept (as many as the cos/sin cache keeps)
+TIME_SCHEMES = ("rope3d", "mrope", "mrope_time", "videorope", "mrope_interleaved", "hope")  # stream 0 is time
 
 
 def _spread(pos) -> tuple[float, ...]:
@@ -64,9 +79,12 @@ class RoPEND(PosEncoding):
     temporal_scale: HoPE's temporal scale gamma at inference (drawn per visual segment in training);
     scheme_options: fixed position options of the scheme (mrope / mrope_time `after_visual`, mrope_time
     `temporal_interval`, videorope `temporal_stride`; see visionpe.pos.mm_positions.position_ids); yarn_ramp: the
-    `yarn` mode's ramp, 'reference' (the reference code) or 'paper' (visionpe.pos.rope_scaling)."""
+    `yarn` mode's ramp, 'reference' (the reference code) or 'paper' (visionpe.pos.rope_scaling); p: p-RoPE's kept
+    fraction of each stream's pairs (1: all); riflex_k / riflex_repeat: the `riflex` mode's intrinsic time frequency
+    (its 1-based index among the time pairs, or the frame a repetition was first seen at; default: the fastest
+    whose period exceeds the training length)."""
 
-    positive_options = ("theta", "delta")
+    positive_options = ("theta", "delta", "riflex_k", "riflex_repeat")
 
     def __init__(
         self,
@@ -78,11 +96,21 @@ class RoPEND(PosEncoding):
         scheme_options: dict | None = None,
         temporal_scale: float = HOPE_EVAL_SCALE,
         yarn_ramp: str = "reference",
+        p: float = 1.0,
+        riflex_k: int | None = None,
+        riflex_repeat: float | None = None,
     ):
         super().__init__(host)
         self.yarn_ramp = check_yarn_ramp(yarn_ramp)
+        self.p = check_p_rope(p)
         if scheme not in SCHEMES:
             raise ValueError(f"unknown RoPE scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
+        if riflex_k is not None and riflex_repeat is not None:
+            raise ValueError("give riflex_k (the intrinsic frequency's index) or riflex_repeat (the repetition frame), "
+                             "not both")  # fmt: skip
+        if riflex_k is not None and (isinstance(riflex_k, bool) or not isinstance(riflex_k, int)):
+            raise ValueError(f"riflex_k is a 1-based index among the time stream's pairs, got {riflex_k!r}")
+        self.riflex_k, self.riflex_repeat = riflex_k, riflex_repeat
         if not 0 < float(delta) <= 1:
             raise ValueError(f"V2PE delta must be in (0, 1], got {delta}")
         if not float(temporal_scale) > 0:
@@ -97,18 +125,48 @@ class RoPEND(PosEncoding):
         self.num_streams = scheme_streams(scheme)
         self.mrope_section = mrope_section if scheme in ("mrope", "mrope_time", "mrope_interleaved") else None
         self._cos_sin_cache = FixedCosSinCache()
-        self._scaled = []  # [(positions tensor, (its ntk / yarn scaling, the training spreads))]
+        self._spreads = []  # [(positions tensor, the spread of each of its streams)]
         self._reference_spread = None  # (options, spreads) of the host's training input
+        self._time_periods = {}  # head dim -> (the time pairs' columns, their periods), fastest first
         self.init_non_persistent_buffers()
+        self._check_riflex_k()
+
+    def _frequencies(self, d: int):
+        freqs = frequency_matrix(self.scheme, d, self.theta, self.mrope_section)
+        if self.p < 1.0:
+            with torch.device("cpu"):  # python numbers (also when built on the meta device)
+                reads = stream_of_pairs(self.scheme, d // 2, self.mrope_section).tolist()
+            freqs = freqs * p_rope_keep(reads, self.p)
+        return freqs
 
     def init_non_persistent_buffers(self):
         for d in sorted({spec.head_dim for spec in self.host.layers}):
             old = getattr(self, f"freqs_{d}", None)
-            freqs = frequency_matrix(self.scheme, d, self.theta, self.mrope_section)
+            freqs = self._frequencies(d)
+            if self.scheme in TIME_SCHEMES:  # python numbers: no device sync at call time
+                with torch.device("cpu"):
+                    time = self._frequencies(d)[0].tolist()
+                    reads = stream_of_pairs(self.scheme, d // 2, self.mrope_section).tolist()
+                cols = [c for c, s in enumerate(reads) if s == 0]
+                self._time_periods[d] = (cols, [rope_period(time[c]) for c in cols])
             if old is not None:
                 freqs = freqs.to(old.device, old.dtype)  # where and how the model keeps it
             self.register_buffer(f"freqs_{d}", freqs, persistent=False)  # [S, d/2]
         self._cos_sin_cache.clear()
+
+    def _check_riflex_k(self) -> None:
+        if self.riflex_k is None and self.riflex_repeat is None:
+            return
+        if self.scheme not in TIME_SCHEMES or self.scheme == "hope":
+            raise ValueError(f"riflex_k / riflex_repeat need a rotating time stream; scheme {self.scheme!r} has none "
+                             f"(RIFLEx schemes: {', '.join(s for s in TIME_SCHEMES if s != 'hope')})")  # fmt: skip
+        for d, (_, periods) in self._time_periods.items():
+            k = self.riflex_k
+            if k is not None and not 1 <= k <= len(periods):
+                raise ValueError(f"riflex_k={k} is not among the {len(periods)} time pairs of head dim {d} (1 .. "
+                                 f"{len(periods)})")  # fmt: skip
+            if k is not None and periods[k - 1] == float("inf"):
+                raise ValueError(f"riflex_k={k} names a time pair p-RoPE dropped (p={self.p}); choose a lower k")
 
     def layer_frequencies(self, i: int):
         """F [S, d/2] of layer i (fixed, shared by layers with the same head dim)."""
@@ -120,6 +178,8 @@ class RoPEND(PosEncoding):
                 f"RoPE scheme {self.scheme!r} reads {self.num_streams} position streams, the layout has "
                 f"{layout.streams}; build it with visionpe.pos.mm_positions.segment_layout(..., {self.scheme!r})"
             )
+        if self.host.position_mode in TIME_MODES:
+            return self._riflex_cos_sin(i, layout)
         scaling, spread = self._scaling(layout)
         if scaling is None:
             return self._cos_sin_cache(layout, self.layer_frequencies(i))  # [P + N, d] each
@@ -127,6 +187,37 @@ class RoPEND(PosEncoding):
         ladder = base_ladder(self.theta, d // 2)  # theta^(-2c/d) over the d/2 pairs
         freqs = scale_frequencies(self.layer_frequencies(i), scaling, d, spread, single_ladder_exponents(d), ladder)
         return self._cos_sin_cache(layout, freqs, tag=scaling, gain=yarn_temperature(scaling))
+
+    def riflex_change(self, i: int, layout: TokenLayout) -> tuple[int, float] | None:
+        """(the column of F, its new frequency) of RIFLEx's intrinsic time frequency for layer i on `layout`; None
+        when nothing changes (no rotating time stream, no intrinsic frequency, or the input within its period)."""
+        cols, periods = self._time_periods.get(self.host.layers[i].head_dim, ((), ()))
+        if not any(n < float("inf") for n in periods) or not layout.num_pos:
+            return None
+        train, test = self.reference_spread()[0], self._layout_spread(layout)[0]
+        j = intrinsic_index(periods, train, self.riflex_k, self.riflex_repeat)
+        if j is None or periods[j] == float("inf") or test <= periods[j]:  # the official training-free rule
+            return None
+        return cols[j], riflex_frequency(test)
+
+    def _riflex_cos_sin(self, i: int, layout: TokenLayout):
+        freqs, change = self.layer_frequencies(i), self.riflex_change(i, layout)
+        if change is None:
+            return self._cos_sin_cache(layout, freqs)
+        col, freq = change
+        freqs = freqs.clone()
+        freqs[0, col] = freq
+        return self._cos_sin_cache(layout, freqs, tag=("riflex", col, freq))
+
+    def _layout_spread(self, layout: TokenLayout) -> tuple[float, ...]:
+        """The spread of each stream of the layout, kept for the last few layouts (a native batch holds one per
+        grid), each entry holding its positions."""
+        for pos, spread in self._spreads:
+            if pos is layout.pos:
+                return spread
+        spread = _spread(layout.pos)
+        self._spreads = [*self._spreads, (layout.pos, spread)][-SCALED_LAYOUTS:]
+        return spread
 
     def reference_spread(self) -> tuple[float, ...]:
         """Spread (max - min + 1) of each stream's positions in the training input's layout: the host's
@@ -144,21 +235,15 @@ class RoPEND(PosEncoding):
         return self._scaling(layout)[0]
 
     def _scaling(self, layout: TokenLayout):
-        """(ntk / yarn scaling of the layout over the training input, the training spreads), or (None, None);
-        kept for the last few layouts (a native batch holds one per grid), each entry holding its positions."""
+        """(ntk / yarn scaling of the layout over the training input, the training spreads), or (None, None)."""
         if self.host.position_mode not in SCALING_MODES or not layout.num_pos:
             return None, None
-        for pos, scaled in self._scaled:
-            if pos is layout.pos:
-                return scaled
         ref = self.reference_spread()
-        scaled = (rope_scaling(self.host.position_mode, _spread(layout.pos), ref, self.yarn_ramp), ref)
-        self._scaled = [*self._scaled, (layout.pos, scaled)][-SCALED_LAYOUTS:]
-        return scaled
+        return rope_scaling(self.host.position_mode, self._layout_spread(layout), ref, self.yarn_ramp), ref
 
     def set_host(self, host: PEHost) -> None:
         super().set_host(host)
-        self._scaled, self._reference_spread = [], None
+        self._spreads, self._reference_spread = [], None
 
     def layout_options(self, training):
         return {**self.scheme_options, **runtime_options(self.scheme, training, self.delta, self.temporal_scale)}

@@ -19,6 +19,9 @@ s_a = (test extent / training extent) of each stream a, taken as 1 below the tra
     (high < low = 0: even the fastest pair turns less than once over L_a, exactly c(1) <= -1) scales nothing.
   - "paper" (the paper's wavelength form): r = L_a |f| / (2 pi) turns of each frequency over L_a,
     gamma = clamp((r - 1) / (32 - 1), 0, 1) on r itself (no rounding).
+- riflex (RIFLEx, arXiv 2502.15894; a time axis only, visionpe.pos.rope_nd): one frequency of the time axis, the
+  intrinsic one (`intrinsic_index`), becomes 0.9 * 2 pi / L_test when the test length L_test exceeds its period
+  round(2 pi / f), so it turns less than once over the input; every other frequency is kept.
 """
 
 from __future__ import annotations
@@ -29,11 +32,17 @@ from dataclasses import dataclass
 import torch
 
 __all__ = [
+    "RIFLEX_MARGIN",
     "SCALING_MODES",
+    "TIME_MODES",
     "YARN_RAMPS",
     "Ladder",
     "RopeScaling",
     "base_ladder",
+    "identify_k",
+    "intrinsic_index",
+    "riflex_frequency",
+    "rope_period",
     "ladder_exponents",
     "single_ladder_exponents",
     "rope_scaling",
@@ -41,7 +50,9 @@ __all__ = [
     "yarn_temperature",
 ]
 
-SCALING_MODES = ("ntk", "yarn")
+SCALING_MODES = ("ntk", "yarn")  # test-time modes of every rotary PE
+TIME_MODES = ("riflex",)  # test-time modes of the rotary PEs with a time axis (the video and multimodal RoPE-ND)
+RIFLEX_MARGIN = 0.9  # RIFLEx's official code: the test length stays within 90% of the lowered frequency's period
 YARN_RAMPS = ("reference", "paper")  # yarn's ramp: the reference code's (default) or the paper's wavelength form
 YARN_BETA_SLOW, YARN_BETA_FAST = 1.0, 32.0  # turns over the training extent: interpolated below, kept above
 
@@ -151,3 +162,33 @@ def _correction_range(extent: float, ladder: Ladder) -> tuple[float, float]:
     low = max(math.floor(index(YARN_BETA_FAST)), 0)
     high = min(math.ceil(index(YARN_BETA_SLOW)), 2 * ladder.pairs - 1)
     return float(low), float(high) + (0.001 if low == high else 0.0)
+
+
+def rope_period(freq: float) -> float:
+    """The period of a rotary frequency in positions, rounded as RIFLEx rounds it: round(2 pi / f); inf for f = 0."""
+    return float(round(2 * math.pi / abs(freq))) if freq else math.inf
+
+
+def identify_k(periods: list[float], repeat: float) -> int:
+    """RIFLEx's intrinsic frequency index k (1-based, fastest first): the component whose period is nearest the
+    frame `repeat` at which a repetition was first observed (the first on ties), as the official `identify_k`."""
+    diffs = [abs(n - repeat) for n in periods]
+    return diffs.index(min(diffs)) + 1
+
+
+def intrinsic_index(
+    periods: list[float], train_length: float, k: int | None = None, repeat: float | None = None
+) -> int | None:
+    """0-based index of RIFLEx's intrinsic frequency among a time axis' `periods` (fastest first): `k` - 1 when k is
+    given, `identify_k(periods, repeat)` - 1 when the repetition frame is, else the fastest component whose period
+    exceeds the training length (the first not to complete a turn in training; None when every one does)."""
+    if k is not None:
+        return k - 1
+    if repeat is not None:
+        return identify_k(periods, repeat) - 1
+    return next((j for j, n in enumerate(periods) if n > train_length), None)
+
+
+def riflex_frequency(test_length: float) -> float:
+    """RIFLEx's lowered intrinsic frequency for `test_length` positions: 0.9 * 2 pi / L_test (under one turn)."""
+    return RIFLEX_MARGIN * 2 * math.pi / test_length

@@ -9,6 +9,7 @@ an exact identity (cos 0 = 1, sin 0 = 0).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import nullcontext
 
 import torch
@@ -23,6 +24,8 @@ __all__ = [
     "axial_frequencies",
     "rope_frequencies",
     "FixedCosSinCache",
+    "check_p_rope",
+    "p_rope_keep",
     "scaled_cos_sin",
 ]
 
@@ -54,6 +57,28 @@ def axial_frequencies(head_dim: int, theta: float, num_axes: int = 2) -> torch.T
     for a in range(num_axes):
         freqs[a, a * per_axis : (a + 1) * per_axis] = f
     return freqs
+
+
+def check_p_rope(p: float) -> float:
+    """p-RoPE's kept fraction as a float, or a ValueError unless 0 <= p <= 1."""
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= float(p) <= 1.0:
+        raise ValueError(f"p (p-RoPE's fraction of rotary frequencies kept) must be in [0, 1], got {p!r}")
+    return float(p)
+
+
+def p_rope_keep(ladders: Sequence[int], p: float) -> torch.Tensor:
+    """p-RoPE (Barbero et al., ICLR 2025): which rotary pairs keep their frequency, bool [C].
+
+    ladders (C numbers): the ladder (an axis, a stream) each pair's frequency comes from, its pairs in order of
+    falling frequency. Of a ladder's n pairs the first int(p * 2n // 2) keep their frequency (transformers'
+    `proportional` RoPE count); the rest, its lowest frequencies, get frequency 0: no rotation at any position."""
+    ladders = [int(a) for a in ladders]
+    seen = {a: 0 for a in ladders}
+    keep = []
+    for a in ladders:
+        keep.append(seen[a] < int(p * (2 * ladders.count(a)) // 2))
+        seen[a] += 1
+    return torch.tensor(keep, dtype=torch.bool)
 
 
 def rotary_angles(pos: torch.Tensor, freqs: torch.Tensor, num_prefix: int = 0) -> torch.Tensor:
