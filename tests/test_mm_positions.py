@@ -151,11 +151,15 @@ def test_qwen2_5_at_4_fps_temporal_ids_advance_transformers_48669():
 
 def test_qwen2_5_per_video_fps_and_tokens_per_second():
     spec = LAYOUTS["two videos"]
-    for tps in (2, 4):  # 4 is transformers' Qwen2_5_VLConfig default, 2 every released checkpoint's (see below)
+    for tps in (2, 4):  # 4: transformers' Qwen2_5_VLConfig default; 2: the official code's
         (theirs,) = _hf("qwen2_5_vl", [spec], seconds=[0.7, 2 / 3], tokens_per_second=tps)
         ours = qwen_vl_position_ids(spec, "qwen2_5_vl", rule="transformers", second_per_grid=[0.7, 2 / 3],
                                     tokens_per_second=tps)  # fmt: skip
         assert torch.equal(ours, theirs)
+    # the processor's second_per_grid_ts tensor goes in as it is
+    as_tensor = torch.tensor([0.7, 2 / 3])
+    assert torch.equal(qwen_vl_position_ids(spec, "qwen2_5_vl", second_per_grid=as_tensor),
+                       qwen_vl_position_ids(spec, "qwen2_5_vl", second_per_grid=[0.7, 2 / 3]))  # fmt: skip
 
 
 def test_qwen2_5_temporal_ids_hand_worked():
@@ -199,8 +203,8 @@ def test_known_difference_transformers_text_after_a_long_video(model, fps):
 
 
 def test_known_difference_transformers_default_tokens_per_second():
-    # the official Qwen2.5-VL code multiplies by 2 (as every released config says); a default Qwen2_5_VLConfig
-    # says 4, doubling every temporal interval
+    # the official Qwen2.5-VL code multiplies by a fixed 2; a default Qwen2_5_VLConfig says 4, doubling every
+    # temporal interval of a model built from it
     assert tf.Qwen2_5_VLConfig().vision_config.tokens_per_second == 4
 
 

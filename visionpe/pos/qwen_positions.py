@@ -20,6 +20,7 @@ temporal extent reaches max(H, W).
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 
 import torch
@@ -75,7 +76,10 @@ def _check_model(model: str, rule: str) -> None:
 
 
 def _per_item(name: str, value, count: int, what: str, check) -> list:
-    """A per-video / per-frame option: one value for all, or a sequence with exactly one per item."""
+    """A per-video / per-frame option: one value for all, or a sequence (or tensor, as a processor returns
+    `second_per_grid_ts`) with exactly one per item."""
+    if isinstance(value, torch.Tensor):
+        value = value.tolist()
     values = list(value) if isinstance(value, (list, tuple)) else [value] * count
     if len(values) != count:
         raise ValueError(f"{name} has {len(values)} values for {count} {what}; give one per {what[:-1]} or one for all")
@@ -83,15 +87,15 @@ def _per_item(name: str, value, count: int, what: str, check) -> list:
 
 
 def _positive(name: str, v) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not float(v) > 0:
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not float(v) > 0:
         raise ValueError(f"{name} values must be positive numbers, got {v!r}")
     return float(v)
 
 
 def _count(name: str, v) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0:
         raise ValueError(f"{name} values must be token counts (integers >= 0), got {v!r}")
-    return v
+    return int(v)
 
 
 def _intervals(model, n_videos, fps, second_per_grid, tokens_per_second, temporal_patch_size) -> list[float]:
