@@ -26,6 +26,10 @@ whenever the block's temporal extent (T - 1) * interval is below max(H, W) (alwa
 | mrope_interleaved | 3 | each frame: t = s, y/x = s + row/col; s += max(H, W) | T H W T H W ... T T (Qwen3-VL)  |
 | hope      | 3 | as videorope with t = s + gamma t (gamma drawn in training)       | as videorope, t pairs fixed |
 
+Qwen-VL reference: visionpe.pos.qwen_positions (`qwen_vl_position_ids`, `qwen_vl_packed_position_ids`) gives the
+exact long ids of Qwen2-VL, Qwen2.5-VL (per-video fps) and Qwen3-VL (timestamps) for a processor's token layout, built
+on the mrope, mrope_time and mrope_interleaved schemes here.
+
 mrope_interleaved is Qwen3-VL's text M-RoPE: `get_rope_index` treats every video frame as its own visual block (the
 processor separates frames by timestamp text), so frame k starts where the previous one advanced the running index by
 max(H, W); pair c reads h when c % 3 == 1 and c < 3 h_sec, w when c % 3 == 2 and c < 3 w_sec, else t, with sections
@@ -57,6 +61,7 @@ __all__ = [
     "position_ids",
     "runtime_options",
     "scheme_streams",
+    "segment_kinds",
     "segment_layout",
     "segments_length",
     "stream_of_pairs",
@@ -184,6 +189,16 @@ def parse_segments(spec) -> tuple[Segment, ...]:
     return out
 
 
+def segment_kinds(spec) -> tuple[str, ...]:
+    """The kind of each segment as written ('text', 'image' or 'video'); `parse_segments` turns an image into a
+    one-frame video, which is the same for every scheme but not for a processor's token layout."""
+    parse_segments(spec)  # validates
+    if isinstance(spec, str):
+        parts = [p for p in re.split(r"[\s,;|]+", spec.strip()) if p]
+        return tuple(re.match(r"[A-Za-z]+", p).group(0).lower() for p in parts)
+    return tuple(seg[0].lower() for seg in spec)
+
+
 def segments_length(segments) -> int:
     """Total number of tokens N of a segment spec."""
     return sum(size if kind == "text" else math.prod(size) for kind, size in parse_segments(segments))
@@ -226,12 +241,13 @@ def _walk(segments, streams: int, visual) -> torch.Tensor:
 
 
 def _three_stream(
-    segments, scheme: str, temporal_stride: float = 2.0, interval: float = 1.0, after_visual: str = "max"
+    segments, scheme: str, temporal_stride: float = 2.0, interval=1.0, after_visual: str = "max"
 ) -> torch.Tensor:
     """rope3d / mrope / videorope: streams (t, y, x); text has t = y = x = running index. After a visual block the
     next token starts at the max over all streams + 1 (Qwen2-VL's rule), except VideoRoPE, whose official
     `get_t_scale_rope_index` continues from the block's last temporal index + 1 (its y / x streams, centred on t,
-    may run past it)."""
+    may run past it). interval: one float for every visual block, or a tuple with one per visual block."""
+    intervals = iter(interval if isinstance(interval, tuple) else ())
 
     def visual(size, nxt):
         T, H, W = size
@@ -240,7 +256,7 @@ def _three_stream(
         else:
             t, h, w = _grid(T, H, W)
             if scheme == "mrope_time":
-                t = _time_aligned(t, interval)
+                t = _time_aligned(t, next(intervals) if isinstance(interval, tuple) else interval)
             t, h, w = nxt + t, nxt + h, nxt + w
         block = torch.stack([t, h, w], dim=1)
         if after_visual == "hw":
@@ -344,6 +360,24 @@ def _draw(candidates, generator) -> float:
     return float(candidates[int(torch.randint(len(candidates), (1,), generator=generator))])
 
 
+def _check_interval(interval, segments):
+    """mrope_time's temporal interval: a positive float, or a tuple with one per visual segment."""
+    many = isinstance(interval, (tuple, list))
+    values = [float(v) for v in (interval if many else [interval])]
+    bad = [v for v in values if not v > 0]
+    if bad:
+        raise ValueError(f"M-RoPE temporal_interval (tokens_per_second x seconds per grid) must be > 0, got {bad[0]}")
+    if not many:
+        return values[0]
+    visuals = sum(kind != "text" for kind, _ in segments)
+    if len(values) != visuals:
+        raise ValueError(
+            f"temporal_interval has {len(values)} values for {visuals} visual segments; give one per visual segment "
+            "(any value for an image) or a single float"
+        )
+    return tuple(values)
+
+
 def _compute(segments, scheme: str, options: dict) -> torch.Tensor:
     if scheme == "rope1d":
         pos = _rope1d(segments)
@@ -361,11 +395,7 @@ def _compute(segments, scheme: str, options: dict) -> torch.Tensor:
         stride = float(options.get("temporal_stride", 2.0))
         if stride <= 0:
             raise ValueError(f"VideoRoPE temporal_stride must be positive, got {stride}")
-        interval = float(options.get("temporal_interval", MROPE_TIME_INTERVAL))
-        if not interval > 0:
-            raise ValueError(
-                f"M-RoPE temporal_interval (tokens_per_second x seconds per grid) must be > 0, got {interval}"
-            )
+        interval = _check_interval(options.get("temporal_interval", MROPE_TIME_INTERVAL), segments)
         after = options.get("after_visual", "max")
         if after not in AFTER_VISUAL:
             raise ValueError(
@@ -400,6 +430,8 @@ def _positions(segments, scheme: str, device, options: dict) -> torch.Tensor:
         return _compute(segments, scheme, options).to(device)
     if scheme in ("v2pe", "hope"):
         options = {k: (tuple(v) if k in ("deltas", "scales") else v) for k, v in options.items() if k != "generator"}
+    if isinstance(options.get("temporal_interval"), list):  # hashable for the cache
+        options = {**options, "temporal_interval": tuple(options["temporal_interval"])}
     return _cached(segments, scheme, tuple(sorted(options.items())), device)
 
 
@@ -407,7 +439,8 @@ def position_ids(segments, scheme: str, device=None, **options) -> torch.Tensor:
     """Position streams float32 [N, S] of an interleaved text / visual sequence under `scheme`.
 
     Options: videorope `temporal_stride` (2); mrope_time `temporal_interval` (tokens_per_second x seconds per
-    temporal token, 2); mrope / mrope_time `after_visual` ("max": released Qwen code, "hw": transformers 5.x);
+    temporal token, 2; a float, or a tuple with one per visual segment); mrope / mrope_time `after_visual` ("max":
+    released Qwen code, "hw": transformers 5.x);
     v2pe `delta` (fixed, default 1/4), `training` (draw delta per visual segment from `deltas`, default
     {1, 1/2, ..., 1/256}), `generator` (for the draws); hope `temporal_scale` (fixed gamma, default 0.75),
     `training` (draw gamma per visual segment from `scales`, default 0.5 .. 1.5), `generator`.
