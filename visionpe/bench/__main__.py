@@ -10,6 +10,10 @@ COMMANDS = {  # command: (module, one line of help)
         "visionpe.bench.extrapolate",
         "train over seeds (image, video, image-text), evaluate at other sizes and clip lengths",
     ),
+    "segment": (
+        "visionpe.bench.segment",
+        "train a linear segmentation head over seeds, evaluate mIoU at other sizes and fields of view",
+    ),
     "speed": ("visionpe.bench.speed", "images/s, peak memory, parameters, GFLOPs: ratios vs a baseline and timm"),
     "gpu-check": ("visionpe.bench.gpu_check", "attention backends agree per PE; ViT-B/16 images/s, memory per backend"),
     "leaderboard": (

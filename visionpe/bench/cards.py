@@ -288,6 +288,7 @@ def write_cards(results: str | Path = "results", out: str | Path = "model_cards"
     speed = {(r["model"], r["resolution"]): SpeedRow(**r) for data in ordered for r in data["rows"]}
     files_of = {r["model"]: data for data in ordered for r in data["rows"]}  # the speed file that measured a model
     summaries = [(p, json.loads(p.read_text())) for p in sorted(results.glob("*/summary.json"))]
+    summaries = [(p, s) for p, s in summaries if s.get("task") != "segmentation"]  # cards quote top-1
     cards = {out / f"{name}.md": family_card(fam, speed, files_of, summaries, out, speed_files)
              for name, fam in FAMILIES.items() if not families or name in families}  # fmt: skip
     for path, text in cards.items():

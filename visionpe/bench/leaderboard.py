@@ -100,6 +100,8 @@ def benchmarks(results: Path) -> list[tuple[str, dict, dict]]:
     out = []
     for path in sorted(results.glob("*/summary.json")):
         summary = json.loads(path.read_text())
+        if summary.get("task") == "segmentation":  # mIoU, not top-1 (visionpe-bench segment): not ranked here
+            continue
         with open(path.parent / "results.csv", newline="") as f:
             found = scores(summary, list(csv.DictReader(f)))
         if found and len(summary["seeds"]) > 1:

@@ -3,6 +3,7 @@
 from . import (  # noqa: F401
     canvas,
     clipart,
+    clipart_scenes,
     fashion_mnist,
     folders,
     image_text,

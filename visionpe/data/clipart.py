@@ -55,7 +55,10 @@ from torch.utils.data import Dataset
 from .registry import register_dataset
 from .splits import split_kind, split_size
 
-__all__ = ["ClipArt", "clipart", "scan", "load_index", "select", "DEFAULT_ROOT", "MIN_DRAWINGS", "EXCLUDE"]
+__all__ = [
+    "ClipArt", "clipart", "scan", "load_index", "select", "render_svg", "render_svg_rgba", "DEFAULT_ROOT",
+    "MIN_DRAWINGS", "EXCLUDE",
+]  # fmt: skip
 
 DEFAULT_ROOT = "/usr/share/openclipart/svg"  # where Debian's openclipart-svg puts the drawings
 MIN_DRAWINGS = 150  # a category with fewer distinct drawings is not a class
@@ -396,8 +399,9 @@ class _Timeout:
             signal.signal(signal.SIGALRM, self.previous)
 
 
-def render_svg(data: bytes, size: int, timeout: float = 0) -> np.ndarray:
-    """SVG bytes drawn on white as uint8 RGB [size, size, 3], aspect ratio kept, centred; RenderError if it fails."""
+def render_svg_rgba(data: bytes, size: int, timeout: float = 0) -> np.ndarray:
+    """SVG bytes drawn on a transparent canvas as uint8 RGBA [size, size, 4] (not premultiplied), aspect ratio kept,
+    centred; RenderError if it fails or draws nothing. The alpha says where the drawing is (segmentation labels)."""
     from PIL import Image
 
     cairosvg = _require_cairosvg()
@@ -411,12 +415,22 @@ def render_svg(data: bytes, size: int, timeout: float = 0) -> np.ndarray:
         raise RenderError(f"{type(e).__name__}: {e}") from None
     if img.size != (size, size):
         raise RenderError(f"rendered {img.size[0]} x {img.size[1]} px, not {size} x {size}")
-    rgba = np.asarray(img, dtype=np.float32) / 255.0
-    alpha = rgba[..., 3:]
-    if not (alpha > 0).any():
+    rgba = np.asarray(img, dtype=np.uint8).copy()
+    if not (rgba[..., 3] > 0).any():
         raise RenderError("draws nothing")
-    rgb = rgba[..., :3] * alpha + (1.0 - alpha)  # over white (PIL's RGBA is not premultiplied)
-    return np.rint(rgb * 255).astype(np.uint8)
+    return rgba
+
+
+def over_white(rgba: np.ndarray) -> np.ndarray:
+    """uint8 RGBA (not premultiplied) -> uint8 RGB over white."""
+    x = rgba.astype(np.float32) / 255.0
+    alpha = x[..., 3:]
+    return np.rint((x[..., :3] * alpha + (1.0 - alpha)) * 255).astype(np.uint8)
+
+
+def render_svg(data: bytes, size: int, timeout: float = 0) -> np.ndarray:
+    """SVG bytes drawn on white as uint8 RGB [size, size, 3], aspect ratio kept, centred; RenderError if it fails."""
+    return over_white(render_svg_rgba(data, size, timeout))
 
 
 class ClipArt(Dataset):
@@ -494,21 +508,23 @@ class ClipArt(Dataset):
         return len(self.paths)
 
     # the drawing at one size, cached
-    def drawing(self, index: int, size: int) -> np.ndarray:
-        """Drawing `index` on white, uint8 RGB [size, size, 3]; RenderError if it does not render."""
-        key = (index, size)
+    def drawing(self, index: int, size: int, alpha: bool = False) -> np.ndarray:
+        """Drawing `index` on white, uint8 RGB [size, size, 3], or with alpha on a transparent canvas, uint8 RGBA
+        [size, size, 4]; RenderError if it does not render."""
+        key = (index, size, alpha)
         if key in self._memory:
             self._memory.move_to_end(key)
             return self._memory[key]
         digest = self.digests[index]
-        disk = self.cache_dir / "renders" / str(size) / digest[:2] / f"{digest}.png"
-        pixels = self._from_disk(disk) if self.render_cache else None
+        disk = self.cache_dir / ("renders-rgba" if alpha else "renders") / str(size) / digest[:2] / f"{digest}.png"
+        pixels = self._from_disk(disk, "RGBA" if alpha else "RGB") if self.render_cache else None
         if pixels is None:
             try:
                 data = (self.root / self.paths[index]).read_bytes()
             except OSError as e:
                 raise RenderError(f"cannot read: {e}") from None
-            pixels = render_svg(data, size, self.render_timeout)
+            render = render_svg_rgba if alpha else render_svg
+            pixels = render(data, size, self.render_timeout)
             if self.render_cache:
                 self._to_disk(disk, pixels)
         self._memory[key] = pixels
@@ -518,12 +534,12 @@ class ClipArt(Dataset):
         return pixels
 
     @staticmethod
-    def _from_disk(path: Path) -> np.ndarray | None:
+    def _from_disk(path: Path, mode: str = "RGB") -> np.ndarray | None:
         from PIL import Image
 
         try:
             with Image.open(path) as img:
-                return np.asarray(img.convert("RGB")).copy()
+                return np.asarray(img.convert(mode)).copy()
         except (OSError, ValueError):
             return None
 

@@ -34,7 +34,7 @@ class DatasetInfo:
     factory: Callable
     num_classes: int | None  # None: read from the data (image folders)
     in_chans: int
-    kind: str  # "image", "video" or "image_text"
+    kind: str  # "image", "video", "image_text" or "segmentation" (pixel labels: visionpe-bench segment)
     description: str = ""
     # what training items go through, in words, from (data.options, the aug settings); None: no augmentation
     augmentation: Callable[[dict, dict], str] | None = None

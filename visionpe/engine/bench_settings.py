@@ -223,10 +223,15 @@ def _check_recipe(b: BenchConfig, cfg: Config) -> None:
             raise BenchConfigError(f"bench.models: {e}") from None
     name = cfg.data.name
     kind, mode = get_dataset_info(name).kind, getattr(native_settings(cfg), "mode", None)
-    if kind not in ("image", "video", "image_text"):
+    if kind not in ("image", "video", "image_text", "segmentation"):
         raise BenchConfigError(
             f"the extrapolation benchmark evaluates image, video and image-text classifiers; dataset {name!r} is "
             f"{kind!r}"
+        )
+    if kind == "segmentation" and not set(b.protocols) <= {"upsample", "fov"}:
+        raise BenchConfigError(
+            f"segmentation sets (visionpe-bench segment) are evaluated upsampled and by field of view "
+            f"(bench.protocols=upsample,fov), got {b.protocols}"
         )
     if kind == "image_text" and b.protocols != ["upsample"]:
         raise BenchConfigError(
@@ -242,7 +247,7 @@ def _check_recipe(b: BenchConfig, cfg: Config) -> None:
             f"the native protocol evaluates image models on native-aspect batches (data.native.mode packed or "
             f"padded); got dataset {name!r} ({kind}), mode {mode}"
         )
-    if "fov" in b.protocols and kind != "image":
+    if "fov" in b.protocols and kind not in ("image", "segmentation"):
         raise BenchConfigError(f"the fov protocol places images on canvases; dataset {name!r} is a video")
 
 

@@ -78,7 +78,13 @@ def model_data_defaults(cfg: Config) -> dict:
 
 
 def build_split(cfg: Config, split: str, resolution: int, training: bool, class_map: dict | None = None) -> Dataset:
-    """One split of the configured dataset; options it does not name are not passed (see data.build_dataset)."""
+    """One split of the configured dataset; options it does not name are not passed (see data.build_dataset). A
+    segmentation set (pixel labels) is refused: the engine trains classifiers."""
+    if vdata.get_dataset_info(cfg.data.name).kind == "segmentation":
+        raise ValueError(
+            f"dataset {cfg.data.name!r} labels pixels (a segmentation set); train and evaluate it with "
+            f"visionpe-bench segment -c <benchmark file> (e.g. clipart-seg)"
+        )
     aug = {k: getattr(cfg.aug, k) for k in ("auto_augment", "re_prob", "color_jitter", "scale", "ratio", "hflip")}
     return vdata.build_dataset(
         cfg.data.name,
