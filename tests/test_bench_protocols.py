@@ -85,6 +85,27 @@ def test_fov_canvas_keeps_the_item_pixels_at_training_scale_inside_the_canvas(tm
     assert len(offsets) > 3  # positions vary over items, so the far corners of the canvas are visited
 
 
+def test_fov_training_draws_the_item_at_random_sizes_with_background_and_evaluation_at_item(tmp_path):
+    root = _fashion_folder(tmp_path / "fm")
+    opts = dict(root=str(root), options=dict(item=20, item_min=10))
+    train = build_dataset("fashion-mnist-canvas", "train", 32, training=True, **opts)
+    torch.manual_seed(0)
+    # the garment's bounding box (non-black pixels) over many draws: sizes vary, never beyond 20 px
+    extents = set()
+    for index in range(30):
+        canvas = train[index % 10][0][0]
+        rows, cols = (canvas != train.fill).any(1).nonzero(), (canvas != train.fill).any(0).nonzero()
+        if len(rows):
+            extents.add(max(int(rows[-1] - rows[0]), int(cols[-1] - cols[0])) + 1)
+    assert max(extents) <= 20 and min(extents) < 16 and len(extents) > 3
+    val = build_dataset("fashion-mnist-canvas", "val", 32, **opts)
+    item, _ = val.base.render(3, 20)
+    canvas = val.render_canvas(3, (48, 48))[0]
+    assert any(torch.equal(canvas[:, t : t + 20, c : c + 20], item) for t in range(29) for c in range(29))
+    with pytest.raises(ValueError, match="item_min"):
+        build_dataset("fashion-mnist-canvas", "train", 32, root=str(root), options=dict(item=20, item_min=24))
+
+
 def test_upsample_and_fov_protocols_differ_only_away_from_the_training_size(tmp_path):
     root = _fashion_folder(tmp_path / "fm")
     ds = build_dataset("fashion-mnist-canvas", "val", 32, root=str(root))

@@ -31,6 +31,7 @@ from ..engine.checkpoint import atomic_write_text, find_checkpoint, read_pointer
 from ..engine.cli import USER_ERRORS, user_error
 from ..engine.config import Config, config_to_dict, format_config_help, native_settings
 from ..engine.interrupt import JobStopped, TrainingInterrupted, run_stoppable, stopped_job
+from ..engine.metrics_log import METRICS
 from ..engine.native_train import model_patch_size
 from ..engine.setup import build_eval_sets, build_model, build_split, forward_on, resolve_amp, to_device
 from ..engine.sharded_checkpoint import SHARDED_SUFFIX, is_sharded_run
@@ -136,7 +137,7 @@ def _job_cfg(cfg: Config, bench: BenchConfig, model: str, seed: int) -> Config:
     c.train.threads = bench.threads
     c.train.progress = c.train.progress and bench.processes == 1
     c.eval.resolutions = [cfg.data.resolution]
-    c.eval.every_epochs = max(cfg.train.epochs, 1)  # the engine evaluates at the base size once, at the end
+    c.eval.every_epochs = 1  # the base size after every epoch: the training curve the record keeps
     return c
 
 
@@ -313,8 +314,36 @@ def _trained_model(job: Job, record: dict):
     if "cpu_seconds" in (ref.info or {}):  # the run's own count, its interrupted attempts included (None: unknown)
         record["train_seconds"], record["train_cpu_seconds"] = ref.info["seconds"], ref.info["cpu_seconds"]
     record.setdefault("train_seconds", None)  # None: trained by an earlier benchmark whose record was removed
+    curve = training_curve(job.run_dir / METRICS, job.cfg.data.resolution, job.plan.base_tokens)
+    if curve:
+        record["curve"] = curve
     model, cfg, meta = engine.load_checkpoint(job.run_dir, device="cpu")
     return model, cfg, json.loads(meta["class_map"]) if meta.get("class_map") else None
+
+
+def training_curve(path: Path, resolution: int, tokens: int = 0) -> list[dict]:
+    """Per epoch of a run's metrics.jsonl: the validation top-1 at the training point (the `<tokens>tok` row of a
+    data.native recipe, else the base resolution's; the model's weights, not EMA) and the mean training loss (its
+    logged windows weighted by their steps). [] without the file or an evaluation there."""
+    if not path.is_file():
+        return []
+    want = f"{tokens}tok" if tokens else resolution
+    top1, losses, last_step = {}, {}, 0
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # a line cut off by a crash: the trainer trims it on resume
+            continue
+        if not isinstance(row, dict) or not isinstance(row.get("epoch"), int):
+            continue
+        if row.get("kind") == "eval" and row.get("weights", "model") == "model" and row.get("resolution") == want:
+            top1[row["epoch"]] = row.get("top1")
+        elif row.get("kind") == "train" and isinstance(row.get("loss"), (int, float)):
+            steps, last_step = row.get("global_step", last_step) - last_step, row.get("global_step", last_step)
+            total, n = losses.get(row["epoch"], (0.0, 0))
+            losses[row["epoch"]] = (total + row["loss"] * max(steps, 1), n + max(steps, 1))
+    return [dict(epoch=e, top1=top1[e], train_loss=round(losses[e][0] / losses[e][1], 4) if e in losses else None)
+            for e in sorted(top1)]  # fmt: skip
 
 
 def _coinciding(job: Job, rows: dict, agree: bool, mode: str, point: Point) -> tuple[dict, str] | None:

@@ -171,6 +171,68 @@ def _statistics(s: dict, models: list[str]) -> str:
                                   sd=sd, sd_model=sd_model, seeds=seeds, detectable=found) + "\n\n"  # fmt: skip
 
 
+PLATEAU_GAIN = 0.5  # points: a model whose last fifth of training gains less (mean over seeds) has plateaued
+
+
+def last_fifth_gain(curve: list[dict] | None) -> float | None:
+    """Validation top-1 gained over the last fifth of training: the last epoch's against the last evaluated epoch at
+    or before four fifths of the way; None without a curve that has both."""
+    top1 = {c["epoch"]: c["top1"] for c in curve or () if c.get("top1") is not None}
+    last = max(top1, default=0)
+    earlier = [e for e in top1 if e > 0 and 5 * e <= 4 * last]
+    return top1[last] - top1[max(earlier)] if earlier else None
+
+
+def training_summary(records: list[dict], models: list[str]) -> dict:
+    """Per model: its training CPU time per run (over the runs that counted it) and the last-fifth gain of its
+    training curves, mean over the seeds that kept one (summary.json's `training`)."""
+    out = {}
+    for m in models:
+        mine = [r for r in records if r["model"] == m]
+        cpu = [r["train_cpu_seconds"] for r in mine if r.get("train_cpu_seconds") is not None]
+        gains = [g for g in (last_fifth_gain(r.get("curve")) for r in mine) if g is not None]
+        out[m] = dict(train_cpu_seconds=mean_std(cpu) if cpu else None, curves=len(gains),
+                      last_fifth_gain=statistics.fmean(gains) if gains else None)  # fmt: skip
+    return out
+
+
+def _training(s: dict, models: list[str]) -> str:
+    """Each model's training cost and whether its training plateaued ('' for pretrained weights)."""
+    train = {m: s["training"][m] for m in models if m in s.get("training", {})}
+    if s["pretrained"] or not train:
+        return ""
+    curves = any(t["curves"] for t in train.values())
+    cheapest = min((t["train_cpu_seconds"]["mean"] for t in train.values() if t["train_cpu_seconds"]), default=None)
+    rows = []
+    for m, t in train.items():
+        cpu = t["train_cpu_seconds"]
+        cells = [m, "-", "-"]
+        if cpu is not None:
+            cells[1] = stat_text(dict(cpu, mean=cpu["mean"] / 60, std=cpu["std"] / 60))
+            cells[2] = f"{cpu['mean'] / cheapest:.2f}" if cheapest else "-"
+        if curves:
+            gain = t["last_fifth_gain"]
+            plateau = "-" if gain is None else "yes" if gain < PLATEAU_GAIN else "no"
+            cells += [fmt(gain, "+.1f"), plateau]
+        rows.append(cells)
+    heads = ["model", "training CPU-min per run", "x cheapest", *(["last-fifth gain", "plateaued"] if curves else [])]
+    table = "\n".join(md_table(heads, "lrr" + "rl" * curves, rows))
+    late = [f"{m} ({t['last_fifth_gain']:+.1f})" for m, t in train.items()
+            if t["last_fifth_gain"] is not None and t["last_fifth_gain"] >= PLATEAU_GAIN]  # fmt: skip
+    unknown = [m for m, t in train.items() if t["last_fifth_gain"] is None]
+    if not curves:
+        verdict = T["plateau_unknown"]
+    elif late:
+        verdict = T["plateau_not"].format(models=", ".join(late), n=len(late), of=len(train) - len(unknown),
+                                          gain=PLATEAU_GAIN)  # fmt: skip
+    else:
+        verdict = T["plateau_all"].format(n=len(train) - len(unknown), gain=PLATEAU_GAIN)
+    if curves and unknown:
+        verdict += T["plateau_some_unknown"].format(models=", ".join(unknown))
+    words = T["curve_words"].format(gain=PLATEAU_GAIN) if curves else ""
+    return T["training"].format(table=table, verdict=verdict, curve_words=words) + "\n\n"
+
+
 def _claims(judged: list[dict], pes: set) -> str:
     """The claims about a PE this benchmark trained (summary.json keeps every claim)."""
     judged = [j for j in judged if pes & {pe for pair in j["pairs"] for pe in pair}]
@@ -199,6 +261,7 @@ def format_markdown(s: dict, records: list[dict], rows: list[dict], plan, second
     sections += "".join(f"Note: {n}.\n" for n in plan.notes) + ("\n" if plan.notes else "")
     sections += _statistics(s, models)
     sections += base_check_text(s, models, f"bench.base_samples; the tables read {images}")
+    sections += _training(s, models)
     sections += _claims(s["claims"], {r["pe"] for r in s["table"]})
     cpu = [r["train_cpu_seconds"] for r in records if r.get("train_cpu_seconds")] or [0]
     ev = [r["eval_cpu_seconds"] for r in records if r.get("eval_cpu_seconds")] or [0]
@@ -258,6 +321,7 @@ def _summary(records: list[dict], rows: list[dict], plan, seconds: float, machin
             m: dict(mean_std([c["top1"] for c in cs]), images=max(c["images"] for c in cs))
             for m, cs in checks.items() if cs},  # top-1 at the training point on bench.base_samples items
         detectable=detectable(stats, list(b.protocols)),
+        training=training_summary(records, [m for m in b.models if m in pe]),
         claims=judge_claims(groups, records, plan.points, list(b.position_modes), plan.base_point,
                             chance_level(cfg.data.name), repeats),
     )  # fmt: skip
@@ -430,38 +494,67 @@ def plot_extrapolation(summary: dict, path: Path) -> Path | None:
     parts = {m: name_parts(m) for m in models}
     one_backbone = len({p[:2] for p in parts.values()}) == 1  # then the PE names label the lines (vit_n_ape -> ape)
     labels = {m: p[2] if one_backbone else m for m, p in parts.items()}
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.6), sharey=True, squeeze=False)
-    for ax, (protocol, mode, shapes) in zip(axes[0], panels):
-        _panel(ax, summary, protocol, mode, shapes, labels)
-    axes[0][0].set_ylabel("top-1 accuracy (%)")
+    ncols = len(panels) if len(panels) <= 3 else 2 if len(panels) == 4 else 3  # four panels: two rows of two
+    nrows, legend_rows = math.ceil(len(panels) / ncols), math.ceil(len(models) / 6)
+    height = 4.4 * nrows + 0.22 * legend_rows + 0.3  # the panels keep their height above the legend
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.6 * ncols, height), sharey=True, squeeze=False)
+    styles = line_styles(len(models), plt)
+    for ax, (protocol, mode, shapes) in zip(axes.flat, panels):
+        _panel(ax, summary, protocol, mode, shapes, labels, styles)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.set_visible(False)
+    for row in axes:
+        row[0].set_ylabel("top-1 accuracy (%)")
     handles, names = axes[0][0].get_legend_handles_labels()
     # below the panels, outside every axes: no curve is hidden behind it
-    fig.legend(handles, names, loc="lower center", ncol=min(len(names), 6) or 1, fontsize=8, frameon=False)
+    fig.legend(handles, names, loc="lower center", ncol=min(len(names), 6) or 1, fontsize=9, frameon=False)
     seeds = len(summary["seeds"])
     trained = f"{summary['base_tokens']} tokens" if "native" in protocols else f"{summary['base'][0]} px"
     frames = f", {summary['base_frames']} frames" if set(CLIP_PROTOCOLS) & set(protocols) else ""
     fig.suptitle(f"{summary['dataset']}: trained at {trained}{frames}, {seeds} seed{'s' if seeds > 1 else ''}",
                  fontsize=11)  # fmt: skip
-    fig.tight_layout(rect=(0, 0.05 * math.ceil(len(names) / 6) + 0.02, 1, 1))  # leave room for the legend's rows
+    fig.tight_layout(rect=(0, (0.22 * legend_rows + 0.1) / height, 1, 1))  # leave room for the legend's rows
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
 
 
-def _panel(ax, summary: dict, protocol: str, mode: str, shapes: bool, labels: dict) -> None:
-    """Top-1 with seed error bars, a colour per model: along sizes, clip lengths or budgets, or per shape."""
+MARKERS = "osD^vP<X>*ph"  # one per model in turn, beside its colour (no two of 20 models share both)
+
+
+def line_styles(n: int, plt) -> list[dict]:
+    """A distinct colour, marker and line style per model: matplotlib's ten colours up to 10 models, tab20 up to
+    20 (its dark shades solid, then its light shades dashed), else evenly spaced hues of a continuous colormap."""
+    if n <= 10:
+        colors = [plt.get_cmap("tab10")(k) for k in range(n)]
+    elif n <= 20:
+        colors = [plt.get_cmap("tab20")(k) for k in [*range(0, 20, 2), *range(1, 20, 2)][:n]]
+    else:
+        colors = [plt.get_cmap("turbo")(k / (n - 1)) for k in range(n)]
+    dashes = ["-", "--", "-.", ":"]
+    return [dict(color=c, marker=MARKERS[k % len(MARKERS)], ls=dashes[k // 10 % len(dashes)])
+            for k, c in enumerate(colors)]  # fmt: skip
+
+
+def _panel(ax, summary: dict, protocol: str, mode: str, shapes: bool, labels: dict, styles: list[dict]) -> None:
+    """Top-1 with seed error bars, a colour, marker and line style per model: along sizes, clip lengths or budgets,
+    or per shape; at a shared x the models are spread a little sideways, so their error bars do not overlap."""
     rows, models, native = _panel_rows(summary, protocol, mode, shapes), summary["models"], protocol == "native"
     key = (lambda hw: hw[1] / hw[0]) if native else (lambda hw: (hw[0] * hw[1], hw))  # tallest or smallest first
     cats = sorted({(r["height"], r["width"]) for r in rows}, key=key) if shapes else []
     x = {"native": "tokens", "frames": "frames", "duration": "frames"}.get(protocol, "height")
+    log_x = protocol in (*CLIP_PROTOCOLS, "native")
+    values = sorted({r[x] for r in rows}) if not shapes else []
+    gap = min((b / a if log_x else b - a) for a, b in zip(values, values[1:])) if len(values) > 1 else 0
     for k, model in enumerate(models):
-        offset = (k - (len(models) - 1) / 2) * 0.8 / max(len(models), 1)  # markers within a shape do not overlap
-        pts = sorted((cats.index((r["height"], r["width"])) + offset if shapes else r[x], r["mean"], r["std"])
+        offset = (k - (len(models) - 1) / 2) / max(len(models), 1)  # within [-0.5, 0.5): the models side by side
+        pts = sorted((cats.index((r["height"], r["width"])) + 0.8 * offset if shapes else
+                      r[x] * gap ** (0.3 * offset) if log_x else r[x] + 0.3 * gap * offset, r["mean"], r["std"])
                      for r in rows if r["model"] == model)  # fmt: skip
         if pts:
             xs, ys, es = zip(*pts)
-            style = dict(fmt="s") if shapes else dict(marker="o", label=labels[model])
-            ax.errorbar(xs, ys, yerr=es if any(es) else None, ms=4, capsize=2, color=f"C{k}", **style)
+            style = dict(styles[k], ls="none") if shapes else dict(styles[k], label=labels[model])
+            ax.errorbar(xs, ys, yerr=es if any(es) else None, ms=5, capsize=2, lw=1.4, **style)
     name = f"{protocol}, {mode} positions" if len(summary["modes"]) > 1 else protocol
     ax.set_title(f"{name}, {'aspect ratios' if native else 'non-square'}" if shapes else name)
     ax.grid(alpha=0.3, axis="y" if shapes else "both")
@@ -472,9 +565,8 @@ def _panel(ax, summary: dict, protocol: str, mode: str, shapes: bool, labels: di
     else:
         base = {"native": summary["base_tokens"], "frames": summary["base_frames"], "duration": summary["base_frames"]}
         ax.axvline(base.get(protocol, summary["base"][0]), color="grey", ls=":")
-        if protocol in (*CLIP_PROTOCOLS, "native"):
-            ticks = sorted({r[x] for r in rows})
+        if log_x:
             ax.set_xscale("log", base=2)
-            ax.set_xticks(ticks, [str(t) for t in ticks])
             ax.minorticks_off()
+        ax.set_xticks(values, [str(t) for t in values])
         ax.set_xlabel(T[f"axis_{protocol}"])

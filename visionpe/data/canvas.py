@@ -7,7 +7,9 @@ random position on an H x W canvas: during training from the global torch RNG (s
 loader), at evaluation from a generator seeded by (index, H, W), so every model sees the same canvases.
 
 `fashion-mnist-canvas` registers Fashion-MNIST this way: 28 px garments (the dataset's own augmentation applied to
-the item) on a canvas of `resolution` px filled with the images' black.
+the item) on a canvas of `resolution` px filled with the images' black. With `item_min` below `item`, training draws
+each garment at a random size from `item_min` to `item` px (its scale varies as well as its place); evaluation keeps
+`item` px.
 """
 
 from __future__ import annotations
@@ -58,13 +60,28 @@ class OnCanvas(Dataset):
 
 class CanvasDataset(OnCanvas):
     """Items of `base` rendered at `item_size` px and placed on canvases; `render(i, R)` gives an R x R canvas,
-    `render_canvas(i, (H, W))` any canvas, `[i]` the canvas of `resolution` px."""
+    `render_canvas(i, (H, W))` any canvas, `[i]` the canvas of `resolution` px. `item_min`: in training, each item at
+    a random size from `item_min` to `item_size` px (global torch RNG); evaluation draws `item_size` px."""
 
-    def __init__(self, base: Dataset, item_size: int, resolution: int, fill: float, training: bool, seed: int = 0):
+    def __init__(
+        self,
+        base: Dataset,
+        item_size: int,
+        resolution: int,
+        fill: float,
+        training: bool,
+        seed: int = 0,
+        item_min: int | None = None,
+    ):
         super().__init__(base, fill, training, seed)
         if resolution < item_size:
             raise ValueError(f"the canvas ({resolution} px) must be at least the item size ({item_size} px)")
-        self.item_size, self.resolution = int(item_size), int(resolution)
+        item_min = item_size if item_min is None else int(item_min)
+        if not 1 <= item_min <= item_size:
+            raise ValueError(
+                f"item_min (the smallest training item) must be from 1 to the item size {item_size} px, got {item_min}"
+            )
+        self.item_size, self.resolution, self.item_min = int(item_size), int(resolution), item_min
 
     def render_canvas(self, index: int, size: tuple[int, int]) -> tuple[torch.Tensor, int]:
         h, w = size
@@ -73,7 +90,10 @@ class CanvasDataset(OnCanvas):
                 f"a field-of-view canvas of {h} x {w} px cannot hold the {self.item_size} px item; evaluate at "
                 f"sizes of at least {self.item_size} px"
             )
-        item, target = self.base.render(index, self.item_size)
+        size = self.item_size
+        if self.training and self.item_min < size:  # a random scale, then a random place
+            size = int(torch.randint(self.item_min, size + 1, ()).item())
+        item, target = self.base.render(index, size)
         g = None
         if not self.training:  # the same canvas for every model and run
             g = torch.Generator().manual_seed(((self.seed * 1_000_003 + index) * 4099 + h) * 4099 + w)
@@ -89,7 +109,9 @@ class CanvasDataset(OnCanvas):
 
 def _canvas_augmentation(options: dict, aug: dict) -> str:
     garment = fm.garment_augmentation({"shift": 0, **options}, aug)
-    return "the garment at a random position on the canvas" + ("" if garment == "none" else f"; {garment}")
+    item, smallest = options.get("item", 28), options.get("item_min")
+    scale = f" and a random size of {smallest}-{item} px" if smallest is not None and smallest < item else ""
+    return f"the garment at a random position{scale} on the canvas" + ("" if garment == "none" else f"; {garment}")
 
 
 @register_dataset("fashion-mnist-canvas", num_classes=10, in_chans=1, kind="image", augmentation=_canvas_augmentation)
@@ -104,10 +126,12 @@ def fashion_mnist_canvas(
     num_val: int | None = None,
     crop: str = "shift",
     aug: dict | None = None,
+    item_min: int | None = None,
 ) -> CanvasDataset:
     """Fashion-MNIST garments of `item` px at random positions on a `resolution` px canvas (the placement is the
-    translation augmentation; `shift`/`crop`/flips act on the item as in `fashion-mnist`)."""
+    translation augmentation; `shift`/`crop`/flips act on the item as in `fashion-mnist`); `item_min` < `item`:
+    training garments at a random size from `item_min` to `item` px, so they train with background around them."""
     base = fm.fashion_mnist(
         split, item, root, training=training, shift=shift, num_train=num_train, num_val=num_val, crop=crop, aug=aug
     )
-    return CanvasDataset(base, item, resolution, fill=fm.BLACK, training=training)
+    return CanvasDataset(base, item, resolution, fill=fm.BLACK, training=training, item_min=item_min)
