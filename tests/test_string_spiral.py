@@ -213,3 +213,13 @@ def test_spiral_is_relative_and_skips_prefix_tokens():
     )
     with pytest.raises(ValueError, match="divisible by 4 \\* rotate"):
         RoPE2DSpiral(host, rotate=4)
+
+
+@pytest.mark.parametrize("name", ["vit_n_string_cayley", "swin_n_string_circulant", "cvt_n_rope2d_spiral"])
+def test_coordinate_augmentation_and_bad_options(name):
+    kind = "rope2d_spiral" if "spiral" in name else "string"
+    model = timm.create_model(name, num_classes=3, pe_kwargs={kind: {"shift_coords": 2.0}}).train()
+    model(torch.randn(2, 3, 32, 32)).sum().backward()
+    bad = {"rotate": 0} if kind == "rope2d_spiral" else {"variant": "fft"}
+    with pytest.raises(ValueError, match="rotate|variant"):
+        timm.create_model(name, pe_kwargs={kind: bad})
