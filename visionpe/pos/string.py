@@ -92,40 +92,37 @@ class STRING(PosEncoding):
         self.variant, self.theta = variant, float(theta)
         self.coord_aug = CoordAugment(shift_coords, jitter_coords, rescale_coords)
         self._head_dims = sorted({spec.head_dim for spec in host.layers})
+        initial = [self._initial(s) for s in host.layers]  # values at registration (meta construction keeps them)
         if variant == "cayley":
-            self.freqs = nn.ParameterList(
-                [nn.Parameter(torch.empty(2, s.num_heads, s.head_dim // 2)) for s in host.layers]
-            )
-            self.skews = nn.ParameterList(
-                [nn.Parameter(torch.empty(s.num_heads, s.head_dim, s.head_dim)) for s in host.layers]
-            )
+            self.freqs = nn.ParameterList([nn.Parameter(freqs) for freqs, _ in initial])
+            self.skews = nn.ParameterList([nn.Parameter(skew) for _, skew in initial])
         else:
-            self.circulant = nn.ParameterList(
-                [nn.Parameter(torch.empty(2, s.num_heads, s.head_dim)) for s in host.layers]
-            )
-            self.init_non_persistent_buffers()
-        self.reset_parameters()
+            self.circulant = nn.ParameterList([nn.Parameter(c) for (c,) in initial])
+            for d in self._head_dims:
+                self.register_buffer(f"basis_{d}", circulant_basis(d).float(), persistent=False)
+                self.register_buffer(f"sines_{d}", circulant_sines(d).float(), persistent=False)
+
+    def _initial(self, spec) -> tuple[torch.Tensor, ...]:
+        """Constructor values of one layer: Cayley (RoPE-Mixed's random-angle frequencies, A = 0), circulant (the
+        minimal-norm c giving those frequencies on pairs 0 .. d/2 - 2)."""
+        init = mixed_frequencies(spec.head_dim, 1, spec.num_heads, self.theta)[:, 0]  # [2, H, d/2]
+        if self.variant == "cayley":
+            return init, torch.zeros(spec.num_heads, spec.head_dim, spec.head_dim)
+        target = torch.cat([init[..., :-1], init.new_zeros(2, spec.num_heads, 1)], dim=-1)
+        return ((target.double() @ torch.linalg.pinv(circulant_sines(spec.head_dim))).float(),)
 
     def reset_parameters(self) -> None:
-        """Cayley: S = 0 (P = I) and RoPE-Mixed's random-angle frequencies; circulant: c giving those frequencies."""
+        """The constructor's values again (fresh random angles)."""
         with torch.no_grad():
-            for i, s in enumerate(self.host.layers):
-                init = mixed_frequencies(s.head_dim, 1, s.num_heads, self.theta)[:, 0]  # [2, H, d/2]
-                if self.variant == "cayley":
-                    self.freqs[i].copy_(init)
-                    self.skews[i].zero_()
-                else:
-                    pinv = torch.linalg.pinv(circulant_sines(s.head_dim))  # [d/2, d]
-                    target = torch.cat([init[..., :-1], init.new_zeros(2, s.num_heads, 1)], dim=-1)
-                    self.circulant[i].copy_((target.double() @ pinv).float())
+            for i, spec in enumerate(self.host.layers):
+                for param, value in zip(self._params(i), self._initial(spec)):
+                    param.copy_(value)
 
     def init_non_persistent_buffers(self) -> None:
-        if self.variant != "circulant":
-            return
-        device = self.circulant[0].device if len(self.circulant) else None
-        for d in self._head_dims:
-            self.register_buffer(f"basis_{d}", circulant_basis(d).float().to(device), persistent=False)
-            self.register_buffer(f"sines_{d}", circulant_sines(d).float().to(device), persistent=False)
+        for d in self._head_dims if self.variant == "circulant" else ():
+            for name, build in ((f"basis_{d}", circulant_basis), (f"sines_{d}", circulant_sines)):
+                buf = getattr(self, name)
+                self.register_buffer(name, build(d).to(buf.device, buf.dtype), persistent=False)
 
     def keep_layers(self, depth: int) -> None:
         super().keep_layers(depth)
@@ -151,8 +148,8 @@ class STRING(PosEncoding):
             a = self.skews[i].float()
             return cayley(a - a.transpose(-1, -2)), self.freqs[i].float()
         d = self.host.layers[i].head_dim
-        freqs = self.circulant[i].float() @ getattr(self, f"sines_{d}")
-        return getattr(self, f"basis_{d}")[None], freqs
+        freqs = self.circulant[i].float() @ getattr(self, f"sines_{d}").float()
+        return getattr(self, f"basis_{d}").float()[None], freqs
 
     def context(self, i, layout, kv_layout=None):
         if layout.streams != 2:
