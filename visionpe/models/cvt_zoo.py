@@ -23,6 +23,7 @@ CVT_PES = {
     "rope2d_p": dict(pe="rope2d_p"),
     "irpe": dict(pe="irpe_k"),  # iRPE contextual on k (no APE: CvT has none)
     **same_name("cpe", "liere", "comrope_ap", "comrope_ld", "alibi2d", "fire2d"),
+    **same_name("string_cayley", "string_circulant", "rope2d_spiral"),  # STRING, Spiral RoPE
 }
 
 ACT_NOTE = (

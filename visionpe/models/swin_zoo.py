@@ -21,6 +21,7 @@ SWIN_PES = {
     "rope2d_p": dict(pe="rope2d_p", pe_kwargs={"rope2d": {"theta": 50.0}}),  # p-RoPE on that Swin RoPE
     "irpe": dict(pe="irpe_k"),  # iRPE contextual on k in place of the bias (no APE: Swin has none)
     **same_name("lepe", "liere", "comrope_ap", "comrope_ld", "nope", "alibi2d", "fire2d"),
+    **same_name("string_cayley", "string_circulant", "rope2d_spiral"),  # STRING, Spiral RoPE
 }
 
 SWIN = Family(

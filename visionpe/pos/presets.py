@@ -34,7 +34,9 @@ from .lookhere import LookHere
 from .probe import probe_pe
 from .rope2d import RoPE2D
 from .rope2d_dinov3 import RoPE2DDinoV3
+from .rope2d_spiral import RoPE2DSpiral
 from .rope_nd import RoPEND
+from .string import STRING
 
 __all__ = [
     "PE_KINDS",
@@ -64,6 +66,8 @@ PE_KINDS: dict[str, type[PosEncoding]] = {
     "alibi2d": ALiBi2D,
     "lookhere": LookHere,
     "fire2d": FIRE2D,
+    "string": STRING,
+    "rope2d_spiral": RoPE2DSpiral,
 }
 
 
@@ -90,6 +94,12 @@ PE_PRESETS: dict[str, list[tuple[str, dict]]] = {
     "liere": [("lie_rope", {"variant": "liere"})],
     "comrope_ap": [("lie_rope", {"variant": "comrope_ap"})],
     "comrope_ld": [("lie_rope", {"variant": "comrope_ld"})],
+    # STRING (visionpe.pos.string): a learned orthogonal basis change, then RoPE (Cayley: RoPE-Mixed's frequencies)
+    "string_cayley": [("string", {"variant": "cayley"})],
+    "string_circulant": [("string", {"variant": "circulant"})],
+    # Spiral RoPE: pairs along K = 2R = 4 directions (0, 45, 90, 135 degrees); _ape: the paper's DeiT, APE kept
+    "rope2d_spiral": [("rope2d_spiral", {})],
+    "rope2d_spiral_ape": [("rope2d_spiral", {}), ("ape", {"resample": "bicubic"})],
     # iRPE (DeiT default: contextual, product, on k, ratio 1.9, APE kept; irpe_k: the same iRPE alone)
     "irpe": [("irpe", {"mode": "contextual", "mapping": "product", "targets": ("k",)}), ("ape", {})],
     "irpe_bias": [("irpe", {"mode": "bias", "mapping": "product", "targets": ("k",)}), ("ape", {})],
