@@ -28,6 +28,7 @@ VIT_PES = {
     "rope2d_dinov3_aug": dict(pe="rope2d_dinov3", pe_kwargs=dict(rescale_coords=2.0), **DINOV3_ARCH),
     **same_name("liere", "comrope_ap", "comrope_ld", "alibi2d", "fire2d"),
     **same_name("lookhere", "lookhere_90", "lookhere_45"),  # LH-180, LH-90, LH-45
+    **same_name("lff", "ape_radio"),  # learnable Fourier features, RADIO's cropped APE
 }
 
 VIT = Family(  # DeiT's paper (visionpe.papers)
