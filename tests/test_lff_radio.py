@@ -12,7 +12,7 @@ from transformers.models.radio.modeling_radio import RadioPatchEmbeddings
 from visionpe.layout import image_layout
 from visionpe.models.vit_zoo import VIT
 from visionpe.pos import AttnSpec, PEHost
-from visionpe.pos.ape_radio import CroppedAPE
+from visionpe.pos.ape_radio import CroppedAPE, radio_eval_table, window_sample
 from visionpe.pos.fourier import LearnableFourier, fourier_features
 
 
@@ -119,6 +119,14 @@ def test_radio_eval_rule_resize_then_top_left_window():
     full = torch.nn.functional.interpolate(img, size=(9, 9), mode="bilinear", align_corners=False)
     want = full[..., :4, :].flatten(2).transpose(1, 2)  # H < W: the first H rows of the W x W resize
     assert torch.allclose(pe.table((4, 9)), want, atol=1e-6)
+
+
+@pytest.mark.parametrize("grid", [(16, 16), (5, 5), (3, 7), (7, 3), (1, 9), (20, 20), (40, 2)])
+def test_radio_eval_window_for_symbolic_sizes_equals_resize_then_crop(grid):
+    """The one-grid_sample form used under torch.export samples the same points as resize-then-crop: equal up to
+    float32 rounding of the coordinates (~1e-6 on O(1) values); a shifted half-cell would differ by O(0.1)."""
+    img = torch.randn(1, 8, 16, 16, generator=torch.Generator().manual_seed(0))
+    assert (window_sample(img, grid) - radio_eval_table(img, grid)).abs().max() < 2e-5
 
 
 def test_radio_training_crops_are_radio_windows_of_the_table():

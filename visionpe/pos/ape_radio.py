@@ -21,17 +21,33 @@ from torch import nn
 from ..layout import TokenLayout, is_symbolic
 from .base import PEHost, PosEncoding
 
-__all__ = ["CroppedAPE", "radio_crop_grid", "radio_eval_table"]
+__all__ = ["CroppedAPE", "radio_crop_grid", "radio_eval_table", "radio_train_pe", "window_sample"]
 
 TABLE_SCALE = 4  # default table side: this many times the reference grid's longer side (visionpe's choice)
 
 
 def radio_eval_table(img: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
     """RADIO's evaluation rule on a table image [1, C, R, R'] -> [1, C, H, W]: bilinear resize (align_corners=False)
-    to max(H, W) a side, then the top-left H x W window (RADIO's last resize never applies: the resize is square)."""
+    to max(H, W) a side, then the top-left H x W window (RADIO's last resize never applies: the resize is square).
+    With symbolic sizes (torch.export, dynamic shapes) the same window is sampled directly (`window_sample`): a slice
+    of a max-sized resize would pin the traced graph to the example's aspect."""
     h, w = grid
+    if is_symbolic(grid):
+        return window_sample(img, grid)
     m = max(h, w)
     return F.interpolate(img.float(), size=(m, m), mode="bilinear", align_corners=False)[..., :h, :w]
+
+
+def window_sample(img: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    """The top-left H x W of an m x m bilinear resize (align_corners=False), m = max(H, W), as one `grid_sample`:
+    output cell i of the resize reads the table at (i + 1/2) R / m - 1/2, clamped to the table (border padding),
+    which is (2 i + 1) / m - 1 in grid_sample's align_corners=False coordinates."""
+    h, w = grid
+    m = torch.sym_max(h, w)
+    xs = (2 * torch.arange(w, device=img.device, dtype=torch.float32) + 1) / m - 1
+    ys = (2 * torch.arange(h, device=img.device, dtype=torch.float32) + 1) / m - 1
+    where = torch.stack(torch.meshgrid(ys, xs, indexing="ij")[::-1], dim=-1)[None]  # [1, H, W, (x, y)]
+    return F.grid_sample(img.float(), where, "bilinear", "border", align_corners=False)
 
 
 def radio_crop_grid(batch: int, grid: tuple[int, int], min_area: float, max_aspect: float, device=None) -> torch.Tensor:
