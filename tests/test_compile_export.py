@@ -121,6 +121,8 @@ def test_learned_ape_keeps_its_table_at_the_native_grid_and_resamples_it_exactly
         "vit_n_ape",
         "vit_n_rope2d_ape",
         "vit_n_rope2d_mixed_ape",
+        "vit_n_lff",
+        "vit_n_ape_radio",
         "cvt_n",
     ],
 )

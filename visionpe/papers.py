@@ -167,6 +167,17 @@ _ROWS = (
           "li2024fire", presets=("fire2d",),
           claims=(Claim("FIRE > RoPE beyond the training resolution", (("fire2d", "rope2d"),), "beyond",
                         detail="for ViTs as measured by a later study: 63.1% against 18.9% at 4.57x"),)),
+    Paper("2106.02795", "Learnable Fourier Features for Multi-Dimensional Spatial Positional Encoding", "",
+          "Li, Yang and Si, Si and Li, Gang and Hsieh, Cho-Jui and Bengio, Samy", 2021, "NeurIPS", "li2021lff",
+          presets=("lff",),
+          claims=(Claim("Learnable Fourier features > learned APE and 2D sin-cos", (("lff", "ape"), ("lff", "sincos")),
+                        "base", detail="abstract: outperforms existing PEs in accuracy (ViT classification among "
+                        "the tasks)"),)),
+    # its CPE-vs-plain-APE ablation could not be read: no claim
+    Paper("2312.06709", "AM-RADIO: Agglomerative Vision Foundation Model -- Reduce All Domains Into One",
+          "https://github.com/NVlabs/RADIO",
+          "Ranzinger, Mike and Heinrich, Greg and Kautz, Jan and Molchanov, Pavlo", 2024, "CVPR", "ranzinger2024radio",
+          presets=("ape_radio",)),
     Paper("2309.00071", "YaRN: Efficient Context Window Extension of Large Language Models", "",
           "Peng, Bowen and Quesnelle, Jeffrey and Fan, Honglu and Shippole, Enrico", 2024, "ICLR", "peng2024yarn"),
     Paper("2410.06205", "Round and Round We Go! What makes Rotary Positional Encodings useful?", "",

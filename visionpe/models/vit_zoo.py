@@ -29,6 +29,7 @@ VIT_PES = {
     **same_name("liere", "comrope_ap", "comrope_ld", "alibi2d", "fire2d"),
     **same_name("lookhere", "lookhere_90", "lookhere_45"),  # LH-180, LH-90, LH-45
     **same_name("string_cayley", "string_circulant", "rope2d_spiral", "rope2d_spiral_ape"),  # STRING, Spiral RoPE
+    **same_name("lff", "ape_radio"),  # learnable Fourier features, RADIO's cropped APE
 }
 
 VIT = Family(  # DeiT's paper (visionpe.papers)

@@ -22,10 +22,12 @@ import math
 from ..papers import Paper, preset_papers
 from .absolute import LearnedAPE, SinCos2D
 from .alibi2d import ALiBi2D
+from .ape_radio import CroppedAPE
 from .ape_video import SpaceTimeAPE
 from .base import PEHost, PosEncoding, PosStack
 from .cpe import CPE
 from .fire2d import FIRE2D
+from .fourier import LearnableFourier
 from .fuzzy import FuzzyPE
 from .irpe import IRPE
 from .lepe import LePE
@@ -68,6 +70,8 @@ PE_KINDS: dict[str, type[PosEncoding]] = {
     "fire2d": FIRE2D,
     "string": STRING,
     "rope2d_spiral": RoPE2DSpiral,
+    "lff": LearnableFourier,
+    "ape_radio": CroppedAPE,
 }
 
 
@@ -137,6 +141,9 @@ PE_PRESETS: dict[str, list[tuple[str, dict]]] = {
     "lookhere_90": [("lookhere", _lookhere("corners-triangles-none"))],
     "lookhere_45": [("lookhere", _lookhere("eighths1-eighths2-none"))],
     "fire2d": [("fire2d", {})],
+    # absolute PEs of continuous coordinates / a larger table: learnable Fourier features (Li et al.), RADIO's CPE
+    "lff": [("lff", {})],
+    "ape_radio": [("ape_radio", {})],
 }
 
 # model-level options a preset implies (applied by the zoo; a backbone that lacks the option rejects the preset)
