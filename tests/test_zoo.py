@@ -20,8 +20,8 @@ def test_vit_grid_is_generated_from_the_tables():
 def test_timm_lists_and_creates_our_models():
     listed = timm.list_models("vit_*_rope2d*")
     assert "vit_b_rope2d" in listed and "vit_s_rope2d_mixed_ape" in listed
-    # RoPE-ViT's four, DINOv3's and its _aug, p-RoPE's; 5 sizes
-    assert len([n for n in listed if n in ALL_MODELS]) == 7 * 5
+    # RoPE-ViT's four, DINOv3's and its _aug, p-RoPE's, Spiral RoPE's two; 5 sizes
+    assert len([n for n in listed if n in ALL_MODELS]) == 9 * 5
     m = timm.create_model("vit_b_rope2d")
     assert m.embed_dim == 768 and len(m.blocks) == 12 and m.patch_embed.patch_size == (16, 16)
 
