@@ -498,33 +498,51 @@ def run_benchmark(bench: BenchConfig, cfg: Config, dry_run: bool = False, log=pr
         if paths:
             log(f"wrote {', '.join(str(p) for p in paths)}")
     if progress.failures:
-        raise RuntimeError(
-            f"{len(progress.failures)} run(s) failed (the others are kept; rerun to retry only these):\n  "
-            + "\n  ".join(progress.failures)
-        )
+        raise failed_runs(progress.failures)
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def failed_runs(failures: list[str]) -> RuntimeError:
+    """The error that ends a benchmark some of whose runs failed (the others' records are kept)."""
+    return RuntimeError(f"{len(failures)} run(s) failed (the others are kept; rerun to retry only these):\n  "
+                        + "\n  ".join(failures))  # fmt: skip
+
+
+def bench_command(prog: str, example: str, argv, run, kept: str, extra=None) -> int:
+    """A benchmark command's shell: `-c FILE [--dry-run] [key=value ...]` parsed, `run(args)` called, bad input and
+    stops (SIGTERM, Ctrl-C) as one line each; `kept` says what a stop keeps, `extra(ap)` adds flags."""
     keys = format_config_help({"bench": BenchConfig})
     epilog = f"bench keys (default, then help):{keys}\n\nthe other sections are train.py's recipe keys ({Config.HELP})"
-    ap = argparse.ArgumentParser("visionpe-bench extrapolate", description=__doc__, epilog=epilog,
+    ap = argparse.ArgumentParser(prog, description=sys.modules[run.__module__].__doc__, epilog=epilog,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    ap.add_argument("-c", "--config", required=True, help="benchmark file, e.g. configs/bench/quick.yaml")
+    ap.add_argument("-c", "--config", required=True, help=f"benchmark file, e.g. {example}")
     ap.add_argument("--dry-run", action="store_true", help="check the benchmark and print the plan; train nothing")
-    ap.add_argument("--pretrained", action="store_true", help="evaluate weights without training (bench.pretrained)")
+    if extra is not None:
+        extra(ap)
     ap.add_argument("overrides", nargs="*", metavar="key=value", help="bench.* or recipe keys, e.g. bench.seeds=0,1")
     args = ap.parse_args(argv)
     try:
-        overrides = [*args.overrides, *(["bench.pretrained=true"] if args.pretrained else [])]
-        run_benchmark(*load_bench(args.config, overrides), dry_run=args.dry_run)
+        run(args)
     except (*USER_ERRORS, RuntimeError) as e:
         return user_error(e)
     except JobStopped as e:  # one line: what stopped, and how to continue
-        print(f"{e.args[0]}; checkpoints and evaluated points are kept: rerun the same command to continue",
-              file=sys.stderr)  # fmt: skip
+        print(f"{e.args[0]}; {kept} are kept: rerun the same command to continue", file=sys.stderr)
         return 128 + e.args[1]
     except KeyboardInterrupt:
         print("interrupted; rerun the same command to continue where it stopped", file=sys.stderr)
         return 130
     return 0
+
+
+def _run(args) -> None:
+    overrides = [*args.overrides, *(["bench.pretrained=true"] if args.pretrained else [])]
+    run_benchmark(*load_bench(args.config, overrides), dry_run=args.dry_run)
+
+
+def _pretrained_flag(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--pretrained", action="store_true", help="evaluate weights without training (bench.pretrained)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    kept = "checkpoints and evaluated points"
+    return bench_command("visionpe-bench extrapolate", "configs/bench/quick.yaml", argv, _run, kept, _pretrained_flag)

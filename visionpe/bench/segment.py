@@ -12,9 +12,7 @@ finished runs and points and resumes a training from its last epoch.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import sys
 import time
 
 import torch
@@ -35,14 +33,13 @@ from ..engine.checkpoint import (
     set_rng_state,
     write_checkpoint,
 )
-from ..engine.cli import USER_ERRORS, user_error
-from ..engine.config import Config, config_to_dict, format_config_help
+from ..engine.config import Config, config_to_dict
 from ..engine.distributed import resolve_device
-from ..engine.interrupt import JobStopped, run_stoppable, stopped_job
+from ..engine.interrupt import run_stoppable, stopped_job
 from ..engine.setup import autocast, build_model, resolve_amp
 from ..models.seg_head import LinearSegmenter
 from . import protocols
-from .extrapolate import Job, Plan, make_plan, read_record, validate, write_record
+from .extrapolate import Job, Plan, bench_command, failed_runs, make_plan, read_record, validate, write_record
 from .protocols import Point, point_label, row_point
 from .segment_report import write_seg_report
 
@@ -361,29 +358,13 @@ def run_segment(bench: BenchConfig, cfg: Config, dry_run: bool = False, log=prin
             paths = write_seg_report(records, plan, out, time.perf_counter() - start)
             log(f"wrote {', '.join(str(p) for p in paths)}")
     if failures:
-        raise RuntimeError(f"{len(failures)} run(s) failed (the others are kept; rerun to retry only these):\n  "
-                           + "\n  ".join(failures))  # fmt: skip
+        raise failed_runs(failures)
     return out
 
 
+def _run(args) -> None:
+    run_segment(*load_segment(args.config, args.overrides), dry_run=args.dry_run)
+
+
 def main(argv: list[str] | None = None) -> int:
-    keys = format_config_help({"bench": BenchConfig})
-    epilog = f"bench keys (default, then help):{keys}\n\nthe other sections are train.py's recipe keys ({Config.HELP})"
-    ap = argparse.ArgumentParser("visionpe-bench segment", description=__doc__, epilog=epilog,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    ap.add_argument("-c", "--config", required=True, help="benchmark file, e.g. clipart-seg")
-    ap.add_argument("--dry-run", action="store_true", help="check the benchmark and print the plan; train nothing")
-    ap.add_argument("overrides", nargs="*", metavar="key=value", help="bench.* or recipe keys, e.g. bench.seeds=0,1")
-    args = ap.parse_args(argv)
-    try:
-        run_segment(*load_segment(args.config, args.overrides), dry_run=args.dry_run)
-    except (*USER_ERRORS, RuntimeError) as e:
-        return user_error(e)
-    except JobStopped as e:
-        print(f"{e.args[0]}; finished epochs and evaluated points are kept: rerun the same command to continue",
-              file=sys.stderr)  # fmt: skip
-        return 128 + e.args[1]
-    except KeyboardInterrupt:
-        print("interrupted; rerun the same command to continue where it stopped", file=sys.stderr)
-        return 130
-    return 0
+    return bench_command("visionpe-bench segment", "clipart-seg", argv, _run, "finished epochs and evaluated points")
