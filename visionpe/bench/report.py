@@ -21,8 +21,9 @@ from .protocols import CLIP_PROTOCOLS, Point, point_label, row_point, size_label
 from .stats import ALPHA, detectable_difference, holm, welch
 
 CSV_KEYS = ("model", "family", "size", "pe", "seed", "protocol", "mode", "height", "width", "frames", "tokens", "top1",
-            "top5", "loss", "images", "same_as", "train_seconds")  # fmt: skip
-RUN_KEYS = ("model", "family", "size", "pe", "seed", "train_seconds")  # a CSV row's columns from its run's record
+            "top5", "loss", "images", "same_as", "train_seconds", "train_cpu_seconds")  # fmt: skip
+# a CSV row's columns from its run's record (train_cpu_seconds: empty for runs trained before it was counted)
+RUN_KEYS = ("model", "family", "size", "pe", "seed", "train_seconds", "train_cpu_seconds")
 
 
 def template(file: str) -> dict[str, str]:
