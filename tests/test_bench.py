@@ -276,12 +276,68 @@ def test_bench_workers_stop_when_the_benchmark_process_dies(tmp_path):
         (["bench.position_modes=stretch"], "position_modes.0. must be one of extrapolate"),
         (["bench.processes=0"], "bench.processes must be >= 1"),
         (["bench.sedes=0"], "unknown config key .bench.sedes. on the command line; did you mean .bench.seeds."),
+        (["bench.extra_seeds=3"], "needs trained runs with at least two bench.seeds"),
+        (["bench.seeds=0,1", "bench.extra_seeds=1,2"], r"repeats bench.seeds \[1\]"),
     ],
 )
 def test_bad_benchmarks_fail_before_any_training(tmp_path, monkeypatch, overrides, match):
     _no_training(monkeypatch)
     with pytest.raises(ValueError, match=match):
         run_benchmark(*load_bench(_bench_file(tmp_path), overrides), log=lambda *a: None)
+
+
+def _write_records(plan, top1: dict) -> None:
+    """Finished records for every job of `plan`: top-1 `top1[model][seed]` at every point and mode."""
+    from visionpe.bench.extrapolate import write_record
+
+    for job in plan.jobs:
+        record = job.record()
+        record.update(modes_agree=False, rows=record["rows"] + [
+            dict(mode=m, protocol=p.protocol, height=p.height, width=p.width, frames=p.frames, tokens=p.tokens,
+                 top1=top1[job.model][job.seed], top5=100.0, loss=1.0, images=24, same_as=None)
+            for m, p in job.missing(record)])  # fmt: skip
+        write_record(job.record_path, record)
+
+
+def test_extra_seeds_go_to_the_models_of_comparisons_within_noise_and_only_after_the_first_seeds(tmp_path):
+    models = ("vit_n_nope", "vit_n_cpe", "vit_n_ape", "vit_n_irpe")  # claims: PEG > no PE, iRPE > APE
+    overrides = ["bench.seeds=0,1,2", "bench.extra_seeds=3,4"]
+    bench, cfg = load_bench(_bench_file(tmp_path, models), overrides)
+    plan = make_plan(bench, cfg)
+    assert [(j.model, j.seed) for j in plan.jobs] == [(m, s) for m in models for s in (0, 1, 2)]  # none done yet
+    top1 = {
+        "vit_n_nope": {0: 60.0, 1: 61.0, 2: 62.0},
+        "vit_n_cpe": {0: 90.0, 1: 91.0, 2: 92.0},  # 30 points ahead at a spread of 1: holds
+        "vit_n_ape": {0: 80.0, 1: 83.0, 2: 86.0},
+        "vit_n_irpe": {0: 81.0, 1: 84.0, 2: 85.0},  # 0.3 ahead at a spread of 3: within noise
+    }
+    _write_records(make_plan(bench, cfg), top1)
+    plan = make_plan(bench, cfg)
+    extra = [(j.model, j.seed) for j in plan.jobs if j.seed > 2]
+    assert extra == [("vit_n_ape", 3), ("vit_n_ape", 4), ("vit_n_irpe", 3), ("vit_n_irpe", 4)]
+    # the extra runs' results do not change which runs are planned (the choice reads seeds 0-2 only)
+    for m in ("vit_n_ape", "vit_n_irpe"):
+        top1[m].update({3: 99.0 if m == "vit_n_irpe" else 50.0, 4: 99.0 if m == "vit_n_irpe" else 50.0})
+    _write_records(plan, top1)
+    again = make_plan(bench, cfg)
+    assert [(j.model, j.seed) for j in again.jobs] == [(j.model, j.seed) for j in plan.jobs]
+    assert all(j.done(j.record()) for j in again.jobs)
+
+
+def test_a_benchmark_runs_its_extra_seeds_after_the_first_ones_and_reports_them(tmp_path, monkeypatch):
+    import visionpe.bench.extrapolate as extrapolate
+
+    chosen = []
+    monkeypatch.setattr(extrapolate, "undecided_models", lambda records, plan: chosen.append(len(records)) or
+                        ["vit_n_ape"])  # fmt: skip
+    bench, cfg = load_bench(_bench_file(tmp_path), ["bench.seeds=0,1", "bench.extra_seeds=2"])
+    out = run_benchmark(bench, cfg, log=lambda *a: None)
+    assert chosen and set(chosen) == {4}  # decided from the 2 x 2 first runs, once they were all done
+    assert sorted(p.name for p in (out / "evals").glob("*.json")) == [
+        "vit_n_ape-s0.json", "vit_n_ape-s1.json", "vit_n_ape-s2.json", "vit_n_rope2d_mixed-s0.json",
+        "vit_n_rope2d_mixed-s1.json"]  # fmt: skip
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["extra_seeds"] == {"vit_n_ape": [2]} and summary["seeds"] == [0, 1, 2]
 
 
 def test_cli_reports_bad_input_without_a_traceback(tmp_path, capsys):

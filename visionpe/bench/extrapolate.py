@@ -39,7 +39,7 @@ from ..engine.trainer import resolve_run_dir
 from ..zoo import name_parts
 from . import protocols
 from .protocols import CLIP_PROTOCOLS, Point, point_label, row_point
-from .report import base_point, write_report
+from .report import base_point, undecided_models, write_report
 
 
 @dataclass
@@ -163,7 +163,20 @@ def make_plan(bench: BenchConfig, cfg: Config) -> Plan:
     plan = Plan(bench, cfg, sizes, points, frames, tokens)
     seeds = [0] if bench.pretrained else bench.seeds
     plan.jobs = [Job(m, s, _job_cfg(cfg, bench, m, s), plan) for m in bench.models for s in seeds]
+    plan.jobs += extra_jobs(plan)
     return plan
+
+
+def extra_jobs(plan: Plan) -> list[Job]:
+    """bench.extra_seeds for the models of the comparisons within noise, once every run of bench.seeds is done
+    (none before: the choice reads those runs only, so it is the same on every rerun)."""
+    if not plan.bench.extra_seeds or not all(j.done(j.record()) for j in plan.jobs):
+        return []
+    records = [read_record(j.record_path) for j in plan.jobs]
+    b = plan.bench
+    return [
+        Job(m, s, _job_cfg(plan.cfg, b, m, s), plan) for m in undecided_models(records, plan) for s in b.extra_seeds
+    ]
 
 
 def validate(plan: Plan, check_models: bool = True) -> None:
@@ -487,6 +500,15 @@ def run_benchmark(bench: BenchConfig, cfg: Config, dry_run: bool = False, log=pr
     progress = _Progress(len(pending), plan.points, log)
     try:
         run_stoppable(run_job, pending, progress, bench.processes, bench.threads)
+        more = [j for j in extra_jobs(plan) if j not in plan.jobs]  # the first seeds just finished
+        if more and not progress.failures:
+            validate(dataclasses.replace(plan, jobs=more), check_models=False)
+            log(f"{len(set(j.model for j in more))} models within noise in a claim: seeds "
+                f"{', '.join(map(str, bench.extra_seeds))} added ({len(more)} runs)")  # fmt: skip
+            plan.jobs += more
+            progress.total += len(more)
+            run_stoppable(run_job, [j for j in more if not j.done(j.record())], progress, bench.processes,
+                          bench.threads)  # fmt: skip
     finally:
         records = [read_record(j.record_path) for j in plan.jobs if j.record_path.is_file()]
         seconds, machine = time.perf_counter() - progress.start, None

@@ -290,16 +290,36 @@ def _total_time_text(records: list[dict], processes: int) -> str:
     return text
 
 
-def _summary(records: list[dict], rows: list[dict], plan, seconds: float, machine: dict) -> dict:
-    """summary.json: top-1 over seeds (with each cell's change against the training point) and the setup."""
+def _cells(rows: list[dict]) -> tuple[dict[tuple, list[float]], frozenset]:
+    """(model, mode, point) -> per-seed top-1, and the cells whose every seed's row is copied from another cell."""
     groups: dict[tuple, list[float]] = {}
     copies: dict[tuple, list[bool]] = {}
     for r in rows:
         key = (r["model"], r["mode"], row_point(r))
         groups.setdefault(key, []).append(r["top1"])
         copies.setdefault(key, []).append(bool(r.get("same_as")))
+    return groups, frozenset(k for k, c in copies.items() if all(c))
+
+
+def _judged(records: list[dict], rows: list[dict], plan, groups: dict, repeats: frozenset) -> list[dict]:
+    return judge_claims(groups, records, plan.points, list(plan.bench.position_modes), plan.base_point,
+                        chance_level(plan.cfg.data.name), repeats)  # fmt: skip
+
+
+def undecided_models(records: list[dict], plan) -> list[str]:
+    """The models of every claim comparison that is within noise with the runs of bench.seeds alone (the ones
+    bench.extra_seeds extends), in bench.models order."""
+    first = [r for r in _kept_rows(records, plan) if r["seed"] in plan.bench.seeds]
+    rows = _csv_rows(first)
+    judged = _judged(first, rows, plan, *_cells(rows))
+    models = {m for j in judged for c in j["comparisons"] if c["verdict"] == "within noise" for m in (c["a"], c["b"])}
+    return [m for m in plan.bench.models if m in models]
+
+
+def _summary(records: list[dict], rows: list[dict], plan, seconds: float, machine: dict) -> dict:
+    """summary.json: top-1 over seeds (with each cell's change against the training point) and the setup."""
+    groups, repeats = _cells(rows)
     stats = {k: mean_std(v) for k, v in groups.items()}  # (model, mode, point) -> {'mean', 'std', 'n'}
-    repeats = frozenset(k for k, c in copies.items() if all(c))  # every seed's row copied from another cell
     pe = {r["model"]: r["pe"] for r in records}
     table = []
     for (model, mode, point), st in sorted(stats.items()):
@@ -323,17 +343,28 @@ def _summary(records: list[dict], rows: list[dict], plan, seconds: float, machin
             for m, cs in checks.items() if cs},  # top-1 at the training point on bench.base_samples items
         detectable=detectable(stats, list(b.protocols)),
         training=training_summary(records, [m for m in b.models if m in pe]),
-        claims=judge_claims(groups, records, plan.points, list(b.position_modes), plan.base_point,
-                            chance_level(cfg.data.name), repeats),
+        extra_seeds={m: sorted(r["seed"] for r in records if r["model"] == m and r["seed"] not in b.seeds)
+                     for m in b.models if any(r["model"] == m and r["seed"] not in b.seeds for r in records)},
+        claims=_judged(records, rows, plan, groups, repeats),
     )  # fmt: skip
+
+
+def _kept_rows(records: list[dict], plan) -> list[dict]:
+    """The records with only the rows of the plan's points and modes (a record keeps rows of points since dropped)."""
+    points, modes = set(plan.points), set(plan.bench.position_modes)
+    return [dict(r, rows=[x for x in r["rows"] if x["mode"] in modes and row_point(x) in points]) for r in records]
+
+
+def _csv_rows(records: list[dict]) -> list[dict]:
+    """One row per (run, mode, evaluated point), with the CSV's columns."""
+    return [{**{k: (rec if k in RUN_KEYS else r).get(k) for k in CSV_KEYS}, "tokens": r.get("tokens", 0)}
+            for rec in records for r in rec["rows"]]  # fmt: skip
 
 
 def write_report(records: list[dict], plan, out: Path, seconds: float, machine: dict | None = None) -> list[Path]:
     """results.csv/.md, summary.json and results.png under `out`; [] and nothing replaced without a row of the plan."""
-    points, modes = set(plan.points), set(plan.bench.position_modes)  # a record keeps rows of points since dropped
-    records = [dict(r, rows=[x for x in r["rows"] if x["mode"] in modes and row_point(x) in points]) for r in records]
-    rows = [{**{k: (rec if k in RUN_KEYS else r).get(k) for k in CSV_KEYS}, "tokens": r.get("tokens", 0)}
-            for rec in records for r in rec["rows"]]  # one per (run, mode, evaluated point)  # fmt: skip
+    records = _kept_rows(records, plan)
+    rows = _csv_rows(records)
     if not rows:
         return []
     out.mkdir(parents=True, exist_ok=True)

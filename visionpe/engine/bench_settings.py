@@ -89,6 +89,11 @@ class BenchConfig:
         [0], "training seeds; tables give the mean and standard deviation over them", nonempty="0,1,2", unique=True,
         ge=0, le=MAX_SEED,
     )  # fmt: skip
+    extra_seeds: list[int] = setting(
+        [], "seeds added, once every run of bench.seeds is done, for the models of each claim comparison that is "
+        "within noise with bench.seeds alone (decided from those seeds only, so a rerun plans the same runs)",
+        unique=True, ge=0, le=MAX_SEED,
+    )  # fmt: skip
     resolutions: list[int] = setting(
         [], "square evaluation sizes in px (the training resolution is always added)",
         ge=1, le=MAX_SIZE_PX, unique=True,
@@ -177,6 +182,14 @@ def check_bench(b: BenchConfig, cfg: Config) -> None:
         raise BenchConfigError(
             "the native protocol and bench.tokens / bench.aspects go together: list budgets (bench.tokens=144,256) "
             "or aspect ratios (bench.aspects=1:3,3:1) with bench.protocols including native, or neither"
+        )
+    both = sorted(set(b.seeds) & set(b.extra_seeds))
+    if both:
+        raise BenchConfigError(f"bench.extra_seeds repeats bench.seeds {both}; list seeds that are not in bench.seeds")
+    if b.extra_seeds and (b.pretrained or len(b.seeds) < 2):
+        raise BenchConfigError(
+            "bench.extra_seeds extends comparisons that are within noise, which needs trained runs with at least two "
+            "bench.seeds; drop bench.extra_seeds or list more bench.seeds"
         )
     for key in ("checkpoints", "model_kwargs"):
         unknown = sorted(set(getattr(b, key)) - set(b.models))
