@@ -84,8 +84,9 @@ def summary_points(s: dict) -> list[Point]:
     cols = [base_point(s, protocols[0]), *([base_point(s, "native")] if "native" in protocols[1:] else [])]
     for pr in protocols:
         mine = {row_point(r) for r in s["table"] if r["protocol"] == pr} - {base_point(s, pr)}
-        cols += sorted(mine, key=lambda p: (p.frames, p.height > 0, p.tokens, p.width / p.height if p.height else 0,
-                                            order.get(p.size, len(order)), p.size))  # fmt: skip
+        cols += sorted(mine, key=lambda p: (p.frames, p.height > 0, p.tokens, p.patch,
+                                            p.width / p.height if p.height else 0, order.get(p.size, len(order)),
+                                            p.size))  # fmt: skip
     return cols
 
 
@@ -331,13 +332,14 @@ def write_report(records: list[dict], plan, out: Path, seconds: float, machine: 
     """results.csv/.md, summary.json and results.png under `out`; [] and nothing replaced without a row of the plan."""
     points, modes = set(plan.points), set(plan.bench.position_modes)  # a record keeps rows of points since dropped
     records = [dict(r, rows=[x for x in r["rows"] if x["mode"] in modes and row_point(x) in points]) for r in records]
-    rows = [{**{k: (rec if k in RUN_KEYS else r).get(k) for k in CSV_KEYS}, "tokens": r.get("tokens", 0)}
-            for rec in records for r in rec["rows"]]  # one per (run, mode, evaluated point)  # fmt: skip
+    rows = [{**{k: (rec if k in RUN_KEYS else r).get(k) for k in CSV_KEYS}, "tokens": r.get("tokens", 0),
+             "patch": r.get("patch", 0)} for rec in records for r in rec["rows"]]  # per (run, mode, point)  # fmt: skip
     if not rows:
         return []
     out.mkdir(parents=True, exist_ok=True)
     table = io.StringIO()
-    csv.writer(table, lineterminator="\r\n").writerows([CSV_KEYS, *([r[k] for k in CSV_KEYS] for r in rows)])
+    keys = CSV_KEYS if "patch" not in plan.bench.protocols else (*CSV_KEYS[:11], "patch", *CSV_KEYS[11:])
+    csv.writer(table, lineterminator="\r\n").writerows([keys, *([r[k] for k in keys] for r in rows)])
     machine = machine or dict(machine_info(), threads=plan.bench.threads)
     summary = _summary(records, rows, plan, seconds, machine)
     texts = {
@@ -542,7 +544,7 @@ def _panel(ax, summary: dict, protocol: str, mode: str, shapes: bool, labels: di
     rows, models, native = _panel_rows(summary, protocol, mode, shapes), summary["models"], protocol == "native"
     key = (lambda hw: hw[1] / hw[0]) if native else (lambda hw: (hw[0] * hw[1], hw))  # tallest or smallest first
     cats = sorted({(r["height"], r["width"]) for r in rows}, key=key) if shapes else []
-    x = {"native": "tokens", "frames": "frames", "duration": "frames"}.get(protocol, "height")
+    x = {"native": "tokens", "frames": "frames", "duration": "frames", "patch": "patch"}.get(protocol, "height")
     log_x = protocol in (*CLIP_PROTOCOLS, "native")
     values = sorted({r[x] for r in rows}) if not shapes else []
     gap = min((b / a if log_x else b - a) for a, b in zip(values, values[1:])) if len(values) > 1 else 0
@@ -564,6 +566,7 @@ def _panel(ax, summary: dict, protocol: str, mode: str, shapes: bool, labels: di
         ax.set_xlabel(T["axis_native_shapes" if native else "axis_shapes"].format(tokens=summary["base_tokens"]))
     else:
         base = {"native": summary["base_tokens"], "frames": summary["base_frames"], "duration": summary["base_frames"]}
+        base["patch"] = 0  # the model's own patch
         ax.axvline(base.get(protocol, summary["base"][0]), color="grey", ls=":")
         if log_x:
             ax.set_xscale("log", base=2)
