@@ -44,6 +44,14 @@ class Point(NamedTuple):
         return self.height, self.width
 
 
+def point_fields(point: Point) -> dict:
+    """The point as a row's fields; `patch` only on the patch protocol's points (other rows keep their keys)."""
+    fields = point._asdict()
+    if point.protocol != "patch":
+        del fields["patch"]
+    return fields
+
+
 def point_label(point: Point) -> str:
     """'48' (upsample), 'fov 48', '16 f' (frames), '144 tok' (native), '3:1 64 tok' (native, one aspect ratio),
     'patch 8' (patch)."""

@@ -17,7 +17,7 @@ from ..engine.destinations import check_destination, write_text
 from ..papers import CLAIMS
 from ..zoo import name_parts
 from .measure import machine_description, machine_info
-from .protocols import CLIP_PROTOCOLS, Point, point_label, row_point, size_label
+from .protocols import CLIP_PROTOCOLS, Point, point_fields, point_label, row_point, size_label
 from .stats import ALPHA, detectable_difference, holm, welch
 
 CSV_KEYS = ("model", "family", "size", "pe", "seed", "protocol", "mode", "height", "width", "frames", "tokens", "top1",
@@ -305,7 +305,7 @@ def _summary(records: list[dict], rows: list[dict], plan, seconds: float, machin
     for (model, mode, point), st in sorted(stats.items()):
         base = stats.get((model, mode, plan.base_point(point.protocol)))
         delta = st["mean"] - base["mean"] if base else None
-        table.append(dict(model=model, pe=pe[model], mode=mode, **point._asdict(), **st, delta=delta))
+        table.append(dict(model=model, pe=pe[model], mode=mode, **point_fields(point), **st, delta=delta))
     cfg, b = plan.cfg, plan.bench
     checks = {m: [r["base_check"] for r in records if r["model"] == m and r.get("base_check")] for m in b.models}
     sizes = sorted(plan.sizes, key=lambda s: (s[0] != s[1], s[0] * s[1], s))  # squares ascending, then by area
@@ -401,7 +401,7 @@ def _compare(claim, good: str, bad: str, values: dict, repeats: set, points: lis
             copied = (good, mode, point) in repeats and (bad, mode, point) in repeats
             if (not claim.protocols or point.protocol in claim.protocols) and a and b and where and not copied:
                 out.append(dict(claim=claim.text, protocol=point.protocol, point=point_label(point), mode=mode,
-                                **{k: v for k, v in point._asdict().items() if k != "protocol"}, a=good, b=bad,
+                                **{k: v for k, v in point_fields(point).items() if k != "protocol"}, a=good, b=bad,
                                 a_values=list(a), b_values=list(b), a_stat=mean_std(a), b_stat=mean_std(b),
                                 diff=statistics.fmean(a) - statistics.fmean(b)))  # fmt: skip
     return out
