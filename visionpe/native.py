@@ -6,7 +6,8 @@ Input format (a dict; the same keys and layout as timm 1.0.31's NaFlex, so `timm
 
     patches      float [B, N, P*P*C]  normalised, flattened patches, each in (ph, pw, c) order (timm's Patchify,
                                       channels last); P the model's patch size, C its input channels;
-                                      [B, N, P, P, C] (timm's unflattened patches) is flattened
+                                      [B, N, P, P, C] (timm's unflattened patches) is flattened; unflattened
+                                      patches may have their own P (the kernel is PI-resized to it, FlexiViT)
     patch_coord  int   [B, N, 2]      (y, x) patch coordinates within the patch's own image
     patch_valid  bool  [B, N]         True for a patch, False for padding (anywhere in the row)
     image_ids    int   [B, N]         optional (packed rows): the image each patch belongs to within its row,
@@ -205,7 +206,10 @@ def check_native(batch: dict, patch_dim: int, dims: int = 2) -> tuple[torch.Tens
         patches = patches.flatten(2)
     if not isinstance(patches, torch.Tensor) or patches.ndim != 3 or patches.shape[-1] != patch_dim:
         got = tuple(patches.shape) if isinstance(patches, torch.Tensor) else type(patches).__name__
-        raise ValueError(f"native batch: 'patches' must be [B, N, {patch_dim}] (P*P*C, flattened), got {got}")
+        raise ValueError(
+            f"native batch: 'patches' must be [B, N, {patch_dim}] (P*P*C, flattened), got {got}; patches of "
+            "another patch size come unflattened, [B, N, P, P, C] (timm's NaFlex loader with patch_size_choices)"
+        )
     if not patches.is_floating_point():  # a cast of uint8 pixels would feed the model 0..255
         raise ValueError(
             f"native batch: 'patches' are {str(patches.dtype).removeprefix('torch.')}; give float patches normalised "

@@ -36,6 +36,7 @@ from ..engine.native_train import model_patch_size
 from ..engine.setup import build_eval_sets, build_model, build_split, forward_on, resolve_amp, to_device
 from ..engine.sharded_checkpoint import SHARDED_SUFFIX, is_sharded_run
 from ..engine.trainer import resolve_run_dir
+from ..models.flexi_patch import flexi_patch_refusal
 from ..zoo import name_parts
 from . import protocols
 from .protocols import CLIP_PROTOCOLS, Point, point_label, row_point
@@ -156,6 +157,8 @@ def make_plan(bench: BenchConfig, cfg: Config) -> Plan:
         if protocol == "native":
             aspects = [Point("native", *parse_aspect(a), 0, tokens) for a in bench.aspects]
             points += dict.fromkeys([Point("native", 0, 0, 0, t) for t in [tokens, *bench.tokens]] + aspects)
+        elif protocol == "patch":  # the base pixels at the model's own patch, then at each listed one
+            points += [Point("patch", *base, 0, 0, p) for p in dict.fromkeys([0, *bench.patch_sizes])]
         elif protocol in CLIP_PROTOCOLS:
             points += [Point(protocol, *base, f) for f in dict.fromkeys([frames, *bench.frames])]
         else:
@@ -219,6 +222,9 @@ def _check_models(plan: Plan, info) -> None:
             model = build_model(copy.deepcopy(job.cfg), num_classes, info.in_chans).eval()
         except (TypeError, ValueError, RuntimeError) as e:
             raise BenchConfigError(f"model {job.model!r} cannot be built for {cfg.data.name!r}: {e}") from None
+        why = flexi_patch_refusal(model) if "patch" in plan.bench.protocols else None
+        if why:
+            raise BenchConfigError(f"the patch protocol cannot evaluate {job.model!r} at another patch size: {why}")
         patch = model_patch_size(model)
         odd = [p for p in plan.points if patch and p.protocol != "native" and (p.height % patch or p.width % patch)]
         if odd:
@@ -395,6 +401,8 @@ def _evaluate_points(job: Job, record: dict, todo: list, evaluate, stop) -> None
         fields = dict(protocol=point.protocol, mode=mode, height=point.height, width=point.width, frames=point.frames)
         if point.protocol == "native":
             fields["tokens"] = point.tokens
+        if point.protocol == "patch":
+            fields["patch"] = point.patch
         same = _coinciding(job, rows, record["modes_agree"], mode, point)
         if same is not None:
             rows[(mode, point)] = dict(same[0], **fields, same_as=same[1])
@@ -437,7 +445,7 @@ def run_job(job: Job, stop=None) -> dict:
 
     def evaluate(point: Point, mode: str, limit: int, sets: dict = datasets) -> dict:
         view = protocols.view_of(sets, point, job.plan.base, limit, patch)
-        return protocols.evaluate_view(model, view, mode, bench.eval_batch_size, device, amp, cfg.data.workers)
+        return protocols.evaluate_point(model, view, point, mode, bench.eval_batch_size, device, amp, cfg.data.workers)
 
     record["modes_agree"] = len(job.modes) > 1 and _modes_agree(job, model, datasets, device)  # probed only if used
     t0, c0 = time.perf_counter(), time.process_time()

@@ -27,7 +27,8 @@ HEAD_ROWS = 5
 
 
 def _point(row: dict) -> Point:
-    return Point(row["protocol"], int(row["height"]), int(row["width"]), int(row["frames"]), int(row["tokens"] or 0))
+    ints = [int(row.get(k) or 0) for k in ("height", "width", "frames", "tokens", "patch")]  # patch: its protocol's
+    return Point(row["protocol"], *ints)
 
 
 def _interval(values: list[float]) -> float:

@@ -1,8 +1,9 @@
 """Evaluation at any height x width, clip length, token budget, aspect ratio and position mode under a protocol
-(upsample, fov, frames, duration, native; docs/benchmark.md); the engine's evaluation loop does the counting."""
+(upsample, fov, frames, duration, native, patch; docs/benchmark.md); the engine's evaluation loop does the counting."""
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from functools import partial
 from typing import NamedTuple
 
@@ -16,6 +17,7 @@ from ..data.native_sampler import NativePlan
 from ..data.share import Share
 from ..engine import DistContext, evaluate_loader
 from ..engine.setup import run_model
+from ..models.flexi_patch import at_patch_size
 
 CLIP_PROTOCOLS = ("frames", "duration")  # protocols that change a clip's length (`Point.frames`)
 
@@ -27,23 +29,36 @@ def size_label(size: tuple[int, int]) -> str:
 class Point(NamedTuple):
     """Where a model is evaluated: protocol, frame size and clip length (0 for images and the default length).
     native: `tokens` per image, height = width = 0 at each image's own aspect ratio, else every image on a canvas of
-    aspect ratio width:height (small whole numbers, e.g. 1, 3 for 3:1)."""
+    aspect ratio width:height (small whole numbers, e.g. 1, 3 for 3:1). patch: the base size's pixels at `patch` px
+    patches (more or fewer tokens), 0 the model's own."""
 
     protocol: str
     height: int
     width: int
     frames: int = 0
     tokens: int = 0
+    patch: int = 0  # patch protocol: the patch size in px (0: the model's own)
 
     @property
     def size(self) -> tuple[int, int]:
         return self.height, self.width
 
 
+def point_fields(point: Point) -> dict:
+    """The point as a row's fields; `patch` only on the patch protocol's points (other rows keep their keys)."""
+    fields = point._asdict()
+    if point.protocol != "patch":
+        del fields["patch"]
+    return fields
+
+
 def point_label(point: Point) -> str:
-    """'48' (upsample), 'fov 48', '16 f' (frames), '144 tok' (native), '3:1 64 tok' (native, one aspect ratio)."""
+    """'48' (upsample), 'fov 48', '16 f' (frames), '144 tok' (native), '3:1 64 tok' (native, one aspect ratio),
+    'patch 8' (patch)."""
     if point.protocol == "native":
         return f"{point.width}:{point.height} {point.tokens} tok" if point.height else f"{point.tokens} tok"
+    if point.protocol == "patch":
+        return f"patch {point.patch}" if point.patch else "own patch"
     if point.protocol == "frames":
         return f"{point.frames} f"
     if point.protocol == "duration":
@@ -144,7 +159,7 @@ def view_of(evals: dict, point: Point, base: tuple[int, int], limit: int = 0, pa
     """The inputs of one point: upsample reads the set built for its size, the others the base size's."""
     if point.protocol == "native":
         return NativeView(evals[max(base)], point, patch or 16, limit, max(base))
-    if point.protocol == "upsample":
+    if point.protocol in ("upsample", "patch"):  # patch: the base size's pixels, the model at another patch
         return SizedView(evals[max(point.size)], point.size, limit, "upsample", base)
     return SizedView(evals[max(base)], point.size, limit, point.protocol, base, point.frames)
 
@@ -194,5 +209,12 @@ def evaluate_view(model: nn.Module, view, mode: str, batch_size: int, device, am
     return evaluate_loader(model, view.loader(batch_size, workers), DistContext(device=device), amp)
 
 
+def evaluate_point(model: nn.Module, view, point: Point, mode: str, batch_size: int, device, amp, workers=0) -> dict:
+    """`evaluate_view` at a point; the patch protocol's at its patch size (the stem's kernel PI-resized, FlexiViT)."""
+    patch = at_patch_size(model, point.patch) if point.protocol == "patch" and point.patch else nullcontext()
+    with patch:
+        return evaluate_view(model, view, mode, batch_size, device, amp, workers)
+
+
 def row_point(row: dict) -> Point:
-    return Point(row["protocol"], row["height"], row["width"], row["frames"], row.get("tokens", 0))
+    return Point(row["protocol"], row["height"], row["width"], row["frames"], row.get("tokens", 0), row.get("patch", 0))

@@ -17,7 +17,7 @@ from ..engine.destinations import check_destination, write_text
 from ..papers import CLAIMS
 from ..zoo import name_parts
 from .measure import machine_description, machine_info
-from .protocols import CLIP_PROTOCOLS, Point, point_label, row_point, size_label
+from .protocols import CLIP_PROTOCOLS, Point, point_fields, point_label, row_point, size_label
 from .stats import ALPHA, detectable_difference, holm, welch
 
 CSV_KEYS = ("model", "family", "size", "pe", "seed", "protocol", "mode", "height", "width", "frames", "tokens", "top1",
@@ -85,8 +85,9 @@ def summary_points(s: dict) -> list[Point]:
     cols = [base_point(s, protocols[0]), *([base_point(s, "native")] if "native" in protocols[1:] else [])]
     for pr in protocols:
         mine = {row_point(r) for r in s["table"] if r["protocol"] == pr} - {base_point(s, pr)}
-        cols += sorted(mine, key=lambda p: (p.frames, p.height > 0, p.tokens, p.width / p.height if p.height else 0,
-                                            order.get(p.size, len(order)), p.size))  # fmt: skip
+        cols += sorted(mine, key=lambda p: (p.frames, p.height > 0, p.tokens, p.patch,
+                                            p.width / p.height if p.height else 0, order.get(p.size, len(order)),
+                                            p.size))  # fmt: skip
     return cols
 
 
@@ -325,7 +326,7 @@ def _summary(records: list[dict], rows: list[dict], plan, seconds: float, machin
     for (model, mode, point), st in sorted(stats.items()):
         base = stats.get((model, mode, plan.base_point(point.protocol)))
         delta = st["mean"] - base["mean"] if base else None
-        table.append(dict(model=model, pe=pe[model], mode=mode, **point._asdict(), **st, delta=delta))
+        table.append(dict(model=model, pe=pe[model], mode=mode, **point_fields(point), **st, delta=delta))
     cfg, b = plan.cfg, plan.bench
     checks = {m: [r["base_check"] for r in records if r["model"] == m and r.get("base_check")] for m in b.models}
     sizes = sorted(plan.sizes, key=lambda s: (s[0] != s[1], s[0] * s[1], s))  # squares ascending, then by area
@@ -357,8 +358,8 @@ def _kept_rows(records: list[dict], plan) -> list[dict]:
 
 def _csv_rows(records: list[dict]) -> list[dict]:
     """One row per (run, mode, evaluated point), with the CSV's columns."""
-    return [{**{k: (rec if k in RUN_KEYS else r).get(k) for k in CSV_KEYS}, "tokens": r.get("tokens", 0)}
-            for rec in records for r in rec["rows"]]  # fmt: skip
+    return [{**{k: (rec if k in RUN_KEYS else r).get(k) for k in CSV_KEYS}, "tokens": r.get("tokens", 0),
+             "patch": r.get("patch", 0)} for rec in records for r in rec["rows"]]  # fmt: skip
 
 
 def write_report(records: list[dict], plan, out: Path, seconds: float, machine: dict | None = None) -> list[Path]:
@@ -369,7 +370,8 @@ def write_report(records: list[dict], plan, out: Path, seconds: float, machine: 
         return []
     out.mkdir(parents=True, exist_ok=True)
     table = io.StringIO()
-    csv.writer(table, lineterminator="\r\n").writerows([CSV_KEYS, *([r[k] for k in CSV_KEYS] for r in rows)])
+    keys = CSV_KEYS if "patch" not in plan.bench.protocols else (*CSV_KEYS[:11], "patch", *CSV_KEYS[11:])
+    csv.writer(table, lineterminator="\r\n").writerows([keys, *([r[k] for k in keys] for r in rows)])
     machine = machine or dict(machine_info(), threads=plan.bench.threads)
     summary = _summary(records, rows, plan, seconds, machine)
     texts = {
@@ -416,6 +418,8 @@ def _is_beyond(point, base) -> bool:
         return point.tokens > base.tokens or point.height != point.width
     if point.protocol in CLIP_PROTOCOLS:
         return point.frames > base.frames
+    if point.protocol == "patch":  # another patch size: a token grid the model was not trained on, larger or smaller
+        return point.patch != base.patch
     return point.height * point.width > base.height * base.width
 
 
@@ -431,7 +435,7 @@ def _compare(claim, good: str, bad: str, values: dict, repeats: set, points: lis
             copied = (good, mode, point) in repeats and (bad, mode, point) in repeats
             if (not claim.protocols or point.protocol in claim.protocols) and a and b and where and not copied:
                 out.append(dict(claim=claim.text, protocol=point.protocol, point=point_label(point), mode=mode,
-                                **{k: v for k, v in point._asdict().items() if k != "protocol"}, a=good, b=bad,
+                                **{k: v for k, v in point_fields(point).items() if k != "protocol"}, a=good, b=bad,
                                 a_values=list(a), b_values=list(b), a_stat=mean_std(a), b_stat=mean_std(b),
                                 diff=statistics.fmean(a) - statistics.fmean(b)))  # fmt: skip
     return out
@@ -574,7 +578,7 @@ def _panel(ax, summary: dict, protocol: str, mode: str, shapes: bool, labels: di
     rows, models, native = _panel_rows(summary, protocol, mode, shapes), summary["models"], protocol == "native"
     key = (lambda hw: hw[1] / hw[0]) if native else (lambda hw: (hw[0] * hw[1], hw))  # tallest or smallest first
     cats = sorted({(r["height"], r["width"]) for r in rows}, key=key) if shapes else []
-    x = {"native": "tokens", "frames": "frames", "duration": "frames"}.get(protocol, "height")
+    x = {"native": "tokens", "frames": "frames", "duration": "frames", "patch": "patch"}.get(protocol, "height")
     log_x = protocol in (*CLIP_PROTOCOLS, "native")
     values = sorted({r[x] for r in rows}) if not shapes else []
     gap = min((b / a if log_x else b - a) for a, b in zip(values, values[1:])) if len(values) > 1 else 0
@@ -596,6 +600,7 @@ def _panel(ax, summary: dict, protocol: str, mode: str, shapes: bool, labels: di
         ax.set_xlabel(T["axis_native_shapes" if native else "axis_shapes"].format(tokens=summary["base_tokens"]))
     else:
         base = {"native": summary["base_tokens"], "frames": summary["base_frames"], "duration": summary["base_frames"]}
+        base["patch"] = 0  # the model's own patch
         ax.axvline(base.get(protocol, summary["base"][0]), color="grey", ls=":")
         if log_x:
             ax.set_xscale("log", base=2)

@@ -24,7 +24,7 @@ from .config import Config, ConfigError, apply_overrides, config_from_dict, nati
 
 POSITION_MODES = ("extrapolate", "interpolate")  # the default list
 ACCEPTED_POSITION_MODES = tuple(dict.fromkeys((*IMAGE_POSITION_MODES, *VIDEO_POSITION_MODES)))  # every model's
-PROTOCOLS = ("upsample", "fov", "frames", "duration", "native")
+PROTOCOLS = ("upsample", "fov", "frames", "duration", "native", "patch")
 MAX_SIZE_PX = 8192  # the largest evaluated or timed image side (bench.resolutions, bench.shapes, speed --resolutions)
 MAX_SEED = 2**31 - 1
 
@@ -111,7 +111,8 @@ class BenchConfig:
         "upsample (content scaled with the image), fov (larger canvas, content at its training scale; canvas "
         "datasets), frames (clip lengths of bench.frames at the training frame size, the event stretched over them; "
         "video datasets), duration (clip lengths of bench.frames at the training frame rate; video-shapes), native "
-        "(token budgets of bench.tokens and aspect ratios of bench.aspects; recipes with data.native)",
+        "(token budgets of bench.tokens and aspect ratios of bench.aspects; recipes with data.native), patch (the "
+        "training resolution's pixels at the patch sizes of bench.patch_sizes: more or fewer tokens)",
         choices=PROTOCOLS, nonempty="upsample,fov", unique=True,
     )  # fmt: skip
     tokens: list[int] = setting(
@@ -121,6 +122,10 @@ class BenchConfig:
     aspects: list[str] = setting(
         [], "native protocol: aspect ratios W:H at the training budget, every image on a canvas of that shape",
         unique=True, parse=parse_aspect,
+    )  # fmt: skip
+    patch_sizes: list[int] = setting(
+        [], "patch protocol: patch sizes in px, the training resolution's pixels at each (the model's own is added)",
+        ge=1, unique=True,
     )  # fmt: skip
     frames: list[int] = setting(
         [],
@@ -190,6 +195,16 @@ def check_bench(b: BenchConfig, cfg: Config) -> None:
         raise BenchConfigError(
             "bench.extra_seeds extends comparisons that are within noise, which needs trained runs with at least two "
             "bench.seeds; drop bench.extra_seeds or list more bench.seeds"
+        )
+    if ("patch" in b.protocols) != bool(b.patch_sizes):
+        raise BenchConfigError(
+            "the patch protocol and bench.patch_sizes go together: list patch sizes (bench.patch_sizes=2,8) with "
+            "bench.protocols including patch, or neither"
+        )
+    if b.patch_sizes and max(b.patch_sizes) > cfg.data.resolution:
+        raise BenchConfigError(
+            f"bench.patch_sizes={','.join(map(str, b.patch_sizes))}: patches larger than the {cfg.data.resolution} px "
+            "training images leave no token; list patch sizes up to data.resolution"
         )
     for key in ("checkpoints", "model_kwargs"):
         unknown = sorted(set(getattr(b, key)) - set(b.models))

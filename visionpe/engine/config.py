@@ -123,6 +123,13 @@ class DataConfig:
     train_resolutions: list[int] = setting(
         [], "if set, each batch trains at a random one of these (multi-resolution)", ge=1
     )
+    patch_sizes: list[int] = setting(
+        [],
+        "if set, each batch trains at a random one of these patch sizes (px, FlexiViT: the stem's kernel PI-resized "
+        "from the model's); vit, swin, vivit and mm",
+        ge=1,
+        unique=True,
+    )
     batch_size: int = setting(64, "training batch size per process", ge=1)
     eval_batch_size: int = setting(0, "evaluation batch size per process; 0: 2 x batch_size", ge=0)
     workers: int = setting(0, "data loader worker processes per training process", ge=0)
@@ -562,6 +569,16 @@ def read_yaml(path: str | Path):
 def check_training_config(cfg: Config) -> None:
     """The checks across keys a training run needs before any work (each key's own range is checked when the
     config is read, from its declaration above)."""
+    if cfg.data.native and cfg.data.patch_sizes:
+        raise ConfigError(
+            f"data.patch_sizes={','.join(map(str, cfg.data.patch_sizes))} does not apply with data.native (its patches "
+            "come at data.native.patch_size); drop one of them"
+        )
+    if cfg.data.patch_sizes and max(cfg.data.patch_sizes) > min(cfg.train_resolutions()):
+        raise ConfigError(
+            f"data.patch_sizes={','.join(map(str, cfg.data.patch_sizes))} has patches larger than the "
+            f"{min(cfg.train_resolutions())} px images; use patch sizes up to the smallest training resolution"
+        )
     if (cfg.aug.mixup > 0 or cfg.aug.cutmix > 0) and cfg.data.batch_size % 2:
         raise ConfigError(f"mixup/cutmix pair up images: data.batch_size must be even, got {cfg.data.batch_size}")
     if cfg.data.native and len(set(cfg.data.train_resolutions)) > 1:

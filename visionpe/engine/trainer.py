@@ -14,6 +14,7 @@ with a checkpoint (interrupt.py); a resume checks that the data is still what th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -40,6 +41,7 @@ from ..data import get_dataset_info
 from ..data.folders import SkippedImagesWarning
 from ..data.loader import build_train_loader, dataset_num_classes, epoch_batches, renders_any_resolution
 from ..data.streams import first_stream_item, is_stream
+from ..models.flexi_patch import at_patch_size, flexi_patch_refusal, patch_size_of_batch
 from .changes import adopt_accepted_changes, check_resume_changes, check_resume_data
 from .checkpoint import (
     POINTER,
@@ -230,6 +232,9 @@ class Trainer:
                 self.model, cfg.model.name, self.train_set, self.plan, cfg.data.resolution, self.device, self.amp
             )
         check_resolutions(self.model, cfg.model.name, self.eval_sets, self.device, self.amp)
+        why = flexi_patch_refusal(self.model) if cfg.data.patch_sizes else None
+        if why:
+            raise ConfigError(f"data.patch_sizes: {cfg.model.name} cannot train at a patch size per batch: {why}")
         self.ema = None
         if cfg.train.ema and self.sharded:
             ema_model = build_sharded_model(cfg, self.num_classes, self.info.in_chans, ctx, self.amp)
@@ -615,7 +620,7 @@ class Trainer:
         targets = batch.targets.to(self.device, non_blocking=True)
         if self.mixup is not None:
             inputs, targets = self.mixup(inputs, targets)
-        with autocast(self.device, self.amp):
+        with autocast(self.device, self.amp), self._patch_size():
             loss = self.criterion(run_model(net, inputs), targets)
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
@@ -631,6 +636,14 @@ class Trainer:
         if self.first_loss is None:  # one sync, to tell a model that is broken from the start from a divergence
             self.first_loss = float(loss.detach())
         return loss
+
+    def _patch_size(self):
+        """data.patch_sizes: this batch's stem at its drawn patch size (FlexiViT; a function of the seed, epoch and
+        batch position, so a resumed run draws the same)."""
+        sizes = self.cfg.data.patch_sizes
+        if not sizes:
+            return contextlib.nullcontext()
+        return at_patch_size(self.model, patch_size_of_batch(sizes, self.cfg.train.seed, self.epoch, self.batch))
 
     def _eval_rows(self, model: nn.Module, bs: int) -> list[dict]:
         """A row per eval resolution, then (data.native) per token budget."""

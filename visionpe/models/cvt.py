@@ -30,6 +30,7 @@ from torch.utils.checkpoint import checkpoint
 from ..fx import fx_unsupported, is_fx_tracing
 from ..layers.checks import check_images
 from ..layers.layer_group import run_layer
+from ..layers.patch_resize import check_patch_size
 from ..layout import TokenLayout, cell_centre_layout, image_layout
 from ..pos.base import AttnSpec, PEHost
 from ..pos.presets import build_pos_encoding
@@ -156,11 +157,14 @@ class ConvolutionalVisionTransformer(StagedModel):
         self.norm = norm_layer(embed_dims[-1])
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dims[-1], num_classes) if num_classes > 0 else nn.Identity()
-        reductions = itertools.accumulate((e["stride"] for e in embeds), operator.mul)
-        self.feature_info = [
-            dict(module=f"stages.{s}", num_chs=c, reduction=r) for s, (c, r) in enumerate(zip(embed_dims, reductions))
-        ]
+        self.feature_info = self._feature_info()
         self._init_layers()
+
+    def _feature_info(self) -> list[dict]:
+        strides = (stage.patch_embed.stride for stage in self.stages)
+        reductions = itertools.accumulate(strides, operator.mul)
+        dims = self.embed_dims
+        return [dict(module=f"stages.{s}", num_chs=c, reduction=r) for s, (c, r) in enumerate(zip(dims, reductions))]
 
     @staticmethod
     def _check_pool(global_pool: str, cls_token: bool) -> None:
@@ -345,10 +349,15 @@ class ConvolutionalVisionTransformer(StagedModel):
         head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
         self.head = place_like(head, self)
 
-    def set_input_size(self, img_size=None) -> None:
-        """Change the reference input size (CvT has no size-dependent tables; PEs that have them are resampled)."""
+    def set_input_size(self, img_size=None, patch_size: int | None = None) -> None:
+        """Change the reference input size (CvT has no size-dependent tables; PEs that have them are resampled).
+        patch_size: the first stage's stride (px per token); its kernel and padding scale with it and the kernel is
+        PI-resized (FlexiViT; `ConvEmbed.set_stride`)."""
         if img_size is not None:
             self.img_size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+        if patch_size is not None:
+            self.stages[0].patch_embed.set_stride(check_patch_size(patch_size))
+            self.feature_info = self._feature_info()
         self.pe.set_host(self._host())
         if hasattr(self, "pretrained_cfg"):
             self.pretrained_cfg = {**self.pretrained_cfg, "input_size": (self.in_chans, *self.img_size)}

@@ -5,12 +5,14 @@ The attention takes one extra argument, the layer's PosContext; q is on the full
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 
 import torch
 from torch import nn
 
 from ..layers import PreNormBlock, attention_core
+from ..layers.patch_resize import resized_conv
 from ..pos.base import PosContext
 
 __all__ = ["ConvAttention", "ConvEmbed", "CvtBlock", "CvtStage", "conv_out_size", "conv_projection"]
@@ -32,6 +34,22 @@ class ConvEmbed(nn.Module):
 
     def out_size(self, hw: tuple[int, int]) -> tuple[int, int]:
         return tuple(conv_out_size(s, self.kernel, self.stride, self.padding) for s in hw)
+
+    def set_stride(self, stride: int) -> None:
+        """FlexiViT for an overlapping conv: a token every `stride` px, the kernel and padding scaled by the same
+        r = stride / self.stride (each window of an image resized by r is the resized window), the kernel PI-resized
+        (visionpe.layers.patch_resize). r must leave a whole kernel and padding."""
+        k, s, p = self.kernel, self.stride, self.padding
+        if (k * stride) % s or (p * stride) % s:
+            step = math.lcm(s // math.gcd(s, k), s // math.gcd(s, p))
+            raise ValueError(
+                f"patch_size={stride}: CvT's first embedding (kernel {k}, stride {s}, padding {p}) scaled by "
+                f"{stride}/{s} leaves a kernel of {k * stride / s:g} px and padding of {p * stride / s:g} px; use a "
+                f"multiple of {step} (e.g. {', '.join(str(step * i) for i in (1, 2, 3))})"
+            )
+        kernel, padding = k * stride // s, p * stride // s
+        self.proj = resized_conv(self.proj, kernel, stride, padding)
+        self.kernel, self.stride, self.padding = kernel, stride, padding
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.norm(self.proj(x).permute(0, 2, 3, 1))  # [B, C_in, H, W] -> [B, H', W', C]

@@ -223,15 +223,18 @@ class MultimodalEncoder(TubeletEncoder):
         segments = self.segments(self.text_length, (host.frames, *host.grid), k)
         return replace(host, reference_segments=tuple(segments))
 
-    def set_input_size(self, img_size=None, num_frames: int | None = None, text_length: int | None = None) -> None:
-        """Change the reference visual size (the grid the PEs are built for) and text length (ntk / yarn's
-        training sequence)."""
+    def set_input_size(
+        self,
+        img_size=None,
+        num_frames: int | None = None,
+        text_length: int | None = None,
+        patch_size: int | None = None,
+    ) -> None:
+        """Change the reference visual size (the grid the PEs are built for), text length (ntk / yarn's training
+        sequence) and the visual stem's spatial patch size (its tubelet kernel PI-resized, FlexiViT)."""
         if text_length is not None:
             self.text_length = text_length
-        self.patch_embed.set_input_size(img_size, num_frames)
-        self.set_reference(self.patch_embed.grid_size[1:], self.patch_embed.grid_size[0])
-        if hasattr(self, "pretrained_cfg"):
-            self.pretrained_cfg = {**self.pretrained_cfg, "input_size": (self.in_chans, *self.patch_embed.img_size)}
+        self.set_stem_size(img_size, num_frames, patch_size)
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:

@@ -16,10 +16,12 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from ..attention import RowValue, resolve_backend
 from ..attn_mask import AttnMask
 from ..layers.attention import attention_core
+from ..layers.patch_resize import resize_kernel
 from ..native import BatchLayout, ImageGroup, check_native, native_layout, regrid_layout
 from ..pos.base import PosContext, PosEncoding, PosStack
 
@@ -31,6 +33,7 @@ __all__ = [
     "masked_tokens",
     "set_native_attention",
     "embed_tubelets",
+    "stem_weight",
 ]
 
 
@@ -215,11 +218,29 @@ def _with_prefix(model, x: torch.Tensor, layout: BatchLayout) -> torch.Tensor:
     return x
 
 
+def stem_weight(conv: nn.Conv2d | nn.Conv3d, patches) -> torch.Tensor:
+    """The stem's kernel as a linear map on flattened patches ((pt,) ph, pw, c order). A batch that carries its own
+    patch size (unflattened patches [B, N, (pt,) ph, pw, C] of another ph x pw, as timm's NaFlex loader makes them
+    with `patch_size_choices`) gets the kernel PI-resized to it (FlexiViT, timm's PatchEmbedInterpolator route);
+    the token grid is then the batch's patch_coord grid, which the PEs and learned tables follow."""
+    w = conv.weight
+    frames = w.ndim - 4  # 0: image patches, 1: tubelets
+    if isinstance(patches, torch.Tensor) and patches.ndim == 5 + frames and patches.shape[-1] == w.shape[1]:
+        if frames and patches.shape[2] != w.shape[2]:
+            raise ValueError(
+                f"native batch: tubelets of {patches.shape[2]} frames, the model's have {w.shape[2]}; only the "
+                f"spatial patch size may differ per batch (patchify clips with tubelet={w.shape[2]})"
+            )
+        w = resize_kernel(w, tuple(patches.shape[-3:-1]))
+    return w.permute(0, *range(2, w.ndim), 1).flatten(1)
+
+
 def embed_patches(model, batch: dict) -> tuple[torch.Tensor, BatchLayout]:
     """A NaFlex dict -> tokens [B, L, C] (prefix tokens in their slots, padding zero, before the token-site PEs)
-    and their BatchLayout, for a ViT (`patch_embed`, optional `token_merger`, `add_prefix`, `layout`)."""
+    and their BatchLayout, for a ViT (`patch_embed`, optional `token_merger`, `add_prefix`, `layout`); patches at
+    the model's patch size or, unflattened, at their own (`stem_weight`)."""
     stem = model.patch_embed
-    weight = stem.proj.weight.permute(0, 2, 3, 1).flatten(1)  # the patch conv on (ph, pw, c)-flattened patches
+    weight = stem_weight(stem.proj, batch.get("patches"))  # the patch conv on (ph, pw, c)-flattened patches
     x, layout = _native_tokens(model, batch, weight, stem.proj.bias, 2)
     x = stem.norm(x)
     if model.token_merger is not None:
@@ -231,8 +252,7 @@ def embed_tubelets(model, batch: dict) -> tuple[torch.Tensor, BatchLayout]:
     """A native batch of clips (tubelets flattened in (pt, ph, pw, c) order, patch_coord (t, y, x)) -> tokens
     [B, L, C] and their BatchLayout, for a video ViT (`patch_embed.proj` a Conv3d)."""
     proj = model.patch_embed.proj
-    weight = proj.weight.permute(0, 2, 3, 4, 1).flatten(1)
-    x, layout = _native_tokens(model, batch, weight, proj.bias, 3)
+    x, layout = _native_tokens(model, batch, stem_weight(proj, batch.get("patches")), proj.bias, 3)
     return _with_prefix(model, x, layout), layout
 
 

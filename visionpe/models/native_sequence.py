@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..native import BatchLayout, ImageGroup, check_native, native_layout
+from .native_batch import stem_weight
 
 __all__ = ["embed_native_sequence"]
 
@@ -50,7 +51,7 @@ def _body_offsets(vis: BatchLayout, body: torch.Tensor) -> torch.Tensor:
 def embed_native_sequence(model, batch: dict, text_ids: torch.Tensor | None, text_split: int | None):
     """-> tokens [B, L, D] (before the token-site PEs) and their BatchLayout (one entry per sequence)."""
     proj = model.patch_embed.proj
-    weight = proj.weight.permute(0, 2, 3, 4, 1).flatten(1)  # (pt, ph, pw, c)-flattened tubelets
+    weight = stem_weight(proj, batch.get("patches"))  # (pt, ph, pw, c)-flattened tubelets, at the batch's patch
     patches, coords, ids = check_native(batch, weight.shape[1], 3)
     packed = "image_ids" in batch  # (check_native refused gaps in each row's numbering)
     vis = native_layout(coords, ids, 0, lambda grid: None)  # cells of each sequence's visual grid

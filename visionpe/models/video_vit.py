@@ -15,6 +15,7 @@ from torch import nn
 
 from ..fx import fx_unsupported, is_fx_tracing
 from ..layers.checks import check_tensor
+from ..layers.patch_resize import check_patch_size, resized_conv
 from ..layout import TokenLayout
 from ..pos.rope_scaling import SCALING_MODES, TIME_MODES
 from .construction import factory_kwargs
@@ -67,12 +68,19 @@ class TubeletEmbed(nn.Module):
         p, k = self.patch_size[0], self.tubelet_size
         return -(-t // k), -(-h // p), -(-w // p)
 
-    def set_input_size(self, img_size=None, num_frames: int | None = None) -> None:
-        """A new reference clip size (the grid the PEs are built for)."""
+    def set_input_size(self, img_size=None, num_frames: int | None = None, patch_size: int | None = None) -> None:
+        """A new reference clip size (the grid the PEs are built for); patch_size: a new spatial patch, the kernel
+        resized per tubelet frame with FlexiViT's PI-resize (visionpe.layers.patch_resize; the tubelet's length
+        stays)."""
         if img_size is not None:
             self.img_size = _pair(img_size)
         if num_frames is not None:
             self.num_frames = int(num_frames)
+        if patch_size is not None:
+            p = check_patch_size(patch_size)
+            kernel = (self.tubelet_size, p, p)
+            self.proj = resized_conv(self.proj, kernel, kernel, 0)
+            self.patch_size = (p, p)
 
     @property
     def grid_size(self) -> tuple[int, int, int]:
@@ -107,6 +115,15 @@ class TubeletEncoder(TokenEncoder):
         self.patch_embed = stem
         self.in_chans = in_chans
         self.feature_info = self.block_features(patch_size)
+
+    def set_stem_size(self, img_size=None, num_frames: int | None = None, patch_size: int | None = None) -> None:
+        """The stem's new reference clip size and spatial patch size; the PEs follow the new token grid."""
+        self.patch_embed.set_input_size(img_size, num_frames, patch_size)
+        self.set_reference(self.patch_embed.grid_size[1:], self.patch_embed.grid_size[0])
+        if patch_size is not None:
+            self.feature_info = self.block_features(self.patch_embed.patch_size[0])
+        if hasattr(self, "pretrained_cfg"):
+            self.pretrained_cfg = {**self.pretrained_cfg, "input_size": (self.in_chans, *self.patch_embed.img_size)}
 
 
 class VideoViT(TubeletEncoder):
@@ -151,11 +168,8 @@ class VideoViT(TubeletEncoder):
         coordinates) -> tokens [B, L, D] and their BatchLayout."""
         return embed_tubelets(self, x)
 
-    def set_input_size(self, img_size=None, num_frames: int | None = None) -> None:
-        """Change the reference clip size: the APE's spatial table is resampled (its temporal table is resampled
-        at call time)."""
-        self.patch_embed.set_input_size(img_size, num_frames)
+    def set_input_size(self, img_size=None, num_frames: int | None = None, patch_size: int | None = None) -> None:
+        """Change the reference clip size (and spatial patch size, the tubelet kernel PI-resized): the APE's spatial
+        table is resampled to the new grid (its temporal table is resampled at call time)."""
+        self.set_stem_size(img_size, num_frames, patch_size)
         self.num_frames = self.patch_embed.num_frames
-        self.set_reference(self.patch_embed.grid_size[1:], self.patch_embed.grid_size[0])
-        if hasattr(self, "pretrained_cfg"):
-            self.pretrained_cfg = {**self.pretrained_cfg, "input_size": (self.in_chans, *self.patch_embed.img_size)}

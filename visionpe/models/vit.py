@@ -157,6 +157,8 @@ class VisionTransformer(TokenEncoder):
         if self.token_merger is not None:
             self.token_merger.grid = grid
         self.set_reference(grid)
+        if patch_size is not None:
+            self.feature_info = self.block_features(self.patch_embed.patch_size[0] * self.merge_factor)
         if hasattr(self, "pretrained_cfg"):
             self.pretrained_cfg = {**self.pretrained_cfg, "input_size": (self.in_chans, *self.patch_embed.img_size)}
 
