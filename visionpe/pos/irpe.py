@@ -39,7 +39,7 @@ from ..layout import TokenLayout
 from .base import PEHost, PosContext, PosEncoding
 from .irpe_checkpoint import IRPE_KEYS, SWIN_TABLE, irpe_tables, swin_tables
 from .irpe_lookup import FullBuckets, GridBuckets
-from .rows import RowBias, RowValue
+from ..attn_rows import RowBias, RowValue
 
 __all__ = ["IRPE", "piecewise_index", "relative_bucket_ids", "MAPPINGS", "MODES", "TARGETS", "INDEXES"]
 

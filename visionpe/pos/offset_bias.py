@@ -26,7 +26,7 @@ import torch
 from ..fx import fx_unsupported, is_fx_tracing
 from ..layout import TokenLayout
 from .base import PosContext, PosEncoding
-from .rows import RowBias
+from ..attn_rows import RowBias
 
 __all__ = ["OffsetBias", "OffsetBiasPE", "GridPlan", "grid_plan"]
 
