@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 
 from .attn_mask import AttnMask, flex_attend, flex_available, xformers_block_attend
-from .fx import is_fx_tracing
 from .attn_rows import RowBias, RowValue
+from .fx import is_fx_tracing
 
 __all__ = [
     "attend",
