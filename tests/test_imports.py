@@ -23,6 +23,7 @@ RANK = {
     "attn_mask": 0,  # the masks of native-resolution batches (plain torch)
     "attn_inputs": 0,  # what attention reads besides q, k, v (PosContext, AttnRoute): declared by attention
     "attn_rows": 0,  # the row-block terms attention takes (RowBias, RowValue)
+    "position_modes": 0,  # the test-time position modes (the one list: models, PEs, CLI, benchmark)
     "native": 0,  # BatchLayout: where each image of a native batch sits, beside TokenLayout
     "pos": 1,
     "attention": 2,
@@ -153,7 +154,15 @@ def test_no_cycle_between_parts_and_no_part_imports_a_later_one():
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if part(m) in ("pos", "layout", "fx")))
 def test_the_lower_parts_never_name_a_backbone(module):
     """pos / layout / fx know no model family: their imports stay inside the lower parts."""
-    assert {part(t) for t in _graph()[module]} <= {"pos", "layout", "fx", "papers", "attn_inputs", "attn_rows"}
+    assert {part(t) for t in _graph()[module]} <= {
+        "pos",
+        "layout",
+        "fx",
+        "papers",
+        "attn_inputs",
+        "attn_rows",
+        "position_modes",
+    }
 
 
 def _reached(module: str) -> set[str]:
