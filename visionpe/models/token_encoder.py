@@ -90,6 +90,7 @@ class TokenEncoder(ContractModel):
             grid=tuple(grid), frames=int(frames), heads=num_heads, embed_prefix=embed_prefix, position_mode=mode
         )
         self.pe = build_pos_encoding(pe, self._host(depth), pe_kwargs)
+        self.pe.set_host(self.pe.host)  # drops the tables its build probe cached (small grids no forward uses)
         self.pe_name = pe
 
         dpr = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]  # linear (no tensor: meta-safe)
