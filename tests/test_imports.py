@@ -1,8 +1,9 @@
 """The import graph runs one way: no cycle between modules, none between parts, and no part imports a later one.
 
 Every `import` / `from ... import` of every module counts, those inside functions included (read with ast, nothing
-is imported). Parts, in order: layout (and fx) -> pos -> attention / layers -> models -> zoo (and the package's
-`__init__`, the zoo's front door) -> data, recipes -> engine -> bench."""
+is imported). Parts, in order: layout (and fx, and attention's input types) -> pos -> attention / layers -> models ->
+zoo (and the package's `__init__`, the zoo's front door) -> data, recipes -> engine -> bench. Attention and the
+attention layer import nothing from pos: the PEs build what attention declares."""
 
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ RANK = {
     "fx": 0,
     "papers": 0,  # the table of papers (data only), read by presets, pretrained cfgs, reports and cards
     "attn_mask": 0,  # the masks of native-resolution batches (plain torch)
+    "attn_inputs": 0,  # what attention reads besides q, k, v (PosContext, AttnRoute): declared by attention
+    "attn_rows": 0,  # the row-block terms attention takes (RowBias, RowValue)
+    "position_modes": 0,  # the test-time position modes (the one list: models, PEs, CLI, benchmark)
     "native": 0,  # BatchLayout: where each image of a native batch sits, beside TokenLayout
     "pos": 1,
     "attention": 2,
@@ -115,7 +119,8 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_walk_sees_function_level_and_relative_imports():
     graph = _graph()
-    assert len(graph) > 100 and "visionpe.pos.base" in graph["visionpe.layers.attention"]
+    assert len(graph) > 100 and "visionpe.attn_inputs" in graph["visionpe.layers.attention"]
+    assert "visionpe.pos.base" in graph["visionpe.models.swin"]
     assert {"visionpe.zoo", "visionpe.attention", "visionpe.layout"} <= graph["visionpe"]
     # a cycle through a function-level import is found
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
@@ -149,4 +154,39 @@ def test_no_cycle_between_parts_and_no_part_imports_a_later_one():
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if part(m) in ("pos", "layout", "fx")))
 def test_the_lower_parts_never_name_a_backbone(module):
     """pos / layout / fx know no model family: their imports stay inside the lower parts."""
-    assert {part(t) for t in _graph()[module]} <= {"pos", "layout", "fx", "papers"}
+    assert {part(t) for t in _graph()[module]} <= {
+        "pos",
+        "layout",
+        "fx",
+        "papers",
+        "attn_inputs",
+        "attn_rows",
+        "position_modes",
+    }
+
+
+def _reached(module: str) -> set[str]:
+    """Every module `module` imports, directly or through others."""
+    graph, seen, todo = _graph(), set(), [module]
+    while todo:
+        for nxt in graph[todo.pop()] - seen:
+            seen.add(nxt)
+            todo.append(nxt)
+    return seen
+
+
+ATTENTION = ["visionpe.attention", "visionpe.attn_inputs", "visionpe.attn_rows", "visionpe.attn_mask"]
+
+
+@pytest.mark.parametrize("module", [*ATTENTION, "visionpe.layers.attention", "visionpe.layers.block"])
+def test_attention_imports_nothing_from_pos(module):
+    """The kernels, attention's input types and the attention layer reach no module of pos/, not even through
+    another: attention declares its inputs (PosContext, RowBias, ...) and the PEs implement them."""
+    found = sorted(t for t in _reached(module) if part(t) == "pos")
+    assert not found, f"{module} reaches {found}"
+
+
+def test_the_pes_build_attentions_types():
+    """The arrow runs from pos to attention's input types (pos/base re-exports PosContext from there)."""
+    assert "visionpe.attn_inputs" in _graph()["visionpe.pos.base"]
+    assert "visionpe.attn_rows" in _graph()["visionpe.pos.irpe"]

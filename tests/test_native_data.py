@@ -13,8 +13,9 @@ from torch.utils.data import DistributedSampler
 from visionpe.data.native_collate import collate_native
 from visionpe.data.native_items import NativeDataset
 from visionpe.data.native_pack import OnlinePacker, pack
+from visionpe.data.native_plan import NativePlan
 from visionpe.data.native_resize import budget_size, patchify
-from visionpe.data.native_sampler import NativeBatchSampler, NativeKey, NativePlan
+from visionpe.data.native_sampler import NativeKey
 
 
 def _stream(n: int, seed: int, lo: int = 1, hi: int = 40) -> list[tuple[int, int]]:
@@ -134,7 +135,7 @@ def _indices(batches):
 def test_sampler_shards_ranks_repeats_an_epoch_and_restarts_at_a_batch(mode):
     ds = _Sized(300)
     samplers = [
-        NativeBatchSampler(DistributedSampler(ds, 2, r, shuffle=True, seed=3), ds.native_size, _plan(mode), 3)
+        _plan(mode).sampler(DistributedSampler(ds, 2, r, shuffle=True, seed=3), ds.native_size, _plan(mode), 3)
         for r in range(2)
     ]
     for s in samplers:
@@ -144,7 +145,7 @@ def test_sampler_shards_ranks_repeats_an_epoch_and_restarts_at_a_batch(mode):
     first = [set(_indices(e)) for e in epochs]
     assert not first[0] & first[1]  # each rank its own images
     assert all(k.size[0] * k.size[1] <= 16 * max(_plan().budgets) for b in epochs[0] for k in b)
-    again = list(NativeBatchSampler(DistributedSampler(ds, 2, 0, seed=3), ds.native_size, _plan(mode), 3).__iter__())
+    again = list(_plan(mode).sampler(DistributedSampler(ds, 2, 0, seed=3), ds.native_size, _plan(mode), 3).__iter__())
     assert again != epochs[0]  # epoch 0 differs from epoch 1
     s = samplers[0]
     s.start_at(3)

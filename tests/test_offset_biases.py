@@ -12,11 +12,11 @@ import torch
 import visionpe  # noqa: F401
 import visionpe.attention as attention
 from visionpe.attention import attn_backend
+from visionpe.attn_rows import RowBias
 from visionpe.layout import TokenLayout, cell_centre_layout, image_layout, window_layout
 from visionpe.pos import AttnSpec, PEHost, build_pos_encoding
 from visionpe.pos.alibi2d import ALiBi2D, alibi_slopes
 from visionpe.pos.fire2d import FIRE2D
-from visionpe.pos.rows import RowBias
 
 
 def _host(heads=4, grid=(4, 4), prefix=1, depth=1, windows=None):

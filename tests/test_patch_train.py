@@ -17,9 +17,10 @@ import torch
 from test_train_eval import KILLER, run_train, tiny, weights
 
 import visionpe  # noqa: F401  (registers the models)
+from visionpe.data.multires import patch_size_of_batch
 from visionpe.engine import ConfigError
 from visionpe.engine import trainer as engine
-from visionpe.models.flexi_patch import at_patch_size, patch_size_of_batch
+from visionpe.models.flexi_patch import at_patch_size
 from visionpe.models.vit_zoo import VIT
 
 SWIN = ["model.name=swin_n_rpb", "model.kwargs={embed_dim: 16, depths: [2, 2], num_heads: [1, 2], window_size: 2}"]

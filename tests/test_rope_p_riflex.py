@@ -15,7 +15,6 @@ import timm
 import torch
 
 import visionpe  # noqa: F401
-from visionpe.engine.bench_settings import ACCEPTED_POSITION_MODES
 from visionpe.layout import image_layout
 from visionpe.models.multimodal_zoo import example_input as mm_input
 from visionpe.pos import AttnSpec, PEHost, RoPE2D
@@ -25,6 +24,7 @@ from visionpe.pos.rope2d_dinov3 import RoPE2DDinoV3
 from visionpe.pos.rope_nd import TIME_SCHEMES, RoPEND
 from visionpe.pos.rope_scaling import identify_k, intrinsic_index, riflex_frequency, rope_period
 from visionpe.pos.rotary import p_rope_keep
+from visionpe.position_modes import ALL_MODES
 
 D = 24  # head dim: 12 rotary pairs, 6 per 2D axis, 4 per rope3d stream
 
@@ -320,7 +320,7 @@ def test_riflex_with_p_rope_never_revives_a_dropped_pair():
 
 def test_riflex_is_a_mode_of_the_video_and_multimodal_models_only():
     assert set(TIME_SCHEMES) >= {"rope3d", "mrope", "videorope", "mrope_interleaved"}
-    assert "riflex" in ACCEPTED_POSITION_MODES
+    assert "riflex" in ALL_MODES
     torch.manual_seed(0)
     video = timm.create_model("vivit_n_rope3d").eval()  # trained on 8 frames = 4 tubelet frames
     clip = torch.randn(1, 3, 16, 32, 32)

@@ -8,10 +8,10 @@ import timm
 import torch
 
 import visionpe  # noqa: F401
-from visionpe.engine.bench_settings import ACCEPTED_POSITION_MODES
-from visionpe.models.vit import POSITION_MODES
+from visionpe.models.vit import VisionTransformer
 from visionpe.pos.rope_scaling import RopeScaling, base_ladder, rope_scaling, scale_frequencies, yarn_temperature
 from visionpe.pos.rotary import axial_frequencies, rope_frequencies
+from visionpe.position_modes import ALL_MODES
 
 ROTARY = ["vit_n_rope2d", "vit_n_rope2d_mixed", "vit_n_rope2d_dinov3"]
 
@@ -141,7 +141,7 @@ def test_dinov3_keeps_the_training_spacing_under_ntk():
 
 
 def test_position_modes_are_validated_and_the_bench_accepts_them():
-    assert set(POSITION_MODES) == {"extrapolate", "interpolate", "ntk", "yarn"}
-    assert set(ACCEPTED_POSITION_MODES) == set(POSITION_MODES) | {"riflex"}  # the video / multimodal models' too
+    assert set(VisionTransformer.position_modes) == {"extrapolate", "interpolate", "ntk", "yarn"}
+    assert set(ALL_MODES) == set(VisionTransformer.position_modes) | {"riflex"}  # the video / multimodal models' too
     with pytest.raises(ValueError, match="position_mode must be one of"):
         timm.create_model("vit_n_rope2d", position_mode="stretch")

@@ -10,7 +10,7 @@ takes it as a boolean mask, math as -inf logits, flex as a BlockMask (auto's cho
 a bias), xformers as a BlockDiagonalMask when every segment is contiguous.
 
 `attend_rows` runs attention a block of query rows at a time with position terms that can be produced per block
-(`RowBias`, `RowValue` of visionpe.pos.rows, e.g. iRPE's bucketed terms): peak memory O(rows x M) instead of
+(`RowBias`, `RowValue` of visionpe.attn_rows, e.g. iRPE's bucketed terms): peak memory O(rows x M) instead of
 O(N x M), and the bias-only case still runs on the fused backends. The `math` backend keeps the whole-matrix
 reference path.
 """
@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 
 from .attn_mask import AttnMask, flex_attend, flex_available, xformers_block_attend
+from .attn_rows import RowBias, RowValue
 from .fx import is_fx_tracing
-from .pos.rows import RowBias, RowValue
 
 __all__ = [
     "attend",

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from .multires import ResolutionBatchSampler, collate_to_resolution, eval_batches
 from .native_loader import build_native_train_loader
-from .native_sampler import NativePlan
+from .native_plan import NativePlan
 from .registry import DatasetInfo, get_dataset_info
 from .seeding import preserved_rngs, seed_rngs
 from .share import Share

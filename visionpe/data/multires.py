@@ -27,6 +27,7 @@ __all__ = [
     "resize_to",
     "eval_batches",
     "resolution_schedule",
+    "patch_size_of_batch",
 ]
 
 
@@ -159,3 +160,15 @@ def collate_to_resolution(items: list[tuple], collate_inputs: Callable | None = 
         )
     target = torch.as_tensor(targets) if not isinstance(targets[0], torch.Tensor) else torch.stack(targets)
     return Batch(stacked, target, res, skipped)
+
+
+_PATCH_SALT = 0xF1E7  # keeps the patch draw apart from the resolution draw of the same batch
+
+
+def patch_size_of_batch(patch_sizes: Sequence[int], seed: int, epoch: int, batch: int) -> int:
+    """The patch size of batch `batch` of epoch `epoch`, uniform over patch_sizes (`data.patch_sizes`, FlexiViT): a
+    function of (seed, epoch, batch position), so a resumed run draws what the uninterrupted one drew."""
+    if len(patch_sizes) == 1:
+        return int(patch_sizes[0])
+    g = torch.Generator().manual_seed(mix_seed(seed, epoch, batch, _PATCH_SALT))
+    return int(patch_sizes[int(torch.randint(len(patch_sizes), (1,), generator=g))])

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 
 from .multires import Batch, EpochBatchSampler
-from .native_sampler import NativeKey
+from .native_sampler import NativeKey, check_batch
 from .seeding import mix_seed
 
 __all__ = ["DEFAULT_ASPECTS", "bucket_sizes", "nearest_bucket", "AspectBucketSampler", "collate_buckets"]
@@ -44,7 +44,12 @@ def nearest_bucket(size: tuple[int, int], aspects: Sequence[float]) -> int:
 
 
 class AspectBucketSampler(EpochBatchSampler):
-    """Batches of NativeKey of one bucket size each, over an index sampler (this rank's DistributedSampler)."""
+    """Batches of NativeKey of one bucket size each, over an index sampler (this rank's DistributedSampler): the
+    sampler of `data.native.mode=buckets` (the interface of native_sampler.NativeBatchSampler)."""
+
+    patches = False  # items are images of the bucket's size
+    naflex = False
+    packed = False
 
     def __init__(
         self,
@@ -68,6 +73,36 @@ class AspectBucketSampler(EpochBatchSampler):
                 f"images in each of {len(self.shapes)} aspect buckets; lower data.native.tokens_per_batch, give "
                 f"fewer data.native.aspects or use more images"
             )
+
+    @classmethod
+    def for_plan(cls, sampler, sizes: Callable[[int], tuple[int, int]], plan, seed: int = 0) -> AspectBucketSampler:
+        """The sampler of a NativePlan (native_plan.py): its aspects, its largest budget."""
+        return cls(sampler, sizes, plan.aspects, max(plan.budgets), plan.patch, plan.tokens_per_batch, seed)
+
+    @classmethod
+    def check_plan(cls, plan) -> None:
+        check_batch(plan, max(plan.budgets))
+
+    @classmethod
+    def eval_keys(cls, sizes, indices, plan, budget: int, batch_size: int) -> list[list[NativeKey]]:
+        """Batches of keys, each image at its bucket's size (at `budget`): bucket by bucket, in index order within."""
+        shapes = bucket_sizes(plan.aspects, budget, plan.patch)
+        groups: dict[int, list[int]] = {}
+        for i in indices:
+            groups.setdefault(nearest_bucket(sizes(i), plan.aspects), []).append(i)
+        out = []
+        for b, group in sorted(groups.items()):
+            for s in range(0, len(group), batch_size):
+                chunk = group[s : s + batch_size]
+                out.append([NativeKey(i, shapes[b], None, r, 0, len(chunk), False) for r, i in enumerate(chunk)])
+        return out
+
+    @classmethod
+    def trial_keys(cls, sizes, n: int, plan) -> list[list[NativeKey]]:
+        """The first image drawn at every bucket size, one batch each."""
+        return [
+            [NativeKey(0, hw, None, 0, 0, 1, False)] for hw in bucket_sizes(plan.aspects, max(plan.budgets), plan.patch)
+        ]
 
     def num_batches(self) -> int:
         return self._num_batches

@@ -1,47 +1,35 @@
 """The loaders of native-aspect training and evaluation (`data.native`): NaFlex dicts, packed or padded.
 
-    plan = native_plan(settings, patch=4)                 # settings: data.native (engine/config.py NativeConfig)
+    plan = native_plan(settings, patch=4)                 # settings: data.native (native_plan.py)
     loader = build_native_train_loader(train_set, plan, resolution=32, seed=0)
     for batch in loader: batch.inputs  # {"patches", "patch_coord", "patch_valid"[, "image_ids"]}
 
-Training batches come from `NativeBatchSampler` (native_sampler.py) over this rank's DistributedSampler shard, so
-each rank packs its own rows, and resume at any batch is exact (`set_epoch` / `start_at`, as for square batches).
-Evaluation: this rank's contiguous shard in order, one image per row padded to the budget.
+Training batches come from the plan's sampler (`plan.sampler`: native_sampler.py, native_buckets.py) over this
+rank's DistributedSampler shard, so each rank forms its own batches, and resume at any batch is exact (`set_epoch` /
+`start_at`, as for square batches). Evaluation: this rank's contiguous shard in order, one image per row padded to
+the budget (buckets: each at its bucket's size).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import NamedTuple
+
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from .native_buckets import DEFAULT_ASPECTS, AspectBucketSampler, bucket_sizes, collate_buckets, nearest_bucket
+from .native_buckets import collate_buckets
 from .native_collate import collate_native
 from .native_items import NativeDataset, native_sizes
-from .native_resize import budget_size
-from .native_sampler import NativeBatchSampler, NativeKey, NativePlan
+from .native_plan import NativePlan, native_plan
 from .native_timm import TimmNaflexBatches
 from .share import Share
 
-__all__ = ["native_plan", "build_native_train_loader", "build_native_eval_loader"]
+__all__ = ["native_plan", "build_native_train_loader", "build_native_eval_loader", "native_trials", "NativeTrial"]
 
 
-def native_plan(settings, patch: int) -> NativePlan:
-    """The NativePlan of data.native settings (a NativeConfig) for a model of `patch` px patches; a row too short
-    for the largest budget or a batch shorter than a row is a one-line error."""
-    budgets = tuple(int(b) for b in settings.seq_lens) or (int(settings.max_tokens),)
-    row = int(settings.row_tokens or max(budgets))
-    if settings.mode == "packed" and row < max(budgets):
-        raise ValueError(
-            f"data.native.row_tokens={row} cannot hold an image at the largest budget ({max(budgets)} tokens); "
-            f"raise it to at least {max(budgets)} or lower the budgets"
-        )
-    if settings.tokens_per_batch < (row if settings.mode == "packed" else max(budgets)):
-        raise ValueError(
-            f"data.native.tokens_per_batch={settings.tokens_per_batch} is less than one row "
-            f"({row if settings.mode == 'packed' else max(budgets)} tokens); raise it"
-        )
-    aspects = tuple(float(a) for a in settings.aspects) or DEFAULT_ASPECTS
-    tpb, buffer = int(settings.tokens_per_batch), int(settings.buffer)
-    return NativePlan(int(patch), settings.mode, budgets, tpb, row, buffer, aspects, settings.loader)
+def _dataset(dataset: Dataset, plan: NativePlan) -> NativeDataset:
+    """Items as patch sequences, or as images where the plan's batches are of one size (buckets)."""
+    return NativeDataset(dataset, plan.patch if plan.sampler.patches else None)
 
 
 def _loader(dataset: NativeDataset, batch_sampler, share: Share) -> DataLoader:
@@ -62,42 +50,8 @@ def build_native_train_loader(
     if plan.loader == "timm":
         return TimmNaflexBatches(dataset, plan, aug or {}, seed, share.workers, share.rank, share.world_size)
     shard = DistributedSampler(dataset, num_replicas=share.world_size, rank=share.rank, shuffle=True, seed=seed)
-    sizes = native_sizes(dataset, resolution)
-    if plan.mode == "buckets":
-        budget, tpb = max(plan.budgets), plan.tokens_per_batch
-        batches = AspectBucketSampler(shard, sizes, plan.aspects, budget, plan.patch, tpb, seed)
-        return _loader(NativeDataset(dataset, None), batches, share)
-    batches = NativeBatchSampler(shard, sizes, plan, seed)
-    return _loader(NativeDataset(dataset, plan.patch), batches, share)
-
-
-def eval_keys(sizes, indices, plan: NativePlan, budget: int, batch_size: int) -> list[list[NativeKey]]:
-    """Ordered batches of keys: `batch_size` images per batch, each alone in a row of `budget` tokens."""
-    idx = list(indices)
-    out = []
-    for s in range(0, len(idx), batch_size):
-        chunk = idx[s : s + batch_size]
-        out.append(
-            [
-                NativeKey(i, budget_size(sizes(i), plan.patch, budget), None, r, budget, len(chunk), False)
-                for r, i in enumerate(chunk)
-            ]
-        )
-    return out
-
-
-def bucket_eval_keys(sizes, indices, plan: NativePlan, budget: int, batch_size: int) -> list[list[NativeKey]]:
-    """Batches of keys, each image at its bucket's size (at `budget`): bucket by bucket, in index order within."""
-    shapes = bucket_sizes(plan.aspects, budget, plan.patch)
-    groups: dict[int, list[int]] = {}
-    for i in indices:
-        groups.setdefault(nearest_bucket(sizes(i), plan.aspects), []).append(i)
-    out = []
-    for b, group in sorted(groups.items()):
-        for s in range(0, len(group), batch_size):
-            chunk = group[s : s + batch_size]
-            out.append([NativeKey(i, shapes[b], None, r, 0, len(chunk), False) for r, i in enumerate(chunk)])
-    return out
+    batches = plan.sampler.for_plan(shard, native_sizes(dataset, resolution), plan, seed)
+    return _loader(_dataset(dataset, plan), batches, share)
 
 
 def build_native_eval_loader(
@@ -112,8 +66,28 @@ def build_native_eval_loader(
     padding duplicates: sums over ranks are exact)."""
     share = share or Share()
     indices, sizes = share.shard(len(dataset)), native_sizes(dataset, resolution)
-    if plan.mode == "buckets":
-        keys = bucket_eval_keys(sizes, indices, plan, budget, batch_size)
-        return _loader(NativeDataset(dataset, None), keys, share)
-    keys = eval_keys(sizes, indices, plan, budget, batch_size)
-    return _loader(NativeDataset(dataset, plan.patch), keys, share)
+    keys = plan.sampler.eval_keys(sizes, indices, plan, budget, batch_size)
+    return _loader(_dataset(dataset, plan), keys, share)
+
+
+class NativeTrial(NamedTuple):
+    batch: object  # a NativeBatch, or a Batch of one bucket's images
+    what: str  # what the model is tried on, for the message when it fails
+    fix: str  # what to do then ("" where there is no other mode to name)
+    images: int | None  # outputs the model must give (None: as many as the batch's rows)
+
+
+def native_trials(dataset: Dataset, plan: NativePlan, resolution: int) -> Iterator[NativeTrial]:
+    """The batches a model is tried on before training on `plan` (one each, drawn when asked for), so that a model
+    that cannot take them fails at once with one line."""
+    items, sizes = _dataset(dataset, plan), native_sizes(dataset, resolution)
+    for keys in plan.sampler.trial_keys(sizes, len(dataset), plan):
+        if not plan.sampler.patches:
+            h, w = keys[0].size
+            yield NativeTrial(
+                collate_buckets(items.__getitems__(keys)), f"the {h} x {w} px bucket of data.native", "", None
+            )
+            continue
+        batch = collate_native(items.__getitems__(keys))
+        fix = "; a model of one image size per batch (Swin, CvT) trains on aspect buckets: data.native.mode=buckets"
+        yield NativeTrial(batch, "native-aspect batches (data.native)", fix, batch.images)

@@ -18,7 +18,7 @@ from timm.data import create_naflex_loader
 from torch.utils.data import Dataset
 
 from .native_collate import NativeBatch
-from .native_sampler import NativePlan
+from .native_plan import NativePlan
 
 __all__ = ["TimmNaflexBatches", "TimmResumeWarning"]
 
@@ -44,7 +44,7 @@ class TimmNaflexBatches:
     """Iterates NativeBatch from timm's NaFlex loader; set_epoch / start_at / num_batches as our samplers."""
 
     def __init__(self, dataset: Dataset, plan: NativePlan, aug: dict, seed: int, workers: int, rank: int, world: int):
-        if plan.mode != "padded":
+        if not plan.sampler.naflex:
             raise ValueError("data.native.loader=timm pads every image to its batch's length: use mode=padded")
         if callable(getattr(dataset, "native_item", None)):
             dataset = _NativeItems(dataset)

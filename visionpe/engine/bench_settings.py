@@ -16,14 +16,12 @@ import timm
 import torch
 
 from ..data import get_dataset_info
-from ..models.video_vit import VIDEO_POSITION_MODES
-from ..models.vit import POSITION_MODES as IMAGE_POSITION_MODES
+from ..data.native_plan import native_mode
+from ..position_modes import ALL_MODES, BENCH_MODES
 from ..recipes import resolve_recipe
 from ..zoo import create_model
 from .config import Config, ConfigError, apply_overrides, config_from_dict, native_settings, read_yaml, setting
 
-POSITION_MODES = ("extrapolate", "interpolate")  # the default list
-ACCEPTED_POSITION_MODES = tuple(dict.fromkeys((*IMAGE_POSITION_MODES, *VIDEO_POSITION_MODES)))  # every model's
 PROTOCOLS = ("upsample", "fov", "frames", "duration", "native", "patch")
 MAX_SIZE_PX = 8192  # the largest evaluated or timed image side (bench.resolutions, bench.shapes, speed --resolutions)
 MAX_SEED = 2**31 - 1
@@ -103,8 +101,8 @@ class BenchConfig:
         parse=parse_size,
     )  # fmt: skip
     position_modes: list[str] = setting(
-        list(POSITION_MODES), "test-time position modes: " + ", ".join(ACCEPTED_POSITION_MODES),
-        choices=ACCEPTED_POSITION_MODES, nonempty="extrapolate,interpolate", unique=True,
+        list(BENCH_MODES), "test-time position modes: " + ", ".join(ALL_MODES),
+        choices=ALL_MODES, nonempty="extrapolate,interpolate", unique=True,
     )  # fmt: skip
     protocols: list[str] = setting(
         ["upsample"],
@@ -250,7 +248,7 @@ def _check_recipe(b: BenchConfig, cfg: Config) -> None:
         except ValueError as e:
             raise BenchConfigError(f"bench.models: {e}") from None
     name = cfg.data.name
-    kind, mode = get_dataset_info(name).kind, getattr(native_settings(cfg), "mode", None)
+    kind, native = get_dataset_info(name).kind, native_settings(cfg)
     if kind not in ("image", "video", "image_text", "segmentation"):
         raise BenchConfigError(
             f"the extrapolation benchmark evaluates image, video and image-text classifiers; dataset {name!r} is "
@@ -270,7 +268,8 @@ def _check_recipe(b: BenchConfig, cfg: Config) -> None:
             raise BenchConfigError(
                 f"the {clip_protocol} protocol evaluates clip lengths; dataset {name!r} is not a video"
             )
-    if "native" in b.protocols and (kind != "image" or mode == "buckets"):
+    mode = native.mode if native is not None else None
+    if "native" in b.protocols and (kind != "image" or (native is not None and not native_mode(mode).patches)):
         raise BenchConfigError(
             f"the native protocol evaluates image models on native-aspect batches (data.native.mode packed or "
             f"padded); got dataset {name!r} ({kind}), mode {mode}"

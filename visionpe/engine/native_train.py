@@ -9,10 +9,8 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ..data import get_dataset_info
-from ..data.native_buckets import bucket_sizes, collate_buckets
-from ..data.native_items import NativeDataset
-from ..data.native_loader import build_native_eval_loader, native_plan
-from ..data.native_sampler import NativeKey, NativePlan
+from ..data.native_loader import native_trials
+from ..data.native_plan import NativePlan, native_mode, native_plan
 from .config import Config, ConfigError, native_settings
 from .distributed import DistContext, all_reduce_sum
 from .setup import forward_on
@@ -39,8 +37,6 @@ def plan_for(cfg: Config, model: nn.Module) -> NativePlan | None:
         )
     if cfg.aug.mixup > 0 or cfg.aug.cutmix > 0:
         raise ConfigError("mixup/cutmix mix images of one size; turn them off with data.native (aug.mixup=0)")
-    if settings.loader == "timm" and settings.mode != "padded":
-        raise ConfigError("data.native.loader=timm pads every image to its batch's length; set data.native.mode=padded")
     patch = model_patch_size(model)
     if settings.patch_size is not None and patch is not None and settings.patch_size != patch:
         raise ConfigError(
@@ -50,7 +46,7 @@ def plan_for(cfg: Config, model: nn.Module) -> NativePlan | None:
     patch = settings.patch_size or patch
     if patch is None:  # a convolutional stem (CvT): one image size per batch, tokens of its total stride
         stride = (getattr(model, "feature_info", None) or [{}])[-1].get("reduction", 16)
-        need = "" if settings.mode == "buckets" else "data.native.mode=buckets (one size per batch) and "
+        need = "data.native.mode=buckets (one size per batch) and " if native_mode(settings.mode).patches else ""
         raise ConfigError(
             f"{cfg.model.name} has no patch_embed.patch_size (it takes images, not patch sequences); set "
             f"{need}data.native.patch_size={stride} (its total stride)"
@@ -62,44 +58,27 @@ def plan_for(cfg: Config, model: nn.Module) -> NativePlan | None:
 
 
 def eval_budgets(cfg: Config, plan: NativePlan) -> list[int]:
-    return list(native_settings(cfg).eval_tokens) or [max(plan.budgets)]
+    return plan.eval_budgets
 
 
 @torch.no_grad()
 def check_native(model: nn.Module, name: str, dataset: Dataset, plan: NativePlan, resolution: int, device, amp) -> None:
-    """One forward pass of a native batch (two images at the largest budget, padded, and packed when packing), so
-    that a model without native batches fails now with one line."""
+    """A forward pass of each trial batch of the plan's mode (two images at the largest budget, padded, and packed
+    when packing; one image per bucket size), so that a model without native batches fails now with one line."""
     was_training = model.training
     model.eval()
     try:
-        if plan.mode == "buckets":
-            return _check_buckets(model, name, plan, dataset, resolution, device, amp)
-        batch = next(iter(build_native_eval_loader(dataset, plan, max(plan.budgets), 2, resolution)))
-        inputs = dict(batch.inputs)
-        try:
-            out = forward_on(model, inputs, device, amp)
-            if plan.mode == "packed":
-                inputs["image_ids"] = torch.where(inputs["patch_valid"], 0, -1)
-                out = forward_on(model, inputs, device, amp)
-        except (RuntimeError, ValueError, TypeError, AssertionError) as e:
-            raise ValueError(
-                f"model {name!r} cannot take native-aspect batches (data.native): {e}; a model of one image size "
-                f"per batch (Swin, CvT) trains on aspect buckets: data.native.mode=buckets"
-            ) from None
-        if out.shape[0] != batch.images:
-            raise ValueError(f"model {name!r} gave {out.shape[0]} outputs for {batch.images} images of a native batch")
+        for trial in native_trials(dataset, plan, resolution):
+            try:
+                out = forward_on(model, trial.batch.inputs, device, amp)
+            except (RuntimeError, ValueError, TypeError, AssertionError) as e:
+                raise ValueError(f"model {name!r} cannot take {trial.what}: {e}{trial.fix}") from None
+            if trial.images is not None and out.shape[0] != trial.images:
+                raise ValueError(
+                    f"model {name!r} gave {out.shape[0]} outputs for {trial.images} images of a native batch"
+                )
     finally:
         model.train(was_training)
-
-
-def _check_buckets(model: nn.Module, name: str, plan: NativePlan, dataset, resolution, device, amp) -> None:
-    """A forward pass at every bucket size (one image of the dataset drawn at each)."""
-    for H, W in bucket_sizes(plan.aspects, max(plan.budgets), plan.patch):
-        image = collate_buckets([NativeDataset(dataset, None)._item(NativeKey(0, (H, W), None, 0, 0, 1, False))])
-        try:
-            forward_on(model, image.inputs, device, amp)
-        except (RuntimeError, ValueError, TypeError, AssertionError) as e:
-            raise ValueError(f"model {name!r} cannot take the {H} x {W} px bucket of data.native: {e}") from None
 
 
 class NativeWindow:

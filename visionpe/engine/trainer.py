@@ -40,8 +40,9 @@ from .. import __version__
 from ..data import get_dataset_info
 from ..data.folders import SkippedImagesWarning
 from ..data.loader import build_train_loader, dataset_num_classes, epoch_batches, renders_any_resolution
+from ..data.multires import patch_size_of_batch
 from ..data.streams import first_stream_item, is_stream
-from ..models.flexi_patch import at_patch_size, flexi_patch_refusal, patch_size_of_batch
+from ..models.flexi_patch import at_patch_size, flexi_patch_refusal
 from .changes import adopt_accepted_changes, check_resume_changes, check_resume_data
 from .checkpoint import (
     POINTER,

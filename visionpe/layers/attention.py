@@ -1,4 +1,4 @@
-"""Multi-head self-attention that takes one extra argument: the layer's PosContext."""
+"""Multi-head self-attention that takes one extra argument: the layer's PosContext (visionpe.attn_inputs)."""
 
 from __future__ import annotations
 
@@ -7,34 +7,35 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..attention import attend, attend_rows, attend_with_probs, get_attn_backend
-from ..pos.base import PosContext
-from ..pos.rows import RowBias, RowValue
+from ..attn_inputs import AttnRoute, PosContext
+from ..attn_rows import RowBias, RowValue
 
 __all__ = ["Attention", "attention_core"]
 
 
 def attention_core(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: PosContext | None, scale: float | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    ctx: PosContext | AttnRoute | None,
+    scale: float | None = None,
 ) -> torch.Tensor:
-    """q [B, H, N, d], k/v [B, H, M, d] -> [B, H, N, d] with the PE sites qk, logits and values applied.
-    A context over several images in a batch (visionpe.models.native_batch) runs attention itself (`images`), or
-    has a `mask` for attention."""
+    """q [B, H, N, d], k/v [B, H, M, d] -> [B, H, N, d] with the PE sites qk, logits and values applied and the
+    context's mask. An AttnRoute (a batch of several images, visionpe.models.native_batch) runs attention itself."""
     if ctx is None:
         return attend(q, k, v, scale=scale)
-    images = getattr(ctx, "images", None)
-    if images is not None:
-        return images(q, k, v, scale)
-    mask = getattr(ctx, "mask", None)
+    if isinstance(ctx, AttnRoute):
+        return ctx.attend(q, k, v, scale)
     if ctx.rotate is not None:
         q, k = ctx.rotate(q, k)
-    if mask is None and _row_terms(ctx) and get_attn_backend() != "math":  # math: the whole-matrix reference
+    if ctx.mask is None and _row_terms(ctx) and get_attn_backend() != "math":  # math: the whole-matrix reference
         return attend_rows(q, k, v, ctx.bias, ctx.value, scale)
     bias = ctx.bias(q, k) if ctx.bias is not None else None
     probs = None
     if ctx.needs_probs:
-        out, probs = attend_with_probs(q, k, v, bias, scale, mask=mask)
+        out, probs = attend_with_probs(q, k, v, bias, scale, mask=ctx.mask)
     else:
-        out = attend(q, k, v, bias, scale, mask=mask)
+        out = attend(q, k, v, bias, scale, mask=ctx.mask)
     if ctx.value is not None:
         out = ctx.value(v, out, probs)
     return out
@@ -85,7 +86,7 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def forward(self, x: torch.Tensor, ctx: PosContext | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: PosContext | AttnRoute | None = None) -> torch.Tensor:
         B, N, C = x.shape
         if self.qv_bias_only:
             b = self.qkv.bias

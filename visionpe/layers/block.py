@@ -7,7 +7,7 @@ import torch
 from timm.layers import DropPath, LayerScale, Mlp
 from torch import nn
 
-from ..pos.base import PosContext
+from ..attn_inputs import AttnRoute, PosContext
 from .attention import Attention
 
 __all__ = ["Block", "PreNormBlock"]
@@ -64,5 +64,5 @@ class Block(PreNormBlock):
         attn = Attention(dim, num_heads, qkv_bias, qk_norm, proj_drop=proj_drop, norm_layer=norm_layer)
         super().__init__(dim, attn, mlp_ratio, proj_drop, drop_path, act_layer, norm_layer, init_values)
 
-    def forward(self, x: torch.Tensor, ctx: PosContext | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: PosContext | AttnRoute | None = None) -> torch.Tensor:
         return self.add_mlp(self.add_attn(x, self.attn(self.norm1(x), ctx)))

@@ -2,34 +2,22 @@
 
 The model keeps one kernel, at its own patch size; for a batch at patch p the stem's kernel is PI-resized to p on
 the fly (visionpe.layers.patch_resize), so the gradient reaches the one kernel, and the token grid is the image's
-at patch p, which every PE reads from its layout (learned tables resampled to it as at any image size). The draw is
-a function of (seed, epoch, batch position): a resumed run draws what the uninterrupted one drew, every process
-the same.
+at patch p, which every PE reads from its layout (learned tables resampled to it as at any image size). The draw
+of a batch's patch size is the data's (visionpe.data.multires.patch_size_of_batch).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..data.seeding import mix_seed
 from ..layers.patch_resize import resize_kernel
 
-__all__ = ["at_patch_size", "flexi_patch_refusal", "patch_size_of_batch"]
-
-_SALT = 0xF1E7  # keeps the patch draw apart from the resolution draw of the same batch
-
-
-def patch_size_of_batch(patch_sizes: Sequence[int], seed: int, epoch: int, batch: int) -> int:
-    """The patch size of batch `batch` of epoch `epoch`, uniform over patch_sizes."""
-    if len(patch_sizes) == 1:
-        return int(patch_sizes[0])
-    g = torch.Generator().manual_seed(mix_seed(seed, epoch, batch, _SALT))
-    return int(patch_sizes[int(torch.randint(len(patch_sizes), (1,), generator=g))])
+__all__ = ["at_patch_size", "flexi_patch_refusal"]
 
 
 def flexi_patch_refusal(model: nn.Module) -> str | None:

@@ -24,9 +24,10 @@ from torch import nn
 from ..layout import TokenLayout
 from ..native import is_native_batch
 from ..pos.base import PEHost
+from ..position_modes import EXTRAPOLATE, VIDEO_MODES
 from .construction import factory_kwargs
 from .native_sequence import embed_native_sequence
-from .video_vit import VIDEO_POSITION_MODES, TubeletEncoder
+from .video_vit import TubeletEncoder
 
 __all__ = ["MultimodalEncoder", "check_text"]
 
@@ -74,7 +75,7 @@ def _refreshing_count(name: str, what: str) -> property:
 
 
 class MultimodalEncoder(TubeletEncoder):
-    position_modes = VIDEO_POSITION_MODES  # extrapolate; ntk / yarn / riflex act on RoPE-ND (visionpe.pos.rope_nd)
+    position_modes = VIDEO_MODES  # extrapolate; ntk / yarn / riflex act on RoPE-ND (visionpe.pos.rope_nd)
 
     @factory_kwargs
     def __init__(
@@ -91,7 +92,7 @@ class MultimodalEncoder(TubeletEncoder):
         embed_dim: int = 768,
         pe: str = "mrope",
         text_length: int = 0,
-        position_mode: str = "extrapolate",
+        position_mode: str = EXTRAPOLATE,
         **kwargs,
     ):
         """pe: the RoPE scheme preset (rope1d, mrope, videorope, vrope, v2pe); text_split: how many leading text ids
@@ -106,9 +107,9 @@ class MultimodalEncoder(TubeletEncoder):
         self.text_length = text_length
         stem = (img_size, num_frames, patch_size, tubelet_size, in_chans, embed_dim)
         trunk = dict(global_pool=global_pool, class_token=class_token, pe=pe, default_scheme="rope1d")
+        trunk.update(position_mode=position_mode)
         super().__init__(*stem, **trunk, **kwargs)
         self.vocab_size = vocab_size
-        self.position_mode = position_mode
         self.text_embed = nn.Embedding(vocab_size, embed_dim)
         self.markers = nn.Parameter(torch.zeros(2, embed_dim))  # <img>, </img>
         self._init_layers()

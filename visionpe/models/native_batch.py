@@ -11,22 +11,20 @@ the batch's `AttnMask` (rotations and value terms per group, logits biases place
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..attention import RowValue, resolve_backend
+from ..attention import resolve_backend
+from ..attn_inputs import AttnRoute, PosContext
 from ..attn_mask import AttnMask
+from ..attn_rows import RowValue
 from ..layers.attention import attention_core
 from ..layers.patch_resize import resize_kernel
 from ..native import BatchLayout, ImageGroup, check_native, native_layout, regrid_layout
-from ..pos.base import PosContext, PosEncoding, PosStack
+from ..pos.base import PosEncoding, PosStack
 
 __all__ = [
-    "NativeContext",
     "NativeSites",
     "embed_patches",
     "pool_images",
@@ -62,15 +60,6 @@ def _use_mask(q: torch.Tensor, mask: AttnMask, contexts: list[PosContext]) -> bo
     return resolve_backend(q, None, mask) == "flex"
 
 
-@dataclass
-class NativeContext(PosContext):
-    """A PosContext over a batch of several images: `images(q, k, v, scale)` runs the layer's attention (per group
-    of images, or masked over the batch); `mask` (visionpe.attn_mask) blocks attention between images."""
-
-    mask: AttnMask | None = None
-    images: Callable | None = None
-
-
 def _acts(pe: PosEncoding, site: str) -> bool:
     """Whether a PE (or any PE of a stack) overrides a token site ('tokens' or 'block')."""
     parts = pe.encodings.values() if isinstance(pe, PosStack) else [pe]
@@ -103,7 +92,7 @@ def _local(layout: BatchLayout, group: ImageGroup) -> tuple[torch.Tensor, torch.
     return group.rows[:, None, None], local[:, :, None], local[:, None, :]
 
 
-class _Segmented:
+class _Segmented(AttnRoute):
     """One layer's attention over a native batch, from one PosContext per group of images."""
 
     def __init__(self, layout: BatchLayout, contexts: list[PosContext | None]):
@@ -111,8 +100,9 @@ class _Segmented:
         self.contexts = contexts
         self.parts = [(g, c) for g, c in zip(layout.groups, contexts) if c is not None]
 
-    def images(self, q, k, v, scale):
-        """Each group as an ordinary batch (its PE context as for the images alone); padding outputs 0."""
+    def attend(self, q, k, v, scale):
+        """Each group as an ordinary batch (its PE context as for the images alone; padding outputs 0), or the
+        whole batch masked (`set_native_attention`)."""
         if _use_mask(q, self.layout.mask, [c for _, c in self.parts]):
             return attention_core(q, k, v, self.masked(), scale)
         fq, fk, fv = _tokens_first(q), _tokens_first(k), _tokens_first(v)
@@ -123,10 +113,10 @@ class _Segmented:
         b, h, n, _ = q.shape
         return _scatter_heads(v.new_zeros(b * n, h, v.shape[3]), (b, h, n, v.shape[3]), outs)
 
-    def masked(self) -> NativeContext:
+    def masked(self) -> PosContext:
         """The context of the masked route: the groups' terms assembled over the whole batch."""
         parts = [c for _, c in self.parts]
-        return NativeContext(
+        return PosContext(
             rotate=self.rotate if any(c.rotate is not None for c in parts) else None,
             bias=self.bias if any(c.bias is not None for c in parts) else None,
             value=self.value if any(c.value is not None for c in parts) else None,
@@ -192,9 +182,8 @@ class NativeSites:
             return x
         return layout.map_images(x, lambda xg, lg: self.pe.block(i, xg, lg))
 
-    def context(self, i: int, layout: BatchLayout) -> NativeContext:
-        seg = _Segmented(layout, [self.pe.context(i, group.layout) for group in layout.groups])
-        return NativeContext(images=seg.images, mask=layout.mask)
+    def context(self, i: int, layout: BatchLayout) -> AttnRoute:
+        return _Segmented(layout, [self.pe.context(i, group.layout) for group in layout.groups])
 
 
 # --------------------------------------------------------------------------------------------------------- stem

@@ -23,6 +23,7 @@ from ..native import BatchLayout, is_native_batch
 from ..pos.base import AttnSpec, PEHost
 from ..pos.mm_positions import segment_layout
 from ..pos.presets import build_pos_encoding
+from ..position_modes import EXTRAPOLATE, check_position_mode
 from .construction import ContractModel, UnsupportedPool, init_linears, place_like
 from .native_batch import NativeSites, masked_tokens, pool_images
 from .param_groups import exact_no_weight_decay, pe_layer_rules, pe_stem
@@ -34,7 +35,7 @@ POOLS = ("", "avg", "token")
 
 class TokenEncoder(ContractModel):
     intermediate_formats: tuple[str, ...] = ("NCHW", "NLC")  # forward_intermediates' formats, the default first
-    position_modes: tuple[str, ...] = ("extrapolate",)  # the test-time position modes the model takes
+    position_modes: tuple[str, ...] = (EXTRAPOLATE,)  # the test-time position modes it takes (visionpe.position_modes)
 
     def __init__(
         self,
@@ -59,6 +60,7 @@ class TokenEncoder(ContractModel):
         pe_kwargs: dict | None = None,
         default_scheme: str = "rope3d",
         frames: int = 1,
+        position_mode: str = EXTRAPOLATE,
         norm_layer: type[nn.Module] | None = None,
         act_layer: type[nn.Module] | None = None,
         norm_eps: float = 1e-6,
@@ -67,7 +69,8 @@ class TokenEncoder(ContractModel):
         default_scheme: the position scheme of the layout when no PE declares one (e.g. for a learned APE);
         embed_prefix: a learned APE has entries for the prefix tokens too; fc_norm: norm after pooling instead of
         before (default: with average pooling); qkv_bias: True, False or "qv" (no k bias, as DINOv3);
-        norm_eps: the LayerNorm epsilon when norm_layer is not given (1e-6; DINOv3 uses 1e-5)."""
+        norm_eps: the LayerNorm epsilon when norm_layer is not given (1e-6; DINOv3 uses 1e-5); position_mode: one of
+        the family's `position_modes`, set here once (the PEs are built with it)."""
         super().__init__()
         _check_pool(global_pool, class_token)
         norm_layer = norm_layer or partial(nn.LayerNorm, eps=norm_eps)
@@ -82,8 +85,12 @@ class TokenEncoder(ContractModel):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
         self.reg_token = nn.Parameter(torch.zeros(1, reg_tokens, embed_dim)) if reg_tokens else None
 
-        self._pe_ref = dict(grid=tuple(grid), frames=int(frames), heads=num_heads, embed_prefix=embed_prefix)
+        mode = check_position_mode(position_mode, self.position_modes)
+        self._pe_ref = dict(
+            grid=tuple(grid), frames=int(frames), heads=num_heads, embed_prefix=embed_prefix, position_mode=mode
+        )
         self.pe = build_pos_encoding(pe, self._host(depth), pe_kwargs)
+        self.pe.set_host(self.pe.host)  # drops the tables its build probe cached (small grids no forward uses)
         self.pe_name = pe
 
         dpr = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]  # linear (no tensor: meta-safe)
@@ -130,20 +137,23 @@ class TokenEncoder(ContractModel):
             layers=tuple(AttnSpec(dim, ref["heads"], dim // ref["heads"]) for _ in range(depth)),
             embed_prefix=ref["embed_prefix"],
             frames=ref["frames"],
-            position_mode=ref.get("position_mode", "extrapolate"),
+            position_mode=ref["position_mode"],
         )
 
     @property
     def position_mode(self) -> str:
-        return self._pe_ref.get("position_mode", "extrapolate")
+        """The test-time position mode (visionpe.position_modes): the model owns it, its PEs read it from the host."""
+        return self._pe_ref["position_mode"]
 
     @position_mode.setter
     def position_mode(self, mode: str) -> None:
-        if mode not in self.position_modes:
-            raise ValueError(f"position_mode must be one of {self.position_modes}, got {mode!r}")
-        if self._pe_ref.get("position_mode") != mode:
+        self.set_position_mode(mode)
+
+    def set_position_mode(self, mode: str) -> None:
+        """Another of the family's `position_modes`; the PEs see it through a new host (ntk / yarn / riflex)."""
+        if check_position_mode(mode, self.position_modes) != self._pe_ref["position_mode"]:
             self._pe_ref["position_mode"] = mode
-            self.pe.set_host(self._host())  # the PEs read the mode from their host (ntk / yarn)
+            self.pe.set_host(self._host())
 
     def set_reference(self, grid: tuple[int, int], frames: int | None = None) -> None:
         """A new reference grid (timm's set_input_size): the PEs adapt their tables through `set_host`."""

@@ -17,14 +17,13 @@ from ..fx import fx_unsupported, is_fx_tracing
 from ..layers.checks import check_tensor
 from ..layers.patch_resize import check_patch_size, resized_conv
 from ..layout import TokenLayout
-from ..pos.rope_scaling import SCALING_MODES, TIME_MODES
+from ..position_modes import EXTRAPOLATE, VIDEO_MODES
 from .construction import factory_kwargs
 from .native_batch import embed_tubelets
 from .token_encoder import TokenEncoder
 
 __all__ = ["TubeletEmbed", "TubeletEncoder", "VideoViT", "check_clip"]
 
-VIDEO_POSITION_MODES = ("extrapolate", *SCALING_MODES, *TIME_MODES)  # ntk / yarn / riflex: visionpe.pos.rope_nd
 VISUAL_FORMATS = ("NCTHW", "NCHW", "NLC")  # maps over (T, H, W), maps over (H, W) when T = 1, tokens
 
 
@@ -127,7 +126,7 @@ class TubeletEncoder(TokenEncoder):
 
 
 class VideoViT(TubeletEncoder):
-    position_modes = VIDEO_POSITION_MODES
+    position_modes = VIDEO_MODES  # ntk / yarn / riflex: visionpe.pos.rope_nd
 
     @factory_kwargs
     def __init__(
@@ -140,7 +139,7 @@ class VideoViT(TubeletEncoder):
         num_classes: int = 400,
         embed_dim: int = 768,
         pe: str = "rope3d",
-        position_mode: str = "extrapolate",
+        position_mode: str = EXTRAPOLATE,
         **kwargs,
     ):
         """pe: a PE preset (visionpe.pos.PE_PRESETS), e.g. 'ape_st', 'rope3d', 'vrope'; its options (e.g. V2PE's
@@ -149,9 +148,9 @@ class VideoViT(TubeletEncoder):
         time stream lower its intrinsic frequency, RIFLEx); other PEs read them as 'extrapolate'.
         Other kwargs (depth, num_heads, global_pool, pe_kwargs, ...): see TokenEncoder."""
         stem = (img_size, num_frames, patch_size, tubelet_size, in_chans, embed_dim)
-        super().__init__(*stem, num_classes=num_classes, pe=pe, default_scheme="rope3d", **kwargs)
+        trunk = dict(num_classes=num_classes, pe=pe, default_scheme="rope3d", position_mode=position_mode)
+        super().__init__(*stem, **trunk, **kwargs)
         self.num_frames = num_frames
-        self.position_mode = position_mode
         self._init_layers()
 
     def layout(self, grid: tuple[int, int, int], device=None) -> TokenLayout:

@@ -17,18 +17,16 @@ from ..fx import is_fx_tracing
 from ..layers.checks import check_images, patch_grid
 from ..layers.token_merger import AdaptiveTokenMerger
 from ..layout import TokenLayout, image_layout
-from ..pos.rope_scaling import SCALING_MODES
+from ..position_modes import EXTRAPOLATE, IMAGE_MODES, INTERPOLATE
 from .construction import factory_kwargs
 from .native_batch import embed_patches
 from .token_encoder import TokenEncoder
 
 __all__ = ["VisionTransformer"]
 
-POSITION_MODES = ("extrapolate", "interpolate", *SCALING_MODES)
-
 
 class VisionTransformer(TokenEncoder):
-    position_modes = POSITION_MODES
+    position_modes = IMAGE_MODES
 
     @factory_kwargs
     def __init__(
@@ -47,7 +45,7 @@ class VisionTransformer(TokenEncoder):
         no_embed_class: bool = False,
         pe: str = "ape",
         pe_kwargs: dict | None = None,
-        position_mode: str = "extrapolate",
+        position_mode: str = EXTRAPOLATE,
         token_merger: int = 0,
         merger_grid: int | tuple[int, int] | None = None,
         norm_layer: type[nn.Module] | None = None,
@@ -96,6 +94,7 @@ class VisionTransformer(TokenEncoder):
             embed_prefix=not no_embed_class,
             pe=pe,
             pe_kwargs=pe_kwargs,
+            position_mode=position_mode,
             norm_layer=norm_layer,
             act_layer=act_layer,
             **kwargs,
@@ -104,7 +103,6 @@ class VisionTransformer(TokenEncoder):
         self.token_merger = merger
         self.in_chans = in_chans
         self.no_embed_class = no_embed_class
-        self.position_mode = position_mode
         self.merge_factor, self.merger_grid = merge, merger_grid
         self.feature_info = self.block_features(self.patch_embed.patch_size[0] * merge)
         self._init_layers()
@@ -120,13 +118,10 @@ class VisionTransformer(TokenEncoder):
         """The layout of an H x W patch grid, with positions rescaled to the reference grid in 'interpolate' mode."""
         layout = image_layout(grid[0], grid[1], self.num_prefix_tokens, device)
         ref = self.pe_grid
-        if self.position_mode == "interpolate" and tuple(grid) != tuple(ref):
+        if self.position_mode == INTERPOLATE and tuple(grid) != tuple(ref):
             scale = torch.tensor([ref[1] / grid[1], ref[0] / grid[0]], device=layout.pos.device)
             layout = layout.with_pos(layout.pos * scale)
         return layout
-
-    def set_position_mode(self, mode: str) -> None:
-        self.position_mode = mode
 
     # ---------------------------------------------------------------------------------------------------- forward
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
+from ..attn_inputs import PosContext  # attention's input type, built by the PEs
 from ..layout import TokenLayout
 
 __all__ = [
@@ -94,22 +95,6 @@ class PEHost:
     @property
     def depth(self) -> int:
         return len(self.layers)
-
-
-@dataclass
-class PosContext:
-    """What one attention layer needs from its PEs for one forward.
-
-    rotate: (q, k) -> (q, k), q/k [B, H, N|M, d]                      site "qk"
-    bias: (q, k) -> additive logits bias, broadcastable to [B, H, N, M]  site "logits"
-    value: (v, out, probs) -> out, v [B, H, M, d], out [B, H, N, d]      site "values"
-    needs_probs: a value term needs the attention probabilities (math backend)
-    """
-
-    rotate: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
-    bias: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
-    value: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor] | None = None
-    needs_probs: bool = False
 
 
 def nonfinite_tensor(pe: nn.Module, buffers: bool = True) -> str | None:

@@ -34,12 +34,12 @@ import torch
 from timm.layers import resize_rel_pos_bias_table, trunc_normal_
 from torch import nn
 
+from ..attn_rows import RowBias, RowValue
 from ..fx import fx_unsupported, is_fx_tracing
 from ..layout import TokenLayout
 from .base import PEHost, PosContext, PosEncoding
 from .irpe_checkpoint import IRPE_KEYS, SWIN_TABLE, irpe_tables, swin_tables
 from .irpe_lookup import FullBuckets, GridBuckets
-from .rows import RowBias, RowValue
 
 __all__ = ["IRPE", "piecewise_index", "relative_bucket_ids", "MAPPINGS", "MODES", "TARGETS", "INDEXES"]
 

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 
 import torch
 
+from ..attn_rows import RowBias
 from ..fx import fx_unsupported, is_fx_tracing
 from ..layout import TokenLayout
 from .base import PosContext, PosEncoding
-from .rows import RowBias
 
 __all__ = ["OffsetBias", "OffsetBiasPE", "GridPlan", "grid_plan"]
 

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..position_modes import SCALING_MODES, TIME_MODES  # the modes this module serves (the one list)
+
 __all__ = [
     "RIFLEX_MARGIN",
     "SCALING_MODES",
@@ -50,8 +52,6 @@ __all__ = [
     "yarn_temperature",
 ]
 
-SCALING_MODES = ("ntk", "yarn")  # test-time modes of every rotary PE
-TIME_MODES = ("riflex",)  # test-time modes of the rotary PEs with a time axis (the video and multimodal RoPE-ND)
 RIFLEX_MARGIN = 0.9  # RIFLEx's official code: the test length stays within 90% of the lowered frequency's period
 YARN_RAMPS = ("reference", "paper")  # yarn's ramp: the reference code's (default) or the paper's wavelength form
 YARN_BETA_SLOW, YARN_BETA_FAST = 1.0, 32.0  # turns over the training extent: interpolated below, kept above

@@ -1,5 +1,6 @@
-"""Position terms a PE hands attention a block of query rows at a time (`visionpe.attention.attend_rows`): the
-attention never holds a whole [B, H, N, M] bias, and the bias-only case still runs on the fused backends."""
+"""Position terms attention takes a block of query rows at a time (`visionpe.attention.attend_rows`): the attention
+never holds a whole [B, H, N, M] bias, and the bias-only case still runs on the fused backends. Attention declares
+these types; a PE (e.g. iRPE's bucketed terms) implements them."""
 
 from __future__ import annotations
 
