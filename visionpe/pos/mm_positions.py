@@ -89,7 +89,7 @@ SCHEME_OPTIONS = {  # options each scheme takes (besides device)
     "videorope": ("temporal_stride",),
     "vrope": (),
     "v2pe": ("delta", "training", "deltas", "generator"),
-    "mrope_interleaved": (),
+    "mrope_interleaved": ("spatial_reset",),
     "hope": ("temporal_scale", "training", "scales", "generator"),
 }
 V2PE_DELTAS = tuple(1.0 / 2**i for i in range(9))  # {1, 1/2, ..., 1/256}: V2PE's training draws
@@ -286,18 +286,26 @@ def _hope(segments, scale: float, training: bool, scales: Sequence[float], gener
     return _walk(segments, 3, visual)
 
 
-def _interleaved_mrope(segments) -> torch.Tensor:
+def _interleaved_mrope(segments, spatial_reset: bool = False) -> torch.Tensor:
     """Qwen3-VL's ids: text t = h = w = running index; every frame of a visual block at t = s, (h, w) = s + (row,
-    col), then s advances by max(H, W)."""
+    col), then s advances by max(H, W). spatial_reset (MRoPE-I's paper setting): (h, w) = (row, col) from 0 in every
+    frame, only t carries s; s advances as without reset, so the next token's ids do not change."""
 
     def visual(size, nxt):
         T, H, W = size
         _, h, w = _grid(1, H, W)
         starts = [nxt + k * max(H, W) for k in range(T)]
-        frames = [torch.stack([torch.full_like(h, s), h + s, w + s], dim=1) for s in starts]
+        frames = [torch.stack([torch.full_like(h, s), h + (0 if spatial_reset else s), w + (0 if spatial_reset else s)],
+                              dim=1) for s in starts]  # fmt: skip
         return torch.cat(frames), nxt + T * max(H, W)
 
     return _walk(segments, 3, visual)
+
+
+def _check_reset(value) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"spatial_reset must be True or False, got {value!r}")
+    return value
 
 
 def _check_scale(scale: float) -> float:
@@ -382,7 +390,7 @@ def _compute(segments, scheme: str, options: dict) -> torch.Tensor:
     if scheme == "rope1d":
         pos = _rope1d(segments)
     elif scheme == "mrope_interleaved":
-        pos = _interleaved_mrope(segments)
+        pos = _interleaved_mrope(segments, _check_reset(options.get("spatial_reset", False)))
     elif scheme == "hope":
         scale, scales = _per_segment(options, "temporal_scale", HOPE_EVAL_SCALE, "scales", HOPE_SCALES, _check_scale)
         pos = _hope(segments, scale, bool(options.get("training", False)), scales, options.get("generator"))
