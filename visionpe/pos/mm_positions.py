@@ -33,9 +33,11 @@ on the mrope, mrope_time and mrope_interleaved schemes here.
 mrope_interleaved is Qwen3-VL's text M-RoPE: `get_rope_index` treats every video frame as its own visual block (the
 processor separates frames by timestamp text), so frame k starts where the previous one advanced the running index by
 max(H, W); pair c reads h when c % 3 == 1 and c < 3 h_sec, w when c % 3 == 2 and c < 3 w_sec, else t, with sections
-[24, 20, 20] of 64 pairs scaled to the head dim. hope (HoPE) keeps VideoRoPE's layout but gives the temporal pairs
-frequency 0 (cos 1, sin 0: no temporal rotation) and scales the temporal ids by gamma: drawn per visual segment from
-`scales` (0.5 .. 1.5) in training, the fixed `temporal_scale` (0.75, HoPE's evaluation value) otherwise.
+[24, 20, 20] of 64 pairs scaled to the head dim. Its `spatial_reset` option (MRoPE-I / MHRoPE's position design,
+Huang et al.) starts every frame's (h, w) at (0, 0); t and the running index are unchanged. hope (HoPE) keeps
+VideoRoPE's layout but gives the temporal pairs frequency 0 (cos 1, sin 0: no temporal rotation) and scales the
+temporal ids by gamma: drawn per visual segment from `scales` (0.5 .. 1.5) in training, the fixed `temporal_scale`
+(0.75, HoPE's evaluation value) otherwise.
 """
 
 from __future__ import annotations
@@ -448,7 +450,8 @@ def position_ids(segments, scheme: str, device=None, **options) -> torch.Tensor:
 
     Options: videorope `temporal_stride` (2); mrope_time `temporal_interval` (tokens_per_second x seconds per
     temporal token, 2; a float, or a tuple with one per visual segment); mrope / mrope_time `after_visual` ("max":
-    released Qwen code, "hw": transformers 5.x);
+    released Qwen code, "hw": transformers 5.x); mrope_interleaved `spatial_reset` (False; True: h / w from 0 in
+    every frame);
     v2pe `delta` (fixed, default 1/4), `training` (draw delta per visual segment from `deltas`, default
     {1, 1/2, ..., 1/256}), `generator` (for the draws); hope `temporal_scale` (fixed gamma, default 0.75),
     `training` (draw gamma per visual segment from `scales`, default 0.5 .. 1.5), `generator`.
