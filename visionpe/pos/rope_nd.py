@@ -78,7 +78,8 @@ class RoPEND(PosEncoding):
     the language-model default); delta: V2PE's visual step at inference (drawn per visual segment in training);
     temporal_scale: HoPE's temporal scale gamma at inference (drawn per visual segment in training);
     scheme_options: fixed position options of the scheme (mrope / mrope_time `after_visual`, mrope_time
-    `temporal_interval`, videorope `temporal_stride`; see visionpe.pos.mm_positions.position_ids); yarn_ramp: the
+    `temporal_interval`, videorope `temporal_stride`, mrope_interleaved `spatial_reset`; see
+    visionpe.pos.mm_positions.position_ids); yarn_ramp: the
     `yarn` mode's ramp, 'reference' (the reference code) or 'paper' (visionpe.pos.rope_scaling); p: p-RoPE's kept
     fraction of each stream's pairs (1: all); riflex_k / riflex_repeat: the `riflex` mode's intrinsic time frequency
     (its 1-based index among the time pairs, or the frame a repetition was first seen at; default: the fastest
