@@ -26,7 +26,8 @@ from visionpe.pos.rope_scaling import (
 from visionpe.pos.rotary import apply_rotary, rope_frequencies, scaled_cos_sin
 
 D, THETA = 24, 100.0
-VIDEO_SCHEMES = ["rope3d", "mrope", "mrope_interleaved", "videorope", "hope", "vrope", "v2pe"]  # vivit_n_* presets
+# the vivit_n_* / mm_n_* presets
+VIDEO_SCHEMES = ["rope3d", "mrope", "mrope_interleaved", "videorope", "hope", "vrope", "v2pe", "mrope_i", "mhrope"]
 
 
 def _pe(scheme, mode, frames=2, grid=(4, 4), reference=None, **options):
@@ -130,7 +131,7 @@ def test_video_models_equal_plain_rope_at_the_training_clip_and_change_beyond(sc
         model.position_mode = "interpolate"
 
 
-MM_SCHEMES = ["rope1d", "mrope", "mrope_interleaved", "videorope", "hope", "vrope", "v2pe"]  # the mm_n_* presets
+MM_SCHEMES = ["rope1d", "mrope", "mrope_interleaved", "videorope", "hope", "vrope", "v2pe", "mrope_i", "mhrope"]
 
 
 def _mm(scheme, **kwargs):
@@ -159,18 +160,18 @@ def test_mm_models_equal_plain_rope_at_the_training_sequence_and_change_beyond(s
         assert torch.equal(model(longer, more_text), plain[1])
 
 
-def _reference_positions(scheme, text_length, split, grid):
+def _reference_positions(scheme, text_length, split, grid, **options):
     """The training sequence's positions, from mm_positions' definitions (evaluation options are its defaults)."""
     k = min(split, text_length)
-    return position_ids([("text", k + 1), ("video", grid), ("text", text_length - k + 1)], scheme)
+    return position_ids([("text", k + 1), ("video", grid), ("text", text_length - k + 1)], scheme, **options)
 
 
 @pytest.mark.parametrize("scheme", MM_SCHEMES)
 @pytest.mark.parametrize("mode", ["ntk", "yarn"])
 def test_mm_scale_per_stream_is_the_spread_ratio_over_the_training_sequence(scheme, mode):
     model = _mm(scheme, text_length=4, text_split=2, position_mode=mode)
-    pe = model.pe.encodings["rope_nd"]
-    ref = _reference_positions(scheme, 4, 2, (2, 4, 4))
+    (pe,) = model.pe.encodings.values()  # RoPE-ND, or MHRoPE (a RoPE-ND with per-head frequencies)
+    ref = _reference_positions(pe.scheme, 4, 2, (2, 4, 4), **pe.scheme_options)
     ref_spread = tuple((ref.amax(0) - ref.amin(0) + 1).tolist())
     assert pe.reference_spread() == ref_spread
     for clip, length in [((1, 3, 20, 32, 32), 4), ((1, 3, 4, 32, 64), 12), ((1, 3, 2, 24, 24), 2)]:

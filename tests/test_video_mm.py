@@ -29,7 +29,7 @@ def _grads_ok(model) -> None:
 def test_every_registered_name_is_a_timm_model():
     names = visionpe.list_visionpe_models("vivit_*") + visionpe.list_visionpe_models("mm_*")
     expected = {f"vivit_{s}_{pe}" for s in "ntsb" for pe in VIDEO_PES}
-    mm = ("rope1d", "mrope", "videorope", "vrope", "v2pe", "mrope_interleaved", "hope", "rope1d_p")
+    mm = ("rope1d", "mrope", "videorope", "vrope", "v2pe", "mrope_interleaved", "hope", "rope1d_p", "mrope_i", "mhrope")
     expected |= {f"mm_{s}_{pe}" for s in "ntsb" for pe in mm}
     assert set(names) == expected
     assert set(timm.list_models("vivit_*")) >= {n for n in expected if n.startswith("vivit")}

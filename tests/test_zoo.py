@@ -26,6 +26,13 @@ def test_timm_lists_and_creates_our_models():
     assert m.embed_dim == 768 and len(m.blocks) == 12 and m.patch_embed.patch_size == (16, 16)
 
 
+def test_video_and_multimodal_families_list_the_2026_multimodal_ropes():
+    # MRoPE-I and MHRoPE (Huang et al.) on both families, 4 sizes each; the interleaved M-RoPE without reset stays
+    new = [n for n in timm.list_models("*_mrope_i") + timm.list_models("*_mhrope") if n in ALL_MODELS]
+    assert len(new) == 2 * 2 * 4 and {n.split("_")[0] for n in new} == {"vivit", "mm"}
+    assert "mm_b_mrope_interleaved" in ALL_MODELS and "vivit_n_mrope_interleaved" in ALL_MODELS
+
+
 @pytest.mark.parametrize("name", ALL_MODELS)
 def test_pretrained_cfg_lets_timm_data_helpers_work(name):
     cfg = timm.models.get_pretrained_cfg(name)

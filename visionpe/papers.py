@@ -228,6 +228,16 @@ _ROWS = (
           presets=("hope",),
           claims=(Claim("HoPE >= VideoRoPE, M-RoPE on longer videos than trained on",
                         (("hope", "videorope"), ("hope", "mrope")), "beyond", ("frames", "duration")),)),
+    Paper("2510.23095", "Revisiting Multimodal Positional Encoding in Vision-Language Models",
+          "https://github.com/JJJYmmm/Multimodal-RoPEs",
+          "Huang, Jie and Liu, Xuejing and Song, Sibo and Hou, Ruibing and Chang, Hong and Lin, Junyang and Bai, "
+          "Shuai", 2026, "ICLR", "huang2026revisiting", presets=("mrope_i", "mhrope"),
+          claims=(Claim("MRoPE-I and MHRoPE >= M-RoPE and 1D RoPE on image and video understanding",
+                        (("mrope_i", "mrope"), ("mhrope", "mrope"), ("mrope_i", "rope1d"), ("mhrope", "rope1d")),
+                        "base", detail="abstract; its tables not checked"),
+                  Claim("Spatial reset helps: MRoPE-I >= the same interleaved M-RoPE without it",
+                        (("mrope_i", "mrope_interleaved"),), "base",
+                        detail="the position design it proposes; its tables not checked"))),
 )  # fmt: skip
 
 PAPERS: dict[str, Paper] = {p.arxiv: p for p in _ROWS}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..pos.presets import PE_PRESETS
 from .family import TOKEN_FEATURES, Family
 from .multimodal import MultimodalEncoder
 
@@ -16,9 +17,10 @@ MM_SIZES = {  # DeiT widths; n(ano) for CPU experiments on small images
 
 # the language-model base theta = 10000 of the RoPE ladder (the video ViT keeps RoPE-ND's vision default, 100)
 MM_PES = {
-    scheme: dict(pe=scheme, pe_kwargs={"rope_nd": {"theta": 10000.0}})
-    for scheme in ("rope1d", "mrope", "videorope", "vrope", "v2pe", "mrope_interleaved", "hope", "rope1d_p")
-}
+    scheme: dict(pe=scheme, pe_kwargs={PE_PRESETS[scheme][0][0]: {"theta": 10000.0}})  # the preset's rotary PE kind
+    for scheme in ("rope1d", "mrope", "videorope", "vrope", "v2pe", "mrope_interleaved", "hope", "rope1d_p", "mrope_i",
+                   "mhrope")
+}  # fmt: skip
 
 MM = Family(  # RoFormer's paper (visionpe.papers): 1D RoPE over the text and the visual tokens
     name="mm",

@@ -16,7 +16,19 @@ VIDEO_SIZES = {  # DeiT widths; tubelets 2 x 16 x 16 over 16 frames (VideoMAE); 
 
 VIDEO_PES = {
     "ape": dict(pe="ape_st"),  # separable space + time, resampled
-    **same_name("rope3d", "mrope", "videorope", "vrope", "v2pe", "mrope_interleaved", "hope", "nope", "rope3d_p"),
+    **same_name(
+        "rope3d",
+        "mrope",
+        "videorope",
+        "vrope",
+        "v2pe",
+        "mrope_interleaved",
+        "hope",
+        "nope",
+        "rope3d_p",
+        "mrope_i",
+        "mhrope",
+    ),
     # learned rotations over (t, y, x)
     **{name: dict(pe=name, pe_kwargs={"lie_rope": {"num_axes": 3}}) for name in ("liere", "comrope_ap", "comrope_ld")},
 }

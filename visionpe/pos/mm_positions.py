@@ -33,9 +33,11 @@ on the mrope, mrope_time and mrope_interleaved schemes here.
 mrope_interleaved is Qwen3-VL's text M-RoPE: `get_rope_index` treats every video frame as its own visual block (the
 processor separates frames by timestamp text), so frame k starts where the previous one advanced the running index by
 max(H, W); pair c reads h when c % 3 == 1 and c < 3 h_sec, w when c % 3 == 2 and c < 3 w_sec, else t, with sections
-[24, 20, 20] of 64 pairs scaled to the head dim. hope (HoPE) keeps VideoRoPE's layout but gives the temporal pairs
-frequency 0 (cos 1, sin 0: no temporal rotation) and scales the temporal ids by gamma: drawn per visual segment from
-`scales` (0.5 .. 1.5) in training, the fixed `temporal_scale` (0.75, HoPE's evaluation value) otherwise.
+[24, 20, 20] of 64 pairs scaled to the head dim. Its `spatial_reset` option (MRoPE-I / MHRoPE's position design,
+Huang et al.) starts every frame's (h, w) at (0, 0); t and the running index are unchanged. hope (HoPE) keeps
+VideoRoPE's layout but gives the temporal pairs frequency 0 (cos 1, sin 0: no temporal rotation) and scales the
+temporal ids by gamma: drawn per visual segment from `scales` (0.5 .. 1.5) in training, the fixed `temporal_scale`
+(0.75, HoPE's evaluation value) otherwise.
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ SCHEME_OPTIONS = {  # options each scheme takes (besides device)
     "videorope": ("temporal_stride",),
     "vrope": (),
     "v2pe": ("delta", "training", "deltas", "generator"),
-    "mrope_interleaved": (),
+    "mrope_interleaved": ("spatial_reset",),
     "hope": ("temporal_scale", "training", "scales", "generator"),
 }
 V2PE_DELTAS = tuple(1.0 / 2**i for i in range(9))  # {1, 1/2, ..., 1/256}: V2PE's training draws
@@ -286,18 +288,26 @@ def _hope(segments, scale: float, training: bool, scales: Sequence[float], gener
     return _walk(segments, 3, visual)
 
 
-def _interleaved_mrope(segments) -> torch.Tensor:
+def _interleaved_mrope(segments, spatial_reset: bool = False) -> torch.Tensor:
     """Qwen3-VL's ids: text t = h = w = running index; every frame of a visual block at t = s, (h, w) = s + (row,
-    col), then s advances by max(H, W)."""
+    col), then s advances by max(H, W). spatial_reset (MRoPE-I's paper setting): (h, w) = (row, col) from 0 in every
+    frame, only t carries s; s advances as without reset, so the next token's ids do not change."""
 
     def visual(size, nxt):
         T, H, W = size
         _, h, w = _grid(1, H, W)
         starts = [nxt + k * max(H, W) for k in range(T)]
-        frames = [torch.stack([torch.full_like(h, s), h + s, w + s], dim=1) for s in starts]
+        frames = [torch.stack([torch.full_like(h, s), h + (0 if spatial_reset else s), w + (0 if spatial_reset else s)],
+                              dim=1) for s in starts]  # fmt: skip
         return torch.cat(frames), nxt + T * max(H, W)
 
     return _walk(segments, 3, visual)
+
+
+def _check_reset(value) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"spatial_reset must be True or False, got {value!r}")
+    return value
 
 
 def _check_scale(scale: float) -> float:
@@ -382,7 +392,7 @@ def _compute(segments, scheme: str, options: dict) -> torch.Tensor:
     if scheme == "rope1d":
         pos = _rope1d(segments)
     elif scheme == "mrope_interleaved":
-        pos = _interleaved_mrope(segments)
+        pos = _interleaved_mrope(segments, _check_reset(options.get("spatial_reset", False)))
     elif scheme == "hope":
         scale, scales = _per_segment(options, "temporal_scale", HOPE_EVAL_SCALE, "scales", HOPE_SCALES, _check_scale)
         pos = _hope(segments, scale, bool(options.get("training", False)), scales, options.get("generator"))
@@ -440,7 +450,8 @@ def position_ids(segments, scheme: str, device=None, **options) -> torch.Tensor:
 
     Options: videorope `temporal_stride` (2); mrope_time `temporal_interval` (tokens_per_second x seconds per
     temporal token, 2; a float, or a tuple with one per visual segment); mrope / mrope_time `after_visual` ("max":
-    released Qwen code, "hw": transformers 5.x);
+    released Qwen code, "hw": transformers 5.x); mrope_interleaved `spatial_reset` (False; True: h / w from 0 in
+    every frame);
     v2pe `delta` (fixed, default 1/4), `training` (draw delta per visual segment from `deltas`, default
     {1, 1/2, ..., 1/256}), `generator` (for the draws); hope `temporal_scale` (fixed gamma, default 0.75),
     `training` (draw gamma per visual segment from `scales`, default 0.5 .. 1.5), `generator`.

@@ -33,6 +33,7 @@ from .irpe import IRPE
 from .lepe import LePE
 from .lie_rope import LieRoPE
 from .lookhere import LookHere
+from .mhrope import MHRoPE
 from .probe import probe_pe
 from .rope2d import RoPE2D
 from .rope2d_dinov3 import RoPE2DDinoV3
@@ -72,6 +73,7 @@ PE_KINDS: dict[str, type[PosEncoding]] = {
     "rope2d_spiral": RoPE2DSpiral,
     "lff": LearnableFourier,
     "ape_radio": CroppedAPE,
+    "mhrope": MHRoPE,
 }
 
 
@@ -129,6 +131,10 @@ PE_PRESETS: dict[str, list[tuple[str, dict]]] = {
     "v2pe": [("rope_nd", {"scheme": "v2pe"})],
     "mrope_interleaved": [("rope_nd", {"scheme": "mrope_interleaved"})],
     "hope": [("rope_nd", {"scheme": "hope"})],
+    # Huang et al. (arXiv 2510.23095): the interleaved layout with spatial reset (h, w from 0 in every image /
+    # frame), pairs interleaved (MRoPE-I) or one stream per head (MHRoPE, visionpe.pos.mhrope)
+    "mrope_i": [("rope_nd", {"scheme": "mrope_interleaved", "scheme_options": {"spatial_reset": True}})],
+    "mhrope": [("mhrope", {"scheme_options": {"spatial_reset": True}})],
     # Swin's relative position bias: iRPE bias, product mapping, identity index, B = window - 1, a table per head,
     # drawn from a truncated normal (std 0.02) as in Swin
     "rpb": [

@@ -78,7 +78,8 @@ class RoPEND(PosEncoding):
     the language-model default); delta: V2PE's visual step at inference (drawn per visual segment in training);
     temporal_scale: HoPE's temporal scale gamma at inference (drawn per visual segment in training);
     scheme_options: fixed position options of the scheme (mrope / mrope_time `after_visual`, mrope_time
-    `temporal_interval`, videorope `temporal_stride`; see visionpe.pos.mm_positions.position_ids); yarn_ramp: the
+    `temporal_interval`, videorope `temporal_stride`, mrope_interleaved `spatial_reset`; see
+    visionpe.pos.mm_positions.position_ids); yarn_ramp: the
     `yarn` mode's ramp, 'reference' (the reference code) or 'paper' (visionpe.pos.rope_scaling); p: p-RoPE's kept
     fraction of each stream's pairs (1: all); riflex_k / riflex_repeat: the `riflex` mode's intrinsic time frequency
     (its 1-based index among the time pairs, or the frame a repetition was first seen at; default: the fastest
@@ -144,15 +145,20 @@ class RoPEND(PosEncoding):
             old = getattr(self, f"freqs_{d}", None)
             freqs = self._frequencies(d)
             if self.scheme in TIME_SCHEMES:  # python numbers: no device sync at call time
-                with torch.device("cpu"):
-                    time = self._frequencies(d)[0].tolist()
-                    reads = stream_of_pairs(self.scheme, d // 2, self.mrope_section).tolist()
-                cols = [c for c, s in enumerate(reads) if s == 0]
-                self._time_periods[d] = (cols, [rope_period(time[c]) for c in cols])
+                cols, time = self._time_frequencies(d)
+                self._time_periods[d] = (cols, [rope_period(f) for f in time])
             if old is not None:
                 freqs = freqs.to(old.device, old.dtype)  # where and how the model keeps it
             self.register_buffer(f"freqs_{d}", freqs, persistent=False)  # [S, d/2]
         self._cos_sin_cache.clear()
+
+    def _time_frequencies(self, d: int) -> tuple[list[int], list[float]]:
+        """(the columns of F whose pairs read the time stream, their frequencies), fastest first."""
+        with torch.device("cpu"):
+            time = self._frequencies(d)[0].tolist()
+            reads = stream_of_pairs(self.scheme, d // 2, self.mrope_section).tolist()
+        cols = [c for c, s in enumerate(reads) if s == 0]
+        return cols, [time[c] for c in cols]
 
     def _check_riflex_k(self) -> None:
         if self.riflex_k is None and self.riflex_repeat is None:
@@ -206,7 +212,7 @@ class RoPEND(PosEncoding):
             return self._cos_sin_cache(layout, freqs)
         col, freq = change
         freqs = freqs.clone()
-        freqs[0, col] = freq
+        freqs[0, ..., col] = freqs[0, ..., col].ne(0) * freq  # where the time stream is read (per head: its heads)
         return self._cos_sin_cache(layout, freqs, tag=("riflex", col, freq))
 
     def _layout_spread(self, layout: TokenLayout) -> tuple[float, ...]:
