@@ -11,6 +11,7 @@ their place.
   model built from a seed draws exactly what it drew before this existed.
 - `init_linears`: the ViT-style init of a module's linear layers (truncated normal, std 0.02; zero biases), in the
   order `modules()` visits them, the draws every backbone's `_init_layers` makes.
+- `place_layer_pos`: each attention layer's positional state (`pe.layer(i)`) placed in its block (`attn.pos`).
 - `place_like`: a rebuilt module (a new classifier) on the model's device and dtype, in its train / eval mode.
 - `UnsupportedPool`: the error for a pool a model refuses; it is a ValueError and, for timm's checks, an
   AssertionError (what timm's own models raise there).
@@ -32,6 +33,8 @@ __all__ = [
     "factory_kwargs",
     "init_linears",
     "not_scriptable",
+    "layer_pos_no_weight_decay",
+    "place_layer_pos",
     "place_like",
     "reset_to_defaults",
 ]
@@ -76,6 +79,24 @@ def init_linears(module: nn.Module) -> None:
             trunc_normal_(m.weight, std=0.02)
             if m.bias is not None:
                 nn.init.zeros_(m.bias)
+
+
+def place_layer_pos(pe: nn.Module, blocks) -> None:
+    """blocks[i].attn.pos = pe.layer(i): layer i's positional state lives in its block (`blocks.{i}.attn.pos.*`)."""
+    for i, block in enumerate(blocks):
+        block.attn.pos = pe.layer(i)
+
+
+def layer_pos_no_weight_decay(model: nn.Module) -> set[str]:
+    """Names of every per-layer PE parameter its PE excludes from weight decay (`no_weight_decay` of the layer's
+    module, where it has one), under the model's names."""
+    out = set()
+    for name, module in model.named_modules():
+        if name.endswith("attn.pos"):
+            for kind, own in module.items():
+                skip = getattr(own, "no_weight_decay", None)
+                out |= {f"{name}.{kind}.{n}" for n in (skip() if callable(skip) else ())}
+    return out
 
 
 def _place(model: nn.Module) -> dict:

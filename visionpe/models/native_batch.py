@@ -21,10 +21,11 @@ from ..attention import RowValue, resolve_backend
 from ..attn_mask import AttnMask
 from ..layers.attention import attention_core
 from ..native import BatchLayout, ImageGroup, check_native, native_layout, regrid_layout
-from ..pos.base import PosContext, PosEncoding, PosStack
+from ..pos.base import LayerPos, PosContext, PosEncoding, Positions, PosStack
 
 __all__ = [
     "NativeContext",
+    "NativePositions",
     "NativeSites",
     "embed_patches",
     "pool_images",
@@ -184,14 +185,21 @@ class NativeSites:
     def tokens(self, x: torch.Tensor, layout: BatchLayout) -> torch.Tensor:
         return layout.map_images(x, self.pe.tokens) if _acts(self.pe, "tokens") else x
 
-    def block(self, i: int, x: torch.Tensor, layout: BatchLayout) -> torch.Tensor:
+
+
+class NativePositions(Positions):
+    """The Positions of a native batch (`layout` a BatchLayout): each layer's context and site 'block' per image
+    group, with the signatures of Positions'."""
+
+    def context(self, own: LayerPos) -> NativeContext:
+        layout, i = self.layout, own.index
+        seg = _Segmented(layout, [self.pe.context(i, group.layout, None, own) for group in layout.groups])
+        return NativeContext(images=seg.images, mask=layout.mask)
+
+    def block(self, own: LayerPos, x: torch.Tensor, layout=None) -> torch.Tensor:
         if not _acts(self.pe, "block"):
             return x
-        return layout.map_images(x, lambda xg, lg: self.pe.block(i, xg, lg))
-
-    def context(self, i: int, layout: BatchLayout) -> NativeContext:
-        seg = _Segmented(layout, [self.pe.context(i, group.layout) for group in layout.groups])
-        return NativeContext(images=seg.images, mask=layout.mask)
+        return self.layout.map_images(x, lambda xg, lg: self.pe.block(own.index, xg, lg, own))
 
 
 # --------------------------------------------------------------------------------------------------------- stem
