@@ -26,6 +26,8 @@ import torch
 from timm.layers import trunc_normal_
 from torch import nn
 
+from ..pos.table_cache import invalidate_tables
+
 __all__ = [
     "TIMM_SIZE_FLAGS",
     "ContractModel",
@@ -137,6 +139,18 @@ class ContractModel(nn.Module):
     def init_non_persistent_buffers(self) -> None:
         """The PEs' index / frequency buffers and caches rebuilt (timm's reinit_non_persistent_buffers)."""
         self.pe.init_non_persistent_buffers()
+        invalidate_tables(self)
+
+    def train(self, mode: bool = True):
+        """A switch of mode that changes it forgets the PEs' cached tables (visionpe.pos.table_cache); eval -> eval
+        keeps them."""
+        if mode != self.training:
+            invalidate_tables(self)
+        return super().train(mode)
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        invalidate_tables(self)  # loaded values: no cached table of the old ones is reused
+        return super()._load_from_state_dict(*args, **kwargs)
 
     def intermediate_format(self, output_fmt: str | None) -> str:
         """forward_intermediates' `output_fmt` checked against the model's `intermediate_formats` (None: the first)."""

@@ -90,16 +90,6 @@ class FIRE2D(OffsetBiasPE):
         for stage in self.stages:
             stage.reset()
 
-    def keep_layers(self, depth: int) -> None:
-        """Pruned to `depth` layers: the stages with no layer left go with them."""
-        super().keep_layers(depth)
-        self.stages = nn.ModuleList(list(self.stages)[: self._layer_stage[depth - 1] + 1] if depth else [])
-        self._layer_stage = self._layer_stage[:depth]
-
-    def layer_of(self, name):
-        """A stage's parameters serve all of its layers: layer decay puts them with the stage's first block."""
-        return self.host.stage_starts[int(name.split(".")[1])]
-
     def stage_of(self, i: int) -> int:
         return self._layer_stage[i]
 
