@@ -8,6 +8,8 @@ from collections.abc import Callable
 
 import torch
 
+from ..pos.checkpoint import place_flat_entries
+
 from ..pos.base import CheckpointMismatch
 from .family import FAMILIES
 
@@ -172,6 +174,7 @@ def checked_filter(filter_fn: Callable | None) -> Callable:
 
     def checked(state_dict: dict, model: torch.nn.Module) -> dict:
         out = filter_fn(state_dict, model) if filter_fn is not None else state_dict
+        out = place_flat_entries(model, out)  # visionpe's layout before each layer owned its PE state
         _check_loadable(out, model)
         return out
 
