@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 from tiny_runs import group_of_one, tiny_run
 from torch import nn
 from torch.distributed.checkpoint import filesystem
+from visionpe.layers.layer_group import LayerGroup, run_layer
 
 from visionpe.attention import attn_backend
 from visionpe.engine import CheckpointError, ConfigError, evaluate_checkpoint, load_config, train
@@ -30,7 +31,6 @@ from visionpe.engine.distributed import DistContext
 from visionpe.engine.export import export_main
 from visionpe.engine.fsdp import build_sharded_model, check_strategy, full_state_dict, sharding_units
 from visionpe.engine.trainer import CorruptCheckpointWarning, Trainer
-from visionpe.layers.layer_group import LayerGroup, run_layer
 from visionpe.native import pack_images
 
 REPO = Path(__file__).resolve().parents[1]

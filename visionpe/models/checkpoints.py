@@ -8,9 +8,8 @@ from collections.abc import Callable
 
 import torch
 
-from ..pos.checkpoint import place_flat_entries
-
 from ..pos.base import CheckpointMismatch
+from ..pos.checkpoint import place_flat_entries
 from .family import FAMILIES
 
 __all__ = [

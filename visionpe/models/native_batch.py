@@ -186,7 +186,6 @@ class NativeSites:
         return layout.map_images(x, self.pe.tokens) if _acts(self.pe, "tokens") else x
 
 
-
 class NativePositions(Positions):
     """The Positions of a native batch (`layout` a BatchLayout): each layer's context and site 'block' per image
     group, with the signatures of Positions'."""

@@ -8,8 +8,8 @@ from .base import (
     LayerPos,
     PEHost,
     PosContext,
-    Positions,
     PosEncoding,
+    Positions,
     PosStack,
     merge_contexts,
 )

@@ -55,6 +55,7 @@ __all__ = [
     "nonfinite_tensor",
 ]
 
+
 class CheckpointMismatch(ValueError):
     """The checkpoint does not fit the model it is loaded into (architecture, size or options differ)."""
 
@@ -264,7 +265,7 @@ class PosEncoding(nn.Module):
 
     def layer_entries(self, flat: dict[str, torch.Tensor]) -> tuple[dict, dict[int, dict]]:
         """Flat names -> ({name in this module: tensor}, {layer i: {name in layer i's module: tensor}}), through
-        `layer_names` (a regex's other groups fill its template, e.g. `tables\\.(?P<t>[kqv])\\.(?P<i>\\d+)` -> `{t}`)."""
+        `layer_names` (a regex's other groups fill its template: `tables\\.(?P<t>[kqv])\\.(?P<i>\\d+)` -> `{t}`)."""
         own, layers = {}, {}
         for name, value in flat.items():
             for pattern, template in self.layer_names.items():
@@ -317,7 +318,9 @@ class PosStack(PosEncoding):
         return x
 
     def context(self, i, layout, kv_layout=None, own=None):
-        return merge_contexts([pe.context(i, layout, kv_layout, _part(own, kind)) for kind, pe in self.encodings.items()])
+        return merge_contexts(
+            [pe.context(i, layout, kv_layout, _part(own, kind)) for kind, pe in self.encodings.items()]
+        )
 
     def set_grid(self, grid):
         for pe in self.encodings.values():
@@ -361,6 +364,16 @@ def _part(own: nn.Module | None, kind: str) -> nn.Module | None:
     return own[kind] if own is not None and kind in own else None
 
 
+def assign(param: torch.Tensor, value: torch.Tensor) -> None:
+    """param.copy_(value) for a plain or a sharded (FSDP2 DTensor) parameter; value: the whole tensor."""
+    mesh = getattr(param, "device_mesh", None)
+    if mesh is not None:
+        from torch.distributed.tensor import distribute_tensor
+
+        value = distribute_tensor(value.to(param.device, param.dtype), mesh, param.placements)
+    param.copy_(value)
+
+
 class LayerParams(nn.Module):
     """A layer's own learned tensors, drawn by `initial()` ({name: value}) at construction and by
     `reset_parameters`; excluded from weight decay unless `decay`."""
@@ -374,7 +387,7 @@ class LayerParams(nn.Module):
     def reset_parameters(self) -> None:
         with torch.no_grad():
             for name, value in self._initial().items():
-                getattr(self, name).copy_(value)
+                assign(getattr(self, name), value)
 
     def no_weight_decay(self) -> set[str]:
         return set() if self._decay else {name for name, _ in self.named_parameters()}

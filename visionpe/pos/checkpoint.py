@@ -2,8 +2,8 @@
 
 A backbone's checkpoint filter calls `split_pe_entries` with the checkpoint in its source layout: every key a PE
 kind declares (`checkpoint_keys[layout]`) goes to the model's PE of that kind, which converts it to its own names
-(`convert_checkpoint`, flat names); keys of PE buffers (`checkpoint_buffers[layout]`) are dropped; a key of a kind the model's
-PE lacks is a CheckpointMismatch with that kind's message (the preset to use). The backbone maps the rest.
+(`convert_checkpoint`, flat names); keys of PE buffers (`checkpoint_buffers[layout]`) are dropped; a key of a kind
+the model's PE lacks is a CheckpointMismatch with that kind's message (the preset to use). The backbone maps the rest.
 
 `place_flat_entries` puts flat names (`pe.encodings.<kind>.tables.k.3`: what `convert_checkpoint` returns, and every
 visionpe checkpoint written before each layer owned its state) where the model keeps them now: a per-layer tensor
@@ -16,7 +16,6 @@ from __future__ import annotations
 import re
 
 import torch
-
 from torch import nn
 
 from .base import CheckpointMismatch, CheckpointSource, LayerPos, PosStack

@@ -20,9 +20,10 @@ Swin's relative position bias = mode "bias", mapping "product", index "identity"
 Each layer holds its tables (`blocks.{i}.attn.pos.irpe.<name>` in a ViT; zero unless init_std > 0); flat names, as
 checkpoints before each layer owned its state and `convert_checkpoint` give them, in parentheses:
 - mode "bias": `bias_k` (`bias_tables.{i}`, target k) and `bias_q` (`q_bias_tables.{i}`, target q, read at the
-  mirrored bucket b(j, i)), each of shape [buckets, heads] (shared_heads=False; Swin's relative_position_bias_table layout) or [buckets, 1]
-  (shared_heads=True), for layer i. The official code keeps the two tables apart too (`rpe_k`, `rpe_q`).
-- mode "contextual": `q`, `k`, `v` (`tables.{q|k|v}.{i}`) of shape [buckets, d] (shared_heads=True) or [heads, buckets, d].
+  mirrored bucket b(j, i)), each of shape [buckets, heads] (shared_heads=False; Swin's relative_position_bias_table
+  layout) or [buckets, 1] (shared_heads=True). The official code keeps the two tables apart too (`rpe_k`, `rpe_q`).
+- mode "contextual": `q`, `k`, `v` (`tables.{q|k|v}.{i}`) of shape [buckets, d] (shared_heads=True) or
+  [heads, buckets, d].
 For the cross mapping a table holds the row table then the column table: buckets = 2 * (2B + 1 [+ 1]).
 """
 

@@ -36,7 +36,6 @@ import math
 from functools import partial
 
 import torch
-from torch import nn
 
 from ..fx import fx_unsupported, is_fx_tracing
 from ..layout import TokenLayout

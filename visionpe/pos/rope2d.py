@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ..layout import TokenLayout
-from .base import AttnSpec, CheckpointMismatch, PEHost, PosContext, PosEncoding
+from .base import AttnSpec, CheckpointMismatch, PEHost, PosContext, PosEncoding, assign
 from .coord_aug import CoordAugment
 from .rope_scaling import base_ladder, check_yarn_ramp, rope_scaling, scale_frequencies, yarn_temperature
 from .rotary import FixedCosSinCache, apply_rotary, axial_frequencies, check_p_rope, p_rope_keep, scaled_cos_sin
@@ -55,7 +55,7 @@ class MixedFrequencies(nn.Module):
 
     def reset_parameters(self) -> None:
         with torch.no_grad():
-            self.freqs.copy_(self._draw())
+            assign(self.freqs, self._draw())
 
     def no_weight_decay(self) -> set[str]:
         return {"freqs"}
