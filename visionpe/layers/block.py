@@ -45,8 +45,11 @@ class PreNormBlock(nn.Module):
         return positions.context(self.attn.pos) if isinstance(positions, Positions) else positions
 
     def block_site(self, positions: Positions | PosContext | None, x: torch.Tensor, layout=None) -> torch.Tensor:
-        """The PE's site 'block' after this block (x [B, P + N, C]; layout: the tokens', default the attention's)."""
-        return positions.block(self.attn.pos, x, layout) if isinstance(positions, Positions) else x
+        """The PE's site 'block' after this block (x [B, P + N, C]; layout: the tokens', default the attention's).
+        A view it returns comes back as a copy: FSDP hooks the block's output, and an in-place op on a view would
+        lose the hook."""
+        y = positions.block(self.attn.pos, x, layout) if isinstance(positions, Positions) else x
+        return y.clone() if y is not x and y._base is not None else y
 
     def add_attn(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """x plus the attention branch's output (computed from norm1(x))."""

@@ -82,7 +82,7 @@ class SwinBlock(PreNormBlock):
         B, H, W, C = x.shape
         flat = x.reshape(B, H * W, C)
         y = self.block_site(positions, flat, image_layout(H, W, 0, x.device))
-        return x if y is flat else y.reshape(B, H, W, C)  # x itself when no PE acts here (not a view of it)
+        return x if y is flat else y.reshape(B, H, W, C).clone()  # x itself when no PE acts here; else no view
 
 
 class EvenPatchMerging(PatchMerging):
