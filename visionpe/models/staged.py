@@ -53,6 +53,8 @@ class StagedModel(ContractModel):
         take_indices, max_index = feature_take_indices(len(stages), indices)
         prune_end = max_index < len(stages) - 1
         setattr(self, self.stage_attr, stages[: max_index + 1])
+        self.stage_starts = self.stage_starts[: max_index + 1]
+        self.pe.set_host(self._host(), tuple(b.attn.pos for b in self._blocks()))  # stage-shared PE state goes too
         if prune_norm or prune_end:
             self.norm = nn.Identity()
         if prune_end:

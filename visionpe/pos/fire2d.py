@@ -90,6 +90,12 @@ class FIRE2D(OffsetBiasPE):
         for stage in self.stages:
             stage.reset()
 
+    def set_host(self, host, layers=()):
+        """A pruned staged backbone (fewer stages): the MLPs of the stages that went go with them."""
+        super().set_host(host, layers)
+        if len(host.stage_starts) < len(self.stages):
+            self.stages = self.stages[: len(host.stage_starts)]
+
     def stage_of(self, i: int) -> int:
         return self._layer_stage[i]
 

@@ -215,7 +215,8 @@ class IRPE(PosEncoding):
         (bias tables bicubically, as timm does for Swin checkpoints); contextual tables cannot follow one."""
         offsets = [self._layer_offsets(spec.grid) for spec in host.layers]
         old, self.host = self.offsets, host
-        if offsets == old:
+        if offsets == old[: len(offsets)]:  # the same windows (a pruned backbone: fewer layers)
+            self.offsets, self.rows = offsets, self.rows[: len(offsets)]
             return
         if self.mode != "bias" or self.extra_bucket:
             raise ValueError(
