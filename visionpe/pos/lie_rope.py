@@ -138,6 +138,14 @@ class LieRoPE(PosEncoding):
             out["multipliers"] = torch.empty(self.num_axes, nb).normal_(0.0, 1.0)
         return out
 
+    def layer_entries(self, flat):
+        """With layer0_generators the old layout held every layer's generators (`generators.{i}`) and read layer 0's:
+        `generators.0` is the model-level `shared.generators`, the others (never read) are dropped."""
+        if not self.layer0_generators:
+            return super().layer_entries(flat)
+        own = {"shared.generators" if k == "generators.0" else k: v for k, v in flat.items()}
+        return super().layer_entries({k: v for k, v in own.items() if not k.startswith("generators.")})
+
     def layer(self, i):
         """Layer i's generators (and LD multipliers), excluded from weight decay; none with layer0_generators."""
         return None if self.layer0_generators else LayerParams(partial(self._initial, self.host.layers[i]), False)
