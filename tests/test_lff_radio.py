@@ -86,7 +86,7 @@ def test_lff_learns_its_frequencies_without_weight_decay():
     assert pe.w_r.weight.shape == (4, 2) and 0.0 < float(pe.w_r.weight.std()) < 1.0  # std 1 / gamma
     pe.tokens(torch.zeros(1, 17, 8), image_layout(4, 4, num_prefix=1)).sum().backward()
     assert pe.w_r.weight.grad is not None and pe.w_r.weight.grad.abs().sum() > 0
-    assert pe.no_weight_decay() == {"w_r.weight"} and pe.layer_of("mlp.0.weight") is None
+    assert pe.no_weight_decay() == {"w_r.weight"} and pe.layer(0) is None  # model-level: no per-layer state
     with pytest.raises(ValueError, match="even"):
         LearnableFourier(_host(), feature_dim=5)
 

@@ -1,6 +1,6 @@
-"""Fine-tuning parameter groups through timm's optimizer factory: with layer decay every per-layer PE parameter gets
-the lr scale of its block, shared PE parameters (APE, class token) the stem's, RoPE-Mixed's all-layer tensor the top
-scale (as timm's eva); no_weight_decay lists exact parameter names (no wildcards)."""
+"""Fine-tuning parameter groups through timm's optimizer factory: with layer decay every per-layer PE parameter (it
+lives in its block, `<block>.attn.pos.<kind>.*`) gets the lr scale of its block, the model-level PE (`pe.*`: APE,
+FIRE's stage MLPs) and the class token the stem's; no_weight_decay lists exact parameter names (no wildcards)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import torch
 from timm.optim import create_optimizer_v2
 
 import visionpe  # noqa: F401  (registers the models)
-from visionpe.pos import EVERY_LAYER
 
 DECAY = 0.5  # each group's lr scale is DECAY x the next one's: blocks, stem and head all differ
 
@@ -22,14 +21,6 @@ def _groups(model: torch.nn.Module) -> dict[str, tuple[float, float]]:
     opt = create_optimizer_v2(model, "adamw", lr=1.0, weight_decay=0.05, layer_decay=DECAY)
     by_id = {id(p): (g["lr_scale"], g["weight_decay"]) for g in opt.param_groups for p in g["params"]}
     return {n: by_id[id(p)] for n, p in model.named_parameters()}
-
-
-def _block_prefix(model: torch.nn.Module, i: int) -> str:
-    """Name prefix of global block i's own parameters."""
-    if hasattr(model, "blocks"):
-        return f"blocks.{i}."
-    s = max(j for j, start in enumerate(model.stage_starts) if start <= i)
-    return f"{'layers' if hasattr(model, 'layers') else 'stages'}.{s}.blocks.{i - model.stage_starts[s]}."
 
 
 def _stem_param(model: torch.nn.Module) -> str:
@@ -45,7 +36,7 @@ CASES = [
     ("swin_n_rope2d_mixed", set()),
     ("cvt_n_irpe", set()),
     ("cvt_n_cpe", set()),
-    ("swin_n_fire2d", set()),  # one MLP per stage: the group of the stage's first block
+    ("swin_n_fire2d", {"pe.encodings.fire2d.stages.0.c"}),  # one MLP per stage, model-level: the stem
     ("cvt_n_comrope_ld", set()),
 ]
 
@@ -56,25 +47,21 @@ def test_per_layer_pe_parameters_get_their_blocks_lr_scale(name, shared):
     groups = _groups(model)
     scale = {n: g[0] for n, g in groups.items()}
     stem = scale[_stem_param(model)]
-    layer = {n: model.pe.layer_of(n[len("pe.") :]) for n in scale if n.startswith("pe.")}
-    per_layer = {n: i for n, i in layer.items() if i is not None and i != EVERY_LAYER}
-    if name != "vit_n_rope2d_mixed":  # the one model here whose PE keeps all layers in a single tensor
+    per_layer = {n: n.split(".attn.pos.")[0] + "." for n in scale if ".attn.pos." in n}  # name -> its block
+    if name != "swin_n_fire2d":  # FIRE's parameters serve a whole stage
         assert per_layer, f"{name}: no per-layer PE parameters found"
-    block_scales = []
-    for n, i in per_layer.items():
-        own = {scale[b] for b in scale if b.startswith(_block_prefix(model, i))}
-        assert len(own) == 1, f"{name}: block {i} spans several groups {own}"
-        assert scale[n] == own.pop(), f"{name}: {n} has lr scale {scale[n]}, its block {i} another"
-        block_scales.append(scale[n])
+    block_scales = {}
+    for n, block in per_layer.items():
+        own = {scale[b] for b in scale if b.startswith(block) and ".attn.pos." not in b}
+        assert len(own) == 1, f"{name}: block {block} spans several groups {own}"
+        assert scale[n] == own.pop(), f"{name}: {n} has lr scale {scale[n]}, its block {block} another"
+        block_scales[block] = scale[n]
     if per_layer:  # the blocks' scales really differ from the stem and from each other
-        assert stem < min(block_scales) and len(set(block_scales)) == len(set(per_layer.values()))
+        assert stem < min(block_scales.values()) and len(set(block_scales.values())) == len(block_scales)
     for n in shared:
         assert scale[n] == stem, f"{name}: shared {n} should be in the stem group"
-    for n in (n for n in scale if n.startswith("pe.") and n not in per_layer):
-        if layer[n] == EVERY_LAYER:  # RoPE-Mixed, all layers in one tensor: top group, as timm's eva
-            assert scale[n] == 1.0 and scale[n] > max(scale[b] for b in scale if b.startswith("blocks."))
-        else:
-            assert scale[n] == stem, f"{name}: {n} is neither per-layer nor in the stem"
+    for n in (n for n in scale if n.startswith("pe.")):
+        assert scale[n] == stem, f"{name}: model-level {n} is not in the stem"
 
 
 @pytest.mark.parametrize("name", ["vit_n_irpe", "swin_n_rpb", "cvt_n_irpe", "vit_n_rope2d_mixed_ape"])
@@ -83,7 +70,7 @@ def test_no_weight_decay_is_exact_and_applied(name):
     nwd = model.no_weight_decay()
     params = dict(model.named_parameters())
     assert not [n for n in nwd if any(c in n for c in "*?[")], "wildcards need timm >= 1.0.21"
-    pe_tables = [n for n in params if re.search(r"tables\.|pos_embed|rope2d\.freqs", n)]
+    pe_tables = [n for n in params if re.search(r"irpe\.|pos_embed|rope2d\.freqs", n)]
     assert pe_tables and set(pe_tables) <= nwd
     groups = _groups(model)
     for n in pe_tables:
@@ -91,9 +78,9 @@ def test_no_weight_decay_is_exact_and_applied(name):
     assert groups[_stem_param(model)][1] == 0.05  # a matrix that is not listed keeps its decay
 
 
-def test_a_stage_shared_pe_goes_with_its_stages_first_block():
+def test_a_stage_shared_pe_stays_model_level_in_the_stem_group():
     model = timm.create_model("swin_n_fire2d")  # FIRE: one MLP per stage, for every block of the stage
     scale = {n: g[0] for n, g in _groups(model).items()}
-    for s, start in enumerate(model.stage_starts):
-        assert model.pe.layer_of(f"encodings.fire2d.stages.{s}.c") == start
-        assert scale[f"pe.encodings.fire2d.stages.{s}.c"] == scale[f"layers.{s}.blocks.0.norm1.weight"]
+    for s in range(len(model.stage_starts)):
+        assert scale[f"pe.encodings.fire2d.stages.{s}.c"] == scale[_stem_param(model)]
+        assert scale[f"pe.encodings.fire2d.stages.{s}.c"] < scale[f"layers.{s}.blocks.0.norm1.weight"]

@@ -12,7 +12,7 @@ import torch
 
 from .attn_mask import AttnMask
 
-__all__ = ["AttnRoute", "PosContext"]
+__all__ = ["AttnRoute", "LayerPositions", "PosContext"]
 
 
 @dataclass
@@ -41,3 +41,17 @@ class AttnRoute(ABC):
     @abstractmethod
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> torch.Tensor:
         """q [B, H, N, d], k/v [B, H, M, d] -> [B, H, N, d]."""
+
+
+class LayerPositions(ABC):
+    """What every layer of one forward shares, as a block reads it: the block hands over its own positional state
+    (`attn.pos`) and gets its layer's context, and runs the PEs' site 'block' after itself (visionpe.pos.base's
+    Positions; a native batch's per image group)."""
+
+    @abstractmethod
+    def context(self, own) -> PosContext | AttnRoute | None:
+        """The context of the layer whose state is `own` (called inside its block's forward)."""
+
+    @abstractmethod
+    def block(self, own, x: torch.Tensor, layout=None) -> torch.Tensor:
+        """Site 'block' after the layer whose state is `own`; x [B, P + N, C]."""

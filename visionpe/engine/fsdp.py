@@ -3,23 +3,22 @@ optimizer state instead of a full replica.
 
     model = build_sharded_model(cfg, num_classes, in_chans, ctx, amp)  # built on meta, sharded, then initialised
 
-Sharding units: every block of every `blocks` list (the ViT trunk's blocks, each Swin / CvT stage's blocks), each in
-one group with its PE's parameters of that layer (`PosEncoding.layer_parameters`: iRPE / RPB tables, LieRE /
-ComRoPE generators, per-layer RoPE-Mixed frequencies, LePE's and CPE's convs), which the backbone reads inside that
-block's step (`visionpe.layers.layer_group`); then the root, which keeps everything else (stem, head, norms,
-downsampling, and model-level PE parameters such as ViT's RoPE-Mixed [2, depth, H, d/2] frequencies or APE). A
-unit's parameters are gathered before its forward and freed after it (`train.fsdp.reshard_after_forward`, default
-true; false keeps them gathered until the backward: faster, more memory). With `train.amp`, the gathered parameters
-are cast to its dtype and gradients are reduced in fp32. The model is built on the meta device, sharded,
-materialised on this rank's device and only then initialised (or loaded), so no rank ever holds the full model
-(see `construct_on_meta`).
+Sharding units: every block of every `blocks` list (the ViT trunk's blocks, each Swin / CvT stage's blocks), with
+its layer's PE state inside it (`attn.pos`: iRPE / RPB tables, LieRE / ComRoPE generators, RoPE-Mixed frequencies,
+LePE's and CPE's convs), which the block reads only in its own forward; then the root, which keeps everything else
+(stem, head, norms, downsampling, the model-level PE such as APE). A unit's parameters are gathered before its
+forward and freed after it (`train.fsdp.reshard_after_forward`, default true; false keeps them gathered until the
+backward: faster, more memory). With `train.amp`, the gathered parameters are cast to its dtype and gradients are
+reduced in fp32. As torchtitan does, the model is built on the meta device, sharded per block, materialised on this
+rank's device (`to_empty`) and only then initialised (`init_weights`, each rank drawing its own shards) or loaded, so
+no rank ever holds the full model. A sharded run therefore draws other random numbers than a plain one from the
+same seed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import weakref
 
 import torch
 import torch.distributed as dist
@@ -27,7 +26,6 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from ..layers.layer_group import LayerGroup
 from .config import Config, ConfigError
 from .distributed import DistContext
 from .setup import build_model
@@ -39,7 +37,6 @@ __all__ = [
     "check_strategy",
     "sharding_units",
     "shard_blocks",
-    "construct_on_meta",
     "build_sharded_model",
     "load_full_state",
     "gathered",
@@ -86,121 +83,19 @@ def sharding_units(model: nn.Module) -> list[nn.Module]:
     return units
 
 
-def _owners(module: nn.Module, params: list[nn.Parameter]) -> list[nn.Module]:
-    """The submodules that own `params` (each once, in module order)."""
-    ids = {id(p) for p in params}
-    return [m for m in module.modules() if any(id(p) in ids for p in m._parameters.values() if p is not None)]
-
-
-def shard_blocks(model: nn.Module, shard) -> set[nn.Parameter]:
-    """`shard(modules, ignored_params)` (fully_shard with the run's options) once per block, in forward order; ->
-    the PE parameters now sharded with a block, for the root to leave alone. When the blocks are the PE's attention
-    layers one to one (block i of the forward order is layer i), block i's group also holds the PE's parameters of
-    layer i (`PosEncoding.layer_parameters`), through a LayerGroup that owns their modules and runs layer i's whole
-    step (`run_layer`: context, block, site 'block'); the other layers' parameters of a shared owner (a
-    ParameterList of every layer's tables) are ignored by this group. Read each time: sharding replaces them."""
-    units, pe = sharding_units(model), getattr(model, "pe", None)
-    if not hasattr(pe, "layer_parameters") or pe.host.depth != len(units):
-        for block in units:
-            shard(block, None)
-        return set()
-    groups = []
-    for i, block in enumerate(units):
-        own = set(pe.layer_parameters(i))
-        group = LayerGroup(_owners(pe, list(own)))
-        shard([group, block], {p for p in group.parameters() if p not in own})
-        groups.append(group)
-    model.layer_groups = groups  # read by run_layer
-    return {p for i in range(len(units)) for p in pe.layer_parameters(i)}
-
-
-# ---------------------------------------------------------------------------------------------- construction
-
-
-def _local_rows(t: torch.Tensor, rank: int, world: int) -> torch.Tensor:
-    """This rank's part of a tensor as FSDP2 shards it (dim 0 in chunks of ceil(rows / world))."""
-    if t.ndim == 0:
-        return t.clone()
-    c = -(-t.shape[0] // world)
-    return t[rank * c : (rank + 1) * c].clone()
-
-
-@contextlib.contextmanager
-def _parameters_on_meta(rank: int, world: int):
-    """While a model is built, each module's parameters go to the meta device as soon as the module is attached to
-    its parent (its constructor is done: layer defaults and values drawn there are final), keeping only this rank's
-    rows of each value (as `_visionpe_rows`); buffers and all other tensors stay real. `finish(root)` moves the
-    root's own. Tied parameters stay tied."""
-    set_attr, add_module, moved = nn.Module.__setattr__, nn.Module.add_module, {}
-
-    def to_meta(module: nn.Module) -> None:
-        for m in module.modules():
-            for name, p in list(m._parameters.items()):
-                if p is None or p.device.type == "meta":
-                    continue
-                ref, q = moved.get(id(p), (None, None))
-                if ref is None or ref() is not p:  # a weak reference: the real value is freed once replaced
-                    q = nn.Parameter(p.detach().to("meta"), requires_grad=p.requires_grad)
-                    q._visionpe_rows = _local_rows(p.detach(), rank, world)
-                    moved[id(p)] = (weakref.ref(p), q)
-                m._parameters[name] = q
-
-    def patched_setattr(self, name, value):
-        if isinstance(value, nn.Module):
-            to_meta(value)
-        set_attr(self, name, value)
-
-    def patched_add_module(self, name, module):
-        if module is not None:
-            to_meta(module)
-        add_module(self, name, module)
-
-    nn.Module.__setattr__, nn.Module.add_module = patched_setattr, patched_add_module
-    try:
-        yield to_meta
-    finally:
-        nn.Module.__setattr__, nn.Module.add_module = set_attr, add_module
-        moved.clear()
-
-
-def construct_on_meta(build, rank: int = 0, world: int = 1) -> tuple[nn.Module, dict, dict]:
-    """(model with meta parameters, {name: this rank's rows of its constructed value}, {buffer name: value}).
-
-    The model is built with its parameters sent to meta one by one as they are registered, keeping this rank's
-    shard of each constructed value (layer defaults, values drawn in the constructor such as RoPE-Mixed's
-    frequencies) and its (small) buffers; no rank holds more than its shard plus the largest single parameter, and
-    the sharded model starts from exactly the values a normal build draws. (Building under `torch.device("meta")`
-    and then `init_weights()` would draw full-size values into sharded parameters, which DTensor refuses for a
-    PE's own `copy_`.)"""
-    with _parameters_on_meta(rank, world) as finish:
-        model = build()
-        finish(model)
-    rows = {}
-    for name, p in model.named_parameters():
-        rows[name] = p.__dict__.pop("_visionpe_rows")
-    return model, rows, {name: b.clone() for name, b in model.named_buffers()}
+def shard_blocks(model: nn.Module, shard) -> None:
+    """`shard(block)` (fully_shard with the run's options) once per block, in forward order: each block holds its
+    layer's PE state, so nothing else joins it."""
+    for block in sharding_units(model):
+        shard(block)
 
 
 @torch.no_grad()
-def _initialise(model: nn.Module, rows: dict, buffers: dict, seed: int, rank: int) -> None:
-    """Parameters as a fresh model draws them: this rank's rows of their values as each was registered (the layer
-    defaults), then the constructor's own init (`_init_layers`, visionpe's models; `init_weights` elsewhere), each
-    rank drawing its own shards (DTensor draws a CPU mesh's shards from the local generator); buffers copied back,
-    then `init_non_persistent_buffers()` where a module has it."""
+def _initialise(model: nn.Module, seed: int, rank: int) -> None:
+    """Every parameter and buffer of a materialised (`to_empty`) model drawn or computed afresh: the model's
+    `init_weights`, each rank drawing its own shards (DTensor draws a CPU mesh's shards from the local generator)."""
     torch.manual_seed(seed + rank)
-    for name, p in model.named_parameters():
-        local = _local(p)
-        if local.shape != rows[name].shape:
-            raise RuntimeError(f"{name}: shard {tuple(local.shape)} vs kept rows {tuple(rows[name].shape)}")
-        local.copy_(rows[name])
-    init = getattr(model, "_init_layers", None) or getattr(model, "init_weights", None)
-    if init is not None:
-        init()
-    for name, value in buffers.items():
-        model.get_buffer(name).copy_(value)
-    for module in model.modules():
-        if hasattr(module, "init_non_persistent_buffers"):
-            module.init_non_persistent_buffers()
+    model.init_weights()
 
 
 def _pretrained_file(cfg: Config) -> tuple[Config, str | None]:
@@ -227,19 +122,20 @@ def build_sharded_model(
     cfg, file = _pretrained_file(cfg)
     mesh = _mesh(ctx)
     build = lambda: build_model(cfg, num_classes, in_chans)  # noqa: E731
-    model, rows, buffers = construct_on_meta(build, dist.get_rank(), dist.get_world_size())
+    with torch.device("meta"):
+        model = build()
     if cfg.train.activation_checkpointing:
         model.set_grad_checkpointing(True)
     reshard = fsdp_options(cfg)["reshard_after_forward"]
     policy = MixedPrecisionPolicy(param_dtype=amp, reduce_dtype=torch.float32) if amp else MixedPrecisionPolicy()
     options = dict(mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
-    held = shard_blocks(model, lambda modules, ignored: fully_shard(modules, ignored_params=ignored, **options))
-    fully_shard(model, ignored_params=held, **options)
+    shard_blocks(model, lambda block: fully_shard(block, **options))
+    fully_shard(model, **options)
     if hasattr(model, "forward_intermediates"):  # timm's feature API, called instead of forward: gathers the root too
         register_fsdp_forward_method(model, "forward_intermediates")
     model.fsdp_reshard_after_forward = reshard  # read by `gathered`
     model.to_empty(device=ctx.device)
-    _initialise(model, rows, buffers, cfg.train.seed, ctx.rank)
+    _initialise(model, cfg.train.seed, ctx.rank)
     if file is not None:
         from .checkpoint import load_into_model, load_weights
 

@@ -1,5 +1,6 @@
 """Pre-norm transformer blocks: `PreNormBlock` owns the residual pair every backbone here shares (timm names norm1,
-attn, ls1, norm2, mlp, ls2); `Block` is the DeiT / timm block over tokens with a PE context."""
+attn, ls1, norm2, mlp, ls2) and turns the forward's `Positions` into its layer's context with its own positional
+state (`attn.pos`, placed by the backbone); `Block` is the DeiT / timm block over tokens."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import torch
 from timm.layers import DropPath, LayerScale, Mlp
 from torch import nn
 
-from ..attn_inputs import AttnRoute, PosContext
+from ..attn_inputs import AttnRoute, LayerPositions, PosContext
 from .attention import Attention
 
 __all__ = ["Block", "PreNormBlock"]
@@ -39,6 +40,17 @@ class PreNormBlock(nn.Module):
         self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
+    def context(self, positions: LayerPositions | PosContext | None) -> PosContext | AttnRoute | None:
+        """This layer's context: from the forward's Positions and this layer's state, or a PosContext as given."""
+        return positions.context(self.attn.pos) if isinstance(positions, LayerPositions) else positions
+
+    def block_site(self, positions: LayerPositions | PosContext | None, x: torch.Tensor, layout=None) -> torch.Tensor:
+        """The PE's site 'block' after this block (x [B, P + N, C]; layout: the tokens', default the attention's).
+        A view it returns comes back as a copy: FSDP hooks the block's output, and an in-place op on a view would
+        lose the hook."""
+        y = positions.block(self.attn.pos, x, layout) if isinstance(positions, LayerPositions) else x
+        return y.clone() if y is not x and y._base is not None else y
+
     def add_attn(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """x plus the attention branch's output (computed from norm1(x))."""
         return x + self.drop_path1(self.ls1(out))
@@ -64,5 +76,6 @@ class Block(PreNormBlock):
         attn = Attention(dim, num_heads, qkv_bias, qk_norm, proj_drop=proj_drop, norm_layer=norm_layer)
         super().__init__(dim, attn, mlp_ratio, proj_drop, drop_path, act_layer, norm_layer, init_values)
 
-    def forward(self, x: torch.Tensor, ctx: PosContext | AttnRoute | None = None) -> torch.Tensor:
-        return self.add_mlp(self.add_attn(x, self.attn(self.norm1(x), ctx)))
+    def forward(self, x: torch.Tensor, positions: LayerPositions | PosContext | None = None) -> torch.Tensor:
+        x = self.add_mlp(self.add_attn(x, self.attn(self.norm1(x), self.context(positions))))
+        return self.block_site(positions, x)

@@ -9,6 +9,7 @@ from collections.abc import Callable
 import torch
 
 from ..pos.base import CheckpointMismatch
+from ..pos.checkpoint import place_flat_entries
 from .family import FAMILIES
 
 __all__ = [
@@ -172,6 +173,7 @@ def checked_filter(filter_fn: Callable | None) -> Callable:
 
     def checked(state_dict: dict, model: torch.nn.Module) -> dict:
         out = filter_fn(state_dict, model) if filter_fn is not None else state_dict
+        out = place_flat_entries(model, out)  # visionpe's layout before each layer owned its PE state
         _check_loadable(out, model)
         return out
 

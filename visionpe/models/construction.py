@@ -11,6 +11,7 @@ their place.
   model built from a seed draws exactly what it drew before this existed.
 - `init_linears`: the ViT-style init of a module's linear layers (truncated normal, std 0.02; zero biases), in the
   order `modules()` visits them, the draws every backbone's `_init_layers` makes.
+- `place_layer_pos`: each attention layer's positional state (`pe.layer(i)`) placed in its block (`attn.pos`).
 - `place_like`: a rebuilt module (a new classifier) on the model's device and dtype, in its train / eval mode.
 - `UnsupportedPool`: the error for a pool a model refuses; it is a ValueError and, for timm's checks, an
   AssertionError (what timm's own models raise there).
@@ -25,6 +26,8 @@ import torch
 from timm.layers import trunc_normal_
 from torch import nn
 
+from ..pos.table_cache import invalidate_tables
+
 __all__ = [
     "TIMM_SIZE_FLAGS",
     "ContractModel",
@@ -32,6 +35,8 @@ __all__ = [
     "factory_kwargs",
     "init_linears",
     "not_scriptable",
+    "layer_pos_no_weight_decay",
+    "place_layer_pos",
     "place_like",
     "reset_to_defaults",
 ]
@@ -78,6 +83,24 @@ def init_linears(module: nn.Module) -> None:
                 nn.init.zeros_(m.bias)
 
 
+def place_layer_pos(pe: nn.Module, blocks) -> None:
+    """blocks[i].attn.pos = pe.layer(i): layer i's positional state lives in its block (`blocks.{i}.attn.pos.*`)."""
+    for i, block in enumerate(blocks):
+        block.attn.pos = pe.layer(i)
+
+
+def layer_pos_no_weight_decay(model: nn.Module) -> set[str]:
+    """Names of every per-layer PE parameter its PE excludes from weight decay (`no_weight_decay` of the layer's
+    module, where it has one), under the model's names."""
+    out = set()
+    for name, module in model.named_modules():
+        if name.endswith("attn.pos"):
+            for kind, own in module.items():
+                skip = getattr(own, "no_weight_decay", None)
+                out |= {f"{name}.{kind}.{n}" for n in (skip() if callable(skip) else ())}
+    return out
+
+
 def _place(model: nn.Module) -> dict:
     ref = next(model.parameters(), None)
     return {} if ref is None else dict(device=ref.device, dtype=ref.dtype)
@@ -116,6 +139,18 @@ class ContractModel(nn.Module):
     def init_non_persistent_buffers(self) -> None:
         """The PEs' index / frequency buffers and caches rebuilt (timm's reinit_non_persistent_buffers)."""
         self.pe.init_non_persistent_buffers()
+        invalidate_tables(self)
+
+    def train(self, mode: bool = True):
+        """A switch of mode that changes it forgets the PEs' cached tables (visionpe.pos.table_cache); eval -> eval
+        keeps them."""
+        if mode != self.training:
+            invalidate_tables(self)
+        return super().train(mode)
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        invalidate_tables(self)  # loaded values: no cached table of the old ones is reused
+        return super()._load_from_state_dict(*args, **kwargs)
 
     def intermediate_format(self, output_fmt: str | None) -> str:
         """forward_intermediates' `output_fmt` checked against the model's `intermediate_formats` (None: the first)."""

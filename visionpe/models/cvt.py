@@ -29,14 +29,20 @@ from torch.utils.checkpoint import checkpoint
 
 from ..fx import fx_unsupported, is_fx_tracing
 from ..layers.checks import check_images
-from ..layers.layer_group import run_layer
 from ..layers.patch_resize import check_patch_size
 from ..layout import TokenLayout, cell_centre_layout, image_layout
-from ..pos.base import AttnSpec, PEHost
+from ..pos.base import AttnSpec, PEHost, Positions
 from ..pos.presets import build_pos_encoding
-from .construction import UnsupportedPool, factory_kwargs, init_linears, place_like
+from .construction import (
+    UnsupportedPool,
+    factory_kwargs,
+    init_linears,
+    layer_pos_no_weight_decay,
+    place_layer_pos,
+    place_like,
+)
 from .cvt_layers import CvtBlock, CvtStage
-from .param_groups import exact_no_weight_decay, pe_layer_rules, pe_stem, stage_block
+from .param_groups import exact_no_weight_decay
 from .staged import StagedModel
 
 __all__ = ["ConvolutionalVisionTransformer"]
@@ -152,6 +158,7 @@ class ConvolutionalVisionTransformer(StagedModel):
 
         self.num_heads = tuple(num_heads)
         self.pe = build_pos_encoding(pe, self._host(), pe_kwargs)
+        place_layer_pos(self.pe, self._blocks())
         self.pe_name = pe
 
         self.norm = norm_layer(embed_dims[-1])
@@ -182,6 +189,9 @@ class ConvolutionalVisionTransformer(StagedModel):
         self.pe.init_weights()
 
     # ------------------------------------------------------------------------------------------------ positions
+
+    def _blocks(self) -> list:
+        return [block for stage in self.stages for block in stage.blocks]
 
     def _host(self) -> PEHost:
         """What the PEs see: one AttnSpec per block on its stage's query grid at the reference size."""
@@ -241,16 +251,11 @@ class ConvolutionalVisionTransformer(StagedModel):
 
     # ---------------------------------------------------------------------------------------------------- forward
 
-    def _run_block(self, i: int, block: CvtBlock, x, hw, num_prefix, layouts):
-        return run_layer(self, i, x, lambda x: self._block_step(i, block, x, hw, num_prefix, layouts))
-
-    def _block_step(self, i: int, block: CvtBlock, x, hw, num_prefix, layouts):
-        ctx = self.pe.context(i, *layouts)
+    def _run_block(self, block: CvtBlock, x, hw, num_prefix, positions: Positions):
+        """A block with its PE context and site 'block' (computed inside the block, from its own state)."""
         if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
-            x = checkpoint(block, x, hw, num_prefix, ctx, use_reentrant=False)
-        else:
-            x = block(x, hw, num_prefix, ctx)
-        return self.pe.block(i, x, layouts[0])
+            return checkpoint(block, x, hw, num_prefix, positions, use_reentrant=False)
+        return block(x, hw, num_prefix, positions)
 
     def forward_stage(self, s: int, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """Stage s: [B, C_in, H, W] (images or the previous stage's map) -> tokens [B, P + h*w, C] and (h, w)."""
@@ -263,8 +268,9 @@ class ConvolutionalVisionTransformer(StagedModel):
         layouts = self.layouts(s, (h, w), x.device)
         if s == 0:
             x = self.pe.tokens(x, layouts[0])
-        for j, block in enumerate(stage.blocks):
-            x = self._run_block(self.stage_starts[s] + j, block, x, (h, w), stage.num_prefix, layouts)
+        positions = Positions(self.pe, *layouts)
+        for block in stage.blocks:
+            x = self._run_block(block, x, (h, w), stage.num_prefix, positions)
         return x, (h, w)
 
     @staticmethod
@@ -319,19 +325,19 @@ class ConvolutionalVisionTransformer(StagedModel):
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
         names = {f"stages.{s}.cls_token" for s, st in enumerate(self.stages) if st.cls_token is not None}
-        return exact_no_weight_decay(self, names | {f"pe.{n}" for n in self.pe.no_weight_decay()})
+        names |= {f"pe.{n}" for n in self.pe.no_weight_decay()} | layer_pos_no_weight_decay(self)
+        return exact_no_weight_decay(self, names)
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict:
         return dict(
-            stem=pe_stem(self.pe, r"^stages\.0\.patch_embed"),  # per-layer PE parameters go with their block
+            stem=r"^stages\.0\.patch_embed|^pe\.",  # model-level PE parameters; per-layer ones live in their block
             blocks=r"^stages\.(\d+)"
             if coarse
             else [
                 (r"^stages\.(\d+)\.patch_embed", (0,)),
                 (r"^stages\.(\d+)\.cls_token", (0,)),
                 (r"^stages\.(\d+)\.blocks\.(\d+)", None),
-                *pe_layer_rules(self.pe, stage_block(self.stage_starts)),
                 (r"^norm", (99999,)),
             ],
         )
@@ -358,7 +364,7 @@ class ConvolutionalVisionTransformer(StagedModel):
         if patch_size is not None:
             self.stages[0].patch_embed.set_stride(check_patch_size(patch_size))
             self.feature_info = self._feature_info()
-        self.pe.set_host(self._host())
+        self.pe.set_host(self._host(), tuple(b.attn.pos for b in self._blocks()))
         if hasattr(self, "pretrained_cfg"):
             self.pretrained_cfg = {**self.pretrained_cfg, "input_size": (self.in_chans, *self.img_size)}
 

@@ -133,8 +133,10 @@ class CvtBlock(PreNormBlock):
         attn = ConvAttention(dim, num_heads, proj_drop=proj_drop, **(attn_kwargs or {}))
         super().__init__(dim, attn, proj_drop=proj_drop, **branch)
 
-    def forward(self, x: torch.Tensor, hw: tuple[int, int], num_prefix: int, ctx: PosContext | None = None):
-        return self.add_mlp(self.add_attn(x, self.attn(self.norm1(x), hw, num_prefix, ctx)))
+    def forward(self, x: torch.Tensor, hw: tuple[int, int], num_prefix: int, positions=None):
+        """positions: the forward's Positions (or a PosContext as given)."""
+        x = self.add_mlp(self.add_attn(x, self.attn(self.norm1(x), hw, num_prefix, self.context(positions))))
+        return self.block_site(positions, x)
 
 
 class CvtStage(nn.Module):

@@ -22,9 +22,10 @@ from ..attn_rows import RowValue
 from ..layers.attention import attention_core
 from ..layers.patch_resize import resize_kernel
 from ..native import BatchLayout, ImageGroup, check_native, native_layout, regrid_layout
-from ..pos.base import PosEncoding, PosStack
+from ..pos.base import LayerPos, PosEncoding, Positions, PosStack
 
 __all__ = [
+    "NativePositions",
     "NativeSites",
     "embed_patches",
     "pool_images",
@@ -177,13 +178,19 @@ class NativeSites:
     def tokens(self, x: torch.Tensor, layout: BatchLayout) -> torch.Tensor:
         return layout.map_images(x, self.pe.tokens) if _acts(self.pe, "tokens") else x
 
-    def block(self, i: int, x: torch.Tensor, layout: BatchLayout) -> torch.Tensor:
+
+class NativePositions(Positions):
+    """The Positions of a native batch (`layout` a BatchLayout): each layer's context and site 'block' per image
+    group, with the signatures of Positions'."""
+
+    def context(self, own: LayerPos) -> AttnRoute:
+        layout, i = self.layout, own.index
+        return _Segmented(layout, [self.pe.context(i, group.layout, None, own) for group in layout.groups])
+
+    def block(self, own: LayerPos, x: torch.Tensor, layout=None) -> torch.Tensor:
         if not _acts(self.pe, "block"):
             return x
-        return layout.map_images(x, lambda xg, lg: self.pe.block(i, xg, lg))
-
-    def context(self, i: int, layout: BatchLayout) -> AttnRoute:
-        return _Segmented(layout, [self.pe.context(i, group.layout) for group in layout.groups])
+        return self.layout.map_images(x, lambda xg, lg: self.pe.block(own.index, xg, lg, own))
 
 
 # --------------------------------------------------------------------------------------------------------- stem

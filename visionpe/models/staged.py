@@ -48,12 +48,13 @@ class StagedModel(ContractModel):
         return (self.norm(y) if last == n - 1 else y), intermediates
 
     def prune_intermediate_layers(self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head=True):
-        """Keep the stages up to the last of `indices` (timm's API); the PEs drop the layers that go."""
+        """Keep the stages up to the last of `indices` (timm's API); each block's PE state goes with it."""
         stages = getattr(self, self.stage_attr)
         take_indices, max_index = feature_take_indices(len(stages), indices)
         prune_end = max_index < len(stages) - 1
         setattr(self, self.stage_attr, stages[: max_index + 1])
-        self.pe.keep_layers(self.stage_starts[max_index] + len(stages[max_index].blocks))
+        self.stage_starts = self.stage_starts[: max_index + 1]
+        self.pe.set_host(self._host(), tuple(b.attn.pos for b in self._blocks()))  # stage-shared PE state goes too
         if prune_norm or prune_end:
             self.norm = nn.Identity()
         if prune_end:

@@ -18,7 +18,6 @@ every map to whole windows (padding never attended); a map no larger than the wi
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -31,12 +30,11 @@ from torch.utils.checkpoint import checkpoint
 from ..fx import fx_unsupported, is_fx_tracing
 from ..layers import Attention, PreNormBlock
 from ..layers.checks import check_images
-from ..layers.layer_group import run_layer
 from ..layout import TokenLayout, image_layout, is_symbolic, window_layout
-from ..pos.base import AttnSpec, PEHost, PosContext, merge_contexts
+from ..pos.base import AttnSpec, PEHost, PosContext, Positions
 from ..pos.presets import build_pos_encoding
-from .construction import UnsupportedPool, factory_kwargs, init_linears
-from .param_groups import exact_no_weight_decay, pe_layer_rules, pe_stem, stage_block
+from .construction import UnsupportedPool, factory_kwargs, init_linears, layer_pos_no_weight_decay, place_layer_pos
+from .param_groups import exact_no_weight_decay
 from .staged import StagedModel
 from .swin_windows import WindowPlan, plan_windows, window_mask
 
@@ -76,10 +74,15 @@ class SwinBlock(PreNormBlock):
         super().__init__(dim, Attention(dim, num_heads, qkv_bias, proj_drop=proj_drop), proj_drop=proj_drop, **branch)
         self.shifted = shifted
 
-    def forward(self, x: torch.Tensor, plan: WindowPlan, ctx: PosContext | None = None) -> torch.Tensor:
-        """x [B, H, W, C]; attention runs on the windows of `plan` with the (PE + mask) context."""
-        windows = self.attn(plan.partition(self.norm1(x)), ctx)  # (B * nW, wh * ww, C)
-        return self.add_mlp(self.add_attn(x, plan.reverse(windows, x.shape[0])))
+    def forward(self, x: torch.Tensor, plan: WindowPlan, positions=None) -> torch.Tensor:
+        """x [B, H, W, C]; attention runs on the windows of `plan` with the (PE + mask) context of `positions`
+        (the forward's Positions over the window layout, or a PosContext as given); the PE's site 'block' after."""
+        windows = self.attn(plan.partition(self.norm1(x)), self.context(positions))  # (B * nW, wh * ww, C)
+        x = self.add_mlp(self.add_attn(x, plan.reverse(windows, x.shape[0])))
+        B, H, W, C = x.shape
+        flat = x.reshape(B, H * W, C)
+        y = self.block_site(positions, flat, image_layout(H, W, 0, x.device))
+        return x if y is flat else y.reshape(B, H, W, C).clone()  # x itself when no PE acts here; else no view
 
 
 class EvenPatchMerging(PatchMerging):
@@ -198,12 +201,16 @@ class SwinTransformer(StagedModel):
         self.layers = _build_stages(dims, depths, num_heads, drop_path_rate, norm_layer, blocks)
         self.pe_name = pe
         self.pe = build_pos_encoding(pe, self._host(), pe_kwargs)
+        place_layer_pos(self.pe, self._blocks())
 
         self.norm = norm_layer(self.num_features)
         self.head = ClassifierHead(self.num_features, num_classes, global_pool, drop_rate, input_fmt="NHWC")
         r = self.patch_embed.patch_size[0]
         self.feature_info = [dict(module=f"layers.{s}", num_chs=dims[s], reduction=r * 2**s) for s in range(n)]
         self._init_layers()
+
+    def _blocks(self) -> list:
+        return [block for stage in self.layers for block in stage.blocks]
 
     def _host(self) -> PEHost:
         """What the PEs see: one AttnSpec per block, its grid the stage's window."""
@@ -262,12 +269,6 @@ class SwinTransformer(StagedModel):
         B, H, W, C = x.shape
         return self.pe.tokens(x.reshape(B, H * W, C), image_layout(H, W, 0, x.device)).reshape(B, H, W, C)
 
-    def _block_site(self, i: int, x: torch.Tensor) -> torch.Tensor:
-        B, H, W, C = x.shape
-        flat = x.reshape(B, H * W, C)
-        y = self.pe.block(i, flat, image_layout(H, W, 0, x.device))
-        return x if y is flat else y.reshape(B, H, W, C)  # x itself when no PE acts here (not a view of it)
-
     def forward_stage(self, s: int, x: torch.Tensor) -> torch.Tensor:
         """Stage s on [B, H, W, C] (patch merging first): windows, layouts and masks are built once per stage."""
         stage = self.layers[s]
@@ -276,21 +277,14 @@ class SwinTransformer(StagedModel):
         plans = [plan_windows((H, W), self.window_sizes[s], shifted) for shifted in (False, True)]
         layout: TokenLayout = window_layout(*plans[0].window, device=x.device)  # both plans share the window
         masks = [window_mask(p, x.device) for p in plans]
-        mask_ctx = [None if m is None else _shift_bias(m, B) for m in masks]
-        for j, block in enumerate(stage.blocks):
-            i = self.stage_starts[s] + j
-            step = partial(self._block_step, i, block, plans[block.shifted], layout, mask_ctx[block.shifted])
-            x = run_layer(self, i, x, step)
+        positions = [Positions(self.pe, layout, extra=None if m is None else _shift_bias(m, B)) for m in masks]
+        for block in stage.blocks:
+            plan, pos = plans[block.shifted], positions[block.shifted]
+            if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
+                x = checkpoint(block, x, plan, pos, use_reentrant=False)
+            else:
+                x = block(x, plan, pos)
         return x
-
-    def _block_step(self, i: int, block, plan: WindowPlan, layout: TokenLayout, mask_ctx, x: torch.Tensor):
-        """Layer i (one step: see `run_layer`): the PE's context with the shift mask, block i, the PE's 'block' site."""
-        ctx = merge_contexts([self.pe.context(i, layout), mask_ctx])
-        if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
-            x = checkpoint(block, x, plan, ctx, use_reentrant=False)
-        else:
-            x = block(x, plan, ctx)
-        return self._block_site(i, x)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Images -> the last stage's normalised map [B, H, W, C]."""
@@ -319,18 +313,18 @@ class SwinTransformer(StagedModel):
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
-        return exact_no_weight_decay(self, {f"pe.{n}" for n in self.pe.no_weight_decay()})
+        own = {f"pe.{n}" for n in self.pe.no_weight_decay()} | layer_pos_no_weight_decay(self)
+        return exact_no_weight_decay(self, own)
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict:
         return dict(
-            stem=pe_stem(self.pe, r"^patch_embed"),  # per-layer PE parameters (RPB tables) go with their block
+            stem=r"^patch_embed|^pe\.",  # model-level PE parameters (APE); per-layer ones live in their block
             blocks=r"^layers\.(\d+)"
             if coarse
             else [
                 (r"^layers\.(\d+).downsample", (0,)),
                 (r"^layers\.(\d+)\.\w+\.(\d+)", None),
-                *pe_layer_rules(self.pe, stage_block(self.stage_starts)),
                 (r"^norm", (99999,)),
             ],
         )
@@ -361,7 +355,7 @@ class SwinTransformer(StagedModel):
                     info["reduction"] = self.patch_embed.patch_size[0] * 2**s
         if window_size is not None:
             self.window_sizes = stage_windows(window_size, len(self.layers))
-        self.pe.set_host(self._host())
+        self.pe.set_host(self._host(), tuple(b.attn.pos for b in self._blocks()))
         if hasattr(self, "pretrained_cfg"):
             self.pretrained_cfg = {**self.pretrained_cfg, "input_size": (self.in_chans, *self.patch_embed.img_size)}
 

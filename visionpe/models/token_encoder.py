@@ -17,16 +17,22 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..layers import Block
-from ..layers.layer_group import run_layer
 from ..layout import TokenLayout
 from ..native import BatchLayout, is_native_batch
-from ..pos.base import AttnSpec, PEHost
+from ..pos.base import AttnSpec, PEHost, Positions
 from ..pos.mm_positions import segment_layout
 from ..pos.presets import build_pos_encoding
 from ..position_modes import EXTRAPOLATE, check_position_mode
-from .construction import ContractModel, UnsupportedPool, init_linears, place_like
-from .native_batch import NativeSites, masked_tokens, pool_images
-from .param_groups import exact_no_weight_decay, pe_layer_rules, pe_stem
+from .construction import (
+    ContractModel,
+    UnsupportedPool,
+    init_linears,
+    layer_pos_no_weight_decay,
+    place_layer_pos,
+    place_like,
+)
+from .native_batch import NativePositions, NativeSites, masked_tokens, pool_images
+from .param_groups import exact_no_weight_decay
 
 __all__ = ["TokenEncoder"]
 
@@ -109,6 +115,7 @@ class TokenEncoder(ContractModel):
             )
             for i in range(depth)
         )
+        place_layer_pos(self.pe, self.blocks)
         use_fc_norm = global_pool == "avg" if fc_norm is None else fc_norm
         self.norm = nn.Identity() if use_fc_norm else norm_layer(embed_dim)
         self.fc_norm = norm_layer(embed_dim) if use_fc_norm else nn.Identity()
@@ -153,14 +160,17 @@ class TokenEncoder(ContractModel):
         """Another of the family's `position_modes`; the PEs see it through a new host (ntk / yarn / riflex)."""
         if check_position_mode(mode, self.position_modes) != self._pe_ref["position_mode"]:
             self._pe_ref["position_mode"] = mode
-            self.pe.set_host(self._host())
+            self._set_host()  # the PEs read the mode from their host (ntk / yarn / riflex)
 
     def set_reference(self, grid: tuple[int, int], frames: int | None = None) -> None:
         """A new reference grid (timm's set_input_size): the PEs adapt their tables through `set_host`."""
         self._pe_ref["grid"] = tuple(grid)
         if frames is not None:
             self._pe_ref["frames"] = int(frames)
-        self.pe.set_host(self._host())
+        self._set_host()
+
+    def _set_host(self) -> None:
+        self.pe.set_host(self._host(), tuple(block.attn.pos for block in self.blocks))
 
     @property
     def pos_scheme(self) -> str:
@@ -183,24 +193,22 @@ class TokenEncoder(ContractModel):
         """What runs the PE sites for a layout: the PE itself, or per image for a batch of several (native)."""
         return NativeSites(self.pe) if isinstance(layout, BatchLayout) else self.pe
 
-    def run_block(self, i: int, x: torch.Tensor, layout: TokenLayout | BatchLayout) -> torch.Tensor:
-        """Layer i: the PE's context, block i, the PE's site 'block' (one step: see `run_layer`)."""
-        return run_layer(self, i, x, lambda x: self._block_step(i, x, layout))
+    def positions(self, layout: TokenLayout | BatchLayout) -> Positions:
+        """What the blocks of one forward share (each turns it into its layer's context and site 'block')."""
+        return NativePositions(self.pe, layout) if isinstance(layout, BatchLayout) else Positions(self.pe, layout)
 
-    def _block_step(self, i: int, x: torch.Tensor, layout: TokenLayout | BatchLayout) -> torch.Tensor:
-        sites = self.sites(layout)
-        ctx = sites.context(i, layout)
+    def run_block(self, i: int, x: torch.Tensor, positions: Positions) -> torch.Tensor:
+        """Block i with its PE context and site 'block' (computed inside the block, from its own state)."""
         if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
-            x = checkpoint(self.blocks[i], x, ctx, use_reentrant=False)
-        else:
-            x = self.blocks[i](x, ctx)
-        return sites.block(i, x, layout)
+            return checkpoint(self.blocks[i], x, positions, use_reentrant=False)
+        return self.blocks[i](x, positions)
 
     def run_blocks(self, x: torch.Tensor, layout: TokenLayout | BatchLayout) -> torch.Tensor:
         """Token-site PEs, every block, the final norm: [B, P + N, C] -> [B, P + N, C]."""
         x = self.sites(layout).tokens(x, layout)
+        positions = self.positions(layout)
         for i in range(len(self.blocks)):
-            x = self.run_block(i, x, layout)
+            x = self.run_block(i, x, positions)
         return self.norm(x)
 
     def pool(self, x: torch.Tensor) -> torch.Tensor:
@@ -286,9 +294,10 @@ class TokenEncoder(ContractModel):
             raise ValueError(f"output_fmt='NCHW' needs a single-frame grid, got (T, H, W) = {grid}; use 'NCTHW'")
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
         x = self.sites(layout).tokens(x, layout)
+        positions = self.positions(layout)
         out = []
         for i in range(max_index + 1 if stop_early else len(self.blocks)):
-            x = self.run_block(i, x, layout)
+            x = self.run_block(i, x, positions)
             if i in take_indices:
                 y = self.norm(x) if norm else x
                 out.append(masked_tokens(y, layout) if native else y)
@@ -308,8 +317,7 @@ class TokenEncoder(ContractModel):
 
     def prune_intermediate_layers(self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head=True):
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
-        self.blocks = self.blocks[: max_index + 1]
-        self.pe.keep_layers(max_index + 1)
+        self.blocks = self.blocks[: max_index + 1]  # each block's PE state goes with it
         if prune_norm:
             self.norm = nn.Identity()
         if prune_head:
@@ -321,14 +329,15 @@ class TokenEncoder(ContractModel):
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
-        return exact_no_weight_decay(self, {"cls_token", "reg_token"} | {f"pe.{n}" for n in self.pe.no_weight_decay()})
+        own = {"cls_token", "reg_token"} | {f"pe.{n}" for n in self.pe.no_weight_decay()}
+        return exact_no_weight_decay(self, own | layer_pos_no_weight_decay(self))
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict:
         return dict(
-            # per-layer PE parameters go with their block (visionpe.models.param_groups), shared ones to the stem
-            stem=pe_stem(self.pe, r"^cls_token|^reg_token|^patch_embed|^token_merger|^text_embed|^markers"),
-            blocks=[(r"^blocks\.(\d+)", None), *pe_layer_rules(self.pe, lambda i: (i,)), (r"^norm", (99999,))],
+            # per-layer PE parameters live in their block; the model-level PE (`pe.*`) joins the stem
+            stem=r"^cls_token|^reg_token|^patch_embed|^token_merger|^text_embed|^markers|^pe\.",
+            blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))],
         )
 
     @torch.jit.ignore

@@ -2,13 +2,14 @@
 
 from .absolute import LearnedAPE, SinCos2D
 from .base import (
-    EVERY_LAYER,
     AttnSpec,
     CheckpointMismatch,
     CheckpointSource,
+    LayerPos,
     PEHost,
     PosContext,
     PosEncoding,
+    Positions,
     PosStack,
     merge_contexts,
 )
@@ -20,7 +21,6 @@ from .presets import PE_KINDS, PE_PRESETS, build_pos_encoding
 from .rope2d import RoPE2D
 
 __all__ = [
-    "EVERY_LAYER",
     "AttnSpec",
     "CPE",
     "CheckpointMismatch",
@@ -29,10 +29,12 @@ __all__ = [
     "IRPE",
     "LePE",
     "LearnedAPE",
+    "LayerPos",
     "PEHost",
     "PE_KINDS",
     "PE_PRESETS",
     "PosContext",
+    "Positions",
     "PosEncoding",
     "PosStack",
     "RoPE2D",

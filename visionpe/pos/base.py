@@ -6,9 +6,17 @@
 | qk      | `context(...).rotate(q, k)`     | RoPE variants                      |
 | logits  | `context(...).bias(q, k)`       | iRPE, Swin relative position bias  |
 | values  | `context(...).value(v, o, p)`   | LePE, iRPE on v                    |
-| block   | `block(i, x, layout)`           | CPE / PEG                          |
+| block   | `block(i, x, layout, own)`      | CPE / PEG                          |
 
 Attention receives one `PosContext` per layer and never branches on a PE's name.
+
+Each layer owns its state: `layer(i)` builds the module holding what serves attention layer i alone (iRPE tables,
+LePE / CPE convs, LieRE generators, per-layer RoPE-Mixed frequencies), which the backbone places in that layer's
+attention (`blocks[i].attn.pos`, a `LayerPos`: one entry per PE kind that has state there). Per forward the backbone
+builds one `Positions` (the PE and the layouts, shared by every layer) and each block turns it into its context
+inside its own forward (`positions.context(attn.pos)`), so the block's parameters are all it reads: FSDP shards
+whole blocks, timm's block regexes group them, pruning slices the blocks. The model-level PE keeps only what layers
+share (fixed cos / sin tables, FIRE's stage MLPs) or what acts on tokens (APE).
 
 The host contract, one way: the backbone describes itself in a `PEHost` and hands it to its PEs (at construction,
 and again through `set_host` whenever it changes, e.g. timm's `set_input_size` with a new image or window size);
@@ -16,36 +24,37 @@ it calls `init_weights()` from its own init. A PE owns its parameters (their nam
 declares what it needs from the backbone: `layout_scheme` (the position streams its layouts must carry) and
 `layout_options(training)` (per-forward options of that scheme). No backbone names a PE's parameters or presets:
 a PE converts its own entries of published checkpoints (`checkpoint_keys`, `convert_checkpoint`; the backbone's
-filter hands them over through visionpe.pos.checkpoint) and says which layer each parameter serves (`layer_of`, for
-layer-wise lr decay).
+filter hands them over through visionpe.pos.checkpoint) under flat names (`tables.k.{i}`, as the model-level PE
+held them before each layer owned its state), which `layer_names` places under layer i's module.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from ..attn_inputs import PosContext  # attention's input type, built by the PEs
+from ..attn_inputs import LayerPositions, PosContext  # attention's input types, built by the PEs
 from ..layout import TokenLayout
 
 __all__ = [
-    "EVERY_LAYER",
     "AttnSpec",
     "CheckpointMismatch",
     "CheckpointSource",
+    "LayerParams",
+    "LayerPos",
     "PEHost",
     "PosContext",
+    "Positions",
     "PosEncoding",
     "PosStack",
     "merge_contexts",
     "nonfinite_error",
     "nonfinite_tensor",
 ]
-
-EVERY_LAYER = "every layer"  # `layer_of`: one tensor serves every layer (layer decay: the top group, as timm's eva)
 
 
 class CheckpointMismatch(ValueError):
@@ -168,8 +177,9 @@ class PosEncoding(nn.Module):
         super().__init__()
         self.host = host
 
-    def set_host(self, host: PEHost) -> None:
+    def set_host(self, host: PEHost, layers: tuple = ()) -> None:
         """The backbone changed (timm's set_input_size: image, patch or window size): adapt the parameters to it.
+        layers: each attention layer's `layer(i)` module (None where it has none), to resize per-layer tables.
         The default resamples grid-shaped tables through `set_grid`; PEs with per-layer shapes override this."""
         self.host = host
         self.set_grid(host.grid)
@@ -190,11 +200,11 @@ class PosEncoding(nn.Module):
         `init_weights()`. Default: nothing, for PEs without buffers or caches; a PE that registers a
         non-persistent buffer or keeps a cache must override it."""
 
-    def keep_layers(self, depth: int) -> None:
-        """The backbone dropped every attention layer from `depth` on (timm's `prune_intermediate_layers`,
-        `features_only`): drop their per-layer state, so that every parameter left is used. The default updates
-        the host; a PE with per-layer parameters must also drop those of the removed layers."""
-        self.host = replace(self.host, layers=self.host.layers[:depth])
+    def layer(self, i: int) -> nn.Module | None:
+        """The module holding what serves attention layer i alone (its parameters, buffers, cache), built once by
+        the backbone and kept in that layer's attention; `context` and `block` get it back as `own`. Default: None
+        (nothing per layer)."""
+        return None
 
     def layout_options(self, training: bool) -> dict:
         """Per-forward options of `layout_scheme` (e.g. V2PE's visual step, drawn in training)."""
@@ -204,12 +214,15 @@ class PosEncoding(nn.Module):
         """Site 'tokens': x [B, P + N, C] right after the patch embedding (prefix tokens included)."""
         return x
 
-    def block(self, i: int, x: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
-        """Site 'block': x [B, P + N, C] after block i."""
+    def block(self, i: int, x: torch.Tensor, layout: TokenLayout, own: nn.Module | None = None) -> torch.Tensor:
+        """Site 'block': x [B, P + N, C] after block i (own: `layer(i)`'s module)."""
         return x
 
-    def context(self, i: int, layout: TokenLayout, kv_layout: TokenLayout | None = None) -> PosContext | None:
-        """Sites 'qk', 'logits', 'values' for attention layer i. kv_layout: the keys' layout when it differs."""
+    def context(
+        self, i: int, layout: TokenLayout, kv_layout: TokenLayout | None = None, own: nn.Module | None = None
+    ) -> PosContext | None:
+        """Sites 'qk', 'logits', 'values' for attention layer i. kv_layout: the keys' layout when it differs;
+        own: `layer(i)`'s module."""
         return None
 
     def set_grid(self, grid: tuple[int, int]) -> None:
@@ -231,22 +244,28 @@ class PosEncoding(nn.Module):
         """Parameter names (relative to this module) to exclude from weight decay."""
         return set()
 
-    def layer_of(self, name: str) -> int | str | None:
-        """The attention layer parameter `name` (relative to this module) serves, for layer-wise lr decay: an index
-        (the group of that block), EVERY_LAYER (one tensor for all layers) or None (shared: the stem group). Default:
-        the first all-digit component of the name (`tables.k.{i}`, `convs.{i}.weight`); None without one."""
-        return next((int(part) for part in name.split(".") if part.isdigit()), None)
+    # flat names of per-layer tensors (what `convert_checkpoint` returns, and the keys under `pe.encodings.<kind>.`
+    # before each layer owned its state): a regex with the group `i` (the layer) -> the name in layer i's module
+    layer_names: dict[str, str] = {}
 
-    def layer_parameters(self, i: int) -> list[nn.Parameter]:
-        """The parameters that serve attention layer i alone and are read only in `context(i, ...)` and at site
-        'block' after block i: under FSDP2 they shard in one group with block i (gathered for that step only,
-        `visionpe.layers.layer_group`). Parameters of several layers (one tensor for all, a stage's shared MLP) or
-        read elsewhere (site 'tokens') stay with the model's root group. Default: none."""
-        return []
+    def layer_entries(self, flat: dict[str, torch.Tensor]) -> tuple[dict, dict[int, dict]]:
+        """Flat names -> ({name in this module: tensor}, {layer i: {name in layer i's module: tensor}}), through
+        `layer_names` (a regex's other groups fill its template: `tables\\.(?P<t>[kqv])\\.(?P<i>\\d+)` -> `{t}`)."""
+        own, layers = {}, {}
+        for name, value in flat.items():
+            for pattern, template in self.layer_names.items():
+                m = re.fullmatch(pattern, name)
+                if m:
+                    groups = m.groupdict()
+                    layers.setdefault(int(groups.pop("i")), {})[template.format(**groups)] = value
+                    break
+            else:
+                own[name] = value
+        return own, layers
 
     def convert_checkpoint(self, entries: dict[str, torch.Tensor], source: CheckpointSource) -> dict:
         """This PE's entries of a published checkpoint (keys matching `checkpoint_keys[source.layout]`, maybe none)
-        -> {parameter name relative to this module: tensor}, renamed, reshaped and resampled. Raise
+        -> {flat name: tensor} (see `layer_names`), renamed, reshaped and resampled. Raise
         CheckpointMismatch naming the option or preset to use when they do not fit this PE's options."""
         if entries:
             raise CheckpointMismatch(self.absent_message(next(iter(entries)), source))
@@ -274,22 +293,28 @@ class PosStack(PosEncoding):
             x = pe.tokens(x, layout)
         return x
 
-    def block(self, i, x, layout):
-        for pe in self.encodings.values():
-            x = pe.block(i, x, layout)
+    def layer(self, i):
+        """A LayerPos with the layer-i module of each PE that has one (by kind), maybe none."""
+        return LayerPos(i, {kind: m for kind, pe in self.encodings.items() if (m := pe.layer(i)) is not None})
+
+    def block(self, i, x, layout, own=None):
+        for kind, pe in self.encodings.items():
+            x = pe.block(i, x, layout, _part(own, kind))
         return x
 
-    def context(self, i, layout, kv_layout=None):
-        return merge_contexts([pe.context(i, layout, kv_layout) for pe in self.encodings.values()])
+    def context(self, i, layout, kv_layout=None, own=None):
+        return merge_contexts(
+            [pe.context(i, layout, kv_layout, _part(own, kind)) for kind, pe in self.encodings.items()]
+        )
 
     def set_grid(self, grid):
         for pe in self.encodings.values():
             pe.set_grid(grid)
 
-    def set_host(self, host):
+    def set_host(self, host, layers=()):
         self.host = host
-        for pe in self.encodings.values():
-            pe.set_host(host)
+        for kind, pe in self.encodings.items():
+            pe.set_host(host, tuple(_part(own, kind) for own in layers))
 
     def init_weights(self):
         for pe in self.encodings.values():
@@ -306,11 +331,6 @@ class PosStack(PosEncoding):
         for pe in self.encodings.values():
             pe.init_non_persistent_buffers()
 
-    def keep_layers(self, depth):
-        super().keep_layers(depth)
-        for pe in self.encodings.values():
-            pe.keep_layers(depth)
-
     @property
     def layout_scheme(self) -> str | None:
         schemes = {pe.layout_scheme for pe in self.encodings.values()} - {None}
@@ -324,9 +344,62 @@ class PosStack(PosEncoding):
     def no_weight_decay(self):
         return {f"encodings.{name}.{p}" for name, pe in self.encodings.items() for p in pe.no_weight_decay()}
 
-    def layer_parameters(self, i):
-        return [p for pe in self.encodings.values() for p in pe.layer_parameters(i)]
 
-    def layer_of(self, name):
-        _, kind, rest = name.split(".", 2)  # encodings.<kind>.<name>
-        return self.encodings[kind].layer_of(rest)
+def _part(own: nn.Module | None, kind: str) -> nn.Module | None:
+    return own[kind] if own is not None and kind in own else None
+
+
+def assign(param: torch.Tensor, value: torch.Tensor) -> None:
+    """param.copy_(value) for a plain or a sharded (FSDP2 DTensor) parameter; value: the whole tensor."""
+    mesh = getattr(param, "device_mesh", None)
+    if mesh is not None:
+        from torch.distributed.tensor import distribute_tensor
+
+        value = distribute_tensor(value.to(param.device, param.dtype), mesh, param.placements)
+    param.copy_(value)
+
+
+class LayerParams(nn.Module):
+    """A layer's own learned tensors, drawn by `initial()` ({name: value}) at construction and by
+    `reset_parameters`; excluded from weight decay unless `decay`."""
+
+    def __init__(self, initial: Callable[[], dict[str, torch.Tensor]], decay: bool = True):
+        super().__init__()
+        self._initial, self._decay = initial, decay
+        for name, value in initial().items():
+            self.register_parameter(name, nn.Parameter(value))
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            for name, value in self._initial().items():
+                assign(getattr(self, name), value)
+
+    def no_weight_decay(self) -> set[str]:
+        return set() if self._decay else {name for name, _ in self.named_parameters()}
+
+
+class LayerPos(nn.ModuleDict):
+    """Attention layer i's positional state (`attn.pos`): the `layer(i)` module of each PE kind that has one."""
+
+    def __init__(self, index: int, modules: dict[str, nn.Module]):
+        super().__init__(modules)
+        self.index = index
+
+
+@dataclass
+class Positions(LayerPositions):
+    """What every layer of one forward shares: the model's PE and the layouts (kv_layout: the keys' when they
+    differ; extra: a context every layer adds, e.g. Swin's shift mask). A block turns it into its own context."""
+
+    pe: PosEncoding
+    layout: TokenLayout
+    kv_layout: TokenLayout | None = None
+    extra: PosContext | None = None
+
+    def context(self, own: LayerPos) -> PosContext | None:
+        """Layer `own.index`'s context (called inside its block's forward, where its parameters are gathered)."""
+        return merge_contexts([self.pe.context(own.index, self.layout, self.kv_layout, own), self.extra])
+
+    def block(self, own: LayerPos, x: torch.Tensor, layout: TokenLayout | None = None) -> torch.Tensor:
+        """Site 'block' after layer `own.index` (layout: the tokens' when not the attention's, e.g. Swin windows)."""
+        return self.pe.block(own.index, x, self.layout if layout is None else layout, own)

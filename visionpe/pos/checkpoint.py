@@ -2,8 +2,13 @@
 
 A backbone's checkpoint filter calls `split_pe_entries` with the checkpoint in its source layout: every key a PE
 kind declares (`checkpoint_keys[layout]`) goes to the model's PE of that kind, which converts it to its own names
-(`convert_checkpoint`); keys of PE buffers (`checkpoint_buffers[layout]`) are dropped; a key of a kind the model's
-PE lacks is a CheckpointMismatch with that kind's message (the preset to use). The backbone maps the rest.
+(`convert_checkpoint`, flat names); keys of PE buffers (`checkpoint_buffers[layout]`) are dropped; a key of a kind
+the model's PE lacks is a CheckpointMismatch with that kind's message (the preset to use). The backbone maps the rest.
+
+`place_flat_entries` puts flat names (`pe.encodings.<kind>.tables.k.3`: what `convert_checkpoint` returns, and every
+visionpe checkpoint written before each layer owned its state) where the model keeps them now: a per-layer tensor
+under its layer's module (`blocks.3.attn.pos.<kind>.k`, through the PE's `layer_entries`). Entries already in the
+model's names pass unchanged.
 """
 
 from __future__ import annotations
@@ -11,11 +16,12 @@ from __future__ import annotations
 import re
 
 import torch
+from torch import nn
 
-from .base import CheckpointMismatch, CheckpointSource, PosStack
+from .base import CheckpointMismatch, CheckpointSource, LayerPos, PosStack
 from .presets import PE_KINDS
 
-__all__ = ["split_pe_entries"]
+__all__ = ["place_flat_entries", "split_pe_entries"]
 
 
 def _matches(patterns: dict[str, str], layout: str, key: str) -> bool:
@@ -46,3 +52,28 @@ def split_pe_entries(
         if entries:
             raise CheckpointMismatch(PE_KINDS[kind].absent_message(next(iter(entries)), source))
     return out, rest
+
+
+def place_flat_entries(model: nn.Module, state_dict: dict[str, torch.Tensor], prefix: str = "pe.") -> dict:
+    """`state_dict` with its flat PE entries (`{prefix}encodings.<kind>.<flat name>` the model lacks) moved under
+    the model's per-layer modules; every other entry unchanged."""
+    names = set(model.state_dict().keys())
+    flat: dict[str, dict[str, torch.Tensor]] = {}
+    out = {}
+    for key, value in state_dict.items():
+        parts = key[len(prefix) :].split(".", 2) if key.startswith(prefix + "encodings.") else []
+        if key in names or len(parts) < 3 or parts[1] not in model.pe.encodings:
+            out[key] = value
+        else:
+            flat.setdefault(parts[1], {})[parts[2]] = value
+    layers = {m.index: name for name, m in model.named_modules() if isinstance(m, LayerPos)}
+    for kind, entries in flat.items():
+        own, per_layer = model.pe.encodings[kind].layer_entries(entries)
+        out.update({f"{prefix}encodings.{kind}.{n}": v for n, v in own.items()})
+        for i, named in per_layer.items():
+            if i not in layers:
+                raise CheckpointMismatch(
+                    f"the checkpoint has {kind} tensors of attention layer {i}, the model {len(layers)} layers"
+                )
+            out.update({f"{layers[i]}.{kind}.{n}": v for n, v in named.items()})
+    return out

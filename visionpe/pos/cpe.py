@@ -5,7 +5,8 @@ blocks (default: the first block of every stage the host declares, i.e. block 0 
 reshaped to their grid [B, C, H, W] and x + DWConv3x3(x) replaces them (depthwise, with bias); prefix tokens (CLS,
 registers) pass through unchanged. Zero padding at the borders is what gives the absolute-position cue, so it works
 at any grid size and needs no APE.
-State-dict names: `convs.{i}.weight` [C, 1, k, k] and `convs.{i}.bias` [C] for each block i in `blocks`.
+Block i in `blocks` holds its conv (`blocks.{i}.attn.pos.cpe.weight` [C, 1, k, k] and `.bias` [C]; flat names, as
+in checkpoints before each layer owned its state: `convs.{i}.weight`, `convs.{i}.bias`).
 """
 
 from __future__ import annotations
@@ -44,25 +45,16 @@ class CPE(PosEncoding):
         if kernel_size < 1 or kernel_size % 2 == 0:
             raise ValueError(f"CPE kernel_size must be odd and positive (same-size output), got {kernel_size}")
         self.blocks = tuple(sorted(set(blocks)))
-        self.convs = nn.ModuleDict(
-            {
-                str(i): nn.Conv2d(d, d, kernel_size, padding=kernel_size // 2, groups=d)
-                for i in self.blocks
-                for d in [host.layers[i].dim]
-            }
-        )
+        self.kernel_size = kernel_size
 
-    def keep_layers(self, depth):
-        super().keep_layers(depth)
-        self.blocks = tuple(i for i in self.blocks if i < depth)
-        for key in [k for k in self.convs if int(k) >= depth]:
-            del self.convs[key]
+    layer_names = {r"convs\.(?P<i>\d+)\.(?P<name>weight|bias)": "{name}"}
 
-    def layer_parameters(self, i):
-        return list(self.convs[str(i)].parameters()) if i in self.blocks else []
+    def layer(self, i):
+        d, k = self.host.layers[i].dim, self.kernel_size
+        return nn.Conv2d(d, d, k, padding=k // 2, groups=d) if i in self.blocks else None
 
-    def block(self, i: int, x: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
-        conv = self.convs[str(i)] if i in self.blocks else None
+    def block(self, i: int, x: torch.Tensor, layout: TokenLayout, own=None) -> torch.Tensor:
+        conv = own
         if conv is None:
             return x
         p = layout.num_prefix

@@ -90,15 +90,11 @@ class FIRE2D(OffsetBiasPE):
         for stage in self.stages:
             stage.reset()
 
-    def keep_layers(self, depth: int) -> None:
-        """Pruned to `depth` layers: the stages with no layer left go with them."""
-        super().keep_layers(depth)
-        self.stages = nn.ModuleList(list(self.stages)[: self._layer_stage[depth - 1] + 1] if depth else [])
-        self._layer_stage = self._layer_stage[:depth]
-
-    def layer_of(self, name):
-        """A stage's parameters serve all of its layers: layer decay puts them with the stage's first block."""
-        return self.host.stage_starts[int(name.split(".")[1])]
+    def set_host(self, host, layers=()):
+        """A pruned staged backbone (fewer stages): the MLPs of the stages that went go with them."""
+        super().set_host(host, layers)
+        if len(host.stage_starts) < len(self.stages):
+            self.stages = self.stages[: len(host.stage_starts)]
 
     def stage_of(self, i: int) -> int:
         return self._layer_stage[i]

@@ -74,6 +74,3 @@ class LearnableFourier(PosEncoding):
 
     def no_weight_decay(self) -> set[str]:
         return {"w_r.weight"}  # learned frequencies: decay would pull every one towards a constant PE
-
-    def layer_of(self, name: str) -> None:
-        return None  # one PE at the stem (the digits in `mlp.0` are not layers)

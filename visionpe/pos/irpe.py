@@ -17,11 +17,13 @@ per-axis tables and the product lookup runs as one-hot matmuls (`visionpe.pos.ir
 whole grid in uint8 / int16. The math backend keeps the whole-grid gather as the reference every route is tested on.
 Swin's relative position bias = mode "bias", mapping "product", index "identity", shared_heads=False, B = ws - 1.
 
-State-dict names (relative to this module, e.g. `pe.encodings.irpe.` in a ViT; all tables zero-initialised):
-- mode "bias": `bias_tables.{i}` (target k) and `q_bias_tables.{i}` (target q, read at the mirrored bucket b(j, i)),
-  each of shape [buckets, heads] (shared_heads=False; Swin's relative_position_bias_table layout) or [buckets, 1]
-  (shared_heads=True), for layer i. The official code keeps the two tables apart too (`rpe_k`, `rpe_q`).
-- mode "contextual": `tables.{q|k|v}.{i}` of shape [buckets, d] (shared_heads=True) or [heads, buckets, d].
+Each layer holds its tables (`blocks.{i}.attn.pos.irpe.<name>` in a ViT; zero unless init_std > 0); flat names, as
+checkpoints before each layer owned its state and `convert_checkpoint` give them, in parentheses:
+- mode "bias": `bias_k` (`bias_tables.{i}`, target k) and `bias_q` (`q_bias_tables.{i}`, target q, read at the
+  mirrored bucket b(j, i)), each of shape [buckets, heads] (shared_heads=False; Swin's relative_position_bias_table
+  layout) or [buckets, 1] (shared_heads=True). The official code keeps the two tables apart too (`rpe_k`, `rpe_q`).
+- mode "contextual": `q`, `k`, `v` (`tables.{q|k|v}.{i}`) of shape [buckets, d] (shared_heads=True) or
+  [heads, buckets, d].
 For the cross mapping a table holds the row table then the column table: buckets = 2 * (2B + 1 [+ 1]).
 """
 
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from functools import partial
 
 import torch
 from timm.layers import resize_rel_pos_bias_table, trunc_normal_
@@ -37,7 +40,7 @@ from torch import nn
 from ..attn_rows import RowBias, RowValue
 from ..fx import fx_unsupported, is_fx_tracing
 from ..layout import TokenLayout
-from .base import PEHost, PosContext, PosEncoding
+from .base import LayerParams, PEHost, PosContext, PosEncoding
 from .irpe_checkpoint import IRPE_KEYS, SWIN_TABLE, irpe_tables, swin_tables
 from .irpe_lookup import FullBuckets, GridBuckets
 
@@ -174,60 +177,46 @@ class IRPE(PosEncoding):
         self.extra_bucket = host.num_prefix > 0  # one bucket shared by every pair with a prefix token
         self.offsets = [self._layer_offsets(spec.grid) for spec in host.layers]  # (B_rows, B_cols) per layer
         self.rows = [self._table_rows(b) for b in self.offsets]
-        if mode == "bias":
-            # one table per target, as the official code keeps: on k, logit_ij += rK[b(i, j)] (`bias_tables`); on q,
-            # logit_ij += rQ[b(j, i)], the mirrored bucket (`q_bias_tables`). One merged table is not weight-compatible.
-            def bias_list() -> nn.ParameterList:
-                return nn.ParameterList(
-                    nn.Parameter(torch.zeros(r, 1 if shared_heads else s.num_heads))
-                    for r, s in zip(self.rows, host.layers)
-                )
-
-            if "k" in self.targets:
-                self.bias_tables = bias_list()
-            if "q" in self.targets:
-                self.q_bias_tables = bias_list()
-        else:
-            shapes = [
-                (r, s.head_dim) if shared_heads else (s.num_heads, r, s.head_dim)
-                for r, s in zip(self.rows, host.layers)
-            ]
-            self.tables = nn.ModuleDict(
-                {t: nn.ParameterList(nn.Parameter(torch.zeros(shape)) for shape in shapes) for t in self.targets}
-            )
         self._cache: OrderedDict = OrderedDict()  # bucket ids per (positions, prefixes, B, device)
 
-    def init_weights(self):
-        if self.init_std > 0:
-            for p in self.parameters():
-                trunc_normal_(p, std=self.init_std)
+    # flat names (checkpoints; the model-level PE before each layer held its tables) -> layer i's names
+    layer_names = {
+        r"bias_tables\.(?P<i>\d+)": "bias_k",
+        r"q_bias_tables\.(?P<i>\d+)": "bias_q",
+        r"tables\.(?P<t>[qkv])\.(?P<i>\d+)": "{t}",
+    }
 
-    def reset_parameters(self):
-        """Tables back to zero (init_weights then draws them when init_std > 0)."""
-        with torch.no_grad():
-            for p in self.parameters():
-                p.zero_()
+    def table_shape(self, i: int) -> tuple[int, ...]:
+        """Layer i's table shape: bias [buckets, heads | 1]; contextual [buckets, d] or [heads, buckets, d]."""
+        r, spec = self.rows[i], self.host.layers[i]
+        if self.mode == "bias":
+            return (r, 1 if self.shared_heads else spec.num_heads)
+        return (r, spec.head_dim) if self.shared_heads else (spec.num_heads, r, spec.head_dim)
+
+    def _initial(self, i: int) -> dict[str, torch.Tensor]:
+        """Layer i's tables: zero, or drawn (truncated normal, init_std) when init_std > 0. Bias mode keeps one
+        table per target, as the official code: on k, logit_ij += rK[b(i, j)] (`bias_k`); on q, logit_ij +=
+        rQ[b(j, i)], the mirrored bucket (`bias_q`); one merged table is not weight-compatible."""
+        names = [f"bias_{t}" for t in self.targets] if self.mode == "bias" else list(self.targets)
+        out = {n: torch.zeros(self.table_shape(i)) for n in names}
+        for t in out.values() if self.init_std > 0 else ():
+            trunc_normal_(t, std=self.init_std)
+        return out
+
+    def layer(self, i):
+        """Layer i's tables, excluded from weight decay (as Swin does for its relative position bias table)."""
+        return LayerParams(partial(self._initial, i), decay=False)
 
     def init_non_persistent_buffers(self):
         self._cache.clear()  # bucket ids are kept per device and positions, never saved
 
-    def keep_layers(self, depth):
-        super().keep_layers(depth)
-        for name in ("bias_tables", "q_bias_tables"):
-            if hasattr(self, name):
-                setattr(self, name, nn.ParameterList(list(getattr(self, name))[:depth]))
-        if self.mode != "bias":
-            for t in self.targets:
-                self.tables[t] = nn.ParameterList(list(self.tables[t])[:depth])
-        self.offsets, self.rows = self.offsets[:depth], self.rows[:depth]
-        self._cache.clear()
-
-    def set_host(self, host):
+    def set_host(self, host, layers=()):
         """A new host (e.g. Swin with a new window): tables whose bucket range follows the window are resized
         (bias tables bicubically, as timm does for Swin checkpoints); contextual tables cannot follow one."""
         offsets = [self._layer_offsets(spec.grid) for spec in host.layers]
         old, self.host = self.offsets, host
-        if offsets == old:
+        if offsets == old[: len(offsets)]:  # the same windows (a pruned backbone: fewer layers)
+            self.offsets, self.rows = offsets, self.rows[: len(offsets)]
             return
         if self.mode != "bias" or self.extra_bucket:
             raise ValueError(
@@ -235,13 +224,11 @@ class IRPE(PosEncoding):
                 "prefix tokens; set max_offset or use index='piecewise' (its buckets do not depend on the window)"
             )
         with torch.no_grad():
-            for tables in self._bias_lists():
-                for i, (a, b) in enumerate(zip(old, offsets)):
-                    if a != b:
-                        t = tables[i]
-                        shape = (self._table_rows(b), t.shape[1])
-                        new = resize_rel_pos_bias_table(t.data, (b[0] + 1, b[1] + 1), shape, (a[0] + 1, a[1] + 1))
-                        tables[i] = nn.Parameter(new.contiguous(), requires_grad=t.requires_grad)
+            for own, a, b in zip(layers, old, offsets):
+                for name, t in list(own.named_parameters()) if a != b else ():
+                    shape = (self._table_rows(b), t.shape[1])
+                    new = resize_rel_pos_bias_table(t.data, (b[0] + 1, b[1] + 1), shape, (a[0] + 1, a[1] + 1))
+                    setattr(own, name, nn.Parameter(new.contiguous(), requires_grad=t.requires_grad))
         self.offsets, self.rows = offsets, [self._table_rows(b) for b in offsets]
         self._cache.clear()
 
@@ -343,31 +330,9 @@ class IRPE(PosEncoding):
 
     # ------------------------------------------------------------------------------------------------ tables
 
-    def _bias_lists(self) -> list[nn.ParameterList]:
-        return [getattr(self, n) for n in ("bias_tables", "q_bias_tables") if hasattr(self, n)]
-
-    def layer_parameters(self, i):
-        lists = self._bias_lists() if self.mode == "bias" else [self.tables[t] for t in self.targets]
-        return [tables[i] for tables in lists if i < len(tables)]
-
-    def bias_table(self, i: int, target: str = "k") -> nn.Parameter:
-        """Layer i's bias table [buckets, heads | 1] for target k (Swin's relative_position_bias_table) or q."""
-        if self.mode != "bias" or target not in self.targets:
-            raise ValueError(
-                f"this iRPE ({self.mode}, targets {self.targets}) has no bias table for {target!r}; "
-                "contextual tables are read with table(target, i)"
-            )
-        return self.bias_tables[i] if target == "k" else self.q_bias_tables[i]
-
-    def table(self, target: str, i: int) -> nn.Parameter:
-        """Layer i's contextual table for target q, k or v: [buckets, d] or [heads, buckets, d]."""
-        if self.mode != "contextual" or target not in self.targets:
-            raise ValueError(f"this iRPE ({self.mode}, targets {self.targets}) has no contextual table for {target!r}")
-        return self.tables[target][i]
-
     # ------------------------------------------------------------------------------------------------ sites
 
-    def context(self, i, layout, kv_layout=None):
+    def context(self, i, layout, kv_layout=None, own=None):
         if is_fx_tracing():
             fx_unsupported("iRPE (its bucket lookup is chosen per input size)")
         if layout.streams != 2:
@@ -379,17 +344,13 @@ class IRPE(PosEncoding):
         ids_k = self._cached_ids(layout, kv, b) if on_k or "v" in self.targets else None
         ids_q = self._cached_ids(kv, layout, b) if on_q else None  # [M, N]: keys play the queries' part
         if self.mode == "bias":
-            tables = (self.bias_tables[i] if on_k else None, self.q_bias_tables[i] if on_q else None)
+            tables = (own.bias_k if on_k else None, own.bias_q if on_q else None)
             bias = _BucketLogits("bias", ids_k if on_k else None, ids_q, *tables)
             return PosContext(bias=bias)
-        tables = (self.tables["k"][i] if on_k else None, self.tables["q"][i] if on_q else None)
+        tables = (own.k if on_k else None, own.q if on_q else None)
         bias = _BucketLogits("contextual", ids_k if on_k else None, ids_q, *tables) if on_k or on_q else None
-        value = _BucketValues(ids_k, self.tables["v"][i], self.rows[i]) if "v" in self.targets else None
+        value = _BucketValues(ids_k, own.v, self.rows[i]) if "v" in self.targets else None
         return PosContext(bias=bias, value=value, needs_probs=value is not None)
-
-    def no_weight_decay(self):
-        # position tables are excluded from weight decay, as Swin does for its relative position bias table
-        return {"bias_tables.*", "q_bias_tables.*"} if self.mode == "bias" else {"tables.*"}
 
     def convert_checkpoint(self, entries, source):
         return (swin_tables if source.layout == "swin" else irpe_tables)(self, entries, source)

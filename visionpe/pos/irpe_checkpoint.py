@@ -65,7 +65,7 @@ def swin_tables(irpe, entries: dict[str, torch.Tensor], source: CheckpointSource
         if s + 1 >= len(starts) or starts[s] + j >= starts[s + 1]:
             raise CheckpointMismatch(f"the checkpoint has more blocks than the model; it is {source.describe()}")
         i = starts[s] + j
-        target = irpe.bias_tables[i].shape
+        target = irpe.table_shape(i)
         if v.shape[0] != target[0] and v.shape[1] == target[1]:
             v = resize_rel_pos_bias_table(v, new_window_size=irpe.host.layers[i].grid, new_bias_shape=tuple(target))
         out[f"bias_tables.{i}"] = v

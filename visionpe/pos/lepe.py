@@ -5,7 +5,8 @@ on their grid ([B, heads * d, H, W], all heads together as before the head split
 Windowed attention passes window-local layouts (grid (1, ws, ws)) and V [B * nW, heads, ws * ws, d]: the conv then
 runs per window, padded with zeros at window borders, as in CSWin's stripes.
 Prefix tokens (CLS, registers; CSWin has none) get no LePE term, and are not part of the conv's input.
-State-dict names: `convs.{i}.weight` [heads * d, 1, k, k] and `convs.{i}.bias` for attention layer i.
+Each layer holds its conv (`blocks.{i}.attn.pos.lepe.weight` [heads * d, 1, k, k] and `.bias`; flat names, as in
+checkpoints before each layer owned its state: `convs.{i}.weight`, `convs.{i}.bias`).
 """
 
 from __future__ import annotations
@@ -26,17 +27,15 @@ class LePE(PosEncoding):
         super().__init__(host)
         if kernel_size < 1 or kernel_size % 2 == 0:
             raise ValueError(f"LePE kernel_size must be odd and positive (same-size output), got {kernel_size}")
-        widths = [s.num_heads * s.head_dim for s in host.layers]
-        self.convs = nn.ModuleList(nn.Conv2d(c, c, kernel_size, padding=kernel_size // 2, groups=c) for c in widths)
+        self.kernel_size = kernel_size
 
-    def keep_layers(self, depth):
-        super().keep_layers(depth)
-        self.convs = self.convs[:depth]
+    layer_names = {r"convs\.(?P<i>\d+)\.(?P<name>weight|bias)": "{name}"}
 
-    def layer_parameters(self, i):
-        return list(self.convs[i].parameters()) if i < len(self.convs) else []
+    def layer(self, i):
+        c, k = self.host.layers[i].num_heads * self.host.layers[i].head_dim, self.kernel_size
+        return nn.Conv2d(c, c, k, padding=k // 2, groups=c)
 
-    def context(self, i, layout, kv_layout=None):
+    def context(self, i, layout, kv_layout=None, own=None):
         if kv_layout is not None and (kv_layout.grid != layout.grid or kv_layout.num_prefix != layout.num_prefix):
             raise ValueError(
                 "LePE adds DWConv(V) to each query's output and needs keys on the query grid; "
@@ -44,7 +43,7 @@ class LePE(PosEncoding):
             )
         h, w = layout.hw
         p = layout.num_prefix
-        conv = self.convs[i]
+        conv = own
 
         def value(v: torch.Tensor, out: torch.Tensor, probs: torch.Tensor | None) -> torch.Tensor:
             b, heads, _, d = v.shape  # v [B, H, P + N, d]

@@ -33,15 +33,16 @@ one eigendecomposition per head and block; `torch.matrix_exp` while tracing).
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
-from torch import nn
 
 from ..fx import fx_unsupported, is_fx_tracing
 from ..layout import TokenLayout
-from .base import PEHost, PosContext, PosEncoding
+from .base import LayerParams, PEHost, PosContext, PosEncoding
 from .coord_aug import CoordAugment
 from .rotary import no_autocast
+from .table_cache import TableCache, sources_key
 
 __all__ = ["LieRoPE", "apply_block_rotation", "commuting_exp", "VARIANTS"]
 
@@ -71,27 +72,6 @@ def commuting_exp(coef: torch.Tensor, skew: torch.Tensor) -> torch.Tensor:
     angle = coef[None, :, :, None] * mu[:, None]  # [H, N, nb, b]
     phase = torch.polar(torch.ones_like(angle), angle)
     return ((vec[:, None] * phase[..., None, :]) @ vec[:, None].conj().transpose(-1, -2)).real.contiguous()
-
-
-class _RotationCache:
-    """Rotations of the last few (layer, layout) pairs; an entry holds its positions tensor so its id is never
-    reused, and its key the versions of the generators it was computed from."""
-
-    def __init__(self, size: int):
-        self.size = size
-        self.entries: list = []
-
-    def get(self, pos: torch.Tensor, key: tuple):
-        for p, k, rot in self.entries:
-            if p is pos and k == key:
-                return rot
-        return None
-
-    def put(self, pos: torch.Tensor, key: tuple, rot: torch.Tensor) -> None:
-        self.entries = [*self.entries, (pos, key, rot)][-self.size :]
-
-    def clear(self) -> None:
-        self.entries = []
 
 
 class LieRoPE(PosEncoding):
@@ -137,17 +117,41 @@ class LieRoPE(PosEncoding):
         self.variant, self.block_size, self.num_axes = variant, int(block_size), int(num_axes)
         self.init_std, self.layer0_generators = float(init_std), bool(layer0_generators)
         shapes = [(spec.num_heads, spec.head_dim // block_size) for spec in host.layers]
-        axes = (num_axes,) if variant == "liere" else ()
-        self.generators = nn.ParameterList(
-            [nn.Parameter(torch.empty(*axes, h, nb, block_size, block_size)) for h, nb in shapes]
-        )
-        if variant == "comrope_ld":
-            self.multipliers = nn.ParameterList([nn.Parameter(torch.empty(num_axes, nb)) for _, nb in shapes])
+        self._nbs = sorted({nb for _, nb in shapes})
         if variant == "comrope_ap":
-            for nb in sorted({nb for _, nb in shapes}):
+            for nb in self._nbs:
                 self.register_buffer(f"axis_mask_{nb}", self._axis_mask(nb), persistent=False)
-        self._cache = _RotationCache(size=2 * max(1, host.depth))
-        self.init_weights()
+        if layer0_generators:  # the official code: layer 0's generators serve every layer (model-level)
+            self.shared = LayerParams(partial(self._initial, host.layers[0]), decay=False)
+        self._cache = TableCache(size=2 * max(1, host.depth))
+
+    layer_names = {r"(?P<name>generators|multipliers)\.(?P<i>\d+)": "{name}"}
+
+    def _initial(self, spec) -> dict[str, torch.Tensor]:
+        """One layer's generators (LieRE: U[0, 2 pi); ComRoPE: N(0, init_std)) and LD multipliers (N(0, 1))."""
+        h, nb, b = spec.num_heads, spec.head_dim // self.block_size, self.block_size
+        if self.variant == "liere":
+            out = dict(generators=torch.empty(self.num_axes, h, nb, b, b).uniform_(0.0, 2 * math.pi))
+        else:
+            out = dict(generators=torch.empty(h, nb, b, b).normal_(0.0, self.init_std))
+        if self.variant == "comrope_ld":
+            out["multipliers"] = torch.empty(self.num_axes, nb).normal_(0.0, 1.0)
+        return out
+
+    def layer_entries(self, flat):
+        """With layer0_generators the old layout held every layer's generators (`generators.{i}`) and read layer 0's:
+        `generators.0` is the model-level `shared.generators`, the others (never read) are dropped."""
+        if not self.layer0_generators:
+            return super().layer_entries(flat)
+        own = {"shared.generators" if k == "generators.0" else k: v for k, v in flat.items()}
+        return super().layer_entries({k: v for k, v in own.items() if not k.startswith("generators.")})
+
+    def layer(self, i):
+        """Layer i's generators (and LD multipliers), excluded from weight decay; none with layer0_generators."""
+        return None if self.layer0_generators else LayerParams(partial(self._initial, self.host.layers[i]), False)
+
+    def _own(self, own):
+        return self.shared if self.layer0_generators else own
 
     # ------------------------------------------------------------------------------------------------ parameters
 
@@ -158,67 +162,26 @@ class LieRoPE(PosEncoding):
 
     def init_non_persistent_buffers(self) -> None:
         """Rebuild the buffers state_dict does not hold (after `to_empty` from the meta device)."""
-        if self.variant == "comrope_ap":
-            for nb in sorted({g.shape[1] for g in self.generators}):
-                setattr(self, f"axis_mask_{nb}", self._axis_mask(nb).to(self.generators[0].device))
-        self._cache.clear()
+        for nb in self._nbs if self.variant == "comrope_ap" else ():
+            buf = getattr(self, f"axis_mask_{nb}")
+            self.register_buffer(f"axis_mask_{nb}", self._axis_mask(nb).to(buf.device), persistent=False)
 
-    def init_weights(self) -> None:
-        with torch.no_grad():
-            for g in self.generators:
-                if self.variant == "liere":
-                    g.uniform_(0.0, 2 * math.pi)
-                else:
-                    g.normal_(0.0, self.init_std)
-            for m in getattr(self, "multipliers", ()):
-                m.normal_(0.0, 1.0)
-        self._cache.clear()
-
-    def set_host(self, host: PEHost) -> None:
-        self.host = host
-        self._cache.clear()
-
-    def train(self, mode: bool = True):
-        """Any switch of mode forgets the cached rotations: the generators may have been written in a way their
-        version counter does not see (`.data`, FSDP's all-gather into a reused buffer) while training."""
-        self._cache.clear()
-        return super().train(mode)
-
-    def keep_layers(self, depth: int) -> None:
-        """Pruned to `depth` layers: the generators (and LD multipliers) of the removed layers go with them."""
-        super().keep_layers(depth)
-        self.generators = nn.ParameterList(list(self.generators)[:depth])
-        if hasattr(self, "multipliers"):
-            self.multipliers = nn.ParameterList(list(self.multipliers)[:depth])
-        self._cache.clear()
-
-    def no_weight_decay(self) -> set[str]:
-        names = {f"generators.{i}" for i in range(len(self.generators))}
-        return names | {f"multipliers.{i}" for i in range(len(getattr(self, "multipliers", ())))}
-
-    def layer_parameters(self, i):
-        if self.layer0_generators or i >= len(self.generators):  # layer 0's generators serve every layer
-            return []
-        return [self.generators[i], *([self.multipliers[i]] if hasattr(self, "multipliers") else [])]
-
-    def _source_layer(self, i: int) -> int:
-        return 0 if self.layer0_generators else i
-
-    def _commuting_parts(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _commuting_parts(self, own: LayerParams) -> tuple[torch.Tensor, torch.Tensor]:
         """ComRoPE's generators A_{a,j} = w_{a,j} S_j: weights w [A, nb] (AP: the axis mask; LD: theta, shared by
         the heads) and skew matrices S [H, nb, b, b] of layer i (fp32)."""
-        p = self.generators[i].float()
+        p = own.generators.float()
         skew = p - p.transpose(-1, -2)
         if self.variant == "comrope_ap":
             return getattr(self, f"axis_mask_{p.shape[1]}")[:, 0, :, 0, 0], skew
-        return self.multipliers[i].float(), skew
+        return own.multipliers.float(), skew
 
-    def layer_generators(self, i: int) -> torch.Tensor:
-        """Skew generators [A, H, nb, b, b] of layer i (fp32)."""
+    def layer_generators(self, own: LayerParams) -> torch.Tensor:
+        """Skew generators [A, H, nb, b, b] of a layer (fp32), from its own tensors."""
+        own = self._own(own)
         if self.variant == "liere":
-            upper = torch.triu(self.generators[self._source_layer(i)].float(), diagonal=1)
+            upper = torch.triu(own.generators.float(), diagonal=1)
             return upper - upper.transpose(-1, -2)
-        weights, skew = self._commuting_parts(i)
+        weights, skew = self._commuting_parts(own)
         return weights[:, None, :, None, None] * skew[None]
 
     # ------------------------------------------------------------------------------------------------- positions
@@ -284,48 +247,40 @@ class LieRoPE(PosEncoding):
     # ------------------------------------------------------------------------------------------------- rotations
 
     def rotations(
-        self, i: int, layout: TokenLayout, query_layout: TokenLayout | None = None, coords=None
+        self, i: int, own: LayerParams, layout: TokenLayout, query_layout: TokenLayout | None = None, coords=None
     ) -> torch.Tensor:
         """R [H, P + N, nb, b, b] (fp32) of layer i for the tokens of `layout` (at `coords` [P + N, A] if given)."""
         query_layout = layout if query_layout is None else query_layout
         with no_autocast(layout.pos.device):
             coords = self._token_coords(i, layout, query_layout) if coords is None else coords
             if self.variant != "liere" and not torch.compiler.is_compiling():  # (traced graphs: no complex eigh)
-                weights, skew = self._commuting_parts(i)
+                weights, skew = self._commuting_parts(self._own(own))
                 return commuting_exp(coords @ weights, skew)
-            gens = self.layer_generators(i)
+            gens = self.layer_generators(own)
             return torch.matrix_exp(torch.einsum("na,ahjkl->hnjkl", coords, gens).contiguous())
 
-    def _cached_rotations(self, i: int, layout: TokenLayout, query_layout: TokenLayout) -> torch.Tensor:
+    def _cached_rotations(self, i: int, own, layout: TokenLayout, query_layout: TokenLayout) -> torch.Tensor:
         reusable = not self.training and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
         if not reusable:
-            return self.rotations(i, layout, query_layout)
-        src = self._source_layer(i)
-        params = [self.generators[src]] + ([self.multipliers[i]] if self.variant == "comrope_ld" else [])
-        key = (
-            src,
-            layout.num_prefix,
-            query_layout.grid,
-            self._reference(i),
-            tuple((p.data_ptr(), p._version) for p in params),
-        )
+            return self.rotations(i, own, layout, query_layout)
+        key = (i, layout.num_prefix, query_layout.grid, self._reference(i), sources_key(*self._own(own).parameters()))
         rot = self._cache.get(layout.pos, key)
         if rot is None:
             with torch.inference_mode(False), torch.no_grad():
-                rot = self.rotations(i, layout, query_layout)
+                rot = self.rotations(i, own, layout, query_layout)
             self._cache.put(layout.pos, key, rot)
         return rot
 
-    def context(self, i, layout, kv_layout=None):
+    def context(self, i, layout, kv_layout=None, own=None):
         if is_fx_tracing():
             fx_unsupported("LieRE / ComRoPE (their rotations are cached per input size)")
         if self.training and self.coord_aug.active:
             coords = self._augmented_coords(i, layout, kv_layout)
-            rot_q = self.rotations(i, layout, layout, coords[0])
-            rot_k = rot_q if kv_layout is None else self.rotations(i, kv_layout, layout, coords[1])
+            rot_q = self.rotations(i, own, layout, layout, coords[0])
+            rot_k = rot_q if kv_layout is None else self.rotations(i, own, kv_layout, layout, coords[1])
         else:
-            rot_q = self._cached_rotations(i, layout, layout)
-            rot_k = rot_q if kv_layout is None else self._cached_rotations(i, kv_layout, layout)
+            rot_q = self._cached_rotations(i, own, layout, layout)
+            rot_k = rot_q if kv_layout is None else self._cached_rotations(i, own, kv_layout, layout)
 
         def rotate(q, k):
             return apply_block_rotation(q, rot_q), apply_block_rotation(k, rot_k)

@@ -251,18 +251,18 @@ class OffsetBiasPE(PosEncoding):
         self._tables.clear()
         self._scratch = None
 
-    def set_host(self, host):
-        super().set_host(host)
+    def set_host(self, host, layers=()):
+        super().set_host(host, layers)
         self.init_non_persistent_buffers()
 
     def train(self, mode: bool = True):
         """A learned f's tables are forgotten at any switch of mode: its parameters may have been written in a way
         their version counter does not see (`.data`, FSDP's all-gather into a reused buffer) while training."""
-        if not self.constant():
+        if mode != self.training and not self.constant():  # a switch that changes nothing keeps them
             self._tables.clear()
         return super().train(mode)
 
-    def context(self, i, layout, kv_layout=None):
+    def context(self, i, layout, kv_layout=None, own=None):
         if layout.streams != 2:
             raise ValueError(
                 f"{type(self).__name__} needs (x, y) positions, got a layout with {layout.streams} streams"

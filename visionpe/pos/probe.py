@@ -43,9 +43,14 @@ def _sites(pe: PosEncoding, device) -> str | None:
     for i, spec in enumerate(host.layers):
         layout = _layout(pe, spec.grid, device)
         n = layout.num_tokens
-        if not torch.isfinite(pe.block(i, draw(1, n, spec.dim), layout)).all():
+        own = pe.layer(i)  # a layer's own state as the options build it (the caller forks the RNG)
+        own = own.to(device).train(pe.training) if own is not None else None
+        what = nonfinite_tensor(own) if own is not None else None
+        if what:
+            return f"at layer {i} {what}"
+        if not torch.isfinite(pe.block(i, draw(1, n, spec.dim), layout, own)).all():
             return f"its block output at layer {i} is not finite"
-        ctx = pe.context(i, layout)
+        ctx = pe.context(i, layout, None, own)
         if ctx is None:
             continue
         q, k, v = (draw(1, spec.num_heads, n, spec.head_dim) for _ in range(3))

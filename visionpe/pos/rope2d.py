@@ -3,7 +3,8 @@
 Both drive the shared rotary kernel with a frequency matrix F over the layout's (x, y) streams:
 - axial: the first d/4 pairs rotate by x * f_j, the last d/4 by y * f_j, f_j = theta^(-4j/d) (theta 100 for ViT);
 - mixed: per layer and head, fx = [m cos a, m cos(a + pi/2)], fy = [m sin a, m sin(a + pi/2)], m_j = theta^(-4j/d)
-  (theta 10), a ~ U[0, 2 pi); stored as `freqs` [2, depth, heads, d/2] (timm's layout), excluded from weight decay.
+  (theta 10), a ~ U[0, 2 pi); each layer holds its own `freqs` [2, heads, d/2] (`blocks.{i}.attn.pos.rope2d.freqs`;
+  timm's and rope-vit's checkpoints stack them as [2, depth, heads, d/2]), excluded from weight decay.
 Options of both: coordinate augmentation in training (shift/jitter/rescale_coords, in patch units; see
 visionpe.pos.coord_aug; a fresh draw per layer, as DINOv3 draws per block) and the host's test-time `ntk` / `yarn`
 position modes (visionpe.pos.rope_scaling; the training extent is the reference grid; `yarn_ramp` 'reference', the
@@ -20,7 +21,7 @@ import torch
 from torch import nn
 
 from ..layout import TokenLayout
-from .base import EVERY_LAYER, CheckpointMismatch, PEHost, PosContext, PosEncoding
+from .base import AttnSpec, CheckpointMismatch, PEHost, PosContext, PosEncoding, assign
 from .coord_aug import CoordAugment
 from .rope_scaling import base_ladder, check_yarn_ramp, rope_scaling, scale_frequencies, yarn_temperature
 from .rotary import FixedCosSinCache, apply_rotary, axial_frequencies, check_p_rope, p_rope_keep, scaled_cos_sin
@@ -39,6 +40,25 @@ def mixed_frequencies(head_dim: int, depth: int, num_heads: int, theta: float = 
     fx = torch.cat([mag * torch.cos(a), mag * torch.cos(a + math.pi / 2)], dim=-1)
     fy = torch.cat([mag * torch.sin(a), mag * torch.sin(a + math.pi / 2)], dim=-1)
     return torch.stack([fx, fy], dim=0)
+
+
+class MixedFrequencies(nn.Module):
+    """One layer's RoPE-Mixed frequencies `freqs` [2, heads, d/2], learned and excluded from weight decay."""
+
+    def __init__(self, spec: AttnSpec, theta: float):
+        super().__init__()
+        self.head_dim, self.num_heads, self.theta = spec.head_dim, spec.num_heads, theta
+        self.freqs = nn.Parameter(self._draw())
+
+    def _draw(self) -> torch.Tensor:
+        return mixed_frequencies(self.head_dim, 1, self.num_heads, self.theta)[:, 0]
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            assign(self.freqs, self._draw())
+
+    def no_weight_decay(self) -> set[str]:
+        return {"freqs"}
 
 
 class RoPE2D(PosEncoding):
@@ -78,17 +98,7 @@ class RoPE2D(PosEncoding):
         self._head_dims = sorted(head_dims)
         for d in self._head_dims if mode == "mixed" and self.p < 1.0 else ():  # p-RoPE's mask of the learned pairs
             self.register_buffer(f"keep_{d}", self._keep(d), persistent=False)
-        if mode == "mixed":
-            heads = {spec.num_heads for spec in host.layers}
-            if len(heads) == 1 and len(head_dims) == 1:  # one tensor, as in timm / rope-vit checkpoints
-                self.freqs = nn.Parameter(
-                    mixed_frequencies(head_dims.pop(), host.depth, heads.pop(), self.theta)
-                )  # [2, depth, H, d/2]
-            else:  # hierarchical backbones: one tensor per layer
-                self.freqs = nn.ParameterList(
-                    [nn.Parameter(mixed_frequencies(s.head_dim, 1, s.num_heads, self.theta)[:, 0]) for s in host.layers]
-                )
-        else:
+        if mode == "axial":
             for d in head_dims:
                 self.register_buffer(f"axial_{d}", self._axial(d), persistent=False)
         self._cos_sin_cache = FixedCosSinCache()  # axial only (mixed frequencies are trained)
@@ -104,18 +114,8 @@ class RoPE2D(PosEncoding):
         freqs = axial_frequencies(d, self.theta)
         return freqs if self.p == 1.0 else freqs * self._keep(d)
 
-    def reset_parameters(self):
-        """Mixed: frequencies drawn afresh (random angles) as at construction."""
-        if self.mode != "mixed":
-            return
-        with torch.no_grad():
-            if isinstance(self.freqs, nn.ParameterList):
-                for p, s in zip(self.freqs, self.host.layers):
-                    p.copy_(mixed_frequencies(s.head_dim, 1, s.num_heads, self.theta)[:, 0])
-            else:
-                _, depth, heads, _ = self.freqs.shape
-                head_dim = self.host.layers[0].head_dim
-                self.freqs.copy_(mixed_frequencies(head_dim, depth, heads, self.theta))
+    def layer(self, i):
+        return MixedFrequencies(self.host.layers[i], self.theta) if self.mode == "mixed" else None
 
     def init_non_persistent_buffers(self):
         for d in self._head_dims if self.mode == "mixed" and self.p < 1.0 else ():
@@ -127,27 +127,13 @@ class RoPE2D(PosEncoding):
             self.register_buffer(f"axial_{d}", freqs, persistent=False)
         self._cos_sin_cache.clear()
 
-    def keep_layers(self, depth):
-        super().keep_layers(depth)
-        if self.mode != "mixed":
-            return
-        if isinstance(self.freqs, nn.ParameterList):
-            self.freqs = nn.ParameterList(list(self.freqs)[:depth])
-        else:
-            kept = self.freqs[:, :depth].detach().clone()
-            self.freqs = nn.Parameter(kept, requires_grad=self.freqs.requires_grad)
-
-    def layer_parameters(self, i):
-        per_layer = self.mode == "mixed" and isinstance(self.freqs, nn.ParameterList)  # vit's [2, depth, ...]: all
-        return [self.freqs[i]] if per_layer and i < len(self.freqs) else []
-
-    def layer_frequencies(self, i: int) -> torch.Tensor:
-        """Frequency matrix of layer i: [2, d/2] (axial, shared) or [2, heads, d/2] (mixed; p-RoPE's dropped pairs
-        multiplied by 0)."""
+    def layer_frequencies(self, i: int, own: MixedFrequencies | None = None) -> torch.Tensor:
+        """Frequency matrix of layer i: [2, d/2] (axial, shared) or [2, heads, d/2] (mixed, the layer's own `own`;
+        p-RoPE's dropped pairs multiplied by 0)."""
         d = self.host.layers[i].head_dim
         if self.mode == "axial":
             return getattr(self, f"axial_{d}")
-        freqs = self.freqs[i] if isinstance(self.freqs, nn.ParameterList) else self.freqs[:, i]
+        freqs = own.freqs
         keep = self.keep(d)
         return freqs if keep is None else freqs * keep.to(freqs.device, freqs.dtype)
 
@@ -158,12 +144,12 @@ class RoPE2D(PosEncoding):
         (h, w), (ref_h, ref_w) = layout.hw, self.host.grid
         return rope_scaling(self.host.position_mode, (w, h), (ref_w, ref_h), self.yarn_ramp)
 
-    def _cos_sin(self, i: int, layout: TokenLayout, scaling=None, drawn=None):
+    def _cos_sin(self, i: int, layout: TokenLayout, scaling=None, drawn=None, own=None):
         """drawn: the layout's positions under this layer's coordinate augmentation (training), else None."""
         ref_h, ref_w = self.host.grid
         d = self.host.layers[i].head_dim
         ladder = base_ladder(self.theta, d // 4)  # axial f_j = theta^(-4j/d); RoPE-Mixed's initial magnitudes
-        freqs = scale_frequencies(self.layer_frequencies(i), scaling, d, (ref_w, ref_h), ladder=ladder)
+        freqs = scale_frequencies(self.layer_frequencies(i, own), scaling, d, (ref_w, ref_h), ladder=ladder)
         gain = yarn_temperature(scaling)
         if drawn is not None:
             return scaled_cos_sin(drawn, freqs, layout.num_prefix, gain=gain)
@@ -171,7 +157,7 @@ class RoPE2D(PosEncoding):
             return self._cos_sin_cache(layout, freqs, tag=scaling, gain=gain)
         return scaled_cos_sin(layout.pos, freqs, layout.num_prefix, gain=gain)
 
-    def context(self, i, layout, kv_layout=None):
+    def context(self, i, layout, kv_layout=None, own=None):
         if layout.streams != 2:
             raise ValueError(f"2D RoPE needs (x, y) positions, got a layout with {layout.streams} streams")
         scaling = self._scaling(layout)  # the same for the keys (CvT's stride-2 keys share the queries' frame)
@@ -179,27 +165,33 @@ class RoPE2D(PosEncoding):
         drawn = [None] * len(layouts)
         if self.coord_aug.active and self.training:  # a fresh draw for this layer, the same for queries and keys
             drawn = self.coord_aug.jointly([lay.pos for lay in layouts], True)
-        cos_q, sin_q = self._cos_sin(i, layout, scaling, drawn[0])
-        cos_k, sin_k = (cos_q, sin_q) if kv_layout is None else self._cos_sin(i, kv_layout, scaling, drawn[1])
+        cos_q, sin_q = self._cos_sin(i, layout, scaling, drawn[0], own)
+        cos_k, sin_k = (cos_q, sin_q) if kv_layout is None else self._cos_sin(i, kv_layout, scaling, drawn[1], own)
 
         def rotate(q, k):
             return apply_rotary(q, cos_q, sin_q), apply_rotary(k, cos_k, sin_k)
 
         return PosContext(rotate=rotate)
 
-    def no_weight_decay(self):
-        if self.mode != "mixed":
-            return set()
-        if isinstance(self.freqs, nn.ParameterList):
-            return {f"freqs.{i}" for i in range(len(self.freqs))}
-        return {"freqs"}
+    layer_names = {r"freqs\.(?P<i>\d+)": "freqs"}  # hierarchical backbones' per-layer frequencies
 
-    def layer_of(self, name):
-        return EVERY_LAYER if name == "freqs" else super().layer_of(name)  # [2, depth, ...] or freqs.{i}
+    def _stacked(self) -> bool:
+        """Mixed with one head count and head dim in every layer: checkpoints stack the frequencies [2, depth, ...]."""
+        return self.mode == "mixed" and len({(s.num_heads, s.head_dim) for s in self.host.layers}) == 1
+
+    def layer_entries(self, flat):
+        """`freqs` [2, depth, H, d/2] (timm / rope-vit, and ViTs before each layer held its own) -> layer i's [2, H,
+        d/2]."""
+        flat = dict(flat)
+        stacked = flat.pop("freqs", None)
+        own, layers = super().layer_entries(flat)
+        for i, f in enumerate(stacked.unbind(1) if stacked is not None else ()):
+            layers.setdefault(i, {})["freqs"] = f
+        return own, layers
 
     def convert_checkpoint(self, entries, source):
         """RoPE-Mixed frequencies in timm's layout [2, depth, H, d/2] (naver's [2, depth, H * d/2] reshaped)."""
-        single = self.mode == "mixed" and isinstance(self.freqs, nn.Parameter)
+        single = self._stacked()
         if entries and not single:
             raise CheckpointMismatch(self.absent_message(next(iter(entries)), source))
         if not entries:
@@ -209,7 +201,8 @@ class RoPE2D(PosEncoding):
                     "use the matching preset (rope2d for an axial RoPE checkpoint)"
                 )
             return {}
-        v, target = next(iter(entries.values())), self.freqs.shape
+        spec = self.host.layers[0]
+        v, target = next(iter(entries.values())), torch.Size((2, self.host.depth, spec.num_heads, spec.head_dim // 2))
         if v.shape == target:
             return {"freqs": v}
         if v.dim() == 3 and v.numel() == target.numel() and tuple(v.shape[:2]) == tuple(target[:2]):

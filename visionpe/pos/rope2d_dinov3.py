@@ -175,7 +175,7 @@ class RoPE2DDinoV3(PosEncoding):
             return scaled_cos_sin(drawn, freqs, layout.num_prefix, half=True, gain=gain)
         return self._cos_sin_cache(layout, freqs, tag=scaling, half=True, gain=gain, pos=self._coords(layout, box))
 
-    def context(self, i, layout, kv_layout=None):
+    def context(self, i, layout, kv_layout=None, own=None):
         (h, w), ref = self._hw(layout), tuple(self.host.grid)
         scaling = rope_scaling(self.host.position_mode, (h, w), ref, self.yarn_ramp)
         box = ref if scaling is not None else None  # ntk / yarn: the training spacing

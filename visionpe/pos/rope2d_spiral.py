@@ -88,7 +88,7 @@ class RoPE2DSpiral(PosEncoding):
             self.register_buffer(f"freqs_{d}", self._freqs(d).to(buf.device, buf.dtype), persistent=False)
         self._cos_sin_cache.clear()
 
-    def context(self, i, layout, kv_layout=None):
+    def context(self, i, layout, kv_layout=None, own=None):
         if layout.streams != 2:
             raise ValueError(f"Spiral RoPE needs (x, y) positions, got a layout with {layout.streams} streams")
         freqs = getattr(self, f"freqs_{self.host.layers[i].head_dim}")

@@ -247,14 +247,14 @@ class RoPEND(PosEncoding):
         ref = self.reference_spread()
         return rope_scaling(self.host.position_mode, self._layout_spread(layout), ref, self.yarn_ramp), ref
 
-    def set_host(self, host: PEHost) -> None:
-        super().set_host(host)
+    def set_host(self, host: PEHost, layers=()) -> None:
+        super().set_host(host, layers)
         self._spreads, self._reference_spread = [], None
 
     def layout_options(self, training):
         return {**self.scheme_options, **runtime_options(self.scheme, training, self.delta, self.temporal_scale)}
 
-    def context(self, i, layout, kv_layout=None):
+    def context(self, i, layout, kv_layout=None, own=None):
         cos_q, sin_q = self._cos_sin(i, layout)
         cos_k, sin_k = (cos_q, sin_q) if kv_layout is None else self._cos_sin(i, kv_layout)
 

@@ -16,6 +16,7 @@ import torch
 from timm.layers import register_notrace_function
 
 from ..fx import is_fx_tracing
+from .table_cache import TableCache
 
 __all__ = [
     "rotary_angles",
@@ -119,15 +120,11 @@ def scaled_cos_sin(
 torch.fx.wrap("scaled_cos_sin")
 
 
-class FixedCosSinCache:
+class FixedCosSinCache(TableCache):
     """cos/sin of fixed frequencies, kept for the last few layouts (the same positions tensor, prefix count, pair
     count, device and tag hit; the tag names anything else the frequencies depend on, e.g. a test-time scaling).
     Bypassed while tracing: under torch.compile a Python cache would be guarded on and recompile, so the graph
-    computes them. Entries hold their positions tensor, so its identity is never reused."""
-
-    def __init__(self, size: int = 32):  # a native batch (visionpe.native) holds many grids at once
-        self.size = size
-        self._entries: list = []  # [(pos tensor, key, (cos, sin))]
+    computes them."""
 
     def __call__(
         self, layout, freqs: torch.Tensor, tag=None, half: bool = False, gain: float = 1.0, pos: torch.Tensor = None
@@ -137,16 +134,12 @@ class FixedCosSinCache:
         if torch.compiler.is_compiling() or is_fx_tracing():
             return scaled_cos_sin(pos, freqs, layout.num_prefix, half, gain)
         key = (layout.num_prefix, freqs.shape[-1], freqs.device, tag, half, gain)
-        for p, k, cos_sin in self._entries:
-            if p is pos and k == key:
-                return cos_sin
-        with torch.inference_mode(False), torch.no_grad():  # constants, reusable in training and inference
-            cos_sin = scaled_cos_sin(pos, freqs, layout.num_prefix, half, gain)
-        self._entries = [*self._entries, (pos, key, cos_sin)][-self.size :]
+        cos_sin = self.get(pos, key)
+        if cos_sin is None:
+            with torch.inference_mode(False), torch.no_grad():  # constants, reusable in training and inference
+                cos_sin = scaled_cos_sin(pos, freqs, layout.num_prefix, half, gain)
+            self.put(pos, key, cos_sin)
         return cos_sin
-
-    def clear(self) -> None:
-        self._entries = []
 
 
 def _rotate_pairs(x: torch.Tensor) -> torch.Tensor:

@@ -21,11 +21,11 @@ weight decay. Options: shift/jitter/rescale_coords (coordinate augmentation in t
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
-from torch import nn
 
-from .base import PEHost, PosContext, PosEncoding
+from .base import LayerParams, PEHost, PosContext, PosEncoding
 from .coord_aug import CoordAugment
 from .rope2d import mixed_frequencies
 from .rotary import apply_rotary, no_autocast, scaled_cos_sin
@@ -92,31 +92,25 @@ class STRING(PosEncoding):
         self.variant, self.theta = variant, float(theta)
         self.coord_aug = CoordAugment(shift_coords, jitter_coords, rescale_coords)
         self._head_dims = sorted({spec.head_dim for spec in host.layers})
-        initial = [self._initial(s) for s in host.layers]  # values at registration (meta construction keeps them)
-        if variant == "cayley":
-            self.freqs = nn.ParameterList([nn.Parameter(freqs) for freqs, _ in initial])
-            self.skews = nn.ParameterList([nn.Parameter(skew) for _, skew in initial])
-        else:
-            self.circulant = nn.ParameterList([nn.Parameter(c) for (c,) in initial])
+        if variant == "circulant":
             for d in self._head_dims:
                 self.register_buffer(f"basis_{d}", circulant_basis(d).float(), persistent=False)
                 self.register_buffer(f"sines_{d}", circulant_sines(d).float(), persistent=False)
 
-    def _initial(self, spec) -> tuple[torch.Tensor, ...]:
-        """Constructor values of one layer: Cayley (RoPE-Mixed's random-angle frequencies, A = 0), circulant (the
-        minimal-norm c giving those frequencies on pairs 0 .. d/2 - 2)."""
+    def _initial(self, spec) -> dict[str, torch.Tensor]:
+        """Values of one layer (at construction and reset): Cayley (RoPE-Mixed's random-angle frequencies, A = 0),
+        circulant (the minimal-norm c giving those frequencies on pairs 0 .. d/2 - 2)."""
         init = mixed_frequencies(spec.head_dim, 1, spec.num_heads, self.theta)[:, 0]  # [2, H, d/2]
         if self.variant == "cayley":
-            return init, torch.zeros(spec.num_heads, spec.head_dim, spec.head_dim)
+            return dict(freqs=init, skews=torch.zeros(spec.num_heads, spec.head_dim, spec.head_dim))
         target = torch.cat([init[..., :-1], init.new_zeros(2, spec.num_heads, 1)], dim=-1)
-        return ((target.double() @ torch.linalg.pinv(circulant_sines(spec.head_dim))).float(),)
+        return dict(circulant=(target.double() @ torch.linalg.pinv(circulant_sines(spec.head_dim))).float())
 
-    def reset_parameters(self) -> None:
-        """The constructor's values again (fresh random angles)."""
-        with torch.no_grad():
-            for i, spec in enumerate(self.host.layers):
-                for param, value in zip(self._params(i), self._initial(spec)):
-                    param.copy_(value)
+    layer_names = {r"(?P<name>freqs|skews|circulant)\.(?P<i>\d+)": "{name}"}
+
+    def layer(self, i):
+        """Layer i's freqs and skews (Cayley) or circulant c, excluded from weight decay."""
+        return LayerParams(partial(self._initial, self.host.layers[i]), decay=False)
 
     def init_non_persistent_buffers(self) -> None:
         for d in self._head_dims if self.variant == "circulant" else ():
@@ -124,38 +118,20 @@ class STRING(PosEncoding):
                 buf = getattr(self, name)
                 self.register_buffer(name, build(d).to(buf.device, buf.dtype), persistent=False)
 
-    def keep_layers(self, depth: int) -> None:
-        super().keep_layers(depth)
-        for name in ("freqs", "skews", "circulant"):
-            if hasattr(self, name):
-                setattr(self, name, nn.ParameterList(list(getattr(self, name))[:depth]))
-
-    def _params(self, i: int) -> list[nn.Parameter]:
-        if self.variant == "cayley":
-            return [self.freqs[i], self.skews[i]]
-        return [self.circulant[i]]
-
-    def layer_parameters(self, i):
-        return self._params(i) if i < self.host.depth else []
-
-    def no_weight_decay(self) -> set[str]:
-        names = ("freqs", "skews") if self.variant == "cayley" else ("circulant",)
-        return {f"{n}.{i}" for n in names for i in range(len(getattr(self, n)))}
-
-    def layer_parts(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def layer_parts(self, i: int, own: LayerParams) -> tuple[torch.Tensor, torch.Tensor]:
         """(P [H or 1, d, d], RoPE frequencies F [2, H, d/2]) of layer i in fp32: R(r) = P^T RoPE_F(r) P."""
         if self.variant == "cayley":
-            a = self.skews[i].float()
-            return cayley(a - a.transpose(-1, -2)), self.freqs[i].float()
+            a = own.skews.float()
+            return cayley(a - a.transpose(-1, -2)), own.freqs.float()
         d = self.host.layers[i].head_dim
-        freqs = self.circulant[i].float() @ getattr(self, f"sines_{d}").float()
+        freqs = own.circulant.float() @ getattr(self, f"sines_{d}").float()
         return getattr(self, f"basis_{d}").float()[None], freqs
 
-    def context(self, i, layout, kv_layout=None):
+    def context(self, i, layout, kv_layout=None, own=None):
         if layout.streams != 2:
             raise ValueError(f"STRING needs (x, y) positions, got a layout with {layout.streams} streams")
         with no_autocast(layout.pos.device):
-            basis, freqs = self.layer_parts(i)
+            basis, freqs = self.layer_parts(i, own)
         layouts = [layout] if kv_layout is None else [layout, kv_layout]
         positions = [lay.pos for lay in layouts]
         if self.coord_aug.active and self.training:  # one draw per layer, shared by queries and keys
