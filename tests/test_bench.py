@@ -20,7 +20,7 @@ from visionpe.bench.__main__ import main as bench_main
 from visionpe.bench.cards import write_cards
 from visionpe.bench.extrapolate import BenchConfigError, load_bench, make_plan, run_benchmark, validate
 from visionpe.bench.protocols import modes_agree
-from visionpe.engine.bench_settings import parse_size
+from visionpe.bench.settings import parse_size
 from visionpe.engine.checkpoint import find_checkpoint
 from visionpe.recipes import list_recipes
 
@@ -233,7 +233,7 @@ def test_base_samples_evaluate_the_training_point_on_more_items(tmp_path, monkey
 _ORPHAN = """
 import multiprocessing, os, time
 from concurrent.futures import ProcessPoolExecutor
-from visionpe.engine.interrupt import worker_init
+from visionpe.bench.jobs import worker_init
 
 if __name__ == "__main__":
     ctx = multiprocessing.get_context("spawn")

@@ -20,7 +20,7 @@ import visionpe.engine.trainer as trainer
 from visionpe.bench.__main__ import main as bench_main
 from visionpe.bench.extrapolate import load_bench, make_plan, write_record
 from visionpe.bench.report import write_report
-from visionpe.engine.bench_settings import BenchConfigError
+from visionpe.bench.settings import BenchConfigError
 from visionpe.engine.checkpoint import find_checkpoint
 from visionpe.engine.interrupt import StopOnSignal
 

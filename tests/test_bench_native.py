@@ -18,9 +18,9 @@ import visionpe.engine
 from visionpe.bench.extrapolate import BenchConfigError, load_bench, make_plan, run_benchmark
 from visionpe.bench.protocols import NativeView, Point, first_inputs, point_label
 from visionpe.bench.report import _is_beyond
+from visionpe.bench.settings import parse_aspect
 from visionpe.data import build_dataset
 from visionpe.data.native_resize import budget_size
-from visionpe.engine.bench_settings import parse_aspect
 
 TINY = "{embed_dim: 32, depth: 1, num_heads: 2, patch_size: 4}"
 

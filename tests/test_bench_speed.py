@@ -16,9 +16,9 @@ import torch
 import visionpe  # noqa: F401
 import visionpe.attention
 from visionpe.attention import attn_backend
-from visionpe.backend_check import xformers_status
 from visionpe.bench import gpu_check
 from visionpe.bench.__main__ import main as bench_main
+from visionpe.bench.backend_check import xformers_status
 from visionpe.bench.measure import (
     Clock,
     count_flops,

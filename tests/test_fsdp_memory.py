@@ -1,4 +1,4 @@
-"""The counts behind `python -m visionpe.engine.fsdp_memory`: bytes of parameters, gradients and AdamW state."""
+"""The counts behind `visionpe-bench fsdp-memory`: bytes of parameters, gradients and AdamW state."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from visionpe.engine.fsdp_memory import project_state, state_bytes
+from visionpe.bench.fsdp_memory import project_state, state_bytes
 
 
 def _one_step(model: nn.Module) -> torch.optim.Optimizer:

@@ -28,7 +28,6 @@ RANK = {
     "pos": 1,
     "attention": 2,
     "layers": 2,
-    "backend_check": 2,  # the attention backends against the math reference
     "models": 3,
     "zoo": 4,
     "<root>": 4,

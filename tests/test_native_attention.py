@@ -11,7 +11,7 @@ import torch
 from visionpe import attention, attn_mask
 from visionpe.attention import attend, attn_backend
 from visionpe.attn_mask import AttnMask
-from visionpe.backend_check import check_masked_backend, check_native_model, packed_segment_ids
+from visionpe.bench.backend_check import check_masked_backend, check_native_model, packed_segment_ids
 from visionpe.models.vit_zoo import VIT
 from visionpe.native import pack_images
 

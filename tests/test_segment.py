@@ -17,8 +17,8 @@ except (ImportError, OSError):  # OSError: the cairo library is missing
 
 from visionpe.bench import segment
 from visionpe.bench.leaderboard import benchmarks
+from visionpe.bench.settings import BenchConfigError, load_bench
 from visionpe.data import build_dataset
-from visionpe.engine.bench_settings import BenchConfigError, load_bench
 from visionpe.engine.setup import build_split
 
 SVG = '<svg xmlns="http://www.w3.org/2000/svg" width="100" height="100" viewBox="0 0 100 100">{}</svg>'

@@ -21,6 +21,8 @@ COMMANDS = {  # command: (module, one line of help)
         "rank every image PE per benchmark and protocol: results/leaderboard.md",
     ),
     "cards": ("visionpe.bench.cards", "write model_cards/<family>.md from the results under results/"),
+    "fsdp-memory": ("visionpe.bench.fsdp_memory", "bytes per rank of parameters, gradients and AdamW state under FSDP"),
+    "native-speed": ("visionpe.bench.native_speed", "packed vs padded vs square-resized native batches: images/s"),
 }
 
 

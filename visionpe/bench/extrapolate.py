@@ -25,12 +25,11 @@ import yaml
 
 from .. import engine
 from ..data import dataset_num_classes, get_dataset_info
-from ..engine.bench_settings import BenchConfig, BenchConfigError, load_bench, parse_aspect, parse_size
 from ..engine.changes import changed_keys, flatten, recipe_of
 from ..engine.checkpoint import atomic_write_text, find_checkpoint, read_pointer
 from ..engine.cli import USER_ERRORS, user_error
 from ..engine.config import Config, config_to_dict, format_config_help, native_settings
-from ..engine.interrupt import JobStopped, TrainingInterrupted, run_stoppable, stopped_job
+from ..engine.interrupt import TrainingInterrupted
 from ..engine.metrics_log import METRICS
 from ..engine.native_train import model_patch_size
 from ..engine.setup import build_eval_sets, build_model, build_split, forward_on, resolve_amp, to_device
@@ -39,8 +38,10 @@ from ..engine.trainer import resolve_run_dir
 from ..models.flexi_patch import flexi_patch_refusal
 from ..zoo import name_parts
 from . import protocols
+from .jobs import JobStopped, run_stoppable, stopped_job
 from .protocols import CLIP_PROTOCOLS, Point, point_label, row_point
 from .report import base_point, undecided_models, write_report
+from .settings import BenchConfig, BenchConfigError, load_bench, parse_aspect, parse_size
 
 
 @dataclass

@@ -25,7 +25,6 @@ from torch import nn
 import visionpe  # noqa: F401  (registers the models)
 
 from ..data import build_dataset, build_train_loader, dataset_num_classes, get_dataset_info
-from ..engine.bench_settings import MAX_SIZE_PX, check_device, check_sizes
 from ..engine.cli import positive_int
 from ..engine.config import Config, apply_overrides
 from ..engine.setup import to_device
@@ -49,6 +48,7 @@ from .measure import (
     torch_threads,
 )
 from .report import check_files, fmt, md_table, write_files
+from .settings import MAX_SIZE_PX, check_device, check_sizes
 
 _DEFAULT_MODELS = ["vit_s_ape", "vit_s_rope2d_mixed", "swin_t_rpb", "cvt_13"]
 _COMPILE_MODELS = ["vit_s_rope2d_mixed", "swin_t_rpb"]

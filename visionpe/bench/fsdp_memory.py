@@ -1,8 +1,8 @@
-"""`python -m visionpe.engine.fsdp_memory`: what sharding saves. Per rank, the bytes of parameters, gradients and
+"""`visionpe-bench fsdp-memory`: what sharding saves. Per rank, the bytes of parameters, gradients and
 AdamW state (counted from the tensors each rank holds: its local shards under fsdp, full replicas under ddp), the
 process's peak RSS, and the training step time, for train.strategy=fsdp against ddp in the same invocation.
 
-    python -m visionpe.engine.fsdp_memory --models vit_b_rope2d_mixed vit_l_ape --ranks 2 --batch 1 --steps 3
+    visionpe-bench fsdp-memory --models vit_b_rope2d_mixed vit_l_ape --ranks 2 --batch 1 --steps 3
 
 Each (model, strategy) runs in fresh processes (one per rank, gloo on CPU, fp32, one thread each), so every peak RSS
 is that strategy's own; they run with glibc's mmap threshold fixed at 256 KiB (MALLOC_MMAP_THRESHOLD_, as the speed
@@ -75,9 +75,9 @@ def project_state(per_rank_bytes: int, ranks: int, to_ranks: int) -> float:
 def _build(name: str, strategy: str, res: int, classes: int, ctx):
     from torch.nn.parallel import DistributedDataParallel
 
-    from .config import load_config
-    from .fsdp import build_sharded_model
-    from .setup import build_model
+    from ..engine.config import load_config
+    from ..engine.fsdp import build_sharded_model
+    from ..engine.setup import build_model
 
     cfg = load_config(None, [f"model.name={name}", f"data.resolution={res}", "train.amp=none", "model.drop_path=0"])
     if strategy == "fsdp":
@@ -93,7 +93,7 @@ def _rank_main(rank: int, world: int, port: int, job: dict, out: str) -> None:
     figures to `out`."""
     from timm.optim import create_optimizer_v2
 
-    from .distributed import gather_objects, init_distributed, shutdown
+    from ..engine.distributed import gather_objects, init_distributed, shutdown
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     os.environ["LOCAL_RANK"] = str(rank)
@@ -194,7 +194,7 @@ def _markdown(rows: list[dict], args) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m visionpe.engine.fsdp_memory", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="visionpe-bench fsdp-memory", description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="+", default=["vit_b_rope2d_mixed", "vit_l_ape"])
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--res", type=int, default=224)

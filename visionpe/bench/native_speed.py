@@ -1,6 +1,6 @@
 """Speed of native-aspect batches: packed vs padded vs square-resized at an equal token budget (issue 31, item 5).
 
-    python -m visionpe.data.native_speed --models vit_s_ape,vit_s_rope2d_mixed,vit_s_irpe --threads 1,2
+    visionpe-bench native-speed --models vit_s_ape,vit_s_rope2d_mixed,vit_s_irpe --threads 1,2
 
 One set of images with aspect ratios log-uniform in 1:3 to 3:1, each at a budget drawn from `--budgets` patches
 (its own resolution), feeds three arms with the same token slots per batch (`--rows` x the largest budget):
@@ -18,10 +18,10 @@ import time
 
 import torch
 
-from .native_collate import collate_native
-from .native_pack import OnlinePacker
-from .native_resize import budget_size, patchify
-from .native_sampler import NativeKey
+from ..data.native_collate import collate_native
+from ..data.native_pack import OnlinePacker
+from ..data.native_resize import budget_size, patchify
+from ..data.native_sampler import NativeKey
 
 __all__ = ["image_sizes", "arm_batches", "time_arm", "main"]
 
@@ -81,12 +81,13 @@ def time_arm(model: torch.nn.Module, batches: list, warmup: int = 1) -> tuple[fl
     return images / (time.perf_counter() - t0), pad
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
+def measure(argv: list[str] | None = None) -> list[dict]:
+    """The table of the command line `argv` (one row per model, threads and arm), printed as it is measured."""
     import timm
 
     import visionpe  # noqa: F401  (registers the models)
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="visionpe-bench native-speed", description=__doc__.splitlines()[0])
     p.add_argument("--models", default="vit_s_ape,vit_s_rope2d_mixed,vit_s_irpe")
     p.add_argument("--threads", default="1,2")
     p.add_argument("--budgets", default="64,100,144,196", help="per-image token budgets (patches)")
@@ -121,5 +122,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     return table
 
 
+def main(argv: list[str] | None = None) -> int:
+    measure(argv)
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
