@@ -74,10 +74,15 @@ def test_peg_is_translation_equivariant_away_from_borders():
 def test_peg_acts_after_the_configured_blocks_with_each_blocks_width():
     peg = CPE(_host(dims=[16, 32, 32]), blocks=(0, 2))
     own = _own(peg)
-    assert [sorted(o.state_dict()) if o is not None else None for o in own] == [["bias", "weight"], None, ["bias", "weight"]]
+    assert [sorted(o.state_dict()) if o is not None else None for o in own] == [
+        ["bias", "weight"],
+        None,
+        ["bias", "weight"],
+    ]
     assert not peg.state_dict() and own[2].weight.shape == (32, 1, 3, 3) and own[0].weight.shape == (16, 1, 3, 3)
     x = torch.randn(1, 17, 32)
-    assert torch.equal(peg.block(1, x, image_layout(4, 4, 1), own[1]), x)  # exact: block 1 has no conv, x passes through
+    # exact: block 1 has no conv, x passes through
+    assert torch.equal(peg.block(1, x, image_layout(4, 4, 1), own[1]), x)
     with pytest.raises(ValueError, match="blocks"):
         CPE(_host(depth=2), blocks=(2,))
 
