@@ -11,7 +11,7 @@ import torch
 
 import visionpe  # noqa: F401  (registers the models)
 from visionpe.layout import TokenLayout, cell_centre_layout, image_layout, window_layout
-from visionpe.pos.base import AttnSpec, PEHost, PosContext, PosEncoding
+from visionpe.pos.base import AttnSpec, LayerParams, PEHost, PosContext, PosEncoding
 from visionpe.pos.presets import PE_KINDS, PE_PRESETS, PRESET_PAPERS, register_pe_kind, register_pe_preset
 from visionpe.zoo import family_of
 
@@ -29,7 +29,7 @@ class GaussBias(PosEncoding):
         """1 / (2 sigma_h^2) per head."""
         return 0.5 / (self.width * 2.0 ** torch.arange(heads)) ** 2
 
-    def context(self, i: int, layout: TokenLayout, kv_layout: TokenLayout | None = None) -> PosContext:
+    def context(self, i: int, layout: TokenLayout, kv_layout: TokenLayout | None = None, own=None) -> PosContext:
         kv = layout if kv_layout is None else kv_layout
         heads = self.host.layers[i].num_heads
 
@@ -116,16 +116,21 @@ def _run_on_three_families() -> None:
 
 # ---- a PE with parameters owns them end to end: docs/adding_a_pe.md section 2 ---------------------------------------
 class LearnedGaussBias(GaussBias):
-    """GaussBias with a learned log-width per layer (`log_widths.{i}` [heads]); a published ViT layout (invented for
-    the example) stores the widths themselves as `blocks.{i}.attn.gauss_width`."""
+    """GaussBias with a learned log-width per layer and head (layer i's `log_width` [heads], flat name
+    `log_widths.{i}`); a published ViT layout (invented for the example) stores the widths as
+    `blocks.{i}.attn.gauss_width`."""
 
     checkpoint_keys = {"vit": r"^blocks\.\d+\.attn\.gauss_width$"}
+    layer_names = {r"log_widths\.(?P<i>\d+)": "log_width"}  # flat name -> the name in layer i's module
 
-    def __init__(self, host: PEHost, width: float = 1.0):
-        super().__init__(host, width)
-        self.log_widths = torch.nn.ParameterList(
-            torch.nn.Parameter(torch.zeros(spec.num_heads)) for spec in host.layers
-        )
+    def layer(self, i: int) -> LayerParams:
+        heads = self.host.layers[i].num_heads
+        return LayerParams(lambda: {"log_width": torch.zeros(heads)})  # the backbone keeps it in blocks[i].attn.pos
+
+    def context(self, i, layout, kv_layout=None, own=None):
+        ctx = super().context(i, layout, kv_layout)
+        scale = torch.exp(-2 * own.log_width)[None, :, None, None]  # 1 / w^2: the learned widths of the heads
+        return PosContext(bias=lambda q, k: ctx.bias(q, k) * scale.to(q))
 
     def convert_checkpoint(self, entries, source):
         return {f"log_widths.{key.split('.')[1]}": v.log() for key, v in entries.items()}
@@ -141,22 +146,23 @@ def test_a_pe_converts_its_checkpoint_entries_and_names_its_layers_without_a_bac
     register_pe_preset("learnedgauss", [("learnedgauss", {})])
     try:
         model = timm.create_model("vit_n_nope", **{**family_of("vit_n_nope").tiny, "pe": "learnedgauss"})
-        # layer decay: `log_widths.{i}` goes with block i (the default layer_of reads the index in the name)
+        # layer decay: layer i's widths live in block i (`blocks.{i}.attn.pos.<kind>`), so timm's block rules group them
         opt = create_optimizer_v2(model, "adamw", lr=1.0, layer_decay=0.5)
         scale = {id(p): g["lr_scale"] for g in opt.param_groups for p in g["params"]}
         params = dict(model.named_parameters())
         for i in range(2):
             own = scale[id(params[f"blocks.{i}.norm1.weight"])]
-            assert scale[id(params[f"pe.encodings.learnedgauss.log_widths.{i}"])] == own
+            assert scale[id(params[f"blocks.{i}.attn.pos.learnedgauss.log_width"])] == own
         assert scale[id(params["blocks.0.norm1.weight"])] < scale[id(params["blocks.1.norm1.weight"])]
         # a published checkpoint: the backbone's own keys plus the PE's, which only the PE knows how to read
-        published = {k: v for k, v in model.state_dict().items() if not k.startswith("pe.")}
+        published = {k: v for k, v in model.state_dict().items() if not k.startswith("pe.") and ".pos." not in k}
         published |= {f"blocks.{i}.attn.gauss_width": torch.full((2,), 2.0**i) for i in range(2)}
         converted = checkpoint_filter_fn(published, model)
         model.load_state_dict(converted)
         for i in range(2):  # log of the published widths 2^i: i log 2, to float32's ~1e-7
             want = torch.full((2,), i * math.log(2.0))
-            torch.testing.assert_close(model.pe.encodings["learnedgauss"].log_widths[i].data, want, rtol=0, atol=1e-6)
+            got = model.blocks[i].attn.pos["learnedgauss"].log_width.data
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
         # the same checkpoint into a model without this PE: the PE kind's message, not a generic key error
         with pytest.raises(CheckpointMismatch, match="LearnedGaussBias"):
             checkpoint_filter_fn(published, timm.create_model("vit_n_nope", **family_of("vit_n_nope").tiny))

@@ -25,21 +25,28 @@ def _zero(module):
     return module
 
 
+def _own(pe):
+    """Each layer's own module (`pe.layer(i)`, None where it has none), as a backbone keeps it in its block."""
+    return [pe.layer(i) for i in range(pe.host.depth)]
+
+
 # --------------------------------------------------------------------------------------------------------- CPE / PEG
 
 
 def test_peg_with_a_zero_conv_is_the_identity():
-    peg = _zero(CPE(_host()))
+    peg = CPE(_host())
+    own = _own(peg)
+    _zero(own[0])
     x = torch.randn(2, 1 + 64, 16)
-    assert torch.equal(peg.block(0, x, image_layout(8, 8, 1)), x)  # exact: x + 0 is x
+    assert torch.equal(peg.block(0, x, image_layout(8, 8, 1), own[0]), x)  # exact: x + 0 is x
 
 
 def test_peg_is_x_plus_a_depthwise_conv_and_leaves_prefix_tokens_alone():
     peg = CPE(_host(prefix=2))
+    conv = peg.layer(0)
     x = torch.randn(2, 2 + 48, 16)
-    out = peg.block(0, x, image_layout(6, 8, 2))
+    out = peg.block(0, x, image_layout(6, 8, 2), conv)
     assert torch.equal(out[:, :2], x[:, :2])
-    conv = peg.convs["0"]
     feat = x[:, 2:].transpose(1, 2).reshape(2, 16, 6, 8)
     ref = feat + F.conv2d(feat, conv.weight, conv.bias, padding=1, groups=16)
     # 9-tap fp32 depthwise conv (|terms| <= ~5) plus residual, maybe another kernel for another memory layout:
@@ -49,13 +56,14 @@ def test_peg_is_x_plus_a_depthwise_conv_and_leaves_prefix_tokens_alone():
 
 def test_peg_is_translation_equivariant_away_from_borders():
     peg = CPE(_host(prefix=0))
+    conv = peg.layer(0)
     feat = torch.randn(1, 16, 12, 12)
     shifted = torch.roll(feat, shifts=(2, 3), dims=(2, 3))
     layout = image_layout(12, 12)
     tok = lambda f: f.flatten(2).transpose(1, 2)  # noqa: E731
     grid = lambda t: t.transpose(1, 2).reshape(1, 16, 12, 12)  # noqa: E731
-    a = grid(peg.block(0, tok(feat), layout))
-    b = grid(peg.block(0, tok(shifted), layout))
+    a = grid(peg.block(0, tok(feat), layout, conv))
+    b = grid(peg.block(0, tok(shifted), layout, conv))
     inner = (slice(None), slice(None), slice(4, 11), slice(5, 11))  # away from borders and the wrapped rows
     # same 9-tap conv at other positions; vectorised tails may round differently: ~10 eps * 5 ~ 3e-6 (see above)
     assert torch.allclose(torch.roll(a, shifts=(2, 3), dims=(2, 3))[inner], b[inner], atol=1e-5)
@@ -65,10 +73,16 @@ def test_peg_is_translation_equivariant_away_from_borders():
 
 def test_peg_acts_after_the_configured_blocks_with_each_blocks_width():
     peg = CPE(_host(dims=[16, 32, 32]), blocks=(0, 2))
-    assert sorted(peg.state_dict()) == ["convs.0.bias", "convs.0.weight", "convs.2.bias", "convs.2.weight"]
-    assert peg.convs["2"].weight.shape == (32, 1, 3, 3)
+    own = _own(peg)
+    assert [sorted(o.state_dict()) if o is not None else None for o in own] == [
+        ["bias", "weight"],
+        None,
+        ["bias", "weight"],
+    ]
+    assert not peg.state_dict() and own[2].weight.shape == (32, 1, 3, 3) and own[0].weight.shape == (16, 1, 3, 3)
     x = torch.randn(1, 17, 32)
-    assert torch.equal(peg.block(1, x, image_layout(4, 4, 1)), x)  # exact: block 1 has no conv, x passes through
+    # exact: block 1 has no conv, x passes through
+    assert torch.equal(peg.block(1, x, image_layout(4, 4, 1), own[1]), x)
     with pytest.raises(ValueError, match="blocks"):
         CPE(_host(depth=2), blocks=(2,))
 
@@ -86,9 +100,10 @@ def test_cpe_models_use_no_ape_and_cpe_gap_pools_by_average():
 
 
 def test_lepe_with_a_zero_conv_is_plain_attention():
-    lepe = _zero(LePE(_host()))
+    lepe = LePE(_host())
+    conv = _zero(lepe.layer(1))
     q, k, v = torch.randn(3, 2, 2, 65, 8).unbind(0)
-    out = attention_core(q, k, v, lepe.context(1, image_layout(8, 8, 1)))
+    out = attention_core(q, k, v, lepe.context(1, image_layout(8, 8, 1), None, conv))
     # the LePE path may use another attention kernel (math vs SDPA): softmax-weighted sums of 65 values
     # |v| <= ~4.5 differ by ~sqrt(65) eps * 4.5 ~ 2e-6; a non-zero term would be O(0.1)
     assert torch.allclose(out, attention_core(q, k, v, None), atol=1e-5)
@@ -96,13 +111,13 @@ def test_lepe_with_a_zero_conv_is_plain_attention():
 
 def test_lepe_adds_dwconv_of_v_to_patch_tokens_only():
     lepe = LePE(_host(prefix=1))
+    conv = lepe.layer(0)
     q, k, v = torch.randn(3, 2, 2, 1 + 30, 8).unbind(0)
-    out = attention_core(q, k, v, lepe.context(0, image_layout(5, 6, 1)))
+    out = attention_core(q, k, v, lepe.context(0, image_layout(5, 6, 1), None, conv))
     term = out - attention_core(q, k, v, None)
     # term is a difference of two attention outputs (maybe two kernels): ~2e-6 each, see the test above;
     # a conv term on the CLS token would be O(0.1)
     assert torch.allclose(term[:, :, :1], torch.zeros(2, 2, 1, 8), atol=1e-5), "no LePE term for the CLS token"
-    conv = lepe.convs[0]
     feat = v[:, :, 1:].transpose(2, 3).reshape(2, 16, 5, 6)  # all heads together, channel = head * d + c
     ref = F.conv2d(feat, conv.weight, conv.bias, padding=1, groups=16).reshape(2, 2, 8, 30).transpose(2, 3)
     # two attention outputs over 31 keys (~sqrt(31) eps * 4.5 ~ 2e-6 each) plus a 9-tap conv (~1e-6): < 1e-5
@@ -111,7 +126,7 @@ def test_lepe_adds_dwconv_of_v_to_patch_tokens_only():
 
 def test_lepe_is_translation_equivariant_away_from_borders():
     lepe = LePE(_host(prefix=0))
-    value = lepe.context(0, image_layout(10, 10)).value
+    value = lepe.context(0, image_layout(10, 10), None, lepe.layer(0)).value
     v = torch.randn(1, 2, 100, 8)
     shift = lambda t: torch.roll(t.unflatten(2, (10, 10)), (1, 2), (2, 3)).flatten(2, 3)  # noqa: E731
     zero = torch.zeros(1, 2, 100, 8)
@@ -124,7 +139,7 @@ def test_lepe_is_translation_equivariant_away_from_borders():
 def test_lepe_runs_per_window_with_zero_padding():
     ws, n_win = 4, 3
     lepe = LePE(PEHost(dim=16, grid=(8, 12), num_prefix=0, layers=(AttnSpec(16, 2, 8, (ws, ws)),)))
-    value = lepe.context(0, window_layout(ws, ws)).value
+    value = lepe.context(0, window_layout(ws, ws), None, lepe.layer(0)).value
     v = torch.randn(2 * n_win, 2, ws * ws, 8)  # [B * nW, heads, ws * ws, d]
     zero = torch.zeros_like(v)
     term = value(v, zero, None)

@@ -62,11 +62,12 @@ def _host(head_dim=16):
 def test_every_rotary_pe_draws_in_training_and_is_deterministic_in_eval(make):
     plain, aug = make(), make(rescale_coords=2.0, shift_coords=0.1)
     aug.load_state_dict(plain.state_dict())
+    own = plain.layer(0)  # layer 0's own state (RoPE-Mixed's frequencies), the same for both
     lay = image_layout(4, 5, 1)
     q = torch.randn(1, 2, lay.num_tokens, 16)
 
     def rotated(pe):
-        return pe.context(0, lay).rotate(q, q)[0]
+        return pe.context(0, lay, None, own).rotate(q, q)[0]
 
     aug.train()
     a, b = rotated(aug), rotated(aug)
@@ -90,18 +91,20 @@ def test_queries_and_strided_keys_share_one_draw(make):
     scores of a relative RoPE stay those of eval; separate draws for queries and keys would move them."""
     plain, aug = make(), make(shift_coords=3.0)
     aug.load_state_dict(plain.state_dict())
+    own = plain.layer(0)  # layer 0's own state (RoPE-Mixed's frequencies), the same for both
     q_lay, kv_lay = image_layout(4, 4, 1), cell_centre_layout(2, 2, 2, 1)
     q, k = torch.randn(1, 2, q_lay.num_tokens, 16), torch.randn(1, 2, kv_lay.num_tokens, 16)
 
     def scores(pe):
-        rq, rk = pe.context(0, q_lay, kv_lay).rotate(q, k)
+        rq, rk = pe.context(0, q_lay, kv_lay, own).rotate(q, k)
         return (rq @ rk.transpose(-1, -2))[..., 1:, 1:]  # patches to patches (the unrotated CLS sees the shift)
 
     plain.eval(), aug.train()
     torch.manual_seed(0)
     ref, got = scores(plain), scores(aug)
     assert (got - ref).abs().max() <= 1e-5 * ref.abs().max()  # fp32 rotations: ~3e-7 relative measured
-    assert (aug.context(0, q_lay).rotate(q, q)[0] - plain.context(0, q_lay).rotate(q, q)[0]).abs().max() > 1e-2
+    moved = aug.context(0, q_lay, None, own).rotate(q, q)[0] - plain.context(0, q_lay, None, own).rotate(q, q)[0]
+    assert moved.abs().max() > 1e-2
 
 
 @pytest.mark.parametrize("variant", ["liere", "comrope_ap", "comrope_ld"])
@@ -109,27 +112,29 @@ def test_lie_rope_rotates_at_the_augmented_coordinates_in_training_only(variant)
     opts = dict(shift_coords=0.2, jitter_coords=1.3, rescale_coords=2.0)
     plain, aug = LieRoPE(_host(), variant=variant), LieRoPE(_host(), variant=variant, **opts)
     aug.load_state_dict(plain.state_dict())
+    own = plain.layer(0)  # layer 0's generators, the same for both
     lay = image_layout(4, 5, 1)
     aug.train()
     torch.manual_seed(5)
-    rot = aug.context(0, lay).rotate  # one draw for this layer
+    rot = aug.context(0, lay, None, own).rotate  # one draw for this layer
     q = torch.randn(1, 2, lay.num_tokens, 16)
     torch.manual_seed(5)  # the same draws by hand: patches (and ComRoPE's centre) augmented together, (y, x) order
     coords = torch.cat([plain.coordinates(0, lay), torch.full((1, 2), COMROPE_CENTRE)])
     drawn = augment_coords(coords, 0.2, 1.3, 2.0)
     prefix = drawn[-1:] if variant != "liere" else torch.zeros(1, 2)  # LieRE's prefix: the identity
-    expect = plain.rotations(0, lay, coords=torch.cat([prefix, drawn[:-1]]))
+    expect = plain.rotations(0, own, lay, coords=torch.cat([prefix, drawn[:-1]]))
     got_q, got_k = rot(q, q)
     assert torch.allclose(got_q, apply_block_rotation(q, expect), atol=1e-5) and torch.equal(got_q, got_k)
-    assert (got_q - plain.context(0, lay).rotate(q, q)[0]).abs().max() > 1e-2  # the draw moved the rotations
+    assert (got_q - plain.context(0, lay, None, own).rotate(q, q)[0]).abs().max() > 1e-2  # the draw moved the rotations
     if variant == "liere":
         assert torch.equal(got_q[:, :, :1], q[:, :, :1])
     kv = image_layout(4, 5, 1)  # keys on their own layout (as CvT's): the same draw as the queries
-    a_q, a_k = aug.context(0, lay, kv).rotate(q, q)
+    a_q, a_k = aug.context(0, lay, kv, own).rotate(q, q)
     assert torch.equal(a_q, a_k)
     aug.eval(), plain.eval()
     with torch.no_grad():
-        assert torch.equal(aug.context(0, lay).rotate(q, q)[0], plain.context(0, lay).rotate(q, q)[0])  # off in eval
+        off = aug.context(0, lay, None, own).rotate(q, q)[0], plain.context(0, lay, None, own).rotate(q, q)[0]
+        assert torch.equal(*off)  # off in eval
 
 
 def test_bad_options_are_clear_errors():

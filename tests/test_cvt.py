@@ -14,6 +14,11 @@ from visionpe.pos import CheckpointMismatch
 TINY = dict(CVT.tiny)
 
 
+def _layers(model):
+    """Each attention layer's positional state (`attn.pos`, a LayerPos) in layer order, over the stages."""
+    return [block.attn.pos for stage in model.stages for block in stage.blocks]
+
+
 def _cvt(name="cvt_n", **kw):
     return timm.create_model(name, **{**TINY, **kw}).eval()
 
@@ -125,7 +130,7 @@ def test_rope_logits_depend_only_on_the_query_to_cell_centre_offset(pe):
     m = _cvt(f"cvt_n_{pe}")
     i = m.stage_starts[1]
     q_lay, kv_lay = m.layouts(1, (6, 6))
-    rot = m.pe.context(i, q_lay, kv_lay).rotate
+    rot = m.pe.context(i, q_lay, kv_lay, _layers(m)[i]).rotate
     heads, d = 2, 16
     qv = torch.randn(1, heads, 1, d).expand(1, heads, q_lay.num_tokens, d)
     kv = torch.randn(1, heads, 1, d).expand(1, heads, kv_lay.num_tokens, d)
@@ -196,27 +201,27 @@ def test_avg_pool_without_cls_head_and_reset_classifier():
 
 def test_grad_checkpointing_matches_and_cls_skips_weight_decay():
     m = _cvt("cvt_n_rope2d_mixed").train()
-    assert "stages.2.cls_token" in m.no_weight_decay() and "pe.encodings.rope2d.freqs.2" in m.no_weight_decay()
+    nwd = m.no_weight_decay()
+    assert "stages.2.cls_token" in nwd and "stages.2.blocks.0.attn.pos.rope2d.freqs" in nwd
     opt = timm.optim.create_optimizer_v2(m, "adamw", lr=1e-3, weight_decay=0.05)
     no_decay = {id(p) for g in opt.param_groups if g["weight_decay"] == 0.0 for p in g["params"]}
-    assert all(id(p) in no_decay for p in m.pe.encodings["rope2d"].freqs)
+    freqs = [own["rope2d"].freqs for own in _layers(m)]
+    assert len(freqs) == 3 and all(id(p) in no_decay for p in freqs)
     x = torch.randn(2, 3, 32, 32)
     out = m(x)
     out.sum().backward()
-    grad = m.pe.encodings["rope2d"].freqs[2].grad.clone()
+    grad = freqs[2].grad.clone()
     m.zero_grad()
     m.set_grad_checkpointing(True)
     out2 = m(x)
     out2.sum().backward()
     # recomputation repeats the forward ops; gradients from the 3 stages may accumulate in another order:
     # a few fp32 roundings of O(1-10) values, ~1e-6, inside atol 1e-5 + rtol 1e-5
-    assert torch.allclose(out, out2, atol=1e-5) and torch.allclose(
-        grad, m.pe.encodings["rope2d"].freqs[2].grad, atol=1e-5
-    )
+    assert torch.allclose(out, out2, atol=1e-5) and torch.allclose(grad, freqs[2].grad, atol=1e-5)
 
 
 def test_per_layer_rope_mixed_frequencies_skip_weight_decay():
     m = _cvt("cvt_n_rope2d_mixed")
     opt = create_optimizer_v2(m, "adamw", lr=1e-3, weight_decay=0.05)
-    freqs = m.pe.encodings["rope2d"].freqs[1]
+    freqs = _layers(m)[1]["rope2d"].freqs
     assert next(g for g in opt.param_groups if any(p is freqs for p in g["params"]))["weight_decay"] == 0.0

@@ -1,6 +1,7 @@
 import pytest
 import timm
 import torch
+from torch import nn
 
 import visionpe  # noqa: F401
 from visionpe.attention import attn_backend
@@ -17,10 +18,12 @@ def _host(grid=(14, 14), prefix=1, layers=((384, 6, 64),), windows=None):
     return PEHost(dim=layers[0][0], grid=grid, num_prefix=prefix, layers=specs)
 
 
-def _randomise(pe: IRPE) -> IRPE:
-    for p in pe.parameters():
+def _randomise(pe: IRPE) -> tuple[IRPE, nn.ModuleList]:
+    """The PE and its layers' modules (`pe.layer(i)`, as a backbone keeps them), their tables drawn N(0, 1)."""
+    own = nn.ModuleList([pe.layer(i) for i in range(pe.host.depth)])
+    for p in [*pe.parameters(), *own.parameters()]:
         torch.nn.init.normal_(p)
-    return pe
+    return pe, own
 
 
 def _explicit_ids(pe: IRPE, q_layout, k_layout, i=0) -> list[torch.Tensor]:
@@ -91,14 +94,13 @@ def test_identity_product_is_swins_relative_position_index(ws):
 
 def test_swin_relative_position_bias_layout():
     host = _host(grid=(56, 56), prefix=0, layers=((96, 3, 32), (96, 3, 32), (192, 6, 32)), windows=(7, 7))
-    pe = IRPE(host, mode="bias", mapping="product", index="identity", shared_heads=False)
-    assert [tuple(pe.bias_table(i).shape) for i in range(3)] == [(169, 3), (169, 3), (169, 6)], "no prefix bucket"
-    assert {k for k in pe.state_dict()} == {"bias_tables.0", "bias_tables.1", "bias_tables.2"}
-    _randomise(pe)
+    pe, own = _randomise(IRPE(host, mode="bias", mapping="product", index="identity", shared_heads=False))
+    assert [tuple(o.bias_k.shape) for o in own] == [(169, 3), (169, 3), (169, 6)], "no prefix bucket"
+    assert not pe.state_dict() and all(set(o.state_dict()) == {"bias_k"} for o in own), "each layer its table"
     win = window_layout(7, 7)
-    bias = pe.context(2, win).bias(torch.zeros(8, 6, 49, 32), None)
+    bias = pe.context(2, win, None, own[2]).bias(torch.zeros(8, 6, 49, 32), None)
     index, _ = relative_bucket_ids(win.pos, win.pos, "product", "identity", max_offset=6)
-    expected = pe.bias_table(2)[index.flatten()].view(49, 49, 6).permute(2, 0, 1)  # Swin's lookup
+    expected = own[2].bias_k[index.flatten()].view(49, 49, 6).permute(2, 0, 1)  # Swin's lookup
     assert bias.shape == (1, 6, 49, 49) and torch.equal(bias[0], expected)
 
 
@@ -116,7 +118,7 @@ def test_bucket_ids_are_cached_per_grid():
 # ------------------------------------------------------------------------------------------------- attention terms
 
 
-def _reference_attention(pe: IRPE, q, k, v, ql, kl, i=0):
+def _reference_attention(pe: IRPE, own, q, k, v, ql, kl, i=0):
     """softmax(q k^T / sqrt(d) + terms) v + v-term with every N x M x d lookup materialised."""
     ids = _explicit_ids(pe, ql, kl, i)
     ids_t = [t.t() for t in _explicit_ids(pe, kl, ql, i)]  # b(j, i) at [i, j]
@@ -124,7 +126,7 @@ def _reference_attention(pe: IRPE, q, k, v, ql, kl, i=0):
     s = q.shape[-1] ** -0.5
 
     def rel(target, idx):  # [H, N, M, d]
-        table = pe.table(target, i)
+        table = getattr(own, target)
         look = sum(table[t] if pe.shared_heads else table[:, t] for t in idx)
         return look.expand(heads, *look.shape[-3:]) if pe.shared_heads else look
 
@@ -143,40 +145,40 @@ def _reference_attention(pe: IRPE, q, k, v, ql, kl, i=0):
 @pytest.mark.parametrize("mapping", ["product", "cross", "euclidean", "quantization"])
 @pytest.mark.parametrize("shared", [True, False])
 def test_contextual_terms_equal_the_explicit_formula(mapping, shared):
-    pe = _randomise(IRPE(_host((5, 6), 1, ((64, 4, 16),)), mapping=mapping, targets="qkv", shared_heads=shared))
+    pe, own = _randomise(IRPE(_host((5, 6), 1, ((64, 4, 16),)), mapping=mapping, targets="qkv", shared_heads=shared))
     layout = image_layout(5, 6, 1)
     q, k, v = torch.randn(3, 2, 4, 31, 16).unbind(0)
-    ctx = pe.context(0, layout)
+    ctx = pe.context(0, layout, None, own[0])
     assert ctx.needs_probs
     out = attention_core(q, k, v, ctx)
-    assert torch.allclose(out, _reference_attention(pe, q, k, v, layout, layout), atol=1e-5)
+    assert torch.allclose(out, _reference_attention(pe, own[0], q, k, v, layout, layout), atol=1e-5)
 
 
 def test_keys_with_their_own_layout_cvt_cell_centres():
-    pe = _randomise(IRPE(_host((8, 8), 1, ((64, 4, 16),)), targets=("q", "k", "v")))
+    pe, own = _randomise(IRPE(_host((8, 8), 1, ((64, 4, 16),)), targets=("q", "k", "v")))
     ql, kl = image_layout(8, 8, 1), cell_centre_layout(4, 4, 2, 1)
     q = torch.randn(2, 4, 65, 16)
     k, v = torch.randn(2, 2, 4, 17, 16).unbind(0)
-    out = attention_core(q, k, v, pe.context(0, ql, kl))
+    out = attention_core(q, k, v, pe.context(0, ql, kl, own[0]))
     assert out.shape == (2, 4, 65, 16)
-    assert torch.allclose(out, _reference_attention(pe, q, k, v, ql, kl), atol=1e-5)
+    assert torch.allclose(out, _reference_attention(pe, own[0], q, k, v, ql, kl), atol=1e-5)
 
 
 def test_bias_mode_adds_one_scalar_per_bucket_and_head():
-    pe = _randomise(IRPE(_host((4, 4), 1, ((32, 2, 16),)), mode="bias", shared_heads=False))
+    pe, own = _randomise(IRPE(_host((4, 4), 1, ((32, 2, 16),)), mode="bias", shared_heads=False))
     layout = image_layout(4, 4, 1)
     q, k, v = torch.randn(3, 1, 2, 17, 16).unbind(0)
     (ids,) = _explicit_ids(pe, layout, layout)
-    bias = pe.bias_table(0)[ids].permute(2, 0, 1)  # [H, N, M]
+    bias = own[0].bias_k[ids].permute(2, 0, 1)  # [H, N, M]
     ref = ((q * 0.25) @ k.transpose(-1, -2) + bias).softmax(-1) @ v
-    assert torch.allclose(attention_core(q, k, v, pe.context(0, layout)), ref, atol=1e-5)
+    assert torch.allclose(attention_core(q, k, v, pe.context(0, layout, None, own[0])), ref, atol=1e-5)
 
 
 def test_backends_agree_on_the_contextual_bias():
-    pe = _randomise(IRPE(_host((6, 6), 1, ((32, 2, 16),)), targets=("q", "k")))
+    pe, own = _randomise(IRPE(_host((6, 6), 1, ((32, 2, 16),)), targets=("q", "k")))
     layout = image_layout(6, 6, 1)
     q, k, v = torch.randn(3, 2, 2, 37, 16).unbind(0)
-    ctx = pe.context(0, layout)
+    ctx = pe.context(0, layout, None, own[0])
     assert not ctx.needs_probs
     with attn_backend("math"):
         ref = attention_core(q, k, v, ctx)
@@ -187,8 +189,9 @@ def test_backends_agree_on_the_contextual_bias():
 def test_hierarchical_hosts_get_tables_per_layer():
     host = _host(layers=((64, 2, 32), (128, 4, 32), (256, 8, 32)), prefix=0)
     pe = IRPE(host, targets=("k", "v"), shared_heads=False)
-    assert [tuple(pe.table("k", i).shape) for i in range(3)] == [(2, 49, 32), (4, 49, 32), (8, 49, 32)]
-    assert set(pe.state_dict()) == {f"tables.{t}.{i}" for t in "kv" for i in range(3)}
+    own = [pe.layer(i) for i in range(3)]
+    assert [tuple(o.k.shape) for o in own] == [(2, 49, 32), (4, 49, 32), (8, 49, 32)]
+    assert not pe.state_dict() and all(set(o.state_dict()) == {"k", "v"} for o in own)
 
 
 # ------------------------------------------------------------------------------------------------- models
@@ -199,13 +202,13 @@ def test_zero_tables_give_exactly_the_attention_without_irpe(pe):
     ape = timm.create_model("vit_n_ape", **TINY).eval()
     model = timm.create_model(f"vit_n_{pe}", **TINY).eval()
     missing, unexpected = model.load_state_dict(ape.state_dict(), strict=False)
-    assert not unexpected and missing and all(k.startswith("pe.encodings.irpe.") for k in missing)
+    assert not unexpected and missing and all(".attn.pos.irpe." in k for k in missing)
     x = torch.randn(2, 3, 40, 32)
     with torch.no_grad():
         # the iRPE model attends through its row-block route, the APE one through SDPA: two fp32 kernels whose sums
         # over <= 21 keys and 32 channels round differently (~sqrt(32) eps |logit| ~ 1e-6); real terms move them > 1e-2
         assert torch.allclose(model(x), ape(x), atol=1e-5, rtol=0)
-        for p in model.pe.encodings["irpe"].parameters():
+        for p in (p for n, p in model.named_parameters() if ".pos.irpe." in n):
             torch.nn.init.normal_(p, std=30.0)  # q, k, v of a fresh model are small
         change = (model.forward_features(x) - ape.forward_features(x)).abs().max()
         assert change > 1e-2, "non-zero tables change the output"
@@ -218,16 +221,16 @@ def test_ids_cached_under_inference_mode_serve_training():
         model(x)
     model.train()
     model(x).square().mean().backward()
-    assert model.pe.encodings["irpe"].tables["q"][0].grad is not None
+    assert model.blocks[0].attn.pos["irpe"].q.grad is not None
 
 
 def test_irpe_keeps_ape_and_excludes_tables_from_weight_decay():
     model = timm.create_model("vit_n_irpe", **TINY)
     assert model.pe.names == ["irpe", "ape"]
-    assert "pe.encodings.irpe.tables.k.0" in model.no_weight_decay()  # exact names, no wildcards
+    assert "blocks.0.attn.pos.irpe.k" in model.no_weight_decay()  # exact names, no wildcards
     params = dict(model.named_parameters())
-    assert tuple(params["pe.encodings.irpe.tables.k.0"].shape) == (50, 16)
-    assert (params["pe.encodings.irpe.tables.k.0"] == 0).all()
+    assert tuple(params["blocks.0.attn.pos.irpe.k"].shape) == (50, 16)
+    assert (params["blocks.0.attn.pos.irpe.k"] == 0).all()
 
 
 @pytest.mark.parametrize(
@@ -245,7 +248,8 @@ def test_every_option_is_reachable_through_model_kwargs(options):
     assert (irpe.mode, irpe.mapping) == (options["mode"], options["mapping"])
     out = model(torch.randn(2, 3, 48, 40))
     out.square().mean().backward()
-    assert all(p.grad is not None for p in irpe.parameters())
+    tables = [p for n, p in model.named_parameters() if ".pos.irpe." in n]
+    assert tables and all(p.grad is not None for p in [*irpe.parameters(), *tables])
 
 
 @pytest.mark.parametrize(
@@ -288,16 +292,16 @@ def test_row_blocks_match_the_math_reference_with_grads(options):
     with blocks of 5 rows so that several blocks and a ragged last one are exercised."""
     from visionpe.attention import attend_rows
 
-    pe = _randomise(IRPE(_host(grid=(5, 6), layers=((32, 2, 16),)), **options))
+    pe, own = _randomise(IRPE(_host(grid=(5, 6), layers=((32, 2, 16),)), **options))
     layout = image_layout(5, 6, 1)
-    ctx = pe.context(0, layout)
+    ctx = pe.context(0, layout, None, own[0])
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 2, 31, 16, generator=g, requires_grad=True) for _ in range(3))
     with attn_backend("math"):
         ref = attention_core(q, k, v, ctx)
-    grads_ref = torch.autograd.grad(ref.square().sum(), [q, k, v, *pe.parameters()])
+    grads_ref = torch.autograd.grad(ref.square().sum(), [q, k, v, *own.parameters()])
     out = attend_rows(q, k, v, ctx.bias, ctx.value, block_elements=2 * 2 * 31 * 5)
-    grads = torch.autograd.grad(out.square().sum(), [q, k, v, *pe.parameters()])
+    grads = torch.autograd.grad(out.square().sum(), [q, k, v, *own.parameters()])
     # fp32 softmax attention over 31 keys with O(1) inputs: sums of ~31-50 terms, errors ~1e-6; 1e-5 relative
     assert torch.allclose(out, ref, atol=1e-5, rtol=1e-5)
     for a, b in zip(grads, grads_ref):
@@ -307,17 +311,17 @@ def test_row_blocks_match_the_math_reference_with_grads(options):
 
 
 def test_q_bias_reads_the_mirrored_bucket():
-    pe = _randomise(IRPE(_host(grid=(3, 4), prefix=0, layers=((8, 1, 8),)), mode="bias", targets="q"))
+    pe, own = _randomise(IRPE(_host(grid=(3, 4), prefix=0, layers=((8, 1, 8),)), mode="bias", targets="q"))
     layout = image_layout(3, 4)
     (ids,) = _explicit_ids(pe, layout, layout)
-    bias = pe.context(0, layout).bias(torch.zeros(1, 1, 12, 8), torch.zeros(1, 1, 12, 8))
-    assert torch.equal(bias[0, 0], pe.bias_table(0, "q")[ids.t(), 0]), "logit_ij += rQ[b(j, i)]"
+    bias = pe.context(0, layout, None, own[0]).bias(torch.zeros(1, 1, 12, 8), torch.zeros(1, 1, 12, 8))
+    assert torch.equal(bias[0, 0], own[0].bias_q[ids.t(), 0]), "logit_ij += rQ[b(j, i)]"
     assert not torch.equal(ids, ids.t()), "the product buckets are not symmetric, so the mirror matters"
 
 
 def test_math_backend_takes_an_fp32_bias_on_a_bf16_model():
     model = timm.create_model("vit_n_irpe", **{**TINY, "img_size": 32}).to(torch.bfloat16).eval()
-    for p in model.pe.encodings["irpe"].parameters():
+    for p in (p for n, p in model.named_parameters() if ".pos.irpe." in n):
         torch.nn.init.normal_(p)
         p.data = p.data.float()  # a PE that keeps fp32 tables
     x = torch.randn(1, 3, 32, 32, dtype=torch.bfloat16)

@@ -126,8 +126,12 @@ def test_scores_are_shift_invariant_only_for_the_commuting_variants(variant):
     lay = image_layout(4, 5)
     moved = lay.with_pos(lay.pos + torch.tensor([3.0, 2.0]))  # every patch 3 right, 2 down
     q, k = torch.randn(2, 1, 2, lay.num_tokens, 16).unbind(0)
-    s0 = torch.matmul(*[t if j == 0 else t.transpose(-1, -2) for j, t in enumerate(pe.context(0, lay, None, own).rotate(q, k))])
-    s1 = torch.matmul(*[t if j == 0 else t.transpose(-1, -2) for j, t in enumerate(pe.context(0, moved, None, own).rotate(q, k))])
+
+    def scores(layout):
+        qr, kr = pe.context(0, layout, None, own).rotate(q, k)
+        return qr @ kr.transpose(-1, -2)
+
+    s0, s1 = scores(lay), scores(moved)
     scale = float(q.norm(dim=-1).max() * k.norm(dim=-1).max())
     gen = torch.einsum("na,ahjkl->hnjkl", pe.coordinates(0, moved).abs(), pe.layer_generators(own).abs())
     tol = 3 * _exp_tol(gen) * scale  # the rotations' error times |q| |k|
@@ -289,7 +293,8 @@ def test_builds_on_the_meta_device_and_rebuilds_its_buffers(name):
     for key, buf in fresh.named_buffers():
         assert torch.equal(dict(pe.named_buffers())[key], buf)
     pe.init_weights()
-    assert pe.rotations(0, pe.layer(0), image_layout(2, 2, 0) if opts["num_axes"] == 2 else video_layout(2, 2, 2)).isfinite().all()
+    layout = image_layout(2, 2, 0) if opts["num_axes"] == 2 else video_layout(2, 2, 2)
+    assert pe.rotations(0, pe.layer(0), layout).isfinite().all()
 
 
 def test_bad_options_say_what_to_change():

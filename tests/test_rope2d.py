@@ -17,8 +17,9 @@ def _rope(mode, heads=2, head_dim=16, depth=2, **kw):
     return RoPE2D(host, mode=mode, **kw)
 
 
-def _rotated(rope, layout, q, k, i=0):
-    return rope.context(i, layout).rotate(q, k)
+def _rotated(rope, layout, q, k, i=0, own=None):
+    """q, k rotated at layer i; own: its module (default: a fresh `rope.layer(i)`, RoPE-Mixed's drawn frequencies)."""
+    return rope.context(i, layout, None, rope.layer(i) if own is None else own).rotate(q, k)
 
 
 def test_axial_frequencies_follow_the_paper():
@@ -70,12 +71,13 @@ def test_rotation_preserves_norms_and_leaves_prefix_untouched(mode):
 def test_axial_equals_mixed_with_zero_angles():
     axial = _rope("axial", theta=100.0)
     mixed = _rope("mixed", theta=100.0)
+    own = mixed.layer(0)
     with torch.no_grad():
-        mixed.freqs.copy_(mixed_frequencies(16, 2, 2, theta=100.0, rotate=False))
+        own.freqs.copy_(mixed_frequencies(16, 1, 2, theta=100.0, rotate=False)[:, 0])
     lay = image_layout(4, 5, num_prefix=1)
     q, k = torch.randn(1, 2, 21, 16), torch.randn(1, 2, 21, 16)
     a = _rotated(axial, lay, q, k)
-    m = _rotated(mixed, lay, q, k)
+    m = _rotated(mixed, lay, q, k, own=own)
     # x * fx + y * fy with fy = 0 vs x * fx alone: angles <= ~5 agree to ~eps * 5 ~ 3e-7, times |q| entries <= ~4
     assert max((x - y).abs().max().item() for x, y in zip(a, m)) < 1e-5
 
@@ -108,11 +110,13 @@ def test_matches_timm_axial_rope_xy_grid():
 
 def test_matches_timm_mixed_rope():
     rope = _rope("mixed", heads=2, head_dim=16, depth=2)
+    own = [rope.layer(i) for i in range(2)]
     lay = image_layout(3, 5, num_prefix=0)
     x = torch.randn(1, 2, 15, 16)
-    ours, _ = _rotated(rope, lay, x, x, i=1)
+    ours, _ = _rotated(rope, lay, x, x, i=1, own=own[1])
     t_x, t_y = lay.pos[:, 0], lay.pos[:, 1]
-    ref_embed = get_mixed_freqs(rope.freqs.detach(), t_x, t_y)[1]  # layer 1: [heads, N, 2 d]
+    stacked = torch.stack([o.freqs.detach() for o in own], dim=1)  # timm's [2, depth, heads, d/2]
+    ref_embed = get_mixed_freqs(stacked, t_x, t_y)[1]  # layer 1: [heads, N, 2 d]
     ref = apply_rot_embed_cat(x, ref_embed)
     # as above: angles x * fx + y * fy <= ~8 by other fp32 ops agree to ~1e-6, times |x| <= ~4
     assert (ours - ref).abs().max() < 1e-5
@@ -129,8 +133,9 @@ def test_angles_stay_fp32_under_autocast():
 
 
 def test_mixed_frequencies_are_excluded_from_weight_decay():
-    assert _rope("mixed").no_weight_decay() == {"freqs"}
-    assert _rope("axial").no_weight_decay() == set()
+    mixed = _rope("mixed")
+    assert mixed.layer(0).no_weight_decay() == {"freqs"} and not list(mixed.parameters()), "each layer its own"
+    assert _rope("axial").no_weight_decay() == set() and _rope("axial").layer(0) is None
     assert sum(p.numel() for p in _rope("axial").parameters()) == 0
 
 

@@ -73,10 +73,11 @@ def test_string_is_relative(variant):
     only on the offset (positions shifted by a constant give the same logits)."""
     torch.manual_seed(0)
     pe = STRING(_host(), variant=variant)
+    own = pe.layer(1)
     with torch.no_grad():
-        for p in pe.parameters():
+        for p in own.parameters():
             p.normal_(0, 0.3)
-    basis, freqs = (t.double() for t in pe.layer_parts(1))
+    basis, freqs = (t.double() for t in pe.layer_parts(1, own))
     rot = lambda r, h: basis[min(h, len(basis) - 1)].T @ _rope(r, freqs[:, h]) @ basis[min(h, len(basis) - 1)]  # noqa: E731
     worst = 0.0
     for _ in range(5):
@@ -87,7 +88,7 @@ def test_string_is_relative(variant):
     layout = image_layout(4, 5)
     q, k = torch.randn(2, 2, 20, 16), torch.randn(2, 2, 20, 16)
     logits = [
-        (lambda qk: qk[0] @ qk[1].transpose(-1, -2))(pe.context(1, lay).rotate(q, k))
+        (lambda qk: qk[0] @ qk[1].transpose(-1, -2))(pe.context(1, lay, None, own).rotate(q, k))
         for lay in (layout, layout.with_pos(layout.pos + torch.tensor([3.0, -7.0])))
     ]
     torch.testing.assert_close(logits[0], logits[1], atol=2e-4, rtol=1e-4)
@@ -101,30 +102,35 @@ def test_cayley_string_at_zero_skew_is_rope_mixed():
     state = {k: v for k, v in mixed.state_dict().items() if "freqs" not in k}
     string.load_state_dict(state, strict=False)
     pe = string.pe.encodings["string"]
+    own = [b.attn.pos["string"] for b in string.blocks]
     with torch.no_grad():
-        for i, f in enumerate(pe.freqs):
-            f.copy_(mixed.pe.encodings["rope2d"].freqs[:, i])
+        for o, b in zip(own, mixed.blocks):
+            o.freqs.copy_(b.attn.pos["rope2d"].freqs)
     x = torch.randn(2, 3, 40, 32)  # off the reference size too
     with torch.no_grad():
         torch.testing.assert_close(string(x), mixed(x), atol=1e-5, rtol=1e-5)
         q = torch.randn(1, 4, 16, 24)
-        before = pe.context(0, image_layout(4, 4)).rotate(q, q)[0]
-        pe.skews[0].normal_()
-        assert (pe.context(0, image_layout(4, 4)).rotate(q, q)[0] - before).abs().max() > 0.1  # a learned P acts
+        before = pe.context(0, image_layout(4, 4), None, own[0]).rotate(q, q)[0]
+        own[0].skews.normal_()
+        after = pe.context(0, image_layout(4, 4), None, own[0]).rotate(q, q)[0]
+        assert (after - before).abs().max() > 0.1  # a learned P acts
     string.train()
     string(x).sum().backward()
-    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in pe.parameters())
-    assert {"pe.encodings.string.skews.0", "pe.encodings.string.freqs.0"} <= string.no_weight_decay()
+    params = [p for o in own for p in o.parameters()]
+    assert params and all(p.grad is not None and p.grad.abs().sum() > 0 for p in params)
+    assert {"blocks.0.attn.pos.string.skews", "blocks.0.attn.pos.string.freqs"} <= string.no_weight_decay()
 
 
 def test_circulant_string_starts_at_rope_mixed_frequencies():
     torch.manual_seed(0)
     pe = STRING(_host(), variant="circulant")
     torch.manual_seed(0)
+    own = pe.layer(0)  # layer 0's c, drawn as a construction draws it
+    torch.manual_seed(0)
     from visionpe.pos.rope2d import mixed_frequencies
 
     want = mixed_frequencies(16, 1, 2, 10.0)[:, 0]
-    _, freqs = pe.layer_parts(0)
+    _, freqs = pe.layer_parts(0, own)
     torch.testing.assert_close(freqs[..., :-1], want[..., :-1], atol=1e-5, rtol=1e-5)
     assert freqs[..., -1].abs().max() < 1e-5
 

@@ -20,6 +20,11 @@ def _swin(name="swin_n_rpb", **kw):
     return timm.create_model(name, **{**TINY, **kw}).eval()
 
 
+def _layers(model):
+    """Each attention layer's positional state (`attn.pos`, a LayerPos) in layer order, over the stages."""
+    return [block.attn.pos for stage in model.layers for block in stage.blocks]
+
+
 @pytest.fixture(scope="module")
 def timm_swin_t():
     """timm's Swin-T with random weights (2 blocks per stage keeps it fast; every stage still has a shifted block)."""
@@ -45,7 +50,7 @@ def test_timm_swin_tiny_state_dict_gives_the_same_logits(timm_swin_t):
         # ~ 2e-6 relative per op, grown through depth to ~1e-5 on the logits; a misplaced bias or mask is >> 1e-4
         assert (expect - got).abs().max() < 1e-4
         # the bias is Swin's: layer i's bias equals timm's relative_position_bias for that block
-        ctx = model.pe.context(3, window_layout(7, 7))
+        ctx = model.pe.context(3, window_layout(7, 7), None, _layers(model)[3])
         timm_bias = ref.layers[1].blocks[1].attn._get_rel_pos_bias()
         q = torch.zeros(1, 6, 49, 16)
         assert torch.allclose(ctx.bias(q, q), timm_bias)  # exact: both gather the same table entries (q = 0)
@@ -70,7 +75,7 @@ def test_official_checkpoint_layout_loads_too(timm_swin_t):
 def test_bias_tables_into_a_model_without_them_is_a_clear_error():
     ref = _swin()
     timm_style = {k: v for k, v in ref.state_dict().items() if not k.startswith("pe.")}
-    timm_style["layers.0.blocks.0.attn.relative_position_bias_table"] = ref.pe.encodings["irpe"].bias_table(0)
+    timm_style["layers.0.blocks.0.attn.relative_position_bias_table"] = _layers(ref)[0]["irpe"].bias_k
     with pytest.raises(CheckpointMismatch, match="rpb"):
         checkpoint_filter_fn(timm_style, _swin("swin_n_rope2d"))
 
@@ -150,17 +155,17 @@ def test_pe_presets_act_inside_windows():
     outs = {pe: _swin(f"swin_n_{pe}")(x) for pe in ("rpb", "nope", "rope2d_mixed", "irpe", "lepe")}
     assert all(torch.isfinite(o).all() for o in outs.values())
     rpb = _swin()
-    assert rpb.pe.encodings["irpe"].bias_table(0).shape == ((2 * 4 - 1) ** 2, 1)
-    assert rpb.pe.encodings["irpe"].bias_table(2).shape == ((2 * 4 - 1) ** 2, 2)  # one column per head
+    assert _layers(rpb)[0]["irpe"].bias_k.shape == ((2 * 4 - 1) ** 2, 1)
+    assert _layers(rpb)[2]["irpe"].bias_k.shape == ((2 * 4 - 1) ** 2, 2)  # one column per head
 
 
 def test_set_input_size_changes_the_window_and_resizes_the_bias_tables():
     m = _swin()
     with torch.no_grad():
-        m.pe.encodings["irpe"].bias_tables[1].fill_(0.25)
+        _layers(m)[1]["irpe"].bias_k.fill_(0.25)
     m.set_input_size(img_size=48, window_size=6)
     assert m.window_sizes == ((6, 6), (6, 6))
-    table = m.pe.encodings["irpe"].bias_table(1)
+    table = _layers(m)[1]["irpe"].bias_k
     # resampling a constant: fp32 weights summing to 1 within a few eps, times 0.25: ~1e-7
     assert table.shape == (11 * 11, 1) and torch.allclose(table, torch.full_like(table, 0.25), atol=1e-5)
     assert m.pretrained_cfg["input_size"] == (3, 48, 48)
@@ -193,9 +198,9 @@ def test_head_pre_logits_and_reset_classifier():
 
 def test_bias_tables_skip_weight_decay_and_grad_checkpointing_matches():
     m = _swin(drop_path_rate=0.0).train()
-    assert "pe.encodings.irpe.bias_tables.0" in m.no_weight_decay()  # exact names, no wildcards
+    assert "layers.0.blocks.0.attn.pos.irpe.bias_k" in m.no_weight_decay()  # exact names, no wildcards
     opt = create_optimizer_v2(m, "adamw", lr=1e-3, weight_decay=0.05)
-    table = m.pe.encodings["irpe"].bias_tables[0]
+    table = _layers(m)[0]["irpe"].bias_k
     assert next(g for g in opt.param_groups if any(p is table for p in g["params"]))["weight_decay"] == 0.0
     x = torch.randn(2, 3, 32, 32)
     out = m(x)

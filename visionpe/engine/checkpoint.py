@@ -38,6 +38,7 @@ __all__ = [
     "find_checkpoint",
     "read_pointer",
     "load_training_state",
+    "current_layout",
     "load_into_model",
     "rng_state",
     "set_rng_state",
@@ -385,20 +386,36 @@ def load_training_state(path: str | os.PathLike) -> dict:
         raise CheckpointError(f"cannot read training state {path} ({e})") from None
 
 
+def current_layout(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state` in the model's names: PE entries of the layout before each attention layer owned its PE state
+    (`pe.encodings.<kind>.tables.k.3`, written by earlier releases) moved under their block
+    (visionpe.pos.checkpoint.place_flat_entries); a state already in the model's names is returned as it is."""
+    from ..pos.base import PosStack
+    from ..pos.checkpoint import place_flat_entries
+
+    if not isinstance(getattr(model, "pe", None), PosStack):
+        return state
+    return place_flat_entries(model, state)
+
+
 def load_into_model(
     model: torch.nn.Module,
     state: dict[str, torch.Tensor],
     meta: dict[str, str],
     model_name: str,
     source: str | os.PathLike,
-) -> None:
-    """Load weights, with an error naming the mismatch when they come from another model or configuration."""
+) -> bool:
+    """Load weights, with an error naming the mismatch when they come from another model or configuration.
+    Returns whether they were in the PE layout of earlier releases (see `current_layout`)."""
     trained = meta.get("model")
     if trained and trained != model_name:
         raise CheckpointError(
             f"{source} holds weights of model {trained!r}, not {model_name!r}; use "
             f"model.name={trained} (or drop the model.name override)"
         )
+    placed = current_layout(model, state)
+    old_layout = placed.keys() != state.keys()
+    state = placed
     own = model.state_dict()
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
@@ -426,3 +443,4 @@ def load_into_model(
             f"another model, model.kwargs or dataset (number of classes, channels)?"
         )
     model.load_state_dict(state)
+    return old_layout

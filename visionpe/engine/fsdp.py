@@ -137,9 +137,10 @@ def build_sharded_model(
     model.to_empty(device=ctx.device)
     _initialise(model, cfg.train.seed, ctx.rank)
     if file is not None:
-        from .checkpoint import load_into_model, load_weights
+        from .checkpoint import current_layout, load_into_model, load_weights
 
         state, meta = load_weights(file)
+        state = current_layout(model, state)  # PE names of earlier releases, under each block
         load_into_model(_ShapeView(model), state, meta, cfg.model.name, file)  # the checks; nothing is loaded
         load_full_state(model, state)
     return model

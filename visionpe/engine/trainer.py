@@ -103,11 +103,17 @@ __all__ = [
     "resolve_run_dir",
     "METRICS",
     "TrainingInterrupted",
+    "OldLayoutResumeWarning",
 ]
 
 
 class StreamResumeWarning(UserWarning):
     """A run on a streaming dataset resumed mid-epoch: the epoch's stream restarts (see data/streams.py)."""
+
+
+class OldLayoutResumeWarning(UserWarning):
+    """A run written by a release before each attention layer owned its PE state resumed: its weights load (mapped
+    under each block), its optimizer's moments, listed in the old parameter order, start again."""
 
 
 def written_world_size(state: dict) -> int:
@@ -445,7 +451,7 @@ class Trainer:
         if self.sharded:
             ref, ts = load_sharded(self, ref, ts)  # unreadable shards: an older checkpoint and its state
         else:
-            load_into_model(self.model, *weights, self.cfg.model.name, ref.weights)
+            old_layout = load_into_model(self.model, *weights, self.cfg.model.name, ref.weights)
             if self.ema is not None:
                 if ema is None:
                     raise CheckpointError(
@@ -453,7 +459,15 @@ class Trainer:
                         f"train.ema=false or start a new run"
                     )
                 load_into_model(self.ema.module, *ema, self.cfg.model.name, ref.ema)
-            self.optimizer.load_state_dict(ts["optimizer"])
+            if old_layout:  # its moments are listed in the parameter order of the earlier layout: not reusable
+                warnings.warn(
+                    f"{ref.weights} holds PE parameters in the layout of an earlier visionpe release: the weights "
+                    "load, the optimizer's moments start again (schedule, step and data position resume)",
+                    OldLayoutResumeWarning,
+                    stacklevel=2,
+                )
+            else:
+                self.optimizer.load_state_dict(ts["optimizer"])
         if self.scheduler is not None and ts.get("scheduler") and ts.get("sched_key") == self._sched_key():
             self.scheduler.load_state_dict(ts["scheduler"])  # else: the schedule changed; rebuilt from the config
         self.scaler.load_state_dict(ts["scaler"])
