@@ -259,8 +259,11 @@ def test_activation_checkpointing_gives_the_same_gradients(name):
     [
         (["train.strategy=zero"], "train.strategy must be one of ddp, fsdp"),
         (["train.strategy=fsdp", "train.amp=fp16"], "use train.amp=bf16"),
-        (["train.strategy=fsdp", "train.fsdp.reshard=false"], "unknown key train.fsdp.reshard"),
-        (["train.strategy=fsdp", "train.fsdp.reshard_after_forward=1"], "expects bool"),
+        (
+            ["train.strategy=fsdp", "train.fsdp.reshard=false"],
+            "unknown config key train.fsdp.reshard; did you mean train.fsdp.reshard_after_forward",
+        ),
+        (["train.strategy=fsdp", "train.fsdp.reshard_after_forward=2"], "expects bool"),
         (["train.fsdp.reshard_after_forward=false"], "applies to train.strategy=fsdp"),
         (["train.strategy=fsdp", "optim.clip_grad=1", "optim.clip_mode=agc"], "use norm or value"),
     ],

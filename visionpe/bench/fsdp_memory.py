@@ -28,9 +28,10 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from ..engine.config import STRATEGIES
+
 __all__ = ["state_bytes", "project_state", "measure", "main"]
 
-STRATEGIES = ("ddp", "fsdp")
 GiB = 2**30
 MMAP_THRESHOLD = 256 * 1024  # bytes: larger allocations are mmap'ed and returned to the system when freed
 

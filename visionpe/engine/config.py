@@ -111,6 +111,19 @@ class NativeConfig:
 
 
 @dataclass
+class FsdpConfig:
+    """train.fsdp.*: options of sharded training (train.strategy=fsdp); see docs/training.md and
+    visionpe/engine/fsdp.py."""
+
+    reshard_after_forward: bool = setting(
+        True, "free each block's gathered parameters after its forward (false: keep them until the backward)"
+    )
+
+
+STRATEGIES = ("ddp", "fsdp")  # train.strategy: a replica per process, or parameters sharded (FSDP2)
+
+
+@dataclass
 class DataConfig:
     """The dataset and how it is batched."""
 
@@ -215,9 +228,9 @@ class TrainConfig:
     strategy: str = setting(
         "ddp",
         "ddp (a replica per process) or fsdp (FSDP2: params, grads, optimizer state shard)",
-        choices=("ddp", "fsdp"),
+        choices=STRATEGIES,
     )
-    fsdp: dict = setting({}, "fsdp options: reshard_after_forward (default true); see docs/training.md")
+    fsdp: dict = setting({}, "sharded training: train.fsdp.<key> (listed below); needs train.strategy=fsdp", FsdpConfig)
     activation_checkpointing: bool = setting(False, "recompute each block's activations in the backward (less memory)")
     output_dir: str = setting("runs", "where run directories go", path=True)
     run_name: str | None = setting(

@@ -26,13 +26,11 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from .config import Config, ConfigError
+from .config import STRATEGIES, Config, ConfigError, FsdpConfig
 from .distributed import DistContext
 from .setup import build_model
 
 __all__ = [
-    "FSDP_OPTIONS",
-    "STRATEGIES",
     "fsdp_options",
     "check_strategy",
     "sharding_units",
@@ -44,19 +42,10 @@ __all__ = [
     "full_state_dict",
 ]
 
-STRATEGIES = ("ddp", "fsdp")
-FSDP_OPTIONS = {"reshard_after_forward": True}  # train.fsdp.<key>: its default
-
 
 def fsdp_options(cfg: Config) -> dict:
-    """train.fsdp with defaults filled in; an unknown key or a wrong type is a ConfigError."""
-    given = dict(cfg.train.fsdp or {})
-    for key, value in given.items():
-        if key not in FSDP_OPTIONS:
-            raise ConfigError(f"unknown key train.fsdp.{key}; the keys are {', '.join(FSDP_OPTIONS)}")
-        if not isinstance(value, type(FSDP_OPTIONS[key])):
-            raise ConfigError(f"train.fsdp.{key} expects {type(FSDP_OPTIONS[key]).__name__}, got {value!r}")
-    return {**FSDP_OPTIONS, **given}
+    """train.fsdp with its defaults filled in (keys and types were checked when the config was read: FsdpConfig)."""
+    return dataclasses.asdict(FsdpConfig(**(cfg.train.fsdp or {})))
 
 
 def check_strategy(cfg: Config) -> None:
