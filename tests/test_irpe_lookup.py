@@ -21,6 +21,15 @@ def _pe(grid, prefix, heads=2, head_dim=16, **options) -> IRPE:
     return pe
 
 
+def _own(pe: IRPE):
+    """Layer 0's tables (`pe.layer(0)`, as a backbone keeps them), drawn N(0, 1) from a seeded generator."""
+    own = pe.layer(0)
+    g = torch.Generator().manual_seed(1)
+    for p in own.parameters():
+        p.data = torch.randn(p.shape, generator=g)
+    return own
+
+
 @pytest.fixture
 def always_separable(monkeypatch):
     """Small test grids take the separable route that large grids take."""
@@ -142,8 +151,9 @@ def test_whole_id_grids_are_stored_compactly():
 @pytest.mark.parametrize("grad", [True, False])
 def test_separable_row_blocks_match_the_math_reference(always_separable, options, prefix, grad):
     pe = _pe((5, 6), prefix, **options)
+    own = _own(pe)
     ql, kl = image_layout(5, 6, prefix), cell_centre_layout(3, 3, 2, prefix)
-    ctx = pe.context(0, ql, kl)
+    ctx = pe.context(0, ql, kl, own)
     g = torch.Generator().manual_seed(0)
     q = torch.randn(2, 2, ql.num_tokens, 16, generator=g, requires_grad=grad)
     k, v = (torch.randn(2, 2, kl.num_tokens, 16, generator=g, requires_grad=grad) for _ in range(2))
@@ -155,7 +165,7 @@ def test_separable_row_blocks_match_the_math_reference(always_separable, options
     # fp32 attention over <= 11 keys, 16 channels, O(1) inputs: sums of ~16-50 terms, errors ~1e-6; 1e-5 relative
     assert torch.allclose(out, ref, atol=1e-5, rtol=1e-5)
     if grad:
-        params = [q, k, v, *pe.parameters()]
+        params = [q, k, v, *own.parameters()]
         grads_ref = torch.autograd.grad(ref.square().sum(), params)
         grads = torch.autograd.grad(out.square().sum(), params)
         for a, b in zip(grads, grads_ref):

@@ -54,3 +54,7 @@ def test_an_old_layout_state_dict_loads_with_unchanged_logits(name):
     for kind, pe in model.pe.encodings.items():
         flat = {k.split(".", 3)[3]: v for k, v in model.state_dict().items() if k.startswith(f"pe.encodings.{kind}.")}
         assert not pe.layer_entries(flat)[1], f"{kind} keeps per-layer tensors at the model level"
+    # and a state dict of today's layout passes the same filter unchanged (one whose PE state is all per layer too)
+    current = model.state_dict()
+    again = checked_filter(fam.filter_fn)(current, model)
+    assert again.keys() == current.keys() and all(torch.equal(again[k], v) for k, v in current.items())

@@ -115,7 +115,8 @@ def test_p_rope_dropped_pairs_are_position_free_and_kept_pairs_are_plain_ropes(n
     ours = build(p=p).eval()
     layout = _layout(name)
     q = torch.randn(1, 2, layout.num_tokens, D)
-    got, ref = ours.context(0, layout).rotate(q, q)[0], plain.context(0, layout).rotate(q, q)[0]
+    own = plain.layer(0)  # layer 0's own state (RoPE-Mixed: its drawn frequencies), the same for both
+    got, ref = ours.context(0, layout, None, own).rotate(q, q)[0], plain.context(0, layout, None, own).rotate(q, q)[0]
     keep = p_rope_keep(ladders.tolist(), p)
     dropped, kept = _pair_channels(torch.where(~keep)[0], D, half), _pair_channels(torch.where(keep)[0], D, half)
     per_ladder = [int((ladders == a).sum()) for a in ladders.unique()]
@@ -129,9 +130,10 @@ def test_p_rope_mixed_frequencies_of_dropped_pairs_get_no_gradient():
     rope = RoPE2D(_host(), mode="mixed", p=0.5)
     layout = image_layout(4, 4, 1)
     q = torch.randn(1, 2, layout.num_tokens, D)
-    rope.context(0, layout).rotate(q, q)[0].square().sum().backward()
+    own = rope.layer(0)
+    rope.context(0, layout, None, own).rotate(q, q)[0].square().sum().backward()
     keep = p_rope_keep([c // (D // 4) for c in range(D // 2)], 0.5)
-    grad = rope.freqs.grad[:, 0]  # [2, heads, d/2] of layer 0
+    grad = own.freqs.grad  # [2, heads, d/2] of layer 0
     assert (grad[..., ~keep] == 0).all() and (grad[..., keep] != 0).any()
 
 

@@ -51,11 +51,12 @@ def test_reset_classifier_and_get_classifier():
 def test_no_weight_decay_names_pe_tables_and_optimizer_uses_it():
     m = _vit()
     nwd = m.no_weight_decay()
-    assert {"cls_token", "pe.encodings.rope2d.freqs", "pe.encodings.ape.pos_embed"} <= nwd
+    assert {"cls_token", "blocks.0.attn.pos.rope2d.freqs", "pe.encodings.ape.pos_embed"} <= nwd
     opt = create_optimizer_v2(m, "adamw", lr=1e-3, weight_decay=0.05)
-    freqs = m.pe.encodings["rope2d"].freqs
-    group = next(g for g in opt.param_groups if any(p is freqs for p in g["params"]))
-    assert group["weight_decay"] == 0.0
+    for block in m.blocks:  # each layer's own RoPE-Mixed frequencies
+        freqs = block.attn.pos["rope2d"].freqs
+        group = next(g for g in opt.param_groups if any(p is freqs for p in g["params"]))
+        assert group["weight_decay"] == 0.0
 
 
 def test_group_matcher_groups_pe_with_the_stem():
@@ -71,7 +72,7 @@ def test_grad_checkpointing_gives_same_output_and_grads():
     x = torch.randn(2, 3, 32, 32)
     out = m(x)
     out.sum().backward()
-    g = m.pe.encodings["rope2d"].freqs.grad.clone()
+    g = torch.stack([b.attn.pos["rope2d"].freqs.grad for b in m.blocks]).clone()
     m.zero_grad()
     m.set_grad_checkpointing(True)
     out2 = m(x)
@@ -79,7 +80,7 @@ def test_grad_checkpointing_gives_same_output_and_grads():
     # recomputation repeats the forward ops; the frequencies' gradient sums every layer's, head's and token's
     # contribution, maybe in another order: ~eps * sum |contributions| ~ 1e-6 on O(1) entries
     assert torch.allclose(out, out2, atol=1e-5)
-    assert torch.allclose(g, m.pe.encodings["rope2d"].freqs.grad, atol=1e-5)
+    assert torch.allclose(g, torch.stack([b.attn.pos["rope2d"].freqs.grad for b in m.blocks]), atol=1e-5)
 
 
 def test_forward_intermediates_and_features_only():

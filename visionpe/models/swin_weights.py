@@ -12,7 +12,7 @@ import re
 from timm.layers import resample_patch_embed
 
 from ..pos.base import CheckpointSource
-from ..pos.checkpoint import place_flat_entries, split_pe_entries
+from ..pos.checkpoint import is_visionpe_layout, place_flat_entries, split_pe_entries
 from .checkpoints import describe_checkpoint, ensure_fits, expect_blocks, unwrap
 
 __all__ = ["checkpoint_filter_fn"]
@@ -32,7 +32,7 @@ def _official_to_timm(state_dict: dict) -> dict:
 def checkpoint_filter_fn(state_dict: dict, model) -> dict:
     """Rename and reshape a timm / official Swin state dict for a visionpe SwinTransformer."""
     original = state_dict = unwrap(state_dict)
-    if any(k.startswith("pe.") for k in state_dict):  # already ours (maybe with flat PE names)
+    if is_visionpe_layout(state_dict):  # already ours (maybe with flat PE names)
         return place_flat_entries(model, state_dict)
     expect_blocks(state_dict, "layers.", "Swin")
     if "layers.0.downsample.reduction.weight" in state_dict:

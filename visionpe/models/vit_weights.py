@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..pos.base import CheckpointMismatch, CheckpointSource
-from ..pos.checkpoint import place_flat_entries, split_pe_entries
+from ..pos.checkpoint import is_visionpe_layout, place_flat_entries, split_pe_entries
 from .checkpoints import describe_checkpoint, ensure_fits, expect_blocks, unwrap
 
 __all__ = ["checkpoint_filter_fn"]
@@ -30,7 +30,7 @@ def _check_layer_scale(state_dict: dict, model) -> None:
 def checkpoint_filter_fn(state_dict: dict, model) -> dict:
     """Rename and reshape a timm ViT / DeiT / RoPE-ViT (eva) state dict for a visionpe VisionTransformer."""
     original = state_dict = unwrap(state_dict)
-    if any(k.startswith("pe.") for k in state_dict):  # already ours (maybe with flat PE names)
+    if is_visionpe_layout(state_dict):  # already ours (maybe with flat PE names)
         return place_flat_entries(model, state_dict)
     expect_blocks(state_dict, "blocks.", "ViT")
     _check_layer_scale(state_dict, model)

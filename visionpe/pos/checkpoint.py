@@ -21,7 +21,7 @@ from torch import nn
 from .base import CheckpointMismatch, CheckpointSource, LayerPos, PosStack
 from .presets import PE_KINDS
 
-__all__ = ["place_flat_entries", "split_pe_entries"]
+__all__ = ["is_visionpe_layout", "place_flat_entries", "split_pe_entries"]
 
 
 def _matches(patterns: dict[str, str], layout: str, key: str) -> bool:
@@ -52,6 +52,12 @@ def split_pe_entries(
         if entries:
             raise CheckpointMismatch(PE_KINDS[kind].absent_message(next(iter(entries)), source))
     return out, rest
+
+
+def is_visionpe_layout(state_dict: dict) -> bool:
+    """Whether a state dict is visionpe's own: PE entries at the model level (`pe.*`, any release) or under a
+    layer's attention (`*.attn.pos.*`, a model whose PE state is all per layer, e.g. RoPE-Mixed)."""
+    return any(k.startswith("pe.") or ".attn.pos." in k for k in state_dict)
 
 
 def place_flat_entries(model: nn.Module, state_dict: dict[str, torch.Tensor], prefix: str = "pe.") -> dict:
