@@ -175,7 +175,7 @@ _ROWS = (
                         "the tasks)"),)),
     Paper("2506.13277", "SeqPE: Transformer with Sequential Position Encoding", "https://github.com/ghrua/seqpe",
           "Li, Huayang and Liu, Yahui and Sun, Hongyu and Cai, Deng and Cui, Leyang and Bi, Wei and Zhao, Peilin and "
-          "Watanabe, Taro", 2025, "arXiv", "li2025seqpe", presets=("seqpe",),
+          "Watanabe, Taro", 2025, "", "li2025seqpe", presets=("seqpe",),
           claims=(Claim("SeqPE > learned APE and 2D RoPE beyond the training resolution",
                         (("seqpe", "ape"), ("seqpe", "rope2d")), "beyond",
                         detail="abstract: better accuracy, particularly under extrapolation (ImageNet-1k ViT, "
