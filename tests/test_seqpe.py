@@ -82,7 +82,7 @@ def test_the_layer_context_multiplies_q_and_k_by_its_own_projection_of_the_table
 
 @pytest.mark.parametrize("hw", [32, 48])
 def test_the_vit_trains_at_two_resolutions_and_computes_the_table_once_per_forward(hw):
-    model = _model().train()
+    model = _model(pe_kwargs=dict(contrastive_weight=0, transfer_weight=0)).train()  # (objectives: below)
     pe = _pe(model)
     calls = []
     pe.encoder.register_forward_hook(lambda *a: calls.append(1))
@@ -91,6 +91,20 @@ def test_the_vit_trains_at_two_resolutions_and_computes_the_table_once_per_forwa
     assert out.shape == (2, 10) and torch.isfinite(out).all() and len(calls) == 1
     assert all(p.grad is not None for p in pe.encoder.parameters())
     assert model.blocks[0].attn.pos["seqpe"].proj.weight.grad.abs().sum() > 0
+    assert model.pe.aux_loss() is None
+
+
+def test_a_training_forward_leaves_its_objectives_for_the_trainer_once():
+    model = _model().train()
+    model(torch.randn(2, 3, 32, 32)).sum().backward()
+    aux = model.pe.aux_loss()
+    # at init the contrastive term is about log(64) (64 near-equal candidates), the transfer term small
+    assert aux.ndim == 0 and 0.1 * 3.0 < float(aux.detach()) < 0.1 * 6.0 and model.pe.aux_loss() is None
+    aux.backward()
+    assert _pe(model).encoder.token_embed.weight.grad.abs().sum() > 0
+    with torch.no_grad():
+        model(torch.randn(2, 3, 32, 32))
+    assert model.pe.aux_loss() is None  # no autograd: no objectives
 
 
 def test_eval_keeps_the_table_until_a_parameter_changes():

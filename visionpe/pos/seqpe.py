@@ -28,9 +28,13 @@ from ..layout import TokenLayout, image_layout
 from ..position_modes import INTERPOLATE
 from .base import PEHost, PosContext, PosEncoding
 from .seqpe_encoder import DigitEncoder, digit_tokens, digits_for
+from .seqpe_losses import contrastive_loss, nearest_labels, sample_contrastive, sample_transfer, transfer_loss
 from .table_cache import TableCache, sources_key
 
 __all__ = ["SeqPE", "attn_mul"]
+
+# the objectives' draws per step (the official per-GPU sizes): pivots x candidates, blocks x cells
+PIVOTS, CANDIDATES, LOCAL_RATE, BLOCKS, CELLS = 32, 64, 0.2, 32, 64
 
 
 def attn_mul(x: torch.Tensor, pe: torch.Tensor) -> torch.Tensor:
@@ -54,7 +58,9 @@ class QKProjection(nn.Module):
 class SeqPE(PosEncoding):
     """SeqPE at the qk site (attn_mul). max_position: positions per axis the digits can write (100: 0..99, 2
     digits); width / heads: the encoder's (default: the model's); depth: its blocks (2); dropout: on its residual
-    branches in training (0.1, the paper's ViT-S run)."""
+    branches in training (0.1, the paper's ViT-S run); contrastive_weight / transfer_weight: the weights of the
+    training objectives (visionpe.pos.seqpe_losses; 0.1 each, the paper's), drawn and computed in every training
+    forward with autograd and handed to the trainer by `aux_loss()`; 0 turns one off."""
 
     positive_options = ("max_position", "width", "heads", "depth")
 
@@ -66,6 +72,8 @@ class SeqPE(PosEncoding):
         heads: int | None = None,
         depth: int = 2,
         dropout: float = 0.1,
+        contrastive_weight: float = 0.1,
+        transfer_weight: float = 0.1,
     ):
         super().__init__(host)
         if int(max_position) < 2:
@@ -77,6 +85,8 @@ class SeqPE(PosEncoding):
         self.cls_pos = nn.Parameter(torch.zeros(host.dim))  # the official `cls_token_pos_embed`
         self._cache = TableCache(size=8)
         self._fresh: tuple | None = None  # (positions, table) of this forward's grid (training)
+        self.contrastive_weight, self.transfer_weight = float(contrastive_weight), float(transfer_weight)
+        self._aux: torch.Tensor | None = None  # the objectives of the last training forward, until aux_loss()
 
     def layer(self, i):
         spec = self.host.layers[i]
@@ -152,13 +162,40 @@ class SeqPE(PosEncoding):
         return self.table(layout)
 
     def tokens(self, x: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
-        """Nothing is added to the tokens: the grid's PEs are computed here, once for every layer of this forward."""
+        """Nothing is added to the tokens: the grid's PEs are computed here, once for every layer of this forward
+        (and, in training with autograd, the objectives)."""
         if self.training or torch.is_grad_enabled() or torch.compiler.is_compiling():
             self._fresh = (layout.pos, layout.num_prefix, self.table(layout))
         else:
             self._fresh = None
             self._table(layout)
+        if self.training and torch.is_grad_enabled() and (self.contrastive_weight or self.transfer_weight):
+            self._aux = self.objectives(layout.pos.device)
         return x
+
+    def encode(self, coords: torch.Tensor) -> torch.Tensor:
+        """PEs [..., width] of integer (row, col) coordinates [..., 2]."""
+        return self.encoder(digit_tokens(coords.reshape(-1, 2), self.digits)).unflatten(0, coords.shape[:-1])
+
+    def objectives(self, device=None) -> torch.Tensor:
+        """contrastive_weight * contrastive + transfer_weight * transfer, on fresh draws (visionpe.pos.seqpe_losses)."""
+        total = torch.zeros((), device=device)
+        if self.contrastive_weight:
+            pivots, cands = sample_contrastive(PIVOTS, CANDIDATES, self.max_position, LOCAL_RATE, device)
+            pe = self.encode(torch.cat([pivots[:, None], cands], 1))
+            loss = contrastive_loss(pe[:, 0], pe[:, 1:], nearest_labels(pivots, cands))
+            total = total + self.contrastive_weight * loss
+        if self.transfer_weight:
+            teacher, student = sample_transfer(BLOCKS, CELLS, tuple(self.host.grid), self.max_position, device)
+            with torch.no_grad():
+                target = self.encode(teacher)
+            total = total + self.transfer_weight * transfer_loss(target, self.encode(student))
+        return total
+
+    def aux_loss(self) -> torch.Tensor | None:
+        """The weighted objectives of the last training forward (then forgotten), None when there are none."""
+        out, self._aux = self._aux, None
+        return out
 
     def context(self, i, layout, kv_layout=None, own=None):
         pe_q, pe_k = own(self._table(layout))
