@@ -150,3 +150,22 @@ def test_sizes_follow_the_model_width_and_heads():
     assert enc.out_proj.weight.shape == (384, 384) and model.blocks[3].attn.pos["seqpe"].proj.weight.shape == (768, 384)
     with pytest.raises(ValueError, match="not divisible"):
         _model(pe_kwargs=dict(width=30, heads=4))
+
+
+def test_the_trainer_adds_the_objectives_of_every_step(tmp_path, monkeypatch):
+    from tiny_runs import tiny_run
+
+    from visionpe.engine import train
+
+    seen = []
+    original = SeqPE.aux_loss
+
+    def recorded(self):
+        out = original(self)
+        seen.append(None if out is None else float(out.detach()))
+        return out
+
+    monkeypatch.setattr(SeqPE, "aux_loss", recorded)
+    data = ["data.name=synthetic-shapes", "data.options.num_train=32", "data.options.num_val=16", "data.batch_size=16"]
+    train(None, tiny_run(tmp_path, data, "model.name=vit_n_seqpe", "train.epochs=1", "eval.resolutions=16"))
+    assert len(seen) == 2 and all(v is not None and v > 0 for v in seen)  # 2 steps, each with its own objectives

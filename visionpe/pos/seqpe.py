@@ -15,6 +15,9 @@ has the same PE at every grid size; positions must lie in 0 .. max_position - 1 
 'interpolate' computes the reference grid's PEs and resizes them bicubically to the input grid (the official
 `interpolate`). In eval without autograd the table of a layout is kept, keyed by the layout's positions and the
 versions of the encoder's parameters (an optimizer step or load_state_dict recomputes it).
+
+Training objectives (visionpe.pos.seqpe_losses, the paper's weights 0.1 each): computed in every training forward
+with autograd at the token site and returned once by `aux_loss()`, which the trainer adds to the task loss.
 """
 
 from __future__ import annotations
@@ -84,7 +87,7 @@ class SeqPE(PosEncoding):
         self.encoder = DigitEncoder(2, self.digits, width, int(heads), int(depth), host.dim, float(dropout))
         self.cls_pos = nn.Parameter(torch.zeros(host.dim))  # the official `cls_token_pos_embed`
         self._cache = TableCache(size=8)
-        self._fresh: tuple | None = None  # (positions, table) of this forward's grid (training)
+        self._fresh: list = []  # [(positions, prefix, table)] of this forward's grids (training; one per image group)
         self.contrastive_weight, self.transfer_weight = float(contrastive_weight), float(transfer_weight)
         self._aux: torch.Tensor | None = None  # the objectives of the last training forward, until aux_loss()
 
@@ -102,7 +105,7 @@ class SeqPE(PosEncoding):
     def init_non_persistent_buffers(self) -> None:
         self.encoder.init_non_persistent_buffers()
         self._cache.clear()
-        self._fresh = None
+        self._fresh = []
 
     def no_weight_decay(self) -> set[str]:
         return {"cls_pos", "encoder.place_embed", "encoder.axis_embed", "encoder.cls_embed"}
@@ -156,18 +159,19 @@ class SeqPE(PosEncoding):
                     table = self.table(layout)
                 self._cache.put(layout.pos, key, table)
             return table
-        fresh = self._fresh
-        if fresh is not None and fresh[0] is layout.pos and fresh[1] == layout.num_prefix:
-            return fresh[2]
+        for pos, prefix, table in self._fresh:
+            if pos is layout.pos and prefix == layout.num_prefix:
+                return table
         return self.table(layout)
 
     def tokens(self, x: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
         """Nothing is added to the tokens: the grid's PEs are computed here, once for every layer of this forward
         (and, in training with autograd, the objectives)."""
         if self.training or torch.is_grad_enabled() or torch.compiler.is_compiling():
-            self._fresh = (layout.pos, layout.num_prefix, self.table(layout))
+            kept = [f for f in self._fresh if not (f[0] is layout.pos and f[1] == layout.num_prefix)]
+            self._fresh = [*kept, (layout.pos, layout.num_prefix, self.table(layout))][-8:]
         else:
-            self._fresh = None
+            self._fresh = []
             self._table(layout)
         if self.training and torch.is_grad_enabled() and (self.contrastive_weight or self.transfer_weight):
             self._aux = self.objectives(layout.pos.device)
