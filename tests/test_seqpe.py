@@ -135,7 +135,9 @@ def test_interpolate_mode_resizes_the_reference_grids_table():
 
 
 def test_positions_beyond_max_position_name_the_option():
-    model = _model(pe_kwargs=dict(max_position=5)).eval()
+    with pytest.raises(ValueError, match="needs max_position >= 8.*set transfer_weight=0"):
+        _model(pe_kwargs=dict(max_position=5))  # the transfer objective's shifted 4 x 4 blocks do not fit
+    model = _model(pe_kwargs=dict(max_position=5, transfer_weight=0)).eval()
     with torch.no_grad():
         model(torch.randn(1, 3, 40, 40))  # 5 x 5 patches: positions 0..4
         with pytest.raises(ValueError, match=r"max_position=5.*raise max_position"):

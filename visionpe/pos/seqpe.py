@@ -90,6 +90,8 @@ class SeqPE(PosEncoding):
         self._fresh: list = []  # [(positions, prefix, table)] of this forward's grids (training; one per image group)
         self.contrastive_weight, self.transfer_weight = float(contrastive_weight), float(transfer_weight)
         self._aux: torch.Tensor | None = None  # the objectives of the last training forward, until aux_loss()
+        if self.transfer_weight:  # its shifted blocks must fit: the error now, not at the first training step
+            sample_transfer(1, 1, tuple(host.grid), self.max_position)
 
     def layer(self, i):
         spec = self.host.layers[i]
@@ -122,7 +124,7 @@ class SeqPE(PosEncoding):
             if top > self.max_position:
                 raise ValueError(
                     f"SeqPE writes positions 0..{self.max_position - 1} per axis (max_position={self.max_position}), "
-                    f"this input has {top}; raise max_position (pe_kwargs=dict(max_position=...))"
+                    f"this input reaches position {top - 1}; raise max_position (pe_kwargs=dict(max_position=...))"
                 )
             if bool((pos < 0).any()) or not torch.equal(pos, pos.round()):
                 raise ValueError("SeqPE encodes whole non-negative patch indices; use position_mode 'extrapolate'")
