@@ -68,5 +68,6 @@ def test_transfer_loss_is_zero_for_the_teacher_itself_and_reaches_only_the_stude
     assert float(loss.detach()) > 0 and t.grad is None and s.grad.abs().sum() > 0
     log_t = (t.detach() @ t.detach().transpose(-1, -2)).log_softmax(-1)
     log_s = (s.detach() @ s.detach().transpose(-1, -2)).log_softmax(-1)
-    want = F.kl_div(log_s, log_t, log_target=True, reduction="sum") + F.kl_div(log_t, log_s, log_target=True, reduction="sum")
+    kl = dict(log_target=True, reduction="sum")
+    want = F.kl_div(log_s, log_t, **kl) + F.kl_div(log_t, log_s, **kl)  # KL(T || S) + KL(S || T)
     assert math.isclose(float(loss.detach()), float(want) / log_t.numel(), rel_tol=1e-5)

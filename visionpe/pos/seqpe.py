@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 from timm.layers import trunc_normal_
+from torch import nn
 
 from ..layout import TokenLayout, image_layout
 from ..position_modes import INTERPOLATE

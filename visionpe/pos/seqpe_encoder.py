@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 from timm.layers import trunc_normal_
+from torch import nn
 
 __all__ = ["DigitEncoder", "digit_tokens", "digits_for"]
 
