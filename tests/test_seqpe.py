@@ -1,6 +1,8 @@
 """SeqPE (`seqpe`): digit tokens, the causal encoder's CLS reading every digit, a cell's PE a function of its digits
 alone, attn_mul against a hand computation, and the ViT at two resolutions in both position modes."""
 
+import copy
+
 import pytest
 import timm
 import torch
@@ -105,6 +107,15 @@ def test_a_training_forward_leaves_its_objectives_for_the_trainer_once():
     with torch.no_grad():
         model(torch.randn(2, 3, 32, 32))
     assert model.pe.aux_loss() is None  # no autograd: no objectives
+
+
+def test_a_model_copies_after_a_training_forward():
+    model = _model().train()
+    model(torch.randn(2, 3, 32, 32))  # leaves this forward's table and objectives (graph tensors) on the PE
+    twin = copy.deepcopy(model).eval()  # e.g. an EMA copy
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(twin(x), model.eval()(x))
 
 
 def test_eval_keeps_the_table_until_a_parameter_changes():

@@ -93,6 +93,10 @@ class SeqPE(PosEncoding):
         if self.transfer_weight:  # its shifted blocks must fit: the error now, not at the first training step
             sample_transfer(1, 1, tuple(host.grid), self.max_position)
 
+    def __getstate__(self):
+        """Copies and pickles leave this forward's tables and objectives behind (tensors of an autograd graph)."""
+        return {**super().__getstate__(), "_fresh": [], "_aux": None, "_cache": TableCache(self._cache.size)}
+
     def layer(self, i):
         spec = self.host.layers[i]
         return QKProjection(self.host.dim, spec.num_heads, spec.head_dim)
