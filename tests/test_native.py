@@ -68,7 +68,7 @@ def test_each_image_in_a_batch_matches_it_alone(name, native_attention):
             assert torch.isfinite(feats["patches"]).all()  # padding tokens included
 
 
-@pytest.mark.parametrize("name", ["vit_n_rope2d", "vit_n_irpe", "vit_n_lepe", "vit_n_cpe", "vit_n_lff"])
+@pytest.mark.parametrize("name", ["vit_n_rope2d", "vit_n_irpe", "vit_n_lepe", "vit_n_cpe", "vit_n_lff", "vit_n_seqpe"])
 def test_registers_and_interpolate_mode(name, native_attention):
     m = _model(name, reg_tokens=2, position_mode="interpolate")
     images = _images(m)[:4]

@@ -29,6 +29,8 @@ def _family(name):
 
 
 def test_the_fixture_covers_every_registered_name():
+    # names registered after the layout change (vit_*_seqpe) have no old layout: their entries were written from the
+    # code that added them (make_old_layout.py --add-new-names), so for them this checks loading and logits only
     assert set(FIXTURE["models"]) == set(visionpe.list_visionpe_models())
 
 

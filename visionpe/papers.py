@@ -173,6 +173,13 @@ _ROWS = (
           claims=(Claim("Learnable Fourier features > learned APE and 2D sin-cos", (("lff", "ape"), ("lff", "sincos")),
                         "base", detail="abstract: outperforms existing PEs in accuracy (ViT classification among "
                         "the tasks)"),)),
+    Paper("2506.13277", "SeqPE: Transformer with Sequential Position Encoding", "https://github.com/ghrua/seqpe",
+          "Li, Huayang and Liu, Yahui and Sun, Hongyu and Cai, Deng and Cui, Leyang and Bi, Wei and Zhao, Peilin and "
+          "Watanabe, Taro", 2025, "", "li2025seqpe", presets=("seqpe",),
+          claims=(Claim("SeqPE > learned APE and 2D RoPE beyond the training resolution",
+                        (("seqpe", "ape"), ("seqpe", "rope2d")), "beyond",
+                        detail="abstract: better accuracy, particularly under extrapolation (ImageNet-1k ViT, "
+                        "224 px trained, up to 672 px); the table's numbers are unverified here"),)),
     # its CPE-vs-plain-APE ablation could not be read: no claim
     Paper("2312.06709", "AM-RADIO: Agglomerative Vision Foundation Model -- Reduce All Domains Into One",
           "https://github.com/NVlabs/RADIO",

@@ -43,6 +43,7 @@ from ..data.loader import build_train_loader, dataset_num_classes, epoch_batches
 from ..data.multires import patch_size_of_batch
 from ..data.streams import first_stream_item, is_stream
 from ..models.flexi_patch import at_patch_size, flexi_patch_refusal
+from ..pos.base import PosEncoding
 from .changes import adopt_accepted_changes, check_resume_changes, check_resume_data
 from .checkpoint import (
     POINTER,
@@ -637,6 +638,8 @@ class Trainer:
             inputs, targets = self.mixup(inputs, targets)
         with autocast(self.device, self.amp), self._patch_size():
             loss = self.criterion(run_model(net, inputs), targets)
+            aux = self.model.pe.aux_loss() if isinstance(getattr(self.model, "pe", None), PosEncoding) else None
+            loss = loss if aux is None else loss + aux  # a PE's own objective (SeqPE's), from this forward
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
         if self.cfg.optim.clip_grad is not None:

@@ -30,6 +30,7 @@ VIT_PES = {
     **same_name("lookhere", "lookhere_90", "lookhere_45"),  # LH-180, LH-90, LH-45
     **same_name("string_cayley", "string_circulant", "rope2d_spiral", "rope2d_spiral_ape"),  # STRING, Spiral RoPE
     **same_name("lff", "ape_radio"),  # learnable Fourier features, RADIO's cropped APE
+    **same_name("seqpe"),  # SeqPE: digit sequences through a small transformer, q * pe_q and k * pe_k
 }
 
 VIT = Family(  # DeiT's paper (visionpe.papers)

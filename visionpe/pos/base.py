@@ -244,6 +244,11 @@ class PosEncoding(nn.Module):
         """Parameter names (relative to this module) to exclude from weight decay."""
         return set()
 
+    def aux_loss(self) -> torch.Tensor | None:
+        """A training objective of the PE's own, computed in the last training forward (the trainer adds it to the
+        task loss), or None. Default: None."""
+        return None
+
     # flat names of per-layer tensors (what `convert_checkpoint` returns, and the keys under `pe.encodings.<kind>.`
     # before each layer owned its state): a regex with the group `i` (the layer) -> the name in layer i's module
     layer_names: dict[str, str] = {}
@@ -343,6 +348,10 @@ class PosStack(PosEncoding):
 
     def no_weight_decay(self):
         return {f"encodings.{name}.{p}" for name, pe in self.encodings.items() for p in pe.no_weight_decay()}
+
+    def aux_loss(self):
+        losses = [loss for pe in self.encodings.values() if (loss := pe.aux_loss()) is not None]
+        return sum(losses[1:], losses[0]) if losses else None
 
 
 def _part(own: nn.Module | None, kind: str) -> nn.Module | None:

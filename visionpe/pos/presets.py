@@ -39,6 +39,7 @@ from .rope2d import RoPE2D
 from .rope2d_dinov3 import RoPE2DDinoV3
 from .rope2d_spiral import RoPE2DSpiral
 from .rope_nd import RoPEND
+from .seqpe import SeqPE
 from .string import STRING
 
 __all__ = [
@@ -74,6 +75,7 @@ PE_KINDS: dict[str, type[PosEncoding]] = {
     "lff": LearnableFourier,
     "ape_radio": CroppedAPE,
     "mhrope": MHRoPE,
+    "seqpe": SeqPE,
 }
 
 
@@ -150,6 +152,8 @@ PE_PRESETS: dict[str, list[tuple[str, dict]]] = {
     # absolute PEs of continuous coordinates / a larger table: learnable Fourier features (Li et al.), RADIO's CPE
     "lff": [("lff", {})],
     "ape_radio": [("ape_radio", {})],
+    # SeqPE: positions as digit sequences read by a small causal transformer, multiplied into q and k (attn_mul)
+    "seqpe": [("seqpe", {})],
 }
 
 # model-level options a preset implies (applied by the zoo; a backbone that lacks the option rejects the preset)
