@@ -6,15 +6,11 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import timm
 import torch
-from test_train_eval import KILLER, run_train, tiny, weights
+from test_train_eval import run_killed_at, run_train, tiny, weights
 
 import visionpe  # noqa: F401  (registers the models)
 from visionpe.data.multires import patch_size_of_batch
@@ -63,20 +59,7 @@ def test_a_short_run_trains_at_each_patch_size_with_a_finite_loss(tmp_path, monk
 def test_a_killed_run_resumes_to_the_same_weights(tmp_path):
     common = tiny(tmp_path, "data.patch_sizes=2,4,8", "train.ckpt_every_steps=3", "eval.resolutions=16")
     reference = run_train([*common, "train.run_name=reference"])
-    repo = str(Path(__file__).resolve().parents[1])  # this checkout's visionpe, not an installed one
-    env = {
-        **os.environ,
-        "VISIONPE_ATTN": "sdpa",
-        "PYTHONPATH": os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]),
-    }
-    killed = subprocess.run(
-        [sys.executable, "-c", KILLER, "5", *common, "train.run_name=killed"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    killed = run_killed_at(5, [*common, "train.run_name=killed"], tmp_path)
     assert killed.returncode == -9, killed.stderr[-2000:]
     run_train([*common, "train.run_name=killed"], resume=True)
     ref, got = weights(reference), weights(tmp_path / "killed")

@@ -135,6 +135,19 @@ KILLER = textwrap.dedent(
 )
 
 
+def run_killed_at(step: int, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """A training run in a subprocess, killed with SIGKILL at `step` (KILLER), on this checkout's visionpe (not an
+    installed one) with the sdpa backend."""
+    repo = str(Path(__file__).resolve().parents[1])
+    env = {
+        **os.environ,
+        "VISIONPE_ATTN": "sdpa",
+        "PYTHONPATH": os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]),
+    }
+    return subprocess.run([sys.executable, "-c", KILLER, str(step), *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+
+
 def test_kill_and_resume_matches_uninterrupted(tmp_path):
     common = tiny(
         tmp_path,
@@ -146,15 +159,7 @@ def test_kill_and_resume_matches_uninterrupted(tmp_path):
     )  # RNG-dependent parts: drop path and mixup
     reference = run_train([*common, "train.run_name=reference"])
 
-    env = {**os.environ, "VISIONPE_ATTN": "sdpa"}
-    killed = subprocess.run(
-        [sys.executable, "-c", KILLER, "7", *common, "train.run_name=killed"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    killed = run_killed_at(7, [*common, "train.run_name=killed"], tmp_path)
     assert killed.returncode == -9, killed.stderr[-2000:]
     run = tmp_path / "killed"
     assert json.loads((run / "checkpoint.json").read_text())["global_step"] == 6  # mid-epoch 2, step 7 was lost
