@@ -443,7 +443,7 @@ class Trainer:
             return None, None
         wall = self.spent_before[0] + time.perf_counter() - self.started[0]
         cpu = self.spent_before[1] + time.process_time() - self.started[1]
-        return round(wall, 1), round(cpu, 1)
+        return round(wall, 3), round(cpu, 3)  # milliseconds: a short run's cost is not rounded to 0
 
     def _sched_key(self) -> str:
         return json.dumps([dataclasses.asdict(self.cfg.optim), self.cfg.train.epochs, self.steps_per_epoch])
