@@ -137,7 +137,12 @@ def test_a_tiny_segment_run_writes_records_and_resumes_without_training(tmp_path
     assert claims == {"vit_n_rope2d > vit_n_nope"}
     assert all(c["verdict"] in ("holds", "does not hold", "within noise") for c in summary["comparisons"])
     assert "## Each PE against NoPE (mIoU)" in (out / "results.md").read_text()
-    assert out == tmp_path / "results" / "seg" and benchmarks(out.parent) == []  # the leaderboard ranks top-1 only
+    assert out == tmp_path / "results" / "seg"
+    ((name, _, ranked_cells),) = benchmarks(out.parent)  # the leaderboard ranks the runs by mIoU beyond 16 px
+    cell = ranked_cells[("upsample", "extrapolate", "vit_n")]["vit_n_rope2d"]
+    here = ("upsample", "extrapolate", 24)
+    (at24,) = [r["miou"] for r in record["rows"] if (r["protocol"], r["mode"], r["height"]) == here]
+    assert name == "seg" and cell["seeds"][1] == pytest.approx(at24) and len(cell["seeds"]) == 2
 
     def no_training(*a, **k):
         raise AssertionError("trained again")

@@ -1,5 +1,6 @@
-"""The leaderboard: every image PE ranked per benchmark, protocol and position mode by its mean top-1 beyond the
-training point, with the 95% interval over seeds, ties marked and the training cost beside (docs/benchmark.md).
+"""The leaderboard: every image PE ranked per benchmark, protocol and position mode by its mean score beyond the
+training point (top-1 for classification, mIoU for segmentation), with the 95% interval over seeds, ties marked and
+the training cost beside (docs/benchmark.md).
 
     python -m visionpe.bench leaderboard [--results results] [--out results/leaderboard.md] [--readme README.md]
 """
@@ -24,6 +25,7 @@ README_MARKS = (
     "<!-- end of leaderboard head -->",
 )
 HEAD_ROWS = 5
+METRIC_NAMES = {"top1": "top-1", "miou": "mIoU"}  # a benchmark summary's `metric` (top-1 when it names none)
 
 
 def _point(row: dict) -> Point:
@@ -40,9 +42,10 @@ def _interval(values: list[float]) -> float:
     return float(t.ppf(0.975, len(values) - 1)) * statistics.stdev(values) / len(values) ** 0.5
 
 
-def scores(summary: dict, rows: list[dict]) -> dict[tuple, dict[str, dict]]:
-    """(protocol, mode, backbone) -> model -> {'pe', 'seeds': per-seed mean top-1 over the points beyond the training
-    point, 'base': per-seed top-1 at it, 'train_cpu_seconds': CPU seconds of one training run}; image models only."""
+def scores(summary: dict, rows: list[dict], metric: str = "top1") -> dict[tuple, dict[str, dict]]:
+    """(protocol, mode, backbone) -> model -> {'pe', 'seeds': per-seed mean `metric` over the points beyond the
+    training point, 'base': per-seed `metric` at it, 'train_cpu_seconds': CPU seconds of one training run}; image
+    models only."""
     out: dict[tuple, dict[str, dict]] = {}
     for r in rows:
         if r["family"] not in IMAGE_FAMILIES:
@@ -52,9 +55,9 @@ def scores(summary: dict, rows: list[dict]) -> dict[tuple, dict[str, dict]]:
         cell = out.setdefault(key, {}).setdefault(r["model"], dict(pe=r["pe"], beyond={}, base={}, train={}))
         seed = int(r["seed"])
         if point == base:
-            cell["base"][seed] = float(r["top1"])
+            cell["base"][seed] = float(r[metric])
         elif _is_beyond(point, base):
-            cell["beyond"].setdefault(seed, []).append(float(r["top1"]))
+            cell["beyond"].setdefault(seed, []).append(float(r[metric]))
         if r.get("train_cpu_seconds"):
             cell["train"][seed] = float(r["train_cpu_seconds"])
     for models in out.values():
@@ -84,8 +87,9 @@ def ranked(models: dict[str, dict]) -> list[tuple[str, str, dict]]:
     return out
 
 
-def _table(models: dict[str, dict], limit: int | None = None) -> list[str]:
-    heads = ["rank", "model", "PE", "top-1 beyond training", "95% CI", "at training point", "seeds", "train CPU s/run"]
+def _table(models: dict[str, dict], metric: str, limit: int | None = None) -> list[str]:
+    heads = ["rank", "model", "PE", f"{METRIC_NAMES[metric]} beyond training", "95% CI", "at training point", "seeds",
+             "train CPU s/run"]  # fmt: skip
     rows = []
     for rank, model, c in ranked(models)[:limit]:
         mean, half = statistics.fmean(c["seeds"]), _interval(c["seeds"])
@@ -101,10 +105,10 @@ def benchmarks(results: Path) -> list[tuple[str, dict, dict]]:
     out = []
     for path in sorted(results.glob("*/summary.json")):
         summary = json.loads(path.read_text())
-        if summary.get("task") == "segmentation":  # mIoU, not top-1 (visionpe-bench segment): not ranked here
+        if not (path.parent / "results.csv").is_file():  # a segmentation benchmark reported before it wrote one
             continue
         with open(path.parent / "results.csv", newline="") as f:
-            found = scores(summary, list(csv.DictReader(f)))
+            found = scores(summary, list(csv.DictReader(f)), summary.get("metric", "top1"))
         if found and len(summary["seeds"]) > 1:
             out.append((path.parent.name, summary, found))
     return out
@@ -114,17 +118,20 @@ def leaderboard(results: Path) -> tuple[str, str]:
     """(results/leaderboard.md, the README's head of it)."""
     found = benchmarks(results)
     text = ["# Leaderboard: image PEs beyond the training resolution", "", LEGEND, ""]
+    metric_of = {name: summary.get("metric", "top1") for name, summary, _ in found}
     head, widest = [], (0, False, False)  # the head: the table with the most models (fov, extrapolate first)
     for name, summary, tables in found:
         trained = f"Trained at {summary['base'][0]} x {summary['base'][1]} px on `{summary['dataset']}`"
-        text += [f"## {name}", "", f"{trained}, {len(summary['seeds'])} seeds; [results]({name}/results.md).", ""]
+        task = ", segmentation (mIoU)" if metric_of[name] == "miou" else ""
+        text += [f"## {name}", "", f"{trained}{task}, {len(summary['seeds'])} seeds; [results]({name}/results.md).",
+                 ""]  # fmt: skip
         for (protocol, mode, backbone), models in sorted(tables.items()):
-            text += [f"### {protocol}, {mode} ({backbone})", "", *_table(models), ""]
+            text += [f"### {protocol}, {mode} ({backbone})", "", *_table(models, metric_of[name]), ""]
             width = (len(models), protocol == "fov", mode == "extrapolate")
             if width > widest:
                 widest = width
                 head = [f"**{name}**, {protocol}, {mode} ({backbone}), the first {HEAD_ROWS} of {len(models)}:", "",
-                        *_table(models, HEAD_ROWS)]  # fmt: skip
+                        *_table(models, metric_of[name], HEAD_ROWS)]  # fmt: skip
     done = {(k[2].split("_")[0], c["pe"]) for _, _, t in found for k, models in t.items() for c in models.values()}
     missing = [f"{f}: " + ", ".join(name_parts(f"{f}_n_{pe}" if pe else f"{f}_n")[2] for pe in FAMILIES[f].pes
                                      if (f, name_parts(f"{f}_n_{pe}" if pe else f"{f}_n")[2]) not in done)
@@ -134,7 +141,8 @@ def leaderboard(results: Path) -> tuple[str, str]:
 
 
 LEGEND = (
-    "Each model's score is its top-1 (%) averaged over the protocol's points beyond the training point, per seed; "
+    "Each model's score is its top-1 (%), or mIoU (%) on a segmentation benchmark, averaged over the protocol's "
+    "points beyond the training point, per seed; "
     "the table gives the mean over seeds and its 95% confidence interval (Student's t). A rank written `=k` is "
     "shared: the model's score is not below the one ranked above it by Welch's one-sided test at p < 0.05, so the "
     "order within a group is not established. *at training point*: top-1 there (the same weights); *train CPU s/run*: "

@@ -311,7 +311,7 @@ def undecided_models(records: list[dict], plan) -> list[str]:
     """The models of every claim comparison that is within noise with the runs of bench.seeds alone (the ones
     bench.extra_seeds extends), in bench.models order."""
     first = [r for r in _kept_rows(records, plan) if r["seed"] in plan.bench.seeds]
-    rows = _csv_rows(first)
+    rows = csv_rows(first)
     judged = _judged(first, rows, plan, *_cells(rows))
     models = {m for j in judged for c in j["comparisons"] if c["verdict"] == "within noise" for m in (c["a"], c["b"])}
     return [m for m in plan.bench.models if m in models]
@@ -356,26 +356,31 @@ def _kept_rows(records: list[dict], plan) -> list[dict]:
     return [dict(r, rows=[x for x in r["rows"] if x["mode"] in modes and row_point(x) in points]) for r in records]
 
 
-def _csv_rows(records: list[dict]) -> list[dict]:
+def csv_rows(records: list[dict], keys: tuple[str, ...] = CSV_KEYS) -> list[dict]:
     """One row per (run, mode, evaluated point), with the CSV's columns."""
-    return [{**{k: (rec if k in RUN_KEYS else r).get(k) for k in CSV_KEYS}, "tokens": r.get("tokens", 0),
+    return [{**{k: (rec if k in RUN_KEYS else r).get(k) for k in keys}, "tokens": r.get("tokens", 0),
              "patch": r.get("patch", 0)} for rec in records for r in rec["rows"]]  # fmt: skip
+
+
+def csv_text(rows: list[dict], keys: tuple[str, ...]) -> str:
+    """results.csv: a header, then one line per row (CRLF, as the csv module writes)."""
+    table = io.StringIO()
+    csv.writer(table, lineterminator="\r\n").writerows([keys, *([r[k] for k in keys] for r in rows)])
+    return table.getvalue()
 
 
 def write_report(records: list[dict], plan, out: Path, seconds: float, machine: dict | None = None) -> list[Path]:
     """results.csv/.md, summary.json and results.png under `out`; [] and nothing replaced without a row of the plan."""
     records = _kept_rows(records, plan)
-    rows = _csv_rows(records)
+    rows = csv_rows(records)
     if not rows:
         return []
     out.mkdir(parents=True, exist_ok=True)
-    table = io.StringIO()
     keys = CSV_KEYS if "patch" not in plan.bench.protocols else (*CSV_KEYS[:11], "patch", *CSV_KEYS[11:])
-    csv.writer(table, lineterminator="\r\n").writerows([keys, *([r[k] for k in keys] for r in rows)])
     machine = machine or dict(machine_info(), threads=plan.bench.threads)
     summary = _summary(records, rows, plan, seconds, machine)
     texts = {
-        "results.csv": table.getvalue(),
+        "results.csv": csv_text(rows, keys),
         "results.md": format_markdown(summary, records, rows, plan, seconds),
         "summary.json": json.dumps(summary, indent=1) + "\n",
     }

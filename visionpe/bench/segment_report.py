@@ -11,10 +11,13 @@ from ..engine.checkpoint import atomic_write_text
 from ..zoo import name_parts
 from .measure import machine_description, machine_info
 from .protocols import Point, point_label, row_point
-from .report import fmt, md_table, mean_std, stat_text
+from .report import CSV_KEYS, csv_rows, csv_text, fmt, md_table, mean_std, stat_text
 from .stats import ALPHA, detectable_difference, holm, welch
 
 __all__ = ["summarise", "compare_to_nope", "write_seg_report"]
+
+# results.csv: the classification columns with mIoU and pixel accuracy for top-1 / top-5 / loss
+SEG_CSV_KEYS = (*CSV_KEYS[: CSV_KEYS.index("top1")], "miou", "pixel_acc", *CSV_KEYS[CSV_KEYS.index("images") :])
 
 
 def _key(mode: str, point: Point) -> str:
@@ -135,7 +138,8 @@ def _markdown(summary: dict, stats: dict, comparisons: list[dict], plan) -> str:
 
 
 def write_seg_report(records: list[dict], plan, out: Path, seconds: float) -> list[Path]:
-    """results.md and summary.json under `out` from the records there."""
+    """results.csv, results.md and summary.json under `out` from the records there (the CSV is what the
+    leaderboard ranks)."""
     stats = summarise(records, plan)
     nope = next((m for m in plan.bench.models if name_parts(m)[2] == "nope"), None)
     comparisons = compare_to_nope(stats, plan, nope) if nope else []
@@ -153,9 +157,10 @@ def write_seg_report(records: list[dict], plan, out: Path, seconds: float) -> li
                 for m in plan.bench.models},
         seconds=seconds, machine=machine_info(plan.bench.device),
     )  # fmt: skip
-    paths = [out / "summary.json", out / "results.md"]
+    paths = [out / "summary.json", out / "results.md", out / "results.csv"]
     atomic_write_text(paths[0], json.dumps(summary, indent=1, default=str) + "\n")
     atomic_write_text(paths[1], _markdown(summary, stats, comparisons, plan))
+    atomic_write_text(paths[2], csv_text(csv_rows(records, SEG_CSV_KEYS), SEG_CSV_KEYS))
     return paths
 
 
