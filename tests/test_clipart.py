@@ -195,6 +195,17 @@ def test_a_drawing_that_fails_to_render_is_skipped_and_reported(tmp_path, monkey
         assert ds.pop_skipped() == [f"{root / 'animals/c0.svg'} (boom)"] and ds.pop_skipped() == []
 
 
+def test_the_render_deadline_counts_cpu_time_not_waiting():
+    import time
+
+    with clipart._Timeout(0.2):
+        time.sleep(0.5)  # 0.5 s by the clock, almost no CPU: a loaded machine must not skip a drawing
+    with pytest.raises(clipart.RenderError, match="more than 0.2 CPU seconds"), clipart._Timeout(0.2):
+        start = time.process_time()
+        while time.process_time() - start < 5.0:  # busy: the deadline fires long before this ends
+            pass
+
+
 def test_a_tiny_run_trains_and_evaluates_on_clipart(tmp_path):
     from visionpe.engine import train
 

@@ -23,7 +23,7 @@ root and a signature of every file's path, size and mtime (a package update or a
 Drawings are rendered by cairosvg in the loader workers (never while the dataset is built), on white, RGB, aspect
 ratio kept and centred, at the size asked for: a larger size shows finer detail. Renders are cached per (file, size)
 in memory and as PNG files under `cache_dir/renders/<size>/`. A file that fails to render (or takes longer than
-`render_timeout` seconds, or draws nothing) is skipped when met: replaced by the next drawing in training, left out
+`render_timeout` CPU seconds, or draws nothing) is skipped when met: replaced by the next drawing in training, left out
 in evaluation, and reported through `pop_skipped()` like an unreadable image file.
 
 Training augmentation: random resized crops of the drawing rendered at twice the item size (so a magnified crop
@@ -377,7 +377,9 @@ class RenderError(RuntimeError):
 
 
 class _Timeout:
-    """A SIGALRM deadline for one render, only where it can work (the main thread of a process with setitimer)."""
+    """A deadline in CPU seconds for one render (SIGPROF), only where it can work (the main thread of a process with
+    setitimer). CPU time, not wall time: on a loaded machine a drawing takes longer by the clock, and a wall-clock
+    deadline would make which drawings are skipped depend on what else the machine runs."""
 
     def __init__(self, seconds: float):
         self.seconds = float(seconds)
@@ -386,17 +388,17 @@ class _Timeout:
         )
 
     def _fire(self, *_):
-        raise RenderError(f"took more than {self.seconds:g} s")
+        raise RenderError(f"took more than {self.seconds:g} CPU seconds")
 
     def __enter__(self):
         if self.on:
-            self.previous = signal.signal(signal.SIGALRM, self._fire)
-            signal.setitimer(signal.ITIMER_REAL, self.seconds)
+            self.previous = signal.signal(signal.SIGPROF, self._fire)
+            signal.setitimer(signal.ITIMER_PROF, self.seconds)
 
     def __exit__(self, *exc):
         if self.on:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, self.previous)
+            signal.setitimer(signal.ITIMER_PROF, 0)
+            signal.signal(signal.SIGPROF, self.previous)
 
 
 def render_svg_rgba(data: bytes, size: int, timeout: float = 0) -> np.ndarray:
