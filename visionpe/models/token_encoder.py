@@ -96,7 +96,7 @@ class TokenEncoder(ContractModel):
             grid=tuple(grid), frames=int(frames), heads=num_heads, embed_prefix=embed_prefix, position_mode=mode
         )
         self.pe = build_pos_encoding(pe, self._host(depth), pe_kwargs)
-        self.pe.set_host(self.pe.host)  # drops the tables its build probe cached (small grids no forward uses)
+        self.forget_pe_tables()  # the tables its build probe cached (small grids no forward uses)
         self.pe_name = pe
 
         dpr = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]  # linear (no tensor: meta-safe)
@@ -170,7 +170,7 @@ class TokenEncoder(ContractModel):
         self._set_host()
 
     def _set_host(self) -> None:
-        self.pe.set_host(self._host(), tuple(block.attn.pos for block in self.blocks))
+        self.set_pe_host(self._host(), tuple(block.attn.pos for block in self.blocks))
 
     @property
     def pos_scheme(self) -> str:

@@ -195,13 +195,13 @@ class PosEncoding(nn.Module):
 
     def init_non_persistent_buffers(self) -> None:
         """Rebuild every non-persistent buffer (index, frequency tables) from the PE's configuration on the
-        buffers' device, and drop every cache computed from them. Called after `to_empty()` + `load_state_dict`
-        (timm's `reinit_non_persistent_buffers` calls it on every module that has it) and by the backbone's
-        `init_weights()`. Default: nothing, for PEs without buffers or caches; a PE that registers a
-        non-persistent buffer or keeps a cache must override it."""
+        buffers' device. Called after `to_empty()` + `load_state_dict` (timm's `reinit_non_persistent_buffers`
+        calls it on every module that has it) and by the backbone's `init_weights()`. Default: nothing, for PEs
+        without buffers; a PE that registers a non-persistent buffer must override it. Tables computed from buffers
+        or parameters are kept in a `TableCache` (visionpe.pos.table_cache), which the backbone forgets."""
 
     def layer(self, i: int) -> nn.Module | None:
-        """The module holding what serves attention layer i alone (its parameters, buffers, cache), built once by
+        """The module holding what serves attention layer i alone (its parameters and buffers), built once by
         the backbone and kept in that layer's attention; `context` and `block` get it back as `own`. Default: None
         (nothing per layer)."""
         return None

@@ -125,7 +125,6 @@ class RoPE2D(PosEncoding):
             buf = getattr(self, f"axial_{d}")
             freqs = self._axial(d).to(buf.device, buf.dtype)  # where and how the model keeps it
             self.register_buffer(f"axial_{d}", freqs, persistent=False)
-        self._cos_sin_cache.clear()
 
     def layer_frequencies(self, i: int, own: MixedFrequencies | None = None) -> torch.Tensor:
         """Frequency matrix of layer i: [2, d/2] (axial, shared) or [2, heads, d/2] (mixed, the layer's own `own`;
