@@ -141,7 +141,7 @@ class RoPE2D(PosEncoding):
         if layout.grid is None or layout.grid[0] != 1:
             return None
         (h, w), (ref_h, ref_w) = layout.hw, self.host.grid
-        return rope_scaling(self.host.position_mode, (w, h), (ref_w, ref_h), self.yarn_ramp)
+        return rope_scaling(self.position_mode, (w, h), (ref_w, ref_h), self.yarn_ramp)
 
     def _cos_sin(self, i: int, layout: TokenLayout, scaling=None, drawn=None, own=None):
         """drawn: the layout's positions under this layer's coordinate augmentation (training), else None."""

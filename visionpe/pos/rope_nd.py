@@ -184,7 +184,7 @@ class RoPEND(PosEncoding):
                 f"RoPE scheme {self.scheme!r} reads {self.num_streams} position streams, the layout has "
                 f"{layout.streams}; build it with visionpe.pos.mm_positions.segment_layout(..., {self.scheme!r})"
             )
-        if self.host.position_mode in TIME_MODES:
+        if self.position_mode in TIME_MODES:
             return self._riflex_cos_sin(i, layout)
         scaling, spread = self._scaling(layout)
         if scaling is None:
@@ -238,10 +238,10 @@ class RoPEND(PosEncoding):
 
     def _scaling(self, layout: TokenLayout):
         """(ntk / yarn scaling of the layout over the training input, the training spreads), or (None, None)."""
-        if self.host.position_mode not in SCALING_MODES or not layout.num_pos:
+        if self.position_mode not in SCALING_MODES or not layout.num_pos:
             return None, None
         ref = self.reference_spread()
-        return rope_scaling(self.host.position_mode, self._layout_spread(layout), ref, self.yarn_ramp), ref
+        return rope_scaling(self.position_mode, self._layout_spread(layout), ref, self.yarn_ramp), ref
 
     def layout_options(self, training):
         return {**self.scheme_options, **runtime_options(self.scheme, training, self.delta, self.temporal_scale)}

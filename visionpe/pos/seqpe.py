@@ -137,7 +137,7 @@ class SeqPE(PosEncoding):
         """PEs [N, width] of the layout's positioned tokens (the encoder, or the reference grid's resized)."""
         ref = tuple(self.host.grid)
         grid = layout.grid[1:] if layout.grid is not None else None
-        if self.host.position_mode == INTERPOLATE and grid is not None and tuple(grid) != ref:
+        if self.position_mode == INTERPOLATE and grid is not None and tuple(grid) != ref:
             base = self.encoder(digit_tokens(self._coords(image_layout(*ref, 0, layout.pos.device)), self.digits))
             img = base.float().t().reshape(1, -1, *ref)
             out = F.interpolate(img, size=tuple(grid), mode="bicubic", align_corners=False)
@@ -154,7 +154,7 @@ class SeqPE(PosEncoding):
         """This forward's table of `layout`: kept in eval without autograd, else computed once per forward (at the
         token site) and shared by every layer."""
         if not self.training and not torch.is_grad_enabled() and not torch.compiler.is_compiling():
-            key = (layout.num_prefix, layout.grid, self.host.position_mode)
+            key = (layout.num_prefix, layout.grid, self.position_mode)
             sources = (*self.parameters(), *self.buffers())
             return self._cache.lookup(key, lambda: self.table(layout), (layout.pos,), sources)
         for pos, prefix, table in self._fresh:
