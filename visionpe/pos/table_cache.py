@@ -43,7 +43,8 @@ class TableCache:
         self._entries: list = []  # [(key, positions, sources, their states, table)], most recent last
 
     def get(self, key, positions: Sequence[torch.Tensor] = (), sources: Sequence[torch.Tensor] = ()):
-        for n, (k, pos, src, states, table) in enumerate(self._entries):
+        for n in range(len(self._entries) - 1, -1, -1):  # the most recent first
+            k, pos, src, states, table = self._entries[n]
             if (
                 k == key
                 and len(pos) == len(positions)
