@@ -3,12 +3,15 @@ tables; an update of the tensors they come from (an optimizer step, load_state_d
 version counter misses, a new position mode or host) invalidates them, so the outputs then equal those of a fresh
 model with the same weights, bit for bit (the same operations on the same numbers)."""
 
+import dataclasses
+
 import pytest
 import timm
 import torch
 
 from visionpe.layout import image_layout
 from visionpe.models.family import FAMILIES
+from visionpe.pos.base import PEHost, PosEncoding
 from visionpe.pos.table_cache import TableCache, invalidate_tables
 
 TINY = FAMILIES["vit"].tiny
@@ -217,3 +220,14 @@ def test_entries_are_found_by_key_positions_and_source_versions():
     learned.put("x", 1)
     invalidate_tables(holder, learned_only=True)
     assert len(learned) == 0 and len(cache) == 2
+
+
+def test_the_position_mode_is_runtime_state_of_every_pe_not_of_the_host():
+    model = _model("vit_n_rope2d_ape")
+    host = model.pe.host
+    model.set_position_mode("yarn")
+    assert model.pe.host is host and "position_mode" not in {f.name for f in dataclasses.fields(PEHost)}
+    assert {m.position_mode for m in model.pe.modules() if isinstance(m, PosEncoding)} == {"yarn"}
+    with pytest.raises(ValueError, match="position_mode must be one of"):
+        model.set_position_mode("riflex")  # a video mode: the ViT keeps its own
+    assert model.position_mode == "yarn"

@@ -215,9 +215,11 @@ class OffsetBias(RowBias):
 
 class OffsetBiasPE(PosEncoding):
     """Base of the offset biases. A subclass gives `offset_fn(i, q, kv)` (f of layer i), `table_key(i)` (layers with
-    equal keys share one table) and `constant()` (whether f is fixed, so its tables can be cached: always for
-    parameter-free biases, in eval for learned ones); `heads(i)` defaults to the host's head count. `cache_layout`:
-    layers share tables, so the laid-out P ([H, W_q, L_y, W_k], O(H N) elements) is cached too (per dtype)."""
+    equal keys share one table), `table_sources(i)` (the parameters f reads: a cached table is found again only while
+    they are unchanged) and `constant()` (whether f is fixed, so its tables can be cached: always for parameter-free
+    biases, in eval for learned ones, which set `learned`); `heads(i)` defaults to the host's head count.
+    `cache_layout`: layers share tables, so the laid-out P ([H, W_q, L_y, W_k], O(H N) elements) is cached too (per
+    dtype). Tables and plans are kept in TableCaches (visionpe.pos.table_cache), which the model forgets."""
 
     cache_layout = True
     learned = False  # f has trained parameters (its cached tables are forgotten at a train / eval switch)
