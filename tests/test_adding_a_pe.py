@@ -36,9 +36,8 @@ class GaussBias(PosEncoding):
         def bias(q, k):
             dist2 = torch.cdist(layout.pos, kv.pos).square()  # [N, M]
             out = q.new_zeros(heads, layout.num_tokens, kv.num_tokens)
-            out[:, layout.num_prefix :, kv.num_prefix :] = -self.inverse_variances(heads).to(q)[
-                :, None, None
-            ] * dist2.to(q)
+            scale = self.inverse_variances(heads).to(q)[:, None, None]
+            out[:, layout.num_prefix :, kv.num_prefix :] = -scale * dist2.to(q)
             return out[None]  # [1, H, P + N, Pk + M]
 
         return PosContext(bias=bias)

@@ -140,7 +140,7 @@ def test_export_with_dynamic_height_and_width(name):
             torch.testing.assert_close(exported(x), model(x), atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("name", ["swin_n_rpb", "swin_n_irpe", "swin_n_lepe", "swin_n_rope2d_mixed"])
+@pytest.mark.parametrize("name", ["swin_n_rpb", "swin_n_irpe_k", "swin_n_lepe", "swin_n_rope2d_mixed"])
 def test_swin_export_with_dynamic_height_and_width(name):
     """From export_min_size() up (every stage's map larger than its window) one program serves every size, including
     sizes that need padding to whole patches, odd maps before merging and maps that are not whole windows."""

@@ -23,9 +23,8 @@ from visionpe.pos.rotary import rotary_angles, rotary_cos_sin
 RESET = dict(spatial_reset=True)
 
 
-def _host(heads=4, head_dim=24, frames=2, grid=(4, 4), mode="extrapolate"):
-    return PEHost(heads * head_dim, grid, 0, (AttnSpec(heads * head_dim, heads, head_dim),) * 2, frames=frames,
-                  position_mode=mode)  # fmt: skip
+def _host(heads=4, head_dim=24, frames=2, grid=(4, 4)):
+    return PEHost(heads * head_dim, grid, 0, (AttnSpec(heads * head_dim, heads, head_dim),) * 2, frames=frames)
 
 
 # ---------------------------------------------------------------------------------------------- frequency maps
@@ -188,7 +187,8 @@ def test_mhrope_rotation_preserves_norms_and_is_relative_per_head():
 
 
 def test_riflex_lowers_one_frequency_of_the_t_heads_only():
-    pe = MHRoPE(_host(mode="riflex", frames=2), scheme_options=RESET)  # heads (2, 1, 1)
+    pe = MHRoPE(_host(frames=2), scheme_options=RESET)  # heads (2, 1, 1)
+    pe.position_mode = "riflex"  # what the model's set_position_mode sets on its PEs
     layout = segment_layout("video:40x4x4", "mrope_interleaved", 0, None, **RESET)  # t spread 157 vs 5 in training
     col, freq = pe.riflex_change(0, layout)
     f = pe.layer_frequencies(0)

@@ -34,7 +34,8 @@ CASES = [
     ("vit_n_cpe", {"cls_token"}),
     ("swin_n_rpb", set()),
     ("swin_n_rope2d_mixed", set()),
-    ("cvt_n_irpe", set()),
+    ("cvt_n_irpe_k", set()),
+    ("swin_n_irpe", {"pe.encodings.ape.pos_embed"}),  # iRPE per layer, its APE model-level (the stem)
     ("cvt_n_cpe", set()),
     ("swin_n_fire2d", {"pe.encodings.fire2d.stages.0.c"}),  # one MLP per stage, model-level: the stem
     ("cvt_n_comrope_ld", set()),

@@ -33,8 +33,11 @@ VIDEO_SCHEMES = ["rope3d", "mrope", "mrope_interleaved", "videorope", "hope", "v
 def _pe(scheme, mode, frames=2, grid=(4, 4), reference=None, **options):
     layers = (AttnSpec(2 * D, 2, D),)
     ref = None if reference is None else tuple(reference)
-    host = PEHost(2 * D, grid, 1, layers, frames=frames, position_mode=mode, reference_segments=ref)
-    return RoPEND(host, scheme=scheme, theta=THETA, **options)
+    pe = RoPEND(
+        PEHost(2 * D, grid, 1, layers, frames=frames, reference_segments=ref), scheme=scheme, theta=THETA, **options
+    )
+    pe.position_mode = mode  # what the model's set_position_mode sets on its PEs
+    return pe
 
 
 def _rotated(pe, layout, q):

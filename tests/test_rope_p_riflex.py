@@ -29,10 +29,10 @@ from visionpe.position_modes import ALL_MODES
 D = 24  # head dim: 12 rotary pairs, 6 per 2D axis, 4 per rope3d stream
 
 
-def _host(head_dim=D, heads=2, grid=(4, 4), prefix=1, frames=1, mode="extrapolate", reference=None):
+def _host(head_dim=D, heads=2, grid=(4, 4), prefix=1, frames=1, reference=None):
     dim = heads * head_dim
     layers = (AttnSpec(dim, heads, head_dim),) * 2
-    return PEHost(dim, grid, prefix, layers, frames=frames, position_mode=mode, reference_segments=reference)
+    return PEHost(dim, grid, prefix, layers, frames=frames, reference_segments=reference)
 
 
 # ----------------------------------------------------------------------------------------------------- p-RoPE
@@ -240,7 +240,9 @@ def test_riflex_official_numbers():
 
 
 def _video_pe(scheme="rope3d", frames=4, mode="riflex", **kw):
-    return RoPEND(_host(frames=frames, mode=mode), scheme=scheme, theta=100.0, **kw).eval()
+    pe = RoPEND(_host(frames=frames), scheme=scheme, theta=100.0, **kw).eval()
+    pe.position_mode = mode  # what the model's set_position_mode sets on its PEs
+    return pe
 
 
 def test_riflex_time_angles_are_the_official_function_side_by_side():

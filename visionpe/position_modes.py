@@ -1,8 +1,8 @@
 """Test-time position modes: how a model reads positions at an input larger than its training one. The one list,
 read by the models (the modes each family takes), the PEs (the modes each acts on), the CLI and the benchmark.
 
-A model owns its mode: set once at build (`position_mode=`), changed with `set_position_mode` (or the
-`position_mode` property); its PEs read it from their host (visionpe.pos.base.PEHost)."""
+A model owns its mode: set at build (`position_mode=`), changed with `set_position_mode` (assigning the
+`position_mode` property calls it), which sets it on every PE of the model (`PosEncoding.position_mode`)."""
 
 from __future__ import annotations
 

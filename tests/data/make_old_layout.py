@@ -2,7 +2,8 @@
 (per-layer PE state in one model-level object) and the logits of its tiny model on a fixed input, with weights drawn
 from the parameter names (`draw`, shared with tests/test_old_layout.py). Run once, at the old code; kept for the record.
 `--add-new-names` appends the entries of names registered since (e.g. vit_*_seqpe), written from the current code:
-a PE added after the change has no old layout.
+a PE added after the change has no old layout. `--move OLD:NEW ...` first gives a name's old entry to the name that
+now builds that model (swin_*_irpe -> swin_*_irpe_k, cvt_*_irpe -> cvt_*_irpe_k, #43), so OLD is written anew.
 """
 
 import gzip
@@ -70,12 +71,15 @@ def main(out: Path):
     write(out, shapes, entries)
 
 
-def add_new_names(out: Path):
+def add_new_names(out: Path, moves: dict[str, str] | None = None):
     """Names registered after the layout change had no old layout: their entries are written from the current code
-    (its keys and logits), appended to the fixture, whose other entries stay as the old code wrote them."""
+    (its keys and logits), appended to the fixture, whose other entries stay as the old code wrote them. moves:
+    {old name: new name} whose old entry the new name takes (the old name is then written anew)."""
     data = json.loads(gzip.decompress(out.read_bytes()))
     shapes = {json.dumps(layout): i for i, layout in enumerate(data["layouts"])}
     entries = data["models"]
+    for old, new in (moves or {}).items():
+        entries[new] = entries.pop(old)
     for name in visionpe.list_visionpe_models():
         if name not in entries:
             entries[name] = entry(name, shapes)
@@ -84,4 +88,5 @@ def add_new_names(out: Path):
 
 if __name__ == "__main__":
     target = Path(__file__).with_name("old_layout.json.gz")
-    add_new_names(target) if "--add-new-names" in sys.argv else main(target)
+    moved = dict(a.split(":") for a in sys.argv[sys.argv.index("--move") + 1 :]) if "--move" in sys.argv else {}
+    add_new_names(target, moved) if "--add-new-names" in sys.argv else main(target)

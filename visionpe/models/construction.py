@@ -26,6 +26,7 @@ import torch
 from timm.layers import trunc_normal_
 from torch import nn
 
+from ..pos.base import PEHost
 from ..pos.table_cache import invalidate_tables
 
 __all__ = [
@@ -137,19 +138,30 @@ class ContractModel(nn.Module):
         self.init_non_persistent_buffers()
 
     def init_non_persistent_buffers(self) -> None:
-        """The PEs' index / frequency buffers and caches rebuilt (timm's reinit_non_persistent_buffers)."""
+        """The PEs' index / frequency buffers rebuilt (timm's reinit_non_persistent_buffers)."""
         self.pe.init_non_persistent_buffers()
-        invalidate_tables(self)
+        self.forget_pe_tables()
+
+    def set_pe_host(self, host: PEHost, layers: tuple = ()) -> None:
+        """The backbone changed (timm's set_input_size, pruning): its PEs adapt their parameters through `set_host`
+        (layers: each block's `attn.pos`)."""
+        self.pe.set_host(host, layers)
+        self.forget_pe_tables()
+
+    def forget_pe_tables(self, learned_only: bool = False) -> None:
+        """The one place the PEs' cached tables are forgotten (visionpe.pos.table_cache): rebuilt buffers, a new
+        host, position mode or state dict, and a switch of train / eval mode that changes it (learned tables only:
+        a write their version does not show, FSDP's all-gather, may have happened while training)."""
+        invalidate_tables(self, learned_only)
 
     def train(self, mode: bool = True):
-        """A switch of mode that changes it forgets the PEs' cached tables (visionpe.pos.table_cache); eval -> eval
-        keeps them."""
+        """A switch that changes the mode forgets the PEs' learned tables; eval -> eval keeps them."""
         if mode != self.training:
-            invalidate_tables(self)
+            self.forget_pe_tables(learned_only=True)
         return super().train(mode)
 
     def _load_from_state_dict(self, *args, **kwargs):
-        invalidate_tables(self)  # loaded values: no cached table of the old ones is reused
+        self.forget_pe_tables()  # loaded values: no cached table of the old ones is reused
         return super()._load_from_state_dict(*args, **kwargs)
 
     def intermediate_format(self, output_fmt: str | None) -> str:

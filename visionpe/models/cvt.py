@@ -364,7 +364,7 @@ class ConvolutionalVisionTransformer(StagedModel):
         if patch_size is not None:
             self.stages[0].patch_embed.set_stride(check_patch_size(patch_size))
             self.feature_info = self._feature_info()
-        self.pe.set_host(self._host(), tuple(b.attn.pos for b in self._blocks()))
+        self.set_pe_host(self._host(), tuple(b.attn.pos for b in self._blocks()))
         if hasattr(self, "pretrained_cfg"):
             self.pretrained_cfg = {**self.pretrained_cfg, "input_size": (self.in_chans, *self.img_size)}
 

@@ -21,7 +21,9 @@ CVT_PES = {
     "rope2d": dict(pe="rope2d"),
     "rope2d_mixed": dict(pe="rope2d_mixed"),
     "rope2d_p": dict(pe="rope2d_p"),
-    "irpe": dict(pe="irpe_k"),  # iRPE contextual on k (no APE: CvT has none)
+    # iRPE contextual on k: with the learned APE as on every family (on stage 1's grid), and alone (irpe_k; what
+    # cvt_*_irpe built before #43)
+    **same_name("irpe", "irpe_k"),
     **same_name("cpe", "liere", "comrope_ap", "comrope_ld", "alibi2d", "fire2d"),
     **same_name("string_cayley", "string_circulant", "rope2d_spiral"),  # STRING, Spiral RoPE
 }

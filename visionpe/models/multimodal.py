@@ -214,7 +214,7 @@ class MultimodalEncoder(TubeletEncoder):
     def _refresh_host(self) -> None:
         """The PEs' training sequence follows text_split / text_length set after construction (ntk / yarn read it)."""
         if "pe" in self.__dict__.get("_modules", {}) and "_text_length" in self.__dict__:
-            self.pe.set_host(self._host())
+            self.set_pe_host(self._host())
 
     def _host(self, depth: int | None = None) -> PEHost:
         """The trunk's host plus the training sequence (`reference_segments`): the reference clip between its

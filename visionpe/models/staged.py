@@ -54,7 +54,7 @@ class StagedModel(ContractModel):
         prune_end = max_index < len(stages) - 1
         setattr(self, self.stage_attr, stages[: max_index + 1])
         self.stage_starts = self.stage_starts[: max_index + 1]
-        self.pe.set_host(self._host(), tuple(b.attn.pos for b in self._blocks()))  # stage-shared PE state goes too
+        self.set_pe_host(self._host(), tuple(b.attn.pos for b in self._blocks()))  # stage-shared PE state goes too
         if prune_norm or prune_end:
             self.norm = nn.Identity()
         if prune_end:

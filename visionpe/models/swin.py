@@ -355,7 +355,7 @@ class SwinTransformer(StagedModel):
                     info["reduction"] = self.patch_embed.patch_size[0] * 2**s
         if window_size is not None:
             self.window_sizes = stage_windows(window_size, len(self.layers))
-        self.pe.set_host(self._host(), tuple(b.attn.pos for b in self._blocks()))
+        self.set_pe_host(self._host(), tuple(b.attn.pos for b in self._blocks()))
         if hasattr(self, "pretrained_cfg"):
             self.pretrained_cfg = {**self.pretrained_cfg, "input_size": (self.in_chans, *self.patch_embed.img_size)}
 

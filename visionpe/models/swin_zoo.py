@@ -19,7 +19,9 @@ SWIN_PES = {
     "rope2d": dict(pe="rope2d", pe_kwargs={"rope2d": {"theta": 50.0}}),  # RoPE-ViT's Swin: axial, theta 50
     "rope2d_mixed": dict(pe="rope2d_mixed"),
     "rope2d_p": dict(pe="rope2d_p", pe_kwargs={"rope2d": {"theta": 50.0}}),  # p-RoPE on that Swin RoPE
-    "irpe": dict(pe="irpe_k"),  # iRPE contextual on k in place of the bias (no APE: Swin has none)
+    # iRPE contextual on k in place of the bias: with the learned APE as on every family (Swin's own `ape` option, on
+    # the patch grid before the first stage), and alone (irpe_k; what swin_*_irpe built before #43)
+    **same_name("irpe", "irpe_k"),
     **same_name("lepe", "liere", "comrope_ap", "comrope_ld", "nope", "alibi2d", "fire2d"),
     **same_name("string_cayley", "string_circulant", "rope2d_spiral"),  # STRING, Spiral RoPE
 }

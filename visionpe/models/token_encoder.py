@@ -19,7 +19,7 @@ from torch.utils.checkpoint import checkpoint
 from ..layers import Block
 from ..layout import TokenLayout
 from ..native import BatchLayout, is_native_batch
-from ..pos.base import AttnSpec, PEHost, Positions
+from ..pos.base import AttnSpec, PEHost, PosEncoding, Positions
 from ..pos.mm_positions import segment_layout
 from ..pos.presets import build_pos_encoding
 from ..position_modes import EXTRAPOLATE, check_position_mode
@@ -76,7 +76,7 @@ class TokenEncoder(ContractModel):
         embed_prefix: a learned APE has entries for the prefix tokens too; fc_norm: norm after pooling instead of
         before (default: with average pooling); qkv_bias: True, False or "qv" (no k bias, as DINOv3);
         norm_eps: the LayerNorm epsilon when norm_layer is not given (1e-6; DINOv3 uses 1e-5); position_mode: one of
-        the family's `position_modes`, set here once (the PEs are built with it)."""
+        the family's `position_modes` (changed later with `set_position_mode`)."""
         super().__init__()
         _check_pool(global_pool, class_token)
         norm_layer = norm_layer or partial(nn.LayerNorm, eps=norm_eps)
@@ -91,12 +91,10 @@ class TokenEncoder(ContractModel):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
         self.reg_token = nn.Parameter(torch.zeros(1, reg_tokens, embed_dim)) if reg_tokens else None
 
-        mode = check_position_mode(position_mode, self.position_modes)
-        self._pe_ref = dict(
-            grid=tuple(grid), frames=int(frames), heads=num_heads, embed_prefix=embed_prefix, position_mode=mode
-        )
+        self._pe_ref = dict(grid=tuple(grid), frames=int(frames), heads=num_heads, embed_prefix=embed_prefix)
         self.pe = build_pos_encoding(pe, self._host(depth), pe_kwargs)
-        self.pe.set_host(self.pe.host)  # drops the tables its build probe cached (small grids no forward uses)
+        self.forget_pe_tables()  # the tables its build probe cached (small grids no forward uses)
+        self.set_position_mode(position_mode)
         self.pe_name = pe
 
         dpr = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]  # linear (no tensor: meta-safe)
@@ -144,23 +142,26 @@ class TokenEncoder(ContractModel):
             layers=tuple(AttnSpec(dim, ref["heads"], dim // ref["heads"]) for _ in range(depth)),
             embed_prefix=ref["embed_prefix"],
             frames=ref["frames"],
-            position_mode=ref["position_mode"],
         )
 
     @property
     def position_mode(self) -> str:
-        """The test-time position mode (visionpe.position_modes): the model owns it, its PEs read it from the host."""
-        return self._pe_ref["position_mode"]
+        """The test-time position mode (visionpe.position_modes), set with `set_position_mode`."""
+        return self.pe.position_mode
 
     @position_mode.setter
-    def position_mode(self, mode: str) -> None:
+    def position_mode(self, mode: str) -> None:  # `model.position_mode = mode` (the benchmark's) is the same setter
         self.set_position_mode(mode)
 
     def set_position_mode(self, mode: str) -> None:
-        """Another of the family's `position_modes`; the PEs see it through a new host (ntk / yarn / riflex)."""
-        if check_position_mode(mode, self.position_modes) != self._pe_ref["position_mode"]:
-            self._pe_ref["position_mode"] = mode
-            self._set_host()  # the PEs read the mode from their host (ntk / yarn / riflex)
+        """Another of the family's `position_modes`: every PE of the model reads it (as `training`), and the tables
+        cached under the old one are forgotten."""
+        mode = check_position_mode(mode, self.position_modes)
+        if mode != self.pe.position_mode:
+            for module in self.pe.modules():
+                if isinstance(module, PosEncoding):
+                    module.position_mode = mode
+            self.forget_pe_tables()
 
     def set_reference(self, grid: tuple[int, int], frames: int | None = None) -> None:
         """A new reference grid (timm's set_input_size): the PEs adapt their tables through `set_host`."""
@@ -170,7 +171,7 @@ class TokenEncoder(ContractModel):
         self._set_host()
 
     def _set_host(self) -> None:
-        self.pe.set_host(self._host(), tuple(block.attn.pos for block in self.blocks))
+        self.set_pe_host(self._host(), tuple(block.attn.pos for block in self.blocks))
 
     @property
     def pos_scheme(self) -> str:

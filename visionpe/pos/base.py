@@ -39,6 +39,7 @@ from torch import nn
 
 from ..attn_inputs import LayerPositions, PosContext  # attention's input types, built by the PEs
 from ..layout import TokenLayout
+from ..position_modes import EXTRAPOLATE
 
 __all__ = [
     "AttnSpec",
@@ -87,7 +88,8 @@ class AttnSpec:
 
 @dataclass(frozen=True)
 class PEHost:
-    """What a backbone tells its PEs: token width, reference grid, prefix tokens and one AttnSpec per block."""
+    """What a backbone tells its PEs about its geometry: token width, reference grid and input, prefix tokens and one
+    AttnSpec per block. Runtime state (the position mode) is not here: see `PosEncoding.position_mode`."""
 
     dim: int
     grid: tuple[int, int]
@@ -96,7 +98,6 @@ class PEHost:
     embed_prefix: bool = True  # learned APE also has entries for prefix tokens (timm DeiT); False = no_embed_class
     frames: int = 1  # token frames T of the reference grid (video trunks; 1 for images)
     stage_starts: tuple[int, ...] = (0,)  # index of the first block of each stage (hierarchical backbones)
-    position_mode: str = "extrapolate"  # the backbone's test-time position mode (ntk / yarn: rotary PEs rescale)
     # the training input as a segment spec (visionpe.pos.mm_positions), which RoPE-ND's ntk / yarn compare a
     # layout's position spread with: the multimodal encoder's reference sequence; None: the reference clip alone
     reference_segments: tuple | None = None
@@ -172,6 +173,9 @@ class PosEncoding(nn.Module):
     checkpoint_keys: dict[str, str] = {}
     # keys of published checkpoints that hold this kind of PE's buffers (rebuilt from the options): always dropped
     checkpoint_buffers: dict[str, str] = {}
+    # the model's test-time position mode (visionpe.position_modes; ntk / yarn / riflex: rotary PEs rescale): runtime
+    # state, like `training`, which the model's `set_position_mode` sets on every PE of its stack
+    position_mode: str = EXTRAPOLATE
 
     def __init__(self, host: PEHost):
         super().__init__()
@@ -195,13 +199,13 @@ class PosEncoding(nn.Module):
 
     def init_non_persistent_buffers(self) -> None:
         """Rebuild every non-persistent buffer (index, frequency tables) from the PE's configuration on the
-        buffers' device, and drop every cache computed from them. Called after `to_empty()` + `load_state_dict`
-        (timm's `reinit_non_persistent_buffers` calls it on every module that has it) and by the backbone's
-        `init_weights()`. Default: nothing, for PEs without buffers or caches; a PE that registers a
-        non-persistent buffer or keeps a cache must override it."""
+        buffers' device. Called after `to_empty()` + `load_state_dict` (timm's `reinit_non_persistent_buffers`
+        calls it on every module that has it) and by the backbone's `init_weights()`. Default: nothing, for PEs
+        without buffers; a PE that registers a non-persistent buffer must override it. Tables computed from buffers
+        or parameters are kept in a `TableCache` (visionpe.pos.table_cache), which the backbone forgets."""
 
     def layer(self, i: int) -> nn.Module | None:
-        """The module holding what serves attention layer i alone (its parameters, buffers, cache), built once by
+        """The module holding what serves attention layer i alone (its parameters and buffers), built once by
         the backbone and kept in that layer's attention; `context` and `block` get it back as `own`. Default: None
         (nothing per layer)."""
         return None

@@ -72,6 +72,8 @@ class _FIREStage(nn.Module):
 class FIRE2D(OffsetBiasPE):
     """2D FIRE (see the module docstring): a small MLP of a progressively normalised log distance per head."""
 
+    learned = True
+
     def __init__(self, host, hidden: int = 32):
         super().__init__(host)
         starts = tuple(host.stage_starts)
@@ -103,9 +105,11 @@ class FIRE2D(OffsetBiasPE):
         return not self.training
 
     def table_key(self, i):
-        s = self.stage_of(i)
-        versions = tuple((id(p), p._version) for p in self.stages[s].parameters())  # a trained / loaded MLP is new
-        return (s, versions, self.stages[s].init_L._version)
+        return self.stage_of(i)
+
+    def table_sources(self, i):
+        stage = self.stages[self.stage_of(i)]
+        return (*stage.parameters(), *stage.buffers())  # a trained, loaded or resized MLP is another table
 
     def offset_fn(self, i, q, kv):
         stage = self.stages[self.stage_of(i)]

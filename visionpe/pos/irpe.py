@@ -30,7 +30,6 @@ For the cross mapping a table holds the row table then the column table: buckets
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from functools import partial
 
 import torch
@@ -43,6 +42,7 @@ from ..layout import TokenLayout
 from .base import LayerParams, PEHost, PosContext, PosEncoding
 from .irpe_checkpoint import IRPE_KEYS, SWIN_TABLE, irpe_tables, swin_tables
 from .irpe_lookup import FullBuckets, GridBuckets
+from .table_cache import TableCache
 
 __all__ = ["IRPE", "piecewise_index", "relative_bucket_ids", "MAPPINGS", "MODES", "TARGETS", "INDEXES"]
 
@@ -177,7 +177,7 @@ class IRPE(PosEncoding):
         self.extra_bucket = host.num_prefix > 0  # one bucket shared by every pair with a prefix token
         self.offsets = [self._layer_offsets(spec.grid) for spec in host.layers]  # (B_rows, B_cols) per layer
         self.rows = [self._table_rows(b) for b in self.offsets]
-        self._cache: OrderedDict = OrderedDict()  # bucket ids per (positions, prefixes, B, device)
+        self._ids_cache = TableCache(size=16, by_value=True)  # bucket ids per (positions, prefixes, B)
 
     # flat names (checkpoints; the model-level PE before each layer held its tables) -> layer i's names
     layer_names = {
@@ -207,9 +207,6 @@ class IRPE(PosEncoding):
         """Layer i's tables, excluded from weight decay (as Swin does for its relative position bias table)."""
         return LayerParams(partial(self._initial, i), decay=False)
 
-    def init_non_persistent_buffers(self):
-        self._cache.clear()  # bucket ids are kept per device and positions, never saved
-
     def set_host(self, host, layers=()):
         """A new host (e.g. Swin with a new window): tables whose bucket range follows the window are resized
         (bias tables bicubically, as timm does for Swin checkpoints); contextual tables cannot follow one."""
@@ -230,7 +227,6 @@ class IRPE(PosEncoding):
                     new = resize_rel_pos_bias_table(t.data, (b[0] + 1, b[1] + 1), shape, (a[0] + 1, a[1] + 1))
                     setattr(own, name, nn.Parameter(new.contiguous(), requires_grad=t.requires_grad))
         self.offsets, self.rows = offsets, [self._table_rows(b) for b in offsets]
-        self._cache.clear()
 
     # ------------------------------------------------------------------------------------------------ buckets
 
@@ -310,23 +306,10 @@ class IRPE(PosEncoding):
         return grid if grid is not None else FullBuckets(self._ids(q, k, b), self._table_rows(b))
 
     def _cached_ids(self, q: TokenLayout, k: TokenLayout, b: tuple[int, int]) -> GridBuckets | FullBuckets:
-        """`_buckets`, cached per (positions, prefixes, B, device); equal positions in a new tensor also hit."""
-        if torch.compiler.is_compiling():  # traced into the graph: no value check (a graph break), no Python state
-            with torch.no_grad():
-                return self._buckets(q, k, b)
-        key = (b, q.num_prefix, k.num_prefix, tuple(q.pos.shape), tuple(k.pos.shape), str(q.pos.device))
-        hit = self._cache.get(key)
-        if hit is not None:
-            qp, kp, ids = hit
-            if (qp is q.pos or torch.equal(qp, q.pos)) and (kp is k.pos or torch.equal(kp, k.pos)):
-                self._cache.move_to_end(key)
-                return ids
-        with torch.inference_mode(False), torch.no_grad():  # constants, reusable in training and inference
-            ids = self._buckets(q, k, b)
-        self._cache[key] = (q.pos, k.pos, ids)
-        if len(self._cache) > 16:
-            self._cache.popitem(last=False)
-        return ids
+        """`_buckets`, cached per (positions, prefixes, B); equal positions in a new tensor also hit. Traced into
+        the graph: no value check (a graph break), no Python state."""
+        key = (b, q.num_prefix, k.num_prefix)
+        return self._ids_cache.lookup(key, lambda: self._buckets(q, k, b), (q.pos, k.pos))
 
     # ------------------------------------------------------------------------------------------------ tables
 

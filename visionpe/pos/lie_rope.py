@@ -42,7 +42,7 @@ from ..layout import TokenLayout
 from .base import LayerParams, PEHost, PosContext, PosEncoding
 from .coord_aug import CoordAugment
 from .rotary import no_autocast
-from .table_cache import TableCache, sources_key
+from .table_cache import TableCache
 
 __all__ = ["LieRoPE", "apply_block_rotation", "commuting_exp", "VARIANTS"]
 
@@ -123,7 +123,7 @@ class LieRoPE(PosEncoding):
                 self.register_buffer(f"axis_mask_{nb}", self._axis_mask(nb), persistent=False)
         if layer0_generators:  # the official code: layer 0's generators serve every layer (model-level)
             self.shared = LayerParams(partial(self._initial, host.layers[0]), decay=False)
-        self._cache = TableCache(size=2 * max(1, host.depth))
+        self._cache = TableCache(size=2 * max(1, host.depth), learned=True)
 
     layer_names = {r"(?P<name>generators|multipliers)\.(?P<i>\d+)": "{name}"}
 
@@ -260,16 +260,12 @@ class LieRoPE(PosEncoding):
             return torch.matrix_exp(torch.einsum("na,ahjkl->hnjkl", coords, gens).contiguous())
 
     def _cached_rotations(self, i: int, own, layout: TokenLayout, query_layout: TokenLayout) -> torch.Tensor:
-        reusable = not self.training and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
-        if not reusable:
+        """`rotations`, kept in eval without autograd (found again while the layer's parameters are unchanged)."""
+        if self.training or torch.is_grad_enabled() or torch.compiler.is_compiling():
             return self.rotations(i, own, layout, query_layout)
-        key = (i, layout.num_prefix, query_layout.grid, self._reference(i), sources_key(*self._own(own).parameters()))
-        rot = self._cache.get(layout.pos, key)
-        if rot is None:
-            with torch.inference_mode(False), torch.no_grad():
-                rot = self.rotations(i, own, layout, query_layout)
-            self._cache.put(layout.pos, key, rot)
-        return rot
+        key = (i, layout.num_prefix, query_layout.grid, self._reference(i))
+        sources = (*self._own(own).parameters(), *self.buffers(recurse=False))  # generators, ComRoPE-AP's masks
+        return self._cache.lookup(key, lambda: self.rotations(i, own, layout, query_layout), (layout.pos,), sources)
 
     def context(self, i, layout, kv_layout=None, own=None):
         if is_fx_tracing():

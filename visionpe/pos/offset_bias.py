@@ -17,7 +17,6 @@ same f on the same float64 offsets):
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -27,6 +26,7 @@ from ..attn_rows import RowBias
 from ..fx import fx_unsupported, is_fx_tracing
 from ..layout import TokenLayout
 from .base import PosContext, PosEncoding
+from .table_cache import TableCache
 
 __all__ = ["OffsetBias", "OffsetBiasPE", "GridPlan", "grid_plan"]
 
@@ -118,20 +118,14 @@ def _relayout(table: torch.Tensor, plan: GridPlan) -> torch.Tensor:
 
 class _Store:
     """Where an OffsetBias gets its grid-route tensors: the table (built in the forward for a learned f in training,
-    else cached by the PE), its layout P, a whole cached bias for small grids, and a reusable block buffer."""
+    else cached by the PE: `key`, computed from `sources`), its layout P, a whole cached bias for small grids, and a
+    reusable block buffer."""
 
-    def __init__(self, pe: OffsetBiasPE, key, build: Callable[[], torch.Tensor], plan: GridPlan):
-        self.pe, self.key, self.build, self.plan = pe, key, build, plan
+    def __init__(self, pe: OffsetBiasPE, key, sources: tuple, build: Callable[[], torch.Tensor], plan: GridPlan):
+        self.pe, self.key, self.sources, self.build, self.plan = pe, key, sources, build, plan
 
     def _cached(self, key, make: Callable[[], torch.Tensor]) -> torch.Tensor:
-        hit = self.pe._tables.get(key)
-        if hit is None:
-            with torch.inference_mode(False), torch.no_grad():  # constants, reusable in training and inference
-                hit = make()
-            self.pe._tables[key] = hit
-            if len(self.pe._tables) > 64:
-                self.pe._tables.popitem(last=False)
-        return hit
+        return self.pe._tables.lookup(key, make, sources=self.sources)
 
     def laid(self, dtype: torch.dtype) -> torch.Tensor:
         if self.key is None:
@@ -221,16 +215,19 @@ class OffsetBias(RowBias):
 
 class OffsetBiasPE(PosEncoding):
     """Base of the offset biases. A subclass gives `offset_fn(i, q, kv)` (f of layer i), `table_key(i)` (layers with
-    equal keys share one table) and `constant()` (whether f is fixed, so its tables can be cached: always for
-    parameter-free biases, in eval for learned ones); `heads(i)` defaults to the host's head count. `cache_layout`:
-    layers share tables, so the laid-out P ([H, W_q, L_y, W_k], O(H N) elements) is cached too (per dtype)."""
+    equal keys share one table), `table_sources(i)` (the parameters f reads: a cached table is found again only while
+    they are unchanged) and `constant()` (whether f is fixed, so its tables can be cached: always for parameter-free
+    biases, in eval for learned ones, which set `learned`); `heads(i)` defaults to the host's head count.
+    `cache_layout`: layers share tables, so the laid-out P ([H, W_q, L_y, W_k], O(H N) elements) is cached too (per
+    dtype). Tables and plans are kept in TableCaches (visionpe.pos.table_cache), which the model forgets."""
 
     cache_layout = True
+    learned = False  # f has trained parameters (its cached tables are forgotten at a train / eval switch)
 
     def __init__(self, host):
         super().__init__(host)
-        self._plans: OrderedDict = OrderedDict()
-        self._tables: OrderedDict = OrderedDict()
+        self._plans = TableCache(size=16, by_value=True)  # grid_plan per (queries, keys)
+        self._tables = TableCache(size=64, learned=self.learned)  # tables, laid-out P, whole biases
         self._scratch = None
 
     def heads(self, i: int) -> int:
@@ -242,25 +239,12 @@ class OffsetBiasPE(PosEncoding):
     def table_key(self, i: int) -> object:
         return i
 
+    def table_sources(self, i: int) -> tuple[torch.Tensor, ...]:
+        """The tensors layer i's f is computed from (its cached tables are found again while they are unchanged)."""
+        return ()
+
     def constant(self) -> bool:
         return True
-
-    def init_non_persistent_buffers(self) -> None:
-        """No non-persistent buffers: the tables are rebuilt from the layouts on demand; drop the cached ones."""
-        self._plans.clear()
-        self._tables.clear()
-        self._scratch = None
-
-    def set_host(self, host, layers=()):
-        super().set_host(host, layers)
-        self.init_non_persistent_buffers()
-
-    def train(self, mode: bool = True):
-        """A learned f's tables are forgotten at any switch of mode: its parameters may have been written in a way
-        their version counter does not see (`.data`, FSDP's all-gather into a reused buffer) while training."""
-        if mode != self.training and not self.constant():  # a switch that changes nothing keeps them
-            self._tables.clear()
-        return super().train(mode)
 
     def context(self, i, layout, kv_layout=None, own=None):
         if layout.streams != 2:
@@ -283,16 +267,7 @@ class OffsetBiasPE(PosEncoding):
     def _plan(self, q: TokenLayout, kv: TokenLayout) -> GridPlan | None:
         """`grid_plan`, cached per layout structure; equal positions in a new tensor also hit."""
         key = (self._layout_key(q), self._layout_key(kv))
-        hit = self._plans.get(key)
-        if hit is not None:
-            qp, kp, plan = hit
-            if (qp is q.pos or torch.equal(qp, q.pos)) and (kp is kv.pos or torch.equal(kp, kv.pos)):
-                return plan
-        plan = grid_plan(q, kv)
-        self._plans[key] = (q.pos, kv.pos, plan)
-        if len(self._plans) > 16:
-            self._plans.popitem(last=False)
-        return plan
+        return self._plans.lookup(key, lambda: (grid_plan(q, kv),), (q.pos, kv.pos))[0]  # (None: no grid route)
 
     def _store(self, i: int, fn: OffsetFn, plan: GridPlan, q: TokenLayout, kv: TokenLayout) -> _Store:
         """Layer i's grid-route tensors: cached while f is constant, else built in the forward (so that gradients
@@ -305,6 +280,7 @@ class OffsetBiasPE(PosEncoding):
             return fn(u, v)
 
         if not self.constant():
-            return _Store(self, None, build, plan)
+            return _Store(self, None, (), build, plan)
         ends = (plan.ux[0].item(), plan.ux[-1].item(), plan.uy[0].item(), plan.uy[-1].item())  # the offsets' range
-        return _Store(self, (self.table_key(i), self._layout_key(q), self._layout_key(kv), ends), build, plan)
+        key = (self.table_key(i), self._layout_key(q), self._layout_key(kv), ends)
+        return _Store(self, key, self.table_sources(i), build, plan)

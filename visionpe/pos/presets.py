@@ -8,9 +8,12 @@ no change (docs/adding_a_pe.md walks through one).
 One vocabulary: a preset name means the same PEs on every family, and no two presets share contents under different
 names. Model-level options a preset implies (CPVT-GAP's average pooling, ViTAR's token merger) live in
 `PRESET_MODEL_OPTIONS`, and each preset's paper in `PRESET_PAPERS` (read from the papers' table, visionpe/papers.py);
-the zoo reads both from here. Registered model names are kept for checkpoint compatibility and map a suffix to a
-preset per family: `vit_*_irpe` is the iRPE paper's DeiT, which keeps its APE (preset `irpe`), while `swin_*_irpe` /
-`cvt_*_irpe` have no APE (preset `irpe_k`).
+the zoo reads both from here. A model name's PE suffix is a preset's name; where a family sets an option of the
+preset's PEs (Swin's RoPE theta 50, the video LieRE's three axes, the multimodal RoPEs' theta 10000) or reads its
+positions its own way (window-local coordinates), the family's zoo table says so. One suffix names another preset:
+`vivit_*_ape` is the space-time APE (`ape_st`), as the 2D table of `ape` has no time axis. `irpe` is iRPE with the
+learned APE on every family (`vit_*_irpe`, `swin_*_irpe`, `cvt_*_irpe`); `irpe_k` is the same iRPE alone
+(`swin_*_irpe_k` / `cvt_*_irpe_k` are what `swin_*_irpe` / `cvt_*_irpe` built before issue 43).
 """
 
 from __future__ import annotations

@@ -125,7 +125,6 @@ class RoPE2D(PosEncoding):
             buf = getattr(self, f"axial_{d}")
             freqs = self._axial(d).to(buf.device, buf.dtype)  # where and how the model keeps it
             self.register_buffer(f"axial_{d}", freqs, persistent=False)
-        self._cos_sin_cache.clear()
 
     def layer_frequencies(self, i: int, own: MixedFrequencies | None = None) -> torch.Tensor:
         """Frequency matrix of layer i: [2, d/2] (axial, shared) or [2, heads, d/2] (mixed, the layer's own `own`;
@@ -142,7 +141,7 @@ class RoPE2D(PosEncoding):
         if layout.grid is None or layout.grid[0] != 1:
             return None
         (h, w), (ref_h, ref_w) = layout.hw, self.host.grid
-        return rope_scaling(self.host.position_mode, (w, h), (ref_w, ref_h), self.yarn_ramp)
+        return rope_scaling(self.position_mode, (w, h), (ref_w, ref_h), self.yarn_ramp)
 
     def _cos_sin(self, i: int, layout: TokenLayout, scaling=None, drawn=None, own=None):
         """drawn: the layout's positions under this layer's coordinate augmentation (training), else None."""

@@ -177,7 +177,7 @@ class RoPE2DDinoV3(PosEncoding):
 
     def context(self, i, layout, kv_layout=None, own=None):
         (h, w), ref = self._hw(layout), tuple(self.host.grid)
-        scaling = rope_scaling(self.host.position_mode, (h, w), ref, self.yarn_ramp)
+        scaling = rope_scaling(self.position_mode, (h, w), ref, self.yarn_ramp)
         box = ref if scaling is not None else None  # ntk / yarn: the training spacing
         layouts, boxes = [layout], [box]
         if kv_layout is not None:  # keys on another grid (CvT's stride-2 cells): the same box, in the queries' frame

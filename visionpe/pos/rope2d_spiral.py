@@ -86,7 +86,6 @@ class RoPE2DSpiral(PosEncoding):
         for d in self._head_dims:
             buf = getattr(self, f"freqs_{d}")
             self.register_buffer(f"freqs_{d}", self._freqs(d).to(buf.device, buf.dtype), persistent=False)
-        self._cos_sin_cache.clear()
 
     def context(self, i, layout, kv_layout=None, own=None):
         if layout.streams != 2:

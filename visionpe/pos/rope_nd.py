@@ -60,6 +60,7 @@ from .rope_scaling import (
     yarn_temperature,
 )
 from .rotary import FixedCosSinCache, apply_rotary, check_p_rope, p_rope_keep
+from .table_cache import TableCache
 
 __all__ = ["RoPEND", "TIME_SCHEMES", "layout_scheme"]
 
@@ -126,8 +127,8 @@ class RoPEND(PosEncoding):
         self.num_streams = scheme_streams(scheme)
         self.mrope_section = mrope_section if scheme in ("mrope", "mrope_time", "mrope_interleaved") else None
         self._cos_sin_cache = FixedCosSinCache()
-        self._spreads = []  # [(positions tensor, the spread of each of its streams)]
-        self._reference_spread = None  # (options, spreads) of the host's training input
+        self._spreads = TableCache(SCALED_LAYOUTS)  # the spread of each stream of a layout's positions
+        self._reference_spreads = TableCache(4)  # of the host's training input, per host and layout options
         self._time_periods = {}  # head dim -> (the time pairs' columns, their periods), fastest first
         self.init_non_persistent_buffers()
         self._check_riflex_k()
@@ -150,7 +151,6 @@ class RoPEND(PosEncoding):
             if old is not None:
                 freqs = freqs.to(old.device, old.dtype)  # where and how the model keeps it
             self.register_buffer(f"freqs_{d}", freqs, persistent=False)  # [S, d/2]
-        self._cos_sin_cache.clear()
 
     def _time_frequencies(self, d: int) -> tuple[list[int], list[float]]:
         """(the columns of F whose pairs read the time stream, their frequencies), fastest first."""
@@ -184,7 +184,7 @@ class RoPEND(PosEncoding):
                 f"RoPE scheme {self.scheme!r} reads {self.num_streams} position streams, the layout has "
                 f"{layout.streams}; build it with visionpe.pos.mm_positions.segment_layout(..., {self.scheme!r})"
             )
-        if self.host.position_mode in TIME_MODES:
+        if self.position_mode in TIME_MODES:
             return self._riflex_cos_sin(i, layout)
         scaling, spread = self._scaling(layout)
         if scaling is None:
@@ -217,23 +217,19 @@ class RoPEND(PosEncoding):
 
     def _layout_spread(self, layout: TokenLayout) -> tuple[float, ...]:
         """The spread of each stream of the layout, kept for the last few layouts (a native batch holds one per
-        grid), each entry holding its positions."""
-        for pos, spread in self._spreads:
-            if pos is layout.pos:
-                return spread
-        spread = _spread(layout.pos)
-        self._spreads = [*self._spreads, (layout.pos, spread)][-SCALED_LAYOUTS:]
-        return spread
+        grid)."""
+        return self._spreads.lookup((), lambda: _spread(layout.pos), (layout.pos,))
 
     def reference_spread(self) -> tuple[float, ...]:
         """Spread (max - min + 1) of each stream's positions in the training input's layout: the host's
         `reference_segments` under this scheme, else the training clip alone (frames x grid)."""
-        options = self.layout_options(False)
-        key = repr(sorted(options.items()))  # kept per host and options (delta, scheme options may be set later)
-        if self._reference_spread is None or self._reference_spread[0] != key:
+        options = self.layout_options(False)  # delta, scheme options may be set after the build
+
+        def spread():
             segments = self.host.reference_segments or [("video", (self.host.frames, *self.host.grid))]
-            self._reference_spread = (key, _spread(segment_layout(segments, self.scheme, 0, None, **options).pos))
-        return self._reference_spread[1]
+            return _spread(segment_layout(segments, self.scheme, 0, None, **options).pos)
+
+        return self._reference_spreads.lookup((self.host, repr(sorted(options.items()))), spread)
 
     def scaling(self, layout: TokenLayout) -> RopeScaling | None:
         """The ntk / yarn scaling of `layout` over the training input; None in another mode or when no stream
@@ -242,14 +238,10 @@ class RoPEND(PosEncoding):
 
     def _scaling(self, layout: TokenLayout):
         """(ntk / yarn scaling of the layout over the training input, the training spreads), or (None, None)."""
-        if self.host.position_mode not in SCALING_MODES or not layout.num_pos:
+        if self.position_mode not in SCALING_MODES or not layout.num_pos:
             return None, None
         ref = self.reference_spread()
-        return rope_scaling(self.host.position_mode, self._layout_spread(layout), ref, self.yarn_ramp), ref
-
-    def set_host(self, host: PEHost, layers=()) -> None:
-        super().set_host(host, layers)
-        self._spreads, self._reference_spread = [], None
+        return rope_scaling(self.position_mode, self._layout_spread(layout), ref, self.yarn_ramp), ref
 
     def layout_options(self, training):
         return {**self.scheme_options, **runtime_options(self.scheme, training, self.delta, self.temporal_scale)}

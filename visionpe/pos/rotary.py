@@ -123,23 +123,15 @@ torch.fx.wrap("scaled_cos_sin")
 class FixedCosSinCache(TableCache):
     """cos/sin of fixed frequencies, kept for the last few layouts (the same positions tensor, prefix count, pair
     count, device and tag hit; the tag names anything else the frequencies depend on, e.g. a test-time scaling).
-    Bypassed while tracing: under torch.compile a Python cache would be guarded on and recompile, so the graph
-    computes them."""
+    Computed in the graph while tracing (TableCache.lookup)."""
 
     def __call__(
         self, layout, freqs: torch.Tensor, tag=None, half: bool = False, gain: float = 1.0, pos: torch.Tensor = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """pos: positions to use instead of layout.pos (a PE's own coordinates of the layout, cached by identity)."""
         pos = layout.pos if pos is None else pos
-        if torch.compiler.is_compiling() or is_fx_tracing():
-            return scaled_cos_sin(pos, freqs, layout.num_prefix, half, gain)
-        key = (layout.num_prefix, freqs.shape[-1], freqs.device, tag, half, gain)
-        cos_sin = self.get(pos, key)
-        if cos_sin is None:
-            with torch.inference_mode(False), torch.no_grad():  # constants, reusable in training and inference
-                cos_sin = scaled_cos_sin(pos, freqs, layout.num_prefix, half, gain)
-            self.put(pos, key, cos_sin)
-        return cos_sin
+        key = (layout.num_prefix, freqs.shape[-1], freqs.device, freqs.dtype, tag, half, gain)
+        return self.lookup(key, lambda: scaled_cos_sin(pos, freqs, layout.num_prefix, half, gain), (pos,))
 
 
 def _rotate_pairs(x: torch.Tensor) -> torch.Tensor:

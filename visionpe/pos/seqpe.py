@@ -32,7 +32,7 @@ from ..position_modes import INTERPOLATE
 from .base import PEHost, PosContext, PosEncoding
 from .seqpe_encoder import DigitEncoder, digit_tokens, digits_for
 from .seqpe_losses import contrastive_loss, nearest_labels, sample_contrastive, sample_transfer, transfer_loss
-from .table_cache import TableCache, sources_key
+from .table_cache import TableCache
 
 __all__ = ["SeqPE", "attn_mul"]
 
@@ -86,7 +86,7 @@ class SeqPE(PosEncoding):
         heads = (host.layers[0].num_heads if width == host.dim else max(1, width // 64)) if heads is None else heads
         self.encoder = DigitEncoder(2, self.digits, width, int(heads), int(depth), host.dim, float(dropout))
         self.cls_pos = nn.Parameter(torch.zeros(host.dim))  # the official `cls_token_pos_embed`
-        self._cache = TableCache(size=8)
+        self._cache = TableCache(size=8, learned=True)
         self._fresh: list = []  # [(positions, prefix, table)] of this forward's grids (training; one per image group)
         self.contrastive_weight, self.transfer_weight = float(contrastive_weight), float(transfer_weight)
         self._aux: torch.Tensor | None = None  # the objectives of the last training forward, until aux_loss()
@@ -95,7 +95,7 @@ class SeqPE(PosEncoding):
 
     def __getstate__(self):
         """Copies and pickles leave this forward's tables and objectives behind (tensors of an autograd graph)."""
-        return {**super().__getstate__(), "_fresh": [], "_aux": None, "_cache": TableCache(self._cache.size)}
+        return {**super().__getstate__(), "_fresh": [], "_aux": None}
 
     def layer(self, i):
         spec = self.host.layers[i]
@@ -110,7 +110,6 @@ class SeqPE(PosEncoding):
 
     def init_non_persistent_buffers(self) -> None:
         self.encoder.init_non_persistent_buffers()
-        self._cache.clear()
         self._fresh = []
 
     def no_weight_decay(self) -> set[str]:
@@ -138,7 +137,7 @@ class SeqPE(PosEncoding):
         """PEs [N, width] of the layout's positioned tokens (the encoder, or the reference grid's resized)."""
         ref = tuple(self.host.grid)
         grid = layout.grid[1:] if layout.grid is not None else None
-        if self.host.position_mode == INTERPOLATE and grid is not None and tuple(grid) != ref:
+        if self.position_mode == INTERPOLATE and grid is not None and tuple(grid) != ref:
             base = self.encoder(digit_tokens(self._coords(image_layout(*ref, 0, layout.pos.device)), self.digits))
             img = base.float().t().reshape(1, -1, *ref)
             out = F.interpolate(img, size=tuple(grid), mode="bicubic", align_corners=False)
@@ -151,20 +150,13 @@ class SeqPE(PosEncoding):
         prefix = self.cls_pos.to(cells.dtype).expand(layout.num_prefix, -1)
         return torch.cat([prefix, cells]) if layout.num_prefix else cells
 
-    def _key(self, layout: TokenLayout) -> tuple:
-        return (layout.num_prefix, layout.grid, self.host.position_mode, sources_key(*self.parameters()))
-
     def _table(self, layout: TokenLayout) -> torch.Tensor:
         """This forward's table of `layout`: kept in eval without autograd, else computed once per forward (at the
         token site) and shared by every layer."""
         if not self.training and not torch.is_grad_enabled() and not torch.compiler.is_compiling():
-            key = self._key(layout)
-            table = self._cache.get(layout.pos, key)
-            if table is None:
-                with torch.inference_mode(False), torch.no_grad():
-                    table = self.table(layout)
-                self._cache.put(layout.pos, key, table)
-            return table
+            key = (layout.num_prefix, layout.grid, self.position_mode)
+            sources = (*self.parameters(), *self.buffers())
+            return self._cache.lookup(key, lambda: self.table(layout), (layout.pos,), sources)
         for pos, prefix, table in self._fresh:
             if pos is layout.pos and prefix == layout.num_prefix:
                 return table
