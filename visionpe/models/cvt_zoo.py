@@ -24,6 +24,7 @@ CVT_PES = {
     "irpe": dict(pe="irpe_k"),  # iRPE contextual on k (no APE: CvT has none)
     **same_name("cpe", "liere", "comrope_ap", "comrope_ld", "alibi2d", "fire2d"),
     **same_name("string_cayley", "string_circulant", "rope2d_spiral"),  # STRING, Spiral RoPE
+    **same_name("seqpe"),  # SeqPE on the layer's own grid (visionpe.pos.seqpe_grids)
 }
 
 ACT_NOTE = (

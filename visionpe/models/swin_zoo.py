@@ -22,6 +22,7 @@ SWIN_PES = {
     "irpe": dict(pe="irpe_k"),  # iRPE contextual on k in place of the bias (no APE: Swin has none)
     **same_name("lepe", "liere", "comrope_ap", "comrope_ld", "nope", "alibi2d", "fire2d"),
     **same_name("string_cayley", "string_circulant", "rope2d_spiral"),  # STRING, Spiral RoPE
+    **same_name("seqpe"),  # SeqPE on the layer's own grid (visionpe.pos.seqpe_grids)
 }
 
 SWIN = Family(
