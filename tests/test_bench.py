@@ -179,6 +179,7 @@ IN_PROGRESS: tuple[str, ...] = (
     "video-length",
     "image-text-tokens",
     "clipart",
+    "clipart-2025",
     "clipart-seg",
     "clipart-gpu",
     "fashion-mnist-fov",
