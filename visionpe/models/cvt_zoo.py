@@ -26,6 +26,7 @@ CVT_PES = {
     **same_name("irpe", "irpe_k"),
     **same_name("cpe", "liere", "comrope_ap", "comrope_ld", "alibi2d", "fire2d"),
     **same_name("string_cayley", "string_circulant", "rope2d_spiral"),  # STRING, Spiral RoPE
+    **same_name("seqpe"),  # SeqPE on the layer's own grid (visionpe.pos.seqpe_grids)
 }
 
 ACT_NOTE = (

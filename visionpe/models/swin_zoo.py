@@ -24,6 +24,7 @@ SWIN_PES = {
     **same_name("irpe", "irpe_k"),
     **same_name("lepe", "liere", "comrope_ap", "comrope_ld", "nope", "alibi2d", "fire2d"),
     **same_name("string_cayley", "string_circulant", "rope2d_spiral"),  # STRING, Spiral RoPE
+    **same_name("seqpe"),  # SeqPE on the layer's own grid (visionpe.pos.seqpe_grids)
 }
 
 SWIN = Family(

@@ -15,7 +15,7 @@ from torch import nn
 
 from ..fx import fx_unsupported, is_fx_tracing
 from ..layers.checks import check_tensor
-from ..layers.patch_resize import check_patch_size, resized_conv
+from ..layers.tubelet_resize import check_tubelet, resized_tubelet_conv
 from ..layout import TokenLayout
 from ..position_modes import EXTRAPOLATE, VIDEO_MODES
 from .construction import factory_kwargs
@@ -67,19 +67,18 @@ class TubeletEmbed(nn.Module):
         p, k = self.patch_size[0], self.tubelet_size
         return -(-t // k), -(-h // p), -(-w // p)
 
-    def set_input_size(self, img_size=None, num_frames: int | None = None, patch_size: int | None = None) -> None:
-        """A new reference clip size (the grid the PEs are built for); patch_size: a new spatial patch, the kernel
-        resized per tubelet frame with FlexiViT's PI-resize (visionpe.layers.patch_resize; the tubelet's length
-        stays)."""
+    def set_input_size(self, img_size=None, num_frames: int | None = None, patch_size=None) -> None:
+        """A new reference clip size (the grid the PEs are built for); patch_size: a new spatial patch p (the
+        tubelet's length stays) or a whole tubelet (t, p, p), the kernel PI-resized in space and time (FlexiViT's
+        resize in 3D, visionpe.layers.tubelet_resize)."""
         if img_size is not None:
             self.img_size = _pair(img_size)
         if num_frames is not None:
             self.num_frames = int(num_frames)
         if patch_size is not None:
-            p = check_patch_size(patch_size)
-            kernel = (self.tubelet_size, p, p)
-            self.proj = resized_conv(self.proj, kernel, kernel, 0)
-            self.patch_size = (p, p)
+            t, p = check_tubelet(patch_size, self.tubelet_size)
+            self.proj = resized_tubelet_conv(self.proj, (t, p, p))
+            self.patch_size, self.tubelet_size = (p, p), t
 
     @property
     def grid_size(self) -> tuple[int, int, int]:
@@ -168,7 +167,7 @@ class VideoViT(TubeletEncoder):
         return embed_tubelets(self, x)
 
     def set_input_size(self, img_size=None, num_frames: int | None = None, patch_size: int | None = None) -> None:
-        """Change the reference clip size (and spatial patch size, the tubelet kernel PI-resized): the APE's spatial
-        table is resampled to the new grid (its temporal table is resampled at call time)."""
+        """Change the reference clip size (and patch size p or tubelet (t, p, p), the tubelet kernel PI-resized):
+        the APE's spatial table is resampled to the new grid (its temporal table is resampled at call time)."""
         self.set_stem_size(img_size, num_frames, patch_size)
         self.num_frames = self.patch_embed.num_frames
