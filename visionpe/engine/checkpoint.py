@@ -1,11 +1,14 @@
-"""Checkpoints that survive a kill and load without unpickling anything.
+"""Checkpoint files that survive a kill and load without unpickling anything: the atomic write, the fault hooks, the
+safetensors weights, the pointer and the scan for a run's checkpoints. checkpoint_manager.py writes and resumes a
+run's checkpoints through them, whatever its strategy.
 
-A run directory holds `checkpoints/<tag>.safetensors` (the weights, with the model name and the resolved config in the
-safetensors metadata), `<tag>-ema.safetensors` when EMA is on, and `<tag>.state.pt` (optimizer, scheduler, scaler,
-RNG states, position in the data: tensors and plain Python values only, read back with
+A plain (ddp) run directory holds `checkpoints/<tag>.safetensors` (the weights, with the model name and the
+resolved config in the safetensors metadata), `<tag>-ema.safetensors` when EMA is on, and `<tag>.state.pt`
+(optimizer, scheduler, scaler, RNG states, position in the data: tensors and plain Python values only, read back with
 `torch.load(weights_only=True)`). Every file is written to a temporary name and renamed into place, and
 `checkpoint.json`, the pointer to the latest complete set, is replaced last: a kill at any moment leaves the previous
-checkpoint intact and pointed to.
+checkpoint intact and pointed to. A sharded (fsdp) run keeps the same pointer, its tensors and per-rank states in
+`<tag>.dcp/` (sharded_checkpoint.py).
 """
 
 from __future__ import annotations
@@ -13,14 +16,12 @@ from __future__ import annotations
 import errno
 import json
 import os
-import random
 import shutil
 import signal
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
@@ -31,6 +32,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointRef",
     "POINTER",
+    "atomic_write",
     "atomic_write_text",
     "save_weights",
     "load_weights",
@@ -40,14 +42,16 @@ __all__ = [
     "load_training_state",
     "current_layout",
     "load_into_model",
-    "rng_state",
-    "set_rng_state",
     "DiskFullError",
+    "is_disk_full",
     "disk_full_error",
     "check_world_size",
-    "remove_stale_tmp",
+    "remove_leftovers",
     "resume_candidates",
+    "checkpoint_tags",
     "KILL_AT_ENV",
+    "fault_point",
+    "begin_write",
     "is_plain_name",
     "pointer_history",
 ]
@@ -69,20 +73,29 @@ class DiskFullError(CheckpointError):
     """The disk filled up while a checkpoint was written; the previous checkpoint is intact."""
 
 
-# Fault injection for tests: "<phase>,<k>" SIGKILLs this process when the k-th checkpoint write (1-based) reaches
-# <phase>: weights-tmp / state-tmp / pointer-tmp (temporary file written and fsynced, not yet renamed), weights /
-# state / pointer (renamed into place), pruned (old checkpoints deleted).
+# Fault injection for tests: "<phase>,<k>" SIGKILLs this process (rank 0 of a sharded run) when the k-th checkpoint
+# write (1-based) reaches <phase>: weights-tmp / state-tmp / pointer-tmp (temporary file written and fsynced, not yet
+# renamed), weights / state / pointer (renamed into place), sharded-tmp / sharded (a sharded checkpoint's folder
+# written by every rank / renamed into place), pruned (old checkpoints deleted).
 KILL_AT_ENV = "VISIONPE_FAULT_KILL_AT"
+PARTIAL = ".partial-"  # the prefix of a sharded checkpoint's folder while its ranks write it
 _writes = 0
 
 
-def _phase(name: str) -> None:
+def begin_write() -> None:
+    """Count one more checkpoint write (the k of KILL_AT_ENV)."""
+    global _writes
+    _writes += 1
+
+
+def fault_point(name: str) -> None:
     spec = os.environ.get(KILL_AT_ENV)
     if spec and spec.split(",")[0] == name and int(spec.split(",")[1]) == _writes:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _atomic(path: str | os.PathLike, write, phase: str | None = None) -> None:
+def atomic_write(path: str | os.PathLike, write, phase: str | None = None) -> None:
+    """`write(tmp)` to a temporary name, fsynced, then renamed to `path` (fault points `<phase>-tmp`, `<phase>`)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
@@ -92,20 +105,20 @@ def _atomic(path: str | os.PathLike, write, phase: str | None = None) -> None:
             with open(tmp, "rb") as f:
                 os.fsync(f.fileno())
         except Exception as e:  # safetensors and torch.save report a full disk in their own error types
-            if _disk_full(e, tmp.parent):
+            if is_disk_full(e, tmp.parent):
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp)) from e
             raise
         if phase:
-            _phase(f"{phase}-tmp")
+            fault_point(f"{phase}-tmp")
         os.replace(tmp, path)
         if phase:
-            _phase(phase)
+            fault_point(phase)
     finally:
         if tmp.exists():
             tmp.unlink()
 
 
-def _disk_full(e: Exception, folder: Path) -> bool:
+def is_disk_full(e: Exception, folder: Path) -> bool:
     if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
         return True
     text = str(e)
@@ -117,17 +130,21 @@ def _disk_full(e: Exception, folder: Path) -> bool:
         return False
 
 
-def remove_stale_tmp(run_dir: str | os.PathLike) -> list[Path]:
-    """Delete temporary files (`.<name>.tmp-<pid>`) that a killed writer left in a run directory."""
+def remove_leftovers(run_dir: str | os.PathLike) -> list[Path]:
+    """Delete what a killed writer left in a run directory: temporary files (`.<name>.tmp-<pid>`) and the folders of
+    sharded checkpoints its ranks had not finished (`checkpoints/.partial-<tag>.dcp`)."""
     run_dir = Path(run_dir)
     stale = [p for d in (run_dir, run_dir / CKPT_DIR) if d.is_dir() for p in d.glob(".*.tmp-*")]
     for p in stale:
         p.unlink(missing_ok=True)
-    return stale
+    partial = list((run_dir / CKPT_DIR).glob(f"{PARTIAL}*")) if (run_dir / CKPT_DIR).is_dir() else []
+    for p in partial:
+        shutil.rmtree(p, ignore_errors=True)
+    return stale + partial
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    _atomic(path, lambda tmp: Path(tmp).write_text(text))
+def atomic_write_text(path: str | os.PathLike, text: str, phase: str | None = None) -> None:
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text), phase)
 
 
 def save_weights(
@@ -142,7 +159,7 @@ def save_weights(
         if ptr is not None:
             seen.add(ptr)
     meta = {k: str(v) for k, v in metadata.items()}
-    _atomic(path, lambda tmp: save_file(tensors, str(tmp), metadata=meta), phase)
+    atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=meta), phase)
 
 
 def load_weights(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -157,34 +174,6 @@ def load_weights(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict
     except Exception as e:  # safetensors raises its own error types for a truncated or foreign file
         raise CheckpointError(f"{path} is not a readable safetensors file ({e})") from None
     return tensors, meta
-
-
-# ------------------------------------------------------------------------------------------------------ RNG states
-
-
-def rng_state() -> dict:
-    """Every global RNG the training loop draws from (dropout, drop path, mixup), as weights_only-loadable values."""
-    np_state = np.random.get_state()
-    state = {
-        "torch": torch.get_rng_state(),
-        "python": list(random.getstate()[1]),
-        "python_gauss": random.getstate()[2],
-        "numpy": torch.from_numpy(np_state[1].astype(np.int64)),
-        "numpy_pos": int(np_state[2]),
-        "numpy_gauss": [int(np_state[3]), float(np_state[4])],
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate((3, tuple(state["python"]), state["python_gauss"]))
-    has_gauss, cached = state["numpy_gauss"]
-    np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), state["numpy_pos"], has_gauss, cached))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 # ----------------------------------------------------------------------------------------------- run checkpoints
@@ -210,43 +199,13 @@ def write_checkpoint(
     info: dict | None = None,
     keep: int = 2,
 ) -> CheckpointRef:
-    """Write weights, EMA weights and training state under `tag`, then move the pointer, then prune old tags.
-    A full disk is a DiskFullError naming the path; the previous checkpoint stays intact and pointed to."""
-    global _writes
-    _writes += 1
-    run_dir = Path(run_dir)
-    ckpt_dir = run_dir / CKPT_DIR
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
-    ref = CheckpointRef(ckpt_dir / f"{tag}.safetensors", None, ckpt_dir / f"{tag}.state.pt")
-    path = ref.weights
-    try:
-        save_weights(ref.weights, model_state, metadata, phase="weights")
-        if ema_state is not None:
-            ref.ema = path = ckpt_dir / f"{tag}-ema.safetensors"
-            save_weights(ref.ema, ema_state, {**metadata, "ema": "true"})
-        path = ref.state
-        _atomic(ref.state, lambda tmp: torch.save(train_state, tmp), "state")
-        history = [t for t in pointer_history(run_dir) if t != tag] + [tag]
-        pointer = {
-            **(info or {}),
-            "weights": str(ref.weights.relative_to(run_dir)),
-            "ema": str(ref.ema.relative_to(run_dir)) if ref.ema else None,
-            "state": str(ref.state.relative_to(run_dir)),
-            "history": history[-max(keep, 1) :],
-        }
-        path = run_dir / POINTER
-        _atomic(path, lambda tmp: Path(tmp).write_text(json.dumps(pointer, indent=1)), "pointer")
-    except OSError as e:
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
-            raise
-        raise disk_full_error(run_dir, path) from None
-    for stale in history[: -max(keep, 1)]:
-        for name in (f"{stale}.safetensors", f"{stale}-ema.safetensors", f"{stale}.state.pt"):
-            (ckpt_dir / name).unlink(missing_ok=True)
-    remove_stale_tmp(run_dir)  # a killed earlier write's leftovers (one writer per run directory)
-    _phase("pruned")
-    ref.info = pointer
-    return ref
+    """Write weights, EMA weights and training state under `tag`, then move the pointer, then prune old tags (one
+    process; checkpoint_manager.py's path, as a training run writes). A full disk is a DiskFullError naming the path;
+    the previous checkpoint stays intact and pointed to."""
+    from .plain_checkpoint import write_plain_checkpoint
+
+    pointer = write_plain_checkpoint(Path(run_dir), tag, model_state, metadata, train_state, ema_state, info, keep)
+    return find_checkpoint_in(Path(run_dir), pointer)
 
 
 def is_plain_name(name: object) -> bool:
@@ -338,18 +297,7 @@ def find_checkpoint(path: str | os.PathLike) -> CheckpointRef | None:
     path = Path(path)
     if path.is_dir():
         pointer = read_pointer(path)
-        if pointer is None:
-            return None
-        ref = CheckpointRef(
-            path / pointer["weights"],
-            path / pointer["ema"] if pointer.get("ema") else None,
-            path / pointer["state"] if pointer.get("state") else None,
-            pointer,
-        )
-        for p in (ref.weights, ref.ema, ref.state):
-            if p is not None and not p.is_file():
-                raise CheckpointError(f"{path / POINTER} points to {p}, which is missing")
-        return ref
+        return None if pointer is None else find_checkpoint_in(path, pointer)
     if path.is_file():
         if path.suffix != ".safetensors":
             raise CheckpointError(f"{path} is not a .safetensors file; pass a run directory or its weights file")
@@ -358,19 +306,46 @@ def find_checkpoint(path: str | os.PathLike) -> CheckpointRef | None:
     raise CheckpointError(f"checkpoint {path} does not exist; pass a run directory or a .safetensors file")
 
 
-def resume_candidates(run_dir: str | os.PathLike) -> list[CheckpointRef]:
-    """The run's checkpoints, newest first: the pointer's history, or (pointer unreadable) the files on disk."""
-    run_dir = Path(run_dir)
-    ckpt_dir = run_dir / CKPT_DIR
+def find_checkpoint_in(run_dir: Path, pointer: dict) -> CheckpointRef:
+    """The files of the checkpoint `pointer` (a plain run's checkpoint.json) names; a CheckpointError if one is
+    missing."""
+    ref = CheckpointRef(
+        run_dir / pointer["weights"],
+        run_dir / pointer["ema"] if pointer.get("ema") else None,
+        run_dir / pointer["state"] if pointer.get("state") else None,
+        pointer,
+    )
+    for p in (ref.weights, ref.ema, ref.state):
+        if p is not None and not p.is_file():
+            raise CheckpointError(f"{run_dir / POINTER} points to {p}, which is missing")
+    return ref
+
+
+def checkpoint_tags(run_dir: Path, on_disk: list[str], warn: bool = True) -> list[str]:
+    """The run's checkpoint tags, newest first: the pointer's history, then (pointer unreadable, or a checkpoint
+    written but not yet pointed to) `on_disk`, the tags whose files are in checkpoints/. A corrupt pointer is a
+    warning (`warn`): the files on disk stand in for it."""
     try:
         tags = (read_pointer(run_dir) or {}).get("history", [])[::-1]
     except CheckpointError as e:
-        warnings.warn(f"{e}; looking for checkpoints in {ckpt_dir}", stacklevel=2)
+        if warn:
+            warnings.warn(f"{e}; looking for checkpoints in {run_dir / CKPT_DIR}", stacklevel=3)
         tags = []
-    found = sorted((p.name.removesuffix(".state.pt") for p in ckpt_dir.glob("*.state.pt")), reverse=True)
-    tags += [t for t in found if t not in tags]  # newest first: tags are e<epoch>-b<batch>, zero-padded
+    found = sorted((t for t in on_disk if not t.startswith(PARTIAL)), reverse=True)  # e<epoch>-b<batch>, zero-padded
+    return tags + [t for t in found if t not in tags]
+
+
+def plain_tags_on_disk(ckpt_dir: Path) -> list[str]:
+    """The tags of the plain checkpoints in `ckpt_dir` (by their training-state files)."""
+    return [p.name.removesuffix(".state.pt") for p in ckpt_dir.glob("*.state.pt")]
+
+
+def resume_candidates(run_dir: str | os.PathLike) -> list[CheckpointRef]:
+    """The plain run's checkpoints, newest first: the pointer's history, or (pointer unreadable) the files on disk."""
+    run_dir = Path(run_dir)
+    ckpt_dir = run_dir / CKPT_DIR
     refs = []
-    for t in tags:
+    for t in checkpoint_tags(run_dir, plain_tags_on_disk(ckpt_dir)):
         ema = ckpt_dir / f"{t}-ema.safetensors"
         refs.append(
             CheckpointRef(ckpt_dir / f"{t}.safetensors", ema if ema.is_file() else None, ckpt_dir / f"{t}.state.pt")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 import os
 import random
@@ -36,7 +35,6 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from .. import __version__
 from ..data import get_dataset_info
 from ..data.folders import SkippedImagesWarning
 from ..data.loader import build_train_loader, dataset_num_classes, epoch_batches, renders_any_resolution
@@ -45,21 +43,13 @@ from ..data.streams import first_stream_item, is_stream
 from ..models.flexi_patch import at_patch_size, flexi_patch_refusal
 from ..pos.base import PosEncoding
 from .changes import adopt_accepted_changes, check_resume_changes, check_resume_data
-from .checkpoint import (
-    POINTER,
-    CheckpointError,
-    check_world_size,
-    load_into_model,
-    rng_state,
-    set_rng_state,
-    write_checkpoint,
-)
+from .checkpoint import POINTER, CheckpointError
+from .checkpoint_manager import CheckpointManager, CorruptCheckpointWarning, run_header
 from .config import (
     Config,
     ConfigError,
     check_run_name,
     check_training_config,
-    config_to_dict,
     load_config,
     save_config,
 )
@@ -68,7 +58,6 @@ from .distributed import (
     all_reduce_max,
     all_reduce_sum,
     barrier,
-    gather_objects,
     init_distributed,
     shutdown,
     timeouts_explained,
@@ -79,7 +68,8 @@ from .interrupt import StopOnSignal, TrainingInterrupted, diverged, interrupted
 from .loss_tally import LossTally
 from .metrics_log import METRICS, append_metrics, trim_metrics
 from .native_train import NativeWindow, check_native, plan_for
-from .run_dir import CorruptCheckpointWarning, check_run_dir_is_ours, resume_files
+from .plain_checkpoint import OldLayoutResumeWarning, PlainBackend
+from .run_dir import check_run_dir_is_ours
 from .runlock import RunLock, writable_run_dir
 from .setup import (
     autocast,
@@ -92,8 +82,9 @@ from .setup import (
     run_model,
     to_device,
 )
-from .sharded_checkpoint import check_sharded_run_dir, is_sharded_run, load_sharded, save_sharded
+from .sharded_checkpoint import ShardedBackend
 from .tensorboard import open_tensorboard
+from .train_state import Position, RunCost, Schedule, TrainingParts
 
 __all__ = [
     "train",
@@ -110,16 +101,6 @@ __all__ = [
 
 class StreamResumeWarning(UserWarning):
     """A run on a streaming dataset resumed mid-epoch: the epoch's stream restarts (see data/streams.py)."""
-
-
-class OldLayoutResumeWarning(UserWarning):
-    """A run written by a release before each attention layer owned its PE state resumed: its weights load (mapped
-    under each block), its optimizer's moments, listed in the old parameter order, start again."""
-
-
-def written_world_size(state: dict) -> int:
-    """The number of processes that wrote a DDP training state (older ones tell it by their per-rank RNG states)."""
-    return state.get("world_size") or len(state.get("rng_ranks") or [None])
 
 
 def resolve_run_dir(cfg: Config) -> Path:
@@ -148,7 +129,7 @@ class Trainer:
         """`explicit`: the keys the caller set (the overrides). On resume, keys that still have the run's original
         value follow its accepted changes, except explicit ones under `accept_changes` (a change back on purpose).
         The run directory is locked until `close()`."""
-        self.started = (time.perf_counter(), time.process_time())
+        self.cost = RunCost()  # wall and CPU seconds, from here (a checkpoint adds its earlier attempts')
         self.cfg, self.ctx = cfg, ctx
         check_training_config(cfg)
         check_strategy(cfg)
@@ -167,40 +148,54 @@ class Trainer:
 
     def _setup(self, resume: bool, accept_changes: bool, explicit: frozenset[str]) -> None:
         cfg, ctx = self.cfg, self.ctx
-        if self.sharded or is_sharded_run(self.run_dir):  # fsdp: sharded checkpoints (sharded_checkpoint.py)
-            self.resume_ref, self.resume_files = check_sharded_run_dir(self, resume)
-        else:
-            self.resume_ref, self.resume_files = resume_files(self.run_dir, resume, ctx.is_main)
-            if self.resume_ref is not None:  # the global batch, data order and RNG streams depend on it (as fsdp)
-                check_world_size(self.resume_ref.weights, written_world_size(self.resume_files[2]), ctx.world_size)
-        if self.resume_ref is not None:  # before any work: a refused change costs nothing
+        backend = ShardedBackend() if self.sharded else PlainBackend()  # the storage format of the checkpoints
+        self.checkpoints = CheckpointManager(self.run_dir, ctx, backend, cfg.train.keep_checkpoints)
+        self.found = self.checkpoints.find(resume)  # the checkpoint to resume, its world size checked
+        self.resumed = self.found is not None
+        if self.found is not None:  # before any work: a refused change costs nothing
             # repeating the original command continues the run as changed; only a key set on purpose together with
             # --accept-changes changes it again (or back)
             adopted = adopt_accepted_changes(cfg, self.run_dir, explicit if accept_changes else frozenset())
             if adopted:
                 self.log(f"continuing with the run's accepted changes: {adopted}")
-            ts = self.resume_files[2]
+            ts = self.found.state
             check_resume_changes(cfg, self.run_dir, ts["global_step"], ts["epoch"], accept_changes, ctx.is_main)
         torch.manual_seed(cfg.train.seed)  # model init: the same on every rank
         random.seed(cfg.train.seed)
         np.random.seed(cfg.train.seed)
         self._build_data()
-        if self.resume_ref is not None and self.resume_files[0] is not None:  # the data the run was trained on
-            (_, meta), ts = self.resume_files[0], self.resume_files[2]
-            check_resume_data(self.resume_ref.weights, meta, ts, self.class_map, self._num_items(), self.info.in_chans)
+        if self.found is not None and self.found.meta is not None:  # the data the run was trained on
+            found = self.found
+            check_resume_data(
+                found.source, found.meta, found.state, self.class_map, self._num_items(), self.info.in_chans
+            )
         self._build_model()
         self._build_optimization()
         torch.manual_seed(cfg.train.seed + ctx.rank)  # training randomness (drop path, mixup): its own stream per rank
         random.seed(cfg.train.seed + ctx.rank)
         np.random.seed(cfg.train.seed + ctx.rank)
-        self.epoch, self.batch, self.global_step = 0, 0, 0
+        self.position = Position()  # epoch, batch, global_step
         self.tally = LossTally(self.device)  # the logged loss of the epoch so far (a checkpoint keeps it)
-        self.spent_before = (0.0, 0.0)  # wall and CPU seconds of earlier attempts, up to the checkpoint resumed
+        self.parts = TrainingParts(
+            self.model,
+            self.optimizer,
+            self.schedule,
+            self.scaler,
+            self.ema.module if self.ema is not None else None,
+            self.position,
+            self.tally,
+            self.cost,
+            self._num_items(),
+        )
         self.bar, self.tb, self.stop, self.first_loss = None, None, StopOnSignal(), None
         open_tensorboard(self.run_dir, cfg.train.log_tensorboard, is_main=False)  # a missing package fails here
-        if self.resume_ref is not None:
-            self._load(self.resume_ref, *self.resume_files)
-            self.resume_files = None
+        if self.found is not None:
+            self._resume()
+            self.found = None
+
+    epoch = property(lambda self: self.position.epoch)
+    batch = property(lambda self: self.position.batch)
+    global_step = property(lambda self: self.position.global_step)
 
     def _build_data(self) -> None:
         """Data first: image folders tell the number of classes; a missing directory fails here, before any work."""
@@ -298,6 +293,7 @@ class Trainer:
                 step_on_epochs=False,
                 updates_per_epoch=self.steps_per_epoch,
             )
+        self.schedule = Schedule(self.scheduler, cfg, self.steps_per_epoch)
         a = cfg.aug
         self.mixup = None
         if a.mixup > 0 or a.cutmix > 0:
@@ -371,112 +367,13 @@ class Trainer:
 
     # --------------------------------------------------------------------------------------------- checkpoints
 
-    def _metadata(self) -> dict[str, str]:
-        meta = {
-            "format": "visionpe",
-            "visionpe_version": __version__,
-            "model": self.cfg.model.name,
-            "dataset": self.cfg.data.name,
-            "num_classes": str(self.num_classes),
-            "in_chans": str(self.info.in_chans),
-            "epoch": str(self.epoch),
-            "global_step": str(self.global_step),
-            "config": json.dumps(config_to_dict(self.cfg)),
-        }
-        if self.class_map:
-            meta["class_map"] = json.dumps(self.class_map)
-        return meta
-
-    def checkpoint_info(self, finished: bool, seconds, cpu_seconds) -> dict:
-        """What checkpoint.json says of a checkpoint (where the run stood, what it cost, when)."""
-        return dict(
-            epoch=self.epoch,
-            batch=self.batch,
-            global_step=self.global_step,
-            finished=finished,
-            seconds=seconds,
-            cpu_seconds=cpu_seconds,
-            model=self.cfg.model.name,
-            time=time.strftime("%Y-%m-%d %H:%M:%S"),
-        )
-
     def save(self, finished: bool = False) -> None:
-        """Every rank calls this (the RNG states of all ranks are gathered); rank 0 writes."""
-        if self.sharded:
-            return save_sharded(self, finished)  # every rank writes its shards and its own RNG state
-        rngs = gather_objects(rng_state(), self.ctx)
-        tally = self.tally.state(self.ctx)
-        if not self.ctx.is_main:
-            return
-        seconds, cpu_seconds = self.spent()
-        state = {
-            "spent": (seconds, cpu_seconds),
-            "epoch": self.epoch,
-            "batch": self.batch,
-            "global_step": self.global_step,
-            "loss_tally": tally,
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict() if self.scheduler else None,
-            "scaler": self.scaler.state_dict(),
-            "rng": rngs[0],
-            "rng_ranks": rngs if self.ctx.distributed else None,  # each rank resumes its own streams
-            "world_size": self.ctx.world_size,
-            "train_items": self._num_items(),
-            "sched_key": self._sched_key(),
-        }
-        info = self.checkpoint_info(finished, seconds, cpu_seconds)
-        write_checkpoint(
-            self.run_dir,
-            f"e{self.epoch:04d}-b{self.batch:06d}",
-            self.model.state_dict(),
-            self._metadata(),
-            state,
-            self.ema.module.state_dict() if self.ema else None,
-            info,
-            keep=self.cfg.train.keep_checkpoints,
-        )
+        """Every rank calls this (checkpoint_manager.py: the backend decides who writes what)."""
+        header = run_header(self.cfg, self.num_classes, self.info.in_chans, self.class_map, self.position)
+        self.checkpoints.save(self.parts, header, finished)
 
-    def spent(self) -> tuple[float, float] | tuple[None, None]:
-        """Wall and CPU seconds (this process) the run has cost so far, its resumed attempts included: what reaching
-        a checkpoint took, whatever stopped in between. (None, None) when an earlier attempt's cost is unknown."""
-        if self.spent_before is None:
-            return None, None
-        wall = self.spent_before[0] + time.perf_counter() - self.started[0]
-        cpu = self.spent_before[1] + time.process_time() - self.started[1]
-        return round(wall, 3), round(cpu, 3)  # milliseconds: a short run's cost is not rounded to 0
-
-    def _sched_key(self) -> str:
-        return json.dumps([dataclasses.asdict(self.cfg.optim), self.cfg.train.epochs, self.steps_per_epoch])
-
-    def _load(self, ref, weights: tuple, ema: tuple | None, ts: dict) -> None:
-        if self.sharded:
-            ref, ts = load_sharded(self, ref, ts)  # unreadable shards: an older checkpoint and its state
-        else:
-            old_layout = load_into_model(self.model, *weights, self.cfg.model.name, ref.weights)
-            if self.ema is not None:
-                if ema is None:
-                    raise CheckpointError(
-                        f"{ref.weights} has no EMA weights but train.ema=true; resume with "
-                        f"train.ema=false or start a new run"
-                    )
-                load_into_model(self.ema.module, *ema, self.cfg.model.name, ref.ema)
-            if old_layout:  # its moments are listed in the parameter order of the earlier layout: not reusable
-                warnings.warn(
-                    f"{ref.weights} holds PE parameters in the layout of an earlier visionpe release: the weights "
-                    "load, the optimizer's moments start again (schedule, step and data position resume)",
-                    OldLayoutResumeWarning,
-                    stacklevel=2,
-                )
-            else:
-                self.optimizer.load_state_dict(ts["optimizer"])
-        if self.scheduler is not None and ts.get("scheduler") and ts.get("sched_key") == self._sched_key():
-            self.scheduler.load_state_dict(ts["scheduler"])  # else: the schedule changed; rebuilt from the config
-        self.scaler.load_state_dict(ts["scaler"])
-        ranks = ts.get("rng_ranks")
-        set_rng_state(ranks[self.ctx.rank] if ranks and len(ranks) == self.ctx.world_size else ts["rng"])
-        self.epoch, self.batch, self.global_step = ts["epoch"], ts["batch"], ts["global_step"]
-        self.tally.load(ts.get("loss_tally"), self.ctx)  # a new epoch (batch 0) starts its own
-        self.spent_before = ts.get("spent")  # None: a checkpoint from before the cost was kept, so it is unknown
+    def _resume(self) -> None:
+        self.checkpoints.load(self.found, self.parts, self.cfg.model.name)  # unreadable: an older checkpoint
         if self.ctx.is_main:  # forget metrics logged after the checkpoint by the run that stopped
             trim_metrics(self.run_dir / METRICS, self.global_step)
         self.log(f"resumed {self.run_dir} at epoch {self.epoch + 1}, batch {self.batch} (step {self.global_step})")
@@ -495,9 +392,9 @@ class Trainer:
         cfg, ctx = self.cfg, self.ctx
         if ctx.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            if self.resume_ref is None or not (self.run_dir / "config.yaml").is_file():
+            if not self.resumed or not (self.run_dir / "config.yaml").is_file():
                 save_config(cfg, self.run_dir / "config.yaml")  # the original; accepted changes: config_changes.jsonl
-            if self.resume_ref is None:  # a fresh run: no metrics from an earlier attempt that never checkpointed
+            if not self.resumed:  # a fresh run: no metrics from an earlier attempt that never checkpointed
                 (self.run_dir / METRICS).unlink(missing_ok=True)
         barrier(ctx)
         self.tb = open_tensorboard(self.run_dir, cfg.train.log_tensorboard, ctx.is_main)
@@ -534,7 +431,7 @@ class Trainer:
             last = self.epoch + 1 == self.epochs
             if last or (self.epoch + 1) % cfg.eval.every_epochs == 0:
                 rows = self.evaluate()
-            self.epoch, self.batch = self.epoch + 1, 0
+            self.position.epoch, self.position.batch = self.epoch + 1, 0
             self.save(finished=self.epoch == self.epochs)
             if self.epoch < self.epochs and self._stop_signal():  # arrived during the evaluation: saved just now
                 raise self._interrupted()
@@ -561,7 +458,7 @@ class Trainer:
         bar = self.bar
         bar.set_description(f"epoch {self.epoch + 1}/{self.epochs}")
         if self.batch == 0:
-            self.tally = LossTally(self.device)
+            self.tally.reset()
         tally, window_images, t0 = self.tally, 0, time.perf_counter()
         skipped, t_epoch = [], time.perf_counter()
         native = NativeWindow(self.device, self.plan.patch) if self.plan is not None else None
@@ -570,8 +467,8 @@ class Trainer:
                 break
             skipped += batch.skipped
             loss = self.step(net, batch)
-            self.batch += 1
-            self.global_step += 1
+            self.position.batch += 1
+            self.position.global_step += 1
             tally.add(loss)
             window_images += len(batch.targets) * ctx.world_size
             if native is not None:
@@ -647,8 +544,7 @@ class Trainer:
             dispatch_clip_grad(self.model.parameters(), self.cfg.optim.clip_grad, mode=self.cfg.optim.clip_mode)
         self.scaler.step(self.optimizer)
         self.scaler.update()
-        if self.scheduler is not None:
-            self.scheduler.step_update(num_updates=self.global_step + 1)
+        self.schedule.step_update(self.global_step + 1)
         if self.ema is not None:
             self.ema.update(self.model, step=self.global_step + 1)
         if self.first_loss is None:  # one sync, to tell a model that is broken from the start from a divergence
