@@ -118,6 +118,9 @@ def atomic_write(path: str | os.PathLike, write, phase: str | None = None) -> No
             tmp.unlink()
 
 
+_atomic = atomic_write  # its earlier name (tests/test_destinations.py)
+
+
 def is_disk_full(e: Exception, folder: Path) -> bool:
     if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
         return True

@@ -46,7 +46,7 @@ from .config import Config, config_to_dict
 from .distributed import DistContext, gather_objects
 from .train_state import Position, TrainingParts
 
-__all__ = ["CheckpointManager", "CorruptCheckpointWarning", "run_header", "warn_fell_back"]
+__all__ = ["CheckpointManager", "CheckpointCadence", "CorruptCheckpointWarning", "run_header", "warn_fell_back"]
 
 _TRAINED_WITH = {
     "fsdp": "{run_dir} was trained with train.strategy=fsdp (sharded checkpoints); continue it with "
@@ -89,6 +89,18 @@ def run_header(
     if class_map:
         meta["class_map"] = json.dumps(class_map)
     return meta
+
+
+class CheckpointCadence:
+    """When the loop saves besides each epoch's end: every `train.ckpt_every_steps` steps (0: never) within an epoch
+    (its last step is the epoch's own checkpoint)."""
+
+    def __init__(self, every_steps: int, steps_per_epoch: int):
+        self.every, self.steps_per_epoch = every_steps, steps_per_epoch
+
+    def due(self, position: Position) -> bool:
+        every = self.every
+        return bool(every and position.global_step % every == 0 and position.batch < self.steps_per_epoch)
 
 
 class CheckpointManager:
