@@ -4,6 +4,7 @@ sharded_checkpoint.py (torch.distributed.checkpoint, every rank writes its shard
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -14,7 +15,16 @@ from .checkpoint import CheckpointError
 from .distributed import DistContext
 from .train_state import TrainingParts
 
-__all__ = ["Backend", "Found", "WriteFailed", "Unreadable", "failure_causes", "describe_failure"]
+__all__ = [
+    "Backend",
+    "Found",
+    "WriteFailed",
+    "Unreadable",
+    "OldLayoutResumeWarning",
+    "warn_old_layout",
+    "failure_causes",
+    "describe_failure",
+]
 
 
 @dataclass
@@ -39,6 +49,20 @@ class WriteFailed(Exception):
 
 class Unreadable(CheckpointError):
     """A checkpoint's tensors cannot be read (found only when loading them): the resume falls back to an older one."""
+
+
+class OldLayoutResumeWarning(UserWarning):
+    """A run written by a release before each attention layer owned its PE state resumed: its weights load (mapped
+    under each block), its optimizer's moments, listed in the old parameter order, start again."""
+
+
+def warn_old_layout(source: Path) -> None:
+    warnings.warn(
+        f"{source} holds PE parameters in the layout of an earlier visionpe release: the weights "
+        "load, the optimizer's moments start again (schedule, step and data position resume)",
+        OldLayoutResumeWarning,
+        stacklevel=4,
+    )
 
 
 class Backend(Protocol):

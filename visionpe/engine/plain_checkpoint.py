@@ -5,7 +5,6 @@ renamed into place once written (checkpoint.atomic_write)."""
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,17 +19,12 @@ from .checkpoint import (
     plain_tags_on_disk,
     save_weights,
 )
-from .checkpoint_backend import Found, WriteFailed
+from .checkpoint_backend import Found, OldLayoutResumeWarning, WriteFailed, warn_old_layout
 from .checkpoint_manager import CheckpointManager
 from .distributed import DistContext, gather_objects
 from .train_state import TrainingParts, written_world_size
 
 __all__ = ["PlainBackend", "PlainPayload", "OldLayoutResumeWarning", "write_plain_checkpoint"]
-
-
-class OldLayoutResumeWarning(UserWarning):
-    """A run written by a release before each attention layer owned its PE state resumed: its weights load (mapped
-    under each block), its optimizer's moments, listed in the old parameter order, start again."""
 
 
 @dataclass
@@ -114,12 +108,7 @@ class PlainBackend:
         if parts.ema is not None:
             load_into_model(parts.ema, *ema, model_name, ema_path)
         if old_layout:  # its moments are listed in the parameter order of the earlier layout: not reusable
-            warnings.warn(
-                f"{found.source} holds PE parameters in the layout of an earlier visionpe release: the weights "
-                "load, the optimizer's moments start again (schedule, step and data position resume)",
-                OldLayoutResumeWarning,
-                stacklevel=3,
-            )
+            warn_old_layout(found.source)
         else:
             parts.optimizer.load_state_dict(found.state["optimizer"])
 

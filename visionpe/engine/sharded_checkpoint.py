@@ -28,9 +28,10 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from .checkpoint import CKPT_DIR, PARTIAL, POINTER, CheckpointError, fault_point, load_training_state, read_pointer
-from .checkpoint_backend import Found, Unreadable, WriteFailed, describe_failure
+from .checkpoint_backend import Found, Unreadable, WriteFailed, describe_failure, warn_old_layout
 from .dcp_reader import dcp_load, read_dcp_metadata
 from .distributed import DistContext
+from .fsdp import load_full_checked
 from .train_state import TrainingParts
 
 __all__ = ["SHARDED_SUFFIX", "ShardedBackend", "is_sharded_run", "load_sharded_weights"]
@@ -138,6 +139,9 @@ class ShardedBackend:
         return Found(tag, folder, state, bool(self._metas.pop(tag).get("ema")))
 
     def load(self, found: Found, parts: TrainingParts, model_name: str) -> None:
+        saved = {k for k in read_dcp_metadata(found.source).state_dict_metadata if k.startswith("model.")}
+        if saved != {f"model.{k}" for k in parts.model.state_dict()}:  # an earlier PE layout, or another model
+            return self._load_full(found, parts, model_name)
         state = _tensor_state(parts)
         try:  # DCP's index and values read without unpickling arbitrary objects (dcp_reader.py)
             dcp_load(state, found.source)
@@ -147,6 +151,21 @@ class ShardedBackend:
                 set_model_state_dict(parts.ema, state["ema"])
         except CheckpointException as e:  # DCP fails on every rank together
             raise Unreadable(f"cannot read the shards of {found.source} ({describe_failure(e)})") from None
+
+    def _load_full(self, found: Found, parts: TrainingParts, model_name: str) -> None:
+        """Weights whose names are not the model's: read whole on each rank, placed (PE names of earlier releases
+        under each block) and checked as a plain checkpoint's; the optimizer's moments, listed in the old parameter
+        order, start again."""
+        try:
+            state, meta = load_sharded_weights(found.source)
+            ema = load_sharded_weights(found.source, ema=True)[0] if parts.ema is not None else None
+        except CheckpointException as e:
+            raise Unreadable(f"cannot read the shards of {found.source} ({describe_failure(e)})") from None
+        old_layout = load_full_checked(parts.model, state, meta, model_name, found.source)
+        if ema is not None:
+            load_full_checked(parts.ema, ema, meta, model_name, found.source)
+        if old_layout:
+            warn_old_layout(found.source)
 
 
 def _sharded_folder(path: Path) -> Path:
