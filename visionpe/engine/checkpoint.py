@@ -37,6 +37,11 @@ __all__ = [
     "save_weights",
     "load_weights",
     "write_checkpoint",
+    "write_plain_files",
+    "remove_plain_files",
+    "publish_checkpoint",
+    "WriteFailed",
+    "write_error",
     "find_checkpoint",
     "read_pointer",
     "load_training_state",
@@ -205,10 +210,77 @@ def write_checkpoint(
     """Write weights, EMA weights and training state under `tag`, then move the pointer, then prune old tags (one
     process; checkpoint_manager.py's path, as a training run writes). A full disk is a DiskFullError naming the path;
     the previous checkpoint stays intact and pointed to."""
-    from .plain_checkpoint import write_plain_checkpoint
+    begin_write()
+    run_dir = Path(run_dir)
+    ckpt_dir = run_dir / CKPT_DIR
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        entries = write_plain_files(ckpt_dir, tag, model_state, metadata, train_state, ema_state)
+    except WriteFailed as e:
+        raise write_error(run_dir, e.error, e.path) from None
+    try:
+        pointer = publish_checkpoint(run_dir, tag, {**(info or {}), **entries}, keep, lambda: None, remove_plain_files)
+    except OSError as e:
+        raise write_error(run_dir, e, run_dir / POINTER) from None
+    return find_checkpoint_in(run_dir, pointer)
 
-    pointer = write_plain_checkpoint(Path(run_dir), tag, model_state, metadata, train_state, ema_state, info, keep)
-    return find_checkpoint_in(Path(run_dir), pointer)
+
+class WriteFailed(Exception):
+    """Writing checkpoint file `path` failed with `error` (the manager makes every rank agree on it)."""
+
+    def __init__(self, path: Path, error: BaseException):
+        super().__init__(str(error))
+        self.path, self.error = path, error
+
+
+def write_error(run_dir: Path, error: BaseException, path: Path) -> BaseException:
+    """What a failed checkpoint write of `path` raises: a DiskFullError for a full disk, else the error itself."""
+    return disk_full_error(run_dir, path) if is_disk_full(error, path.parent) else error
+
+
+def write_plain_files(
+    ckpt_dir: Path, tag: str, model_state: dict, metadata: dict[str, str], train_state: dict, ema_state: dict | None
+) -> dict:
+    """A plain checkpoint's files, each renamed into place once written (WriteFailed naming the file if one cannot
+    be); returns the pointer's entries."""
+    weights, ema, state = (
+        ckpt_dir / f"{tag}.safetensors",
+        ckpt_dir / f"{tag}-ema.safetensors",
+        ckpt_dir / f"{tag}.state.pt",
+    )
+    path = weights
+    try:
+        save_weights(weights, model_state, metadata, phase="weights")
+        if ema_state is not None:
+            path = ema
+            save_weights(ema, ema_state, {**metadata, "ema": "true"})
+        path = state
+        atomic_write(state, lambda tmp: torch.save(train_state, tmp), "state")
+    except Exception as e:
+        raise WriteFailed(path, e) from e
+    rel = f"{CKPT_DIR}/{tag}"
+    return {"weights": f"{rel}.safetensors", "ema": f"{rel}-ema.safetensors" if ema_state is not None else None,
+            "state": f"{rel}.state.pt"}  # fmt: skip
+
+
+def remove_plain_files(ckpt_dir: Path, tag: str) -> None:
+    for name in (f"{tag}.safetensors", f"{tag}-ema.safetensors", f"{tag}.state.pt"):
+        (ckpt_dir / name).unlink(missing_ok=True)
+
+
+def publish_checkpoint(run_dir: Path, tag: str, info: dict, keep: int, commit, remove) -> dict:
+    """Rank 0, checkpoint `tag` written: `commit()` it into place, point checkpoint.json to it (`info` and the history
+    of the newest `keep` tags), `remove(ckpt_dir, tag)` the older ones, delete leftovers; returns the pointer."""
+    keep = max(keep, 1)
+    history = [t for t in pointer_history(run_dir) if t != tag] + [tag]  # plain names only (read_pointer)
+    commit()
+    pointer = {**info, "history": history[-keep:]}
+    atomic_write_text(run_dir / POINTER, json.dumps(pointer, indent=1), "pointer")
+    for stale in history[:-keep]:
+        remove(run_dir / CKPT_DIR, stale)
+    remove_leftovers(run_dir)  # a killed earlier write's (one writer per run directory)
+    fault_point("pruned")
+    return pointer
 
 
 def is_plain_name(name: object) -> bool:

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from torch.distributed.checkpoint.api import CheckpointException
 
-from .checkpoint import CheckpointError
+from .checkpoint import CheckpointError, WriteFailed
 from .distributed import DistContext
 from .train_state import TrainingParts
 
@@ -37,14 +37,6 @@ class Found:
     has_ema: bool
     meta: dict[str, str] | None = None  # the weights' metadata, when read ahead (the data they were trained on)
     files: Any = None  # what the backend read ahead for `load`
-
-
-class WriteFailed(Exception):
-    """A backend's write of `path` failed with `error` (the manager makes every rank agree on it)."""
-
-    def __init__(self, path: Path, error: BaseException):
-        super().__init__(str(error))
-        self.path, self.error = path, error
 
 
 class Unreadable(CheckpointError):

@@ -30,14 +30,12 @@ from .checkpoint import (
     CKPT_DIR,
     POINTER,
     CheckpointError,
-    atomic_write_text,
     begin_write,
     check_world_size,
     checkpoint_tags,
     disk_full_error,
-    fault_point,
     is_disk_full,
-    pointer_history,
+    publish_checkpoint,
     read_pointer,
     remove_leftovers,
 )
@@ -156,15 +154,8 @@ class CheckpointManager:
 
     def _publish(self, tag: str, info: dict) -> dict:
         """Rank 0: the checkpoint into place, the pointer to it, the oldest pruned, leftovers removed."""
-        history = [t for t in pointer_history(self.run_dir) if t != tag] + [tag]  # plain names (read_pointer)
-        self.backend.commit(self.ckpt_dir, tag)
-        pointer = {**info, "history": history[-self.keep :]}
-        atomic_write_text(self.run_dir / POINTER, json.dumps(pointer, indent=1), "pointer")
-        for stale in history[: -self.keep]:
-            self.backend.remove(self.ckpt_dir, stale)
-        remove_leftovers(self.run_dir)  # a killed earlier write's (one writer per run directory)
-        fault_point("pruned")
-        return pointer
+        commit = lambda: self.backend.commit(self.ckpt_dir, tag)  # noqa: E731
+        return publish_checkpoint(self.run_dir, tag, info, self.keep, commit, self.backend.remove)
 
     def _agree(self, error: BaseException | None, path: Path, partial: Path | None = None) -> None:
         """Every rank: wait for the others, and fail together if any rank failed writing checkpoint `path` (instead
@@ -180,7 +171,7 @@ class CheckpointManager:
         if self.ctx.is_main and partial is not None:
             shutil.rmtree(partial, ignore_errors=True)
         if any(kind == "disk" for _, (kind, _) in reports):
-            full = disk_full_error(self.run_dir, path)
+            full = disk_full_error(self.run_dir, path)  # checkpoint.write_error's, on every rank
             full.every_rank = True
             raise full from None
         if error is not None and not isinstance(error, CheckpointException):  # this rank's own error, as raised

@@ -11,20 +11,18 @@ from pathlib import Path
 import torch
 
 from .checkpoint import (
-    CKPT_DIR,
-    atomic_write,
     load_into_model,
     load_training_state,
     load_weights,
     plain_tags_on_disk,
-    save_weights,
+    remove_plain_files,
+    write_plain_files,
 )
-from .checkpoint_backend import Found, OldLayoutResumeWarning, WriteFailed, warn_old_layout
-from .checkpoint_manager import CheckpointManager
+from .checkpoint_backend import Found, OldLayoutResumeWarning, warn_old_layout
 from .distributed import DistContext, gather_objects
 from .train_state import TrainingParts, written_world_size
 
-__all__ = ["PlainBackend", "PlainPayload", "OldLayoutResumeWarning", "write_plain_checkpoint"]
+__all__ = ["PlainBackend", "PlainPayload", "OldLayoutResumeWarning"]
 
 
 @dataclass
@@ -65,31 +63,13 @@ class PlainBackend:
     def write(self, ckpt_dir: Path, tag: str, payload: PlainPayload | None, ctx: DistContext) -> dict | None:
         if payload is None:  # ranks other than 0
             return None
-        weights, ema, state = (
-            self.source(ckpt_dir, tag),
-            ckpt_dir / f"{tag}-ema.safetensors",
-            ckpt_dir / f"{tag}.state.pt",
-        )
-        path = weights
-        try:
-            save_weights(weights, payload.model, payload.metadata, phase="weights")
-            if payload.ema is not None:
-                path = ema
-                save_weights(ema, payload.ema, {**payload.metadata, "ema": "true"})
-            path = state
-            atomic_write(state, lambda tmp: torch.save(payload.state, tmp), "state")
-        except Exception as e:
-            raise WriteFailed(path, e) from e
-        rel = f"{CKPT_DIR}/{tag}"
-        return {"weights": f"{rel}.safetensors", "ema": f"{rel}-ema.safetensors" if payload.ema else None,
-                "state": f"{rel}.state.pt"}  # fmt: skip
+        return write_plain_files(ckpt_dir, tag, payload.model, payload.metadata, payload.state, payload.ema)
 
     def commit(self, ckpt_dir: Path, tag: str) -> None:
         pass  # each file was renamed into place as it was written
 
     def remove(self, ckpt_dir: Path, tag: str) -> None:
-        for name in (f"{tag}.safetensors", f"{tag}-ema.safetensors", f"{tag}.state.pt"):
-            (ckpt_dir / name).unlink(missing_ok=True)
+        remove_plain_files(ckpt_dir, tag)
 
     def world_size(self, ckpt_dir: Path, tag: str) -> int:
         self._states[tag] = load_training_state(ckpt_dir / f"{tag}.state.pt")
@@ -111,21 +91,3 @@ class PlainBackend:
             warn_old_layout(found.source)
         else:
             parts.optimizer.load_state_dict(found.state["optimizer"])
-
-
-def write_plain_checkpoint(
-    run_dir: Path,
-    tag: str,
-    model_state: dict,
-    metadata: dict[str, str],
-    train_state: dict,
-    ema_state: dict | None,
-    info: dict | None,
-    keep: int,
-) -> dict:
-    """checkpoint.write_checkpoint: one checkpoint of given tensors and state, by this process alone."""
-    from .checkpoint import begin_write
-
-    begin_write()
-    manager = CheckpointManager(run_dir, DistContext(), PlainBackend(), keep)
-    return manager.write(tag, PlainPayload(model_state, ema_state, metadata, train_state), info or {})
