@@ -23,7 +23,7 @@ from torch.distributed.checkpoint import filesystem
 
 from visionpe.attention import attn_backend
 from visionpe.engine import CheckpointError, ConfigError, evaluate_checkpoint, load_config, train
-from visionpe.engine import sharded_checkpoint as sc
+from visionpe.engine import checkpoint as sc  # the write counter of the fault points
 from visionpe.engine.checkpoint import KILL_AT_ENV, load_weights
 from visionpe.engine.cli import train_main
 from visionpe.engine.distributed import DistContext

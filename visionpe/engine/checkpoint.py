@@ -1,11 +1,14 @@
-"""Checkpoints that survive a kill and load without unpickling anything.
+"""Checkpoint files that survive a kill and load without unpickling anything: the atomic write, the fault hooks, the
+safetensors weights, the pointer and the scan for a run's checkpoints. checkpoint_manager.py writes and resumes a
+run's checkpoints through them, whatever its strategy.
 
-A run directory holds `checkpoints/<tag>.safetensors` (the weights, with the model name and the resolved config in the
-safetensors metadata), `<tag>-ema.safetensors` when EMA is on, and `<tag>.state.pt` (optimizer, scheduler, scaler,
-RNG states, position in the data: tensors and plain Python values only, read back with
+A plain (ddp) run directory holds `checkpoints/<tag>.safetensors` (the weights, with the model name and the
+resolved config in the safetensors metadata), `<tag>-ema.safetensors` when EMA is on, and `<tag>.state.pt`
+(optimizer, scheduler, scaler, RNG states, position in the data: tensors and plain Python values only, read back with
 `torch.load(weights_only=True)`). Every file is written to a temporary name and renamed into place, and
 `checkpoint.json`, the pointer to the latest complete set, is replaced last: a kill at any moment leaves the previous
-checkpoint intact and pointed to.
+checkpoint intact and pointed to. A sharded (fsdp) run keeps the same pointer, its tensors and per-rank states in
+`<tag>.dcp/` (sharded_checkpoint.py).
 """
 
 from __future__ import annotations
@@ -13,14 +16,12 @@ from __future__ import annotations
 import errno
 import json
 import os
-import random
 import shutil
 import signal
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
@@ -31,23 +32,31 @@ __all__ = [
     "CheckpointError",
     "CheckpointRef",
     "POINTER",
+    "atomic_write",
     "atomic_write_text",
     "save_weights",
     "load_weights",
     "write_checkpoint",
+    "write_plain_files",
+    "remove_plain_files",
+    "publish_checkpoint",
+    "WriteFailed",
+    "write_error",
     "find_checkpoint",
     "read_pointer",
     "load_training_state",
     "current_layout",
     "load_into_model",
-    "rng_state",
-    "set_rng_state",
     "DiskFullError",
+    "is_disk_full",
     "disk_full_error",
     "check_world_size",
-    "remove_stale_tmp",
+    "remove_leftovers",
     "resume_candidates",
+    "checkpoint_tags",
     "KILL_AT_ENV",
+    "fault_point",
+    "begin_write",
     "is_plain_name",
     "pointer_history",
 ]
@@ -69,20 +78,29 @@ class DiskFullError(CheckpointError):
     """The disk filled up while a checkpoint was written; the previous checkpoint is intact."""
 
 
-# Fault injection for tests: "<phase>,<k>" SIGKILLs this process when the k-th checkpoint write (1-based) reaches
-# <phase>: weights-tmp / state-tmp / pointer-tmp (temporary file written and fsynced, not yet renamed), weights /
-# state / pointer (renamed into place), pruned (old checkpoints deleted).
+# Fault injection for tests: "<phase>,<k>" SIGKILLs this process (rank 0 of a sharded run) when the k-th checkpoint
+# write (1-based) reaches <phase>: weights-tmp / state-tmp / pointer-tmp (temporary file written and fsynced, not yet
+# renamed), weights / state / pointer (renamed into place), sharded-tmp / sharded (a sharded checkpoint's folder
+# written by every rank / renamed into place), pruned (old checkpoints deleted).
 KILL_AT_ENV = "VISIONPE_FAULT_KILL_AT"
+PARTIAL = ".partial-"  # the prefix of a sharded checkpoint's folder while its ranks write it
 _writes = 0
 
 
-def _phase(name: str) -> None:
+def begin_write() -> None:
+    """Count one more checkpoint write (the k of KILL_AT_ENV)."""
+    global _writes
+    _writes += 1
+
+
+def fault_point(name: str) -> None:
     spec = os.environ.get(KILL_AT_ENV)
     if spec and spec.split(",")[0] == name and int(spec.split(",")[1]) == _writes:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _atomic(path: str | os.PathLike, write, phase: str | None = None) -> None:
+def atomic_write(path: str | os.PathLike, write, phase: str | None = None) -> None:
+    """`write(tmp)` to a temporary name, fsynced, then renamed to `path` (fault points `<phase>-tmp`, `<phase>`)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
@@ -92,20 +110,23 @@ def _atomic(path: str | os.PathLike, write, phase: str | None = None) -> None:
             with open(tmp, "rb") as f:
                 os.fsync(f.fileno())
         except Exception as e:  # safetensors and torch.save report a full disk in their own error types
-            if _disk_full(e, tmp.parent):
+            if is_disk_full(e, tmp.parent):
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp)) from e
             raise
         if phase:
-            _phase(f"{phase}-tmp")
+            fault_point(f"{phase}-tmp")
         os.replace(tmp, path)
         if phase:
-            _phase(phase)
+            fault_point(phase)
     finally:
         if tmp.exists():
             tmp.unlink()
 
 
-def _disk_full(e: Exception, folder: Path) -> bool:
+_atomic = atomic_write  # its earlier name (tests/test_destinations.py)
+
+
+def is_disk_full(e: Exception, folder: Path) -> bool:
     if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
         return True
     text = str(e)
@@ -117,17 +138,21 @@ def _disk_full(e: Exception, folder: Path) -> bool:
         return False
 
 
-def remove_stale_tmp(run_dir: str | os.PathLike) -> list[Path]:
-    """Delete temporary files (`.<name>.tmp-<pid>`) that a killed writer left in a run directory."""
+def remove_leftovers(run_dir: str | os.PathLike) -> list[Path]:
+    """Delete what a killed writer left in a run directory: temporary files (`.<name>.tmp-<pid>`) and the folders of
+    sharded checkpoints its ranks had not finished (`checkpoints/.partial-<tag>.dcp`)."""
     run_dir = Path(run_dir)
     stale = [p for d in (run_dir, run_dir / CKPT_DIR) if d.is_dir() for p in d.glob(".*.tmp-*")]
     for p in stale:
         p.unlink(missing_ok=True)
-    return stale
+    partial = list((run_dir / CKPT_DIR).glob(f"{PARTIAL}*")) if (run_dir / CKPT_DIR).is_dir() else []
+    for p in partial:
+        shutil.rmtree(p, ignore_errors=True)
+    return stale + partial
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    _atomic(path, lambda tmp: Path(tmp).write_text(text))
+def atomic_write_text(path: str | os.PathLike, text: str, phase: str | None = None) -> None:
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text), phase)
 
 
 def save_weights(
@@ -142,7 +167,7 @@ def save_weights(
         if ptr is not None:
             seen.add(ptr)
     meta = {k: str(v) for k, v in metadata.items()}
-    _atomic(path, lambda tmp: save_file(tensors, str(tmp), metadata=meta), phase)
+    atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=meta), phase)
 
 
 def load_weights(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -157,34 +182,6 @@ def load_weights(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict
     except Exception as e:  # safetensors raises its own error types for a truncated or foreign file
         raise CheckpointError(f"{path} is not a readable safetensors file ({e})") from None
     return tensors, meta
-
-
-# ------------------------------------------------------------------------------------------------------ RNG states
-
-
-def rng_state() -> dict:
-    """Every global RNG the training loop draws from (dropout, drop path, mixup), as weights_only-loadable values."""
-    np_state = np.random.get_state()
-    state = {
-        "torch": torch.get_rng_state(),
-        "python": list(random.getstate()[1]),
-        "python_gauss": random.getstate()[2],
-        "numpy": torch.from_numpy(np_state[1].astype(np.int64)),
-        "numpy_pos": int(np_state[2]),
-        "numpy_gauss": [int(np_state[3]), float(np_state[4])],
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate((3, tuple(state["python"]), state["python_gauss"]))
-    has_gauss, cached = state["numpy_gauss"]
-    np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), state["numpy_pos"], has_gauss, cached))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 # ----------------------------------------------------------------------------------------------- run checkpoints
@@ -210,43 +207,80 @@ def write_checkpoint(
     info: dict | None = None,
     keep: int = 2,
 ) -> CheckpointRef:
-    """Write weights, EMA weights and training state under `tag`, then move the pointer, then prune old tags.
-    A full disk is a DiskFullError naming the path; the previous checkpoint stays intact and pointed to."""
-    global _writes
-    _writes += 1
+    """Write weights, EMA weights and training state under `tag`, then move the pointer, then prune old tags (one
+    process; checkpoint_manager.py's path, as a training run writes). A full disk is a DiskFullError naming the path;
+    the previous checkpoint stays intact and pointed to."""
+    begin_write()
     run_dir = Path(run_dir)
     ckpt_dir = run_dir / CKPT_DIR
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    ref = CheckpointRef(ckpt_dir / f"{tag}.safetensors", None, ckpt_dir / f"{tag}.state.pt")
-    path = ref.weights
     try:
-        save_weights(ref.weights, model_state, metadata, phase="weights")
-        if ema_state is not None:
-            ref.ema = path = ckpt_dir / f"{tag}-ema.safetensors"
-            save_weights(ref.ema, ema_state, {**metadata, "ema": "true"})
-        path = ref.state
-        _atomic(ref.state, lambda tmp: torch.save(train_state, tmp), "state")
-        history = [t for t in pointer_history(run_dir) if t != tag] + [tag]
-        pointer = {
-            **(info or {}),
-            "weights": str(ref.weights.relative_to(run_dir)),
-            "ema": str(ref.ema.relative_to(run_dir)) if ref.ema else None,
-            "state": str(ref.state.relative_to(run_dir)),
-            "history": history[-max(keep, 1) :],
-        }
-        path = run_dir / POINTER
-        _atomic(path, lambda tmp: Path(tmp).write_text(json.dumps(pointer, indent=1)), "pointer")
+        entries = write_plain_files(ckpt_dir, tag, model_state, metadata, train_state, ema_state)
+    except WriteFailed as e:
+        raise write_error(run_dir, e.error, e.path) from None
+    try:
+        pointer = publish_checkpoint(run_dir, tag, {**(info or {}), **entries}, keep, lambda: None, remove_plain_files)
     except OSError as e:
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
-            raise
-        raise disk_full_error(run_dir, path) from None
-    for stale in history[: -max(keep, 1)]:
-        for name in (f"{stale}.safetensors", f"{stale}-ema.safetensors", f"{stale}.state.pt"):
-            (ckpt_dir / name).unlink(missing_ok=True)
-    remove_stale_tmp(run_dir)  # a killed earlier write's leftovers (one writer per run directory)
-    _phase("pruned")
-    ref.info = pointer
-    return ref
+        raise write_error(run_dir, e, run_dir / POINTER) from None
+    return find_checkpoint_in(run_dir, pointer)
+
+
+class WriteFailed(Exception):
+    """Writing checkpoint file `path` failed with `error` (the manager makes every rank agree on it)."""
+
+    def __init__(self, path: Path, error: BaseException):
+        super().__init__(str(error))
+        self.path, self.error = path, error
+
+
+def write_error(run_dir: Path, error: BaseException, path: Path) -> BaseException:
+    """What a failed checkpoint write of `path` raises: a DiskFullError for a full disk, else the error itself."""
+    return disk_full_error(run_dir, path) if is_disk_full(error, path.parent) else error
+
+
+def write_plain_files(
+    ckpt_dir: Path, tag: str, model_state: dict, metadata: dict[str, str], train_state: dict, ema_state: dict | None
+) -> dict:
+    """A plain checkpoint's files, each renamed into place once written (WriteFailed naming the file if one cannot
+    be); returns the pointer's entries."""
+    weights, ema, state = (
+        ckpt_dir / f"{tag}.safetensors",
+        ckpt_dir / f"{tag}-ema.safetensors",
+        ckpt_dir / f"{tag}.state.pt",
+    )
+    path = weights
+    try:
+        save_weights(weights, model_state, metadata, phase="weights")
+        if ema_state is not None:
+            path = ema
+            save_weights(ema, ema_state, {**metadata, "ema": "true"})
+        path = state
+        atomic_write(state, lambda tmp: torch.save(train_state, tmp), "state")
+    except Exception as e:
+        raise WriteFailed(path, e) from e
+    rel = f"{CKPT_DIR}/{tag}"
+    return {"weights": f"{rel}.safetensors", "ema": f"{rel}-ema.safetensors" if ema_state is not None else None,
+            "state": f"{rel}.state.pt"}  # fmt: skip
+
+
+def remove_plain_files(ckpt_dir: Path, tag: str) -> None:
+    for name in (f"{tag}.safetensors", f"{tag}-ema.safetensors", f"{tag}.state.pt"):
+        (ckpt_dir / name).unlink(missing_ok=True)
+
+
+def publish_checkpoint(run_dir: Path, tag: str, info: dict, keep: int, commit, remove) -> dict:
+    """Rank 0, checkpoint `tag` written: `commit()` it into place, point checkpoint.json to it (`info` and the history
+    of the newest `keep` tags), `remove(ckpt_dir, tag)` the older ones, delete leftovers; returns the pointer."""
+    keep = max(keep, 1)
+    history = [t for t in pointer_history(run_dir) if t != tag] + [tag]  # plain names only (read_pointer)
+    commit()
+    pointer = {**info, "history": history[-keep:]}
+    atomic_write_text(run_dir / POINTER, json.dumps(pointer, indent=1), "pointer")
+    for stale in history[:-keep]:
+        remove(run_dir / CKPT_DIR, stale)
+    remove_leftovers(run_dir)  # a killed earlier write's (one writer per run directory)
+    fault_point("pruned")
+    return pointer
 
 
 def is_plain_name(name: object) -> bool:
@@ -338,18 +372,7 @@ def find_checkpoint(path: str | os.PathLike) -> CheckpointRef | None:
     path = Path(path)
     if path.is_dir():
         pointer = read_pointer(path)
-        if pointer is None:
-            return None
-        ref = CheckpointRef(
-            path / pointer["weights"],
-            path / pointer["ema"] if pointer.get("ema") else None,
-            path / pointer["state"] if pointer.get("state") else None,
-            pointer,
-        )
-        for p in (ref.weights, ref.ema, ref.state):
-            if p is not None and not p.is_file():
-                raise CheckpointError(f"{path / POINTER} points to {p}, which is missing")
-        return ref
+        return None if pointer is None else find_checkpoint_in(path, pointer)
     if path.is_file():
         if path.suffix != ".safetensors":
             raise CheckpointError(f"{path} is not a .safetensors file; pass a run directory or its weights file")
@@ -358,19 +381,46 @@ def find_checkpoint(path: str | os.PathLike) -> CheckpointRef | None:
     raise CheckpointError(f"checkpoint {path} does not exist; pass a run directory or a .safetensors file")
 
 
-def resume_candidates(run_dir: str | os.PathLike) -> list[CheckpointRef]:
-    """The run's checkpoints, newest first: the pointer's history, or (pointer unreadable) the files on disk."""
-    run_dir = Path(run_dir)
-    ckpt_dir = run_dir / CKPT_DIR
+def find_checkpoint_in(run_dir: Path, pointer: dict) -> CheckpointRef:
+    """The files of the checkpoint `pointer` (a plain run's checkpoint.json) names; a CheckpointError if one is
+    missing."""
+    ref = CheckpointRef(
+        run_dir / pointer["weights"],
+        run_dir / pointer["ema"] if pointer.get("ema") else None,
+        run_dir / pointer["state"] if pointer.get("state") else None,
+        pointer,
+    )
+    for p in (ref.weights, ref.ema, ref.state):
+        if p is not None and not p.is_file():
+            raise CheckpointError(f"{run_dir / POINTER} points to {p}, which is missing")
+    return ref
+
+
+def checkpoint_tags(run_dir: Path, on_disk: list[str], warn: bool = True) -> list[str]:
+    """The run's checkpoint tags, newest first: the pointer's history, then (pointer unreadable, or a checkpoint
+    written but not yet pointed to) `on_disk`, the tags whose files are in checkpoints/. A corrupt pointer is a
+    warning (`warn`): the files on disk stand in for it."""
     try:
         tags = (read_pointer(run_dir) or {}).get("history", [])[::-1]
     except CheckpointError as e:
-        warnings.warn(f"{e}; looking for checkpoints in {ckpt_dir}", stacklevel=2)
+        if warn:
+            warnings.warn(f"{e}; looking for checkpoints in {run_dir / CKPT_DIR}", stacklevel=3)
         tags = []
-    found = sorted((p.name.removesuffix(".state.pt") for p in ckpt_dir.glob("*.state.pt")), reverse=True)
-    tags += [t for t in found if t not in tags]  # newest first: tags are e<epoch>-b<batch>, zero-padded
+    found = sorted((t for t in on_disk if not t.startswith(PARTIAL)), reverse=True)  # e<epoch>-b<batch>, zero-padded
+    return tags + [t for t in found if t not in tags]
+
+
+def plain_tags_on_disk(ckpt_dir: Path) -> list[str]:
+    """The tags of the plain checkpoints in `ckpt_dir` (by their training-state files)."""
+    return [p.name.removesuffix(".state.pt") for p in ckpt_dir.glob("*.state.pt")]
+
+
+def resume_candidates(run_dir: str | os.PathLike) -> list[CheckpointRef]:
+    """The plain run's checkpoints, newest first: the pointer's history, or (pointer unreadable) the files on disk."""
+    run_dir = Path(run_dir)
+    ckpt_dir = run_dir / CKPT_DIR
     refs = []
-    for t in tags:
+    for t in checkpoint_tags(run_dir, plain_tags_on_disk(ckpt_dir)):
         ema = ckpt_dir / f"{t}-ema.safetensors"
         refs.append(
             CheckpointRef(ckpt_dir / f"{t}.safetensors", ema if ema.is_file() else None, ckpt_dir / f"{t}.state.pt")

@@ -40,6 +40,7 @@ __all__ = [
     "gathered",
     "ShardedEma",
     "full_state_dict",
+    "load_full_checked",
 ]
 
 
@@ -126,13 +127,21 @@ def build_sharded_model(
     model.to_empty(device=ctx.device)
     _initialise(model, cfg.train.seed, ctx.rank)
     if file is not None:
-        from .checkpoint import current_layout, load_into_model, load_weights
+        from .checkpoint import load_weights
 
-        state, meta = load_weights(file)
-        state = current_layout(model, state)  # PE names of earlier releases, under each block
-        load_into_model(_ShapeView(model), state, meta, cfg.model.name, file)  # the checks; nothing is loaded
-        load_full_state(model, state)
+        load_full_checked(model, *load_weights(file), cfg.model.name, file)
     return model
+
+
+def load_full_checked(model: nn.Module, state: dict, meta: dict, model_name: str, source) -> bool:
+    """A full (unsharded) state dict into a sharded model, after load_into_model's checks (the PE names of
+    earlier releases placed under each block). Returns whether they were in that earlier layout."""
+    from .checkpoint import current_layout, load_into_model
+
+    placed = current_layout(model, state)
+    load_into_model(_ShapeView(model), placed, meta, model_name, source)  # the checks; nothing is loaded
+    load_full_state(model, placed)
+    return placed.keys() != state.keys()
 
 
 def _mesh(ctx: DistContext):

@@ -1,10 +1,11 @@
 """SIGTERM (what SLURM and Kubernetes send before a kill) and SIGINT (Ctrl-C) during training: stop cleanly.
 
-The first such signal only sets a flag; the trainer looks at it after every step (every rank agrees on it, see
-Trainer._stop_signal), writes a checkpoint there and raises TrainingInterrupted, which the command line reports in
+The first such signal only sets a flag; the trainer looks at it after every step (every rank agrees on it:
+StopSignal), writes a checkpoint there and raises TrainingInterrupted, which the command line reports in
 one line with the resume command and the signal's conventional exit status (128 + number: 143, 130). A second signal
 acts as it would have without this (Ctrl-C twice: KeyboardInterrupt; the checkpoint files are written atomically).
-The benchmark runs many such jobs and stops them all the same way (visionpe.bench.jobs).
+The benchmark runs many such jobs and stops them all the same way (visionpe.bench.jobs). A loss that stops being
+finite stops the run too, before any checkpoint of diverged weights (DivergenceGuard).
 """
 
 from __future__ import annotations
@@ -14,9 +15,19 @@ import signal
 import threading
 from pathlib import Path
 
-from .distributed import resume_command
+import torch
 
-__all__ = ["StopOnSignal", "TrainingInterrupted", "STOP_SIGNALS", "interrupted", "diverged"]
+from .distributed import DistContext, all_reduce_max, resume_command
+
+__all__ = [
+    "StopOnSignal",
+    "StopSignal",
+    "TrainingInterrupted",
+    "STOP_SIGNALS",
+    "interrupted",
+    "diverged",
+    "DivergenceGuard",
+]
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -78,3 +89,38 @@ def diverged(what: str, first_loss: float | None, pointer: Path) -> FloatingPoin
     else:
         cause = "lower optim.lr or set optim.clip_grad (or train.amp=none if it is on)"
     return FloatingPointError(f"{what}; {cause}; {kept}")
+
+
+class StopSignal:
+    """The stop signal that every rank agrees on: `received()` is the signal any rank got (0: none), so that every
+    rank stops at the same step. `signals`: the StopOnSignal the run is inside (`with StopOnSignal() as
+    stop.signals`)."""
+
+    def __init__(self, ctx: DistContext):
+        self.ctx, self.signals = ctx, StopOnSignal()
+
+    def received(self) -> int:
+        return all_reduce_max(self.signals.signum, self.ctx)
+
+    def interrupted(self, epoch: int, global_step: int, run_dir: Path) -> TrainingInterrupted:
+        return interrupted(self.received(), epoch, global_step, run_dir)
+
+
+class DivergenceGuard:
+    """The checks for a non-finite training loss: of each logged window, and of the open window before a checkpoint
+    (diverged weights are never saved). The first batch's loss tells a model broken from the start."""
+
+    def __init__(self, pointer: Path):
+        self.pointer, self.first_loss = pointer, None
+
+    def first(self, loss: torch.Tensor) -> None:
+        if self.first_loss is None:  # one sync, to tell a model that is broken from the start from a divergence
+            self.first_loss = float(loss.detach())
+
+    def check_mean(self, mean: float, global_step: int) -> None:
+        if not math.isfinite(mean):
+            raise diverged(f"loss became {mean} by step {global_step}", self.first_loss, self.pointer)
+
+    def check_before_save(self, window_finite: bool, global_step: int) -> None:
+        if not window_finite:
+            raise diverged(f"loss became non-finite by step {global_step}", self.first_loss, self.pointer)

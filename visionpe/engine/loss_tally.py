@@ -18,6 +18,11 @@ class LossTally:
         self.steps = 0  # steps in the window
         self.epoch_sum, self.epoch_steps = 0.0, 0  # the closed windows: mean x steps, and their steps
 
+    def reset(self) -> None:
+        """A new epoch: an empty window and no closed ones."""
+        self.window.zero_()
+        self.steps, self.epoch_sum, self.epoch_steps = 0, 0.0, 0
+
     def add(self, loss: torch.Tensor) -> None:
         self.window += loss.detach()
         self.steps += 1

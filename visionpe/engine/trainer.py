@@ -2,21 +2,23 @@
 
     run_dir = train(load_config("configs/quick.yaml", ["train.epochs=2"]))
 
-Per step: (optional) mixup/cutmix, forward under autocast, backward, gradient clipping, optimizer step, per-step
-schedule update, EMA update. Per epoch: evaluation at eval.resolutions, a metrics line per resolution, a checkpoint.
-One progress bar (ETA for the whole run) and one per evaluation; optional TensorBoard scalars (tensorboard.py).
+Per step (`Trainer.step`): (optional) mixup/cutmix, forward under autocast, backward, gradient clipping, optimizer
+step, per-step schedule update, EMA update. Per epoch: evaluation at eval.resolutions, a metrics line per resolution,
+a checkpoint. The loop is made of parts, each in its own file: what the run is built from (trainer_build.py: the
+strategies differ only in the model's build and in the checkpoints' backend), what a checkpoint holds
+(train_state.py) and how it is written and resumed (checkpoint_manager.py), what the run reports (train_log.py:
+messages, progress bar, metrics.jsonl, TensorBoard, native-batch statistics, skipped files), and what stops it
+(interrupt.py: SIGTERM / SIGINT at the next step boundary with a checkpoint, a loss that is no longer finite).
 Data order, augmentation and resolutions are functions of (seed, epoch, position); the checkpoint stores the global
 RNGs, optimizer, scheduler, scaler and EMA, so `--resume` continues the run as if it had never stopped (a streaming
 dataset cannot seek: resumed mid-epoch, that epoch's stream restarts for its remaining steps, with a warning).
-The run directory is locked while a run writes it (runlock.py); SIGTERM / SIGINT stop at the next step boundary
-with a checkpoint (interrupt.py); a resume checks that the data is still what the run was trained on (changes.py).
+The run directory is locked while a run writes it (runlock.py); a resume checks that the data is still what the run
+was trained on (changes.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import json
 import math
 import os
 import random
@@ -27,73 +29,36 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from timm.data import Mixup
-from timm.loss import SoftTargetCrossEntropy
-from timm.optim import create_optimizer_v2
-from timm.scheduler import create_scheduler_v2
-from timm.utils import ModelEmaV3, dispatch_clip_grad
+from timm.utils import dispatch_clip_grad
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from .. import __version__
-from ..data import get_dataset_info
 from ..data.folders import SkippedImagesWarning
-from ..data.loader import build_train_loader, dataset_num_classes, epoch_batches, renders_any_resolution
 from ..data.multires import patch_size_of_batch
-from ..data.streams import first_stream_item, is_stream
-from ..models.flexi_patch import at_patch_size, flexi_patch_refusal
+from ..data.streams import is_stream
+from ..models.flexi_patch import at_patch_size
 from ..pos.base import PosEncoding
 from .changes import adopt_accepted_changes, check_resume_changes, check_resume_data
-from .checkpoint import (
-    POINTER,
-    CheckpointError,
-    check_world_size,
-    load_into_model,
-    rng_state,
-    set_rng_state,
-    write_checkpoint,
-)
-from .config import (
-    Config,
-    ConfigError,
-    check_run_name,
-    check_training_config,
-    config_to_dict,
-    load_config,
-    save_config,
-)
-from .distributed import (
-    DistContext,
-    all_reduce_max,
-    all_reduce_sum,
-    barrier,
-    gather_objects,
-    init_distributed,
-    shutdown,
-    timeouts_explained,
-)
-from .evaluate import evaluate_resolutions, format_table, json_safe, native_eval_rows, write_json
-from .fsdp import ShardedEma, build_sharded_model, check_strategy, gathered
-from .interrupt import StopOnSignal, TrainingInterrupted, diverged, interrupted
+from .checkpoint import POINTER, CheckpointError
+from .checkpoint_backend import Found
+from .checkpoint_manager import CheckpointCadence, CheckpointManager, CorruptCheckpointWarning, run_header
+from .config import Config, ConfigError, check_run_name, check_training_config, load_config, save_config
+from .distributed import DistContext, all_reduce_max, barrier, init_distributed, shutdown, timeouts_explained
+from .evaluate import evaluate_resolutions, format_table, native_eval_rows, write_json
+from .fsdp import check_strategy, gathered
+from .interrupt import DivergenceGuard, StopOnSignal, StopSignal, TrainingInterrupted
 from .loss_tally import LossTally
-from .metrics_log import METRICS, append_metrics, trim_metrics
-from .native_train import NativeWindow, check_native, plan_for
-from .run_dir import CorruptCheckpointWarning, check_run_dir_is_ours, resume_files
+from .metrics_log import METRICS, trim_metrics
+from .native_train import NativeWindow
+from .plain_checkpoint import OldLayoutResumeWarning, PlainBackend
+from .run_dir import check_run_dir_is_ours
 from .runlock import RunLock, writable_run_dir
-from .setup import (
-    autocast,
-    build_eval_sets,
-    build_model,
-    build_split,
-    check_labels,
-    check_resolutions,
-    resolve_amp,
-    run_model,
-    to_device,
-)
-from .sharded_checkpoint import check_sharded_run_dir, is_sharded_run, load_sharded, save_sharded
+from .setup import autocast, check_labels, run_model, to_device
+from .sharded_checkpoint import ShardedBackend
 from .tensorboard import open_tensorboard
+from .train_log import LogWindow, RunLog, SkippedFiles
+from .train_state import Position, RunCost, Schedule, TrainingParts
+from .trainer_build import build_data, build_net, build_optimization
 
 __all__ = [
     "train",
@@ -112,16 +77,6 @@ class StreamResumeWarning(UserWarning):
     """A run on a streaming dataset resumed mid-epoch: the epoch's stream restarts (see data/streams.py)."""
 
 
-class OldLayoutResumeWarning(UserWarning):
-    """A run written by a release before each attention layer owned its PE state resumed: its weights load (mapped
-    under each block), its optimizer's moments, listed in the old parameter order, start again."""
-
-
-def written_world_size(state: dict) -> int:
-    """The number of processes that wrote a DDP training state (older ones tell it by their per-rank RNG states)."""
-    return state.get("world_size") or len(state.get("rng_ranks") or [None])
-
-
 def resolve_run_dir(cfg: Config) -> Path:
     """train.output_dir / the run's name: a plain folder name (no separators, `.` or `..`; a ConfigError if not)."""
     # the default name comes from the dataset's, which may be a path (hfids/<folder>): its separators become '_'
@@ -134,8 +89,18 @@ def resolve_run_dir(cfg: Config) -> Path:
     return Path(cfg.train.output_dir).expanduser() / name
 
 
+def _seed(seed: int) -> None:
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+
+
 class Trainer:
-    """Builds everything from a config (checking it first), then `run()` trains and returns the run directory."""
+    """Builds everything from a config (checking it first), then `run()` trains and returns the run directory.
+
+    Its parts: `data`, `net` (model, EMA, DDP wrapper) and `opt` (loader, optimizer, schedule, loss, scaler) from
+    trainer_build.py; `position` and `parts` (what a checkpoint holds) saved and resumed by `checkpoints`; `log`,
+    `stop`, `divergence`, `cadence` (when to checkpoint)."""
 
     def __init__(
         self,
@@ -148,15 +113,15 @@ class Trainer:
         """`explicit`: the keys the caller set (the overrides). On resume, keys that still have the run's original
         value follow its accepted changes, except explicit ones under `accept_changes` (a change back on purpose).
         The run directory is locked until `close()`."""
-        self.started = (time.perf_counter(), time.process_time())
+        self.cost = RunCost()  # wall and CPU seconds from now (a resumed checkpoint adds its earlier attempts')
         self.cfg, self.ctx = cfg, ctx
         check_training_config(cfg)
         check_strategy(cfg)
-        self.sharded = cfg.train.strategy == "fsdp"  # FSDP2 (fsdp.py), sharded checkpoints (sharded_checkpoint.py)
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         self.run_dir = resolve_run_dir(cfg)
         cfg.train.run_name = self.run_dir.name  # the saved config names its own directory
+        self.log = RunLog(self.run_dir, ctx)
         self.lock, self.created_dir = RunLock(self.run_dir), False
         self._lock_run_dir()
         try:
@@ -167,155 +132,43 @@ class Trainer:
 
     def _setup(self, resume: bool, accept_changes: bool, explicit: frozenset[str]) -> None:
         cfg, ctx = self.cfg, self.ctx
-        if self.sharded or is_sharded_run(self.run_dir):  # fsdp: sharded checkpoints (sharded_checkpoint.py)
-            self.resume_ref, self.resume_files = check_sharded_run_dir(self, resume)
-        else:
-            self.resume_ref, self.resume_files = resume_files(self.run_dir, resume, ctx.is_main)
-            if self.resume_ref is not None:  # the global batch, data order and RNG streams depend on it (as fsdp)
-                check_world_size(self.resume_ref.weights, written_world_size(self.resume_files[2]), ctx.world_size)
-        if self.resume_ref is not None:  # before any work: a refused change costs nothing
-            # repeating the original command continues the run as changed; only a key set on purpose together with
-            # --accept-changes changes it again (or back)
-            adopted = adopt_accepted_changes(cfg, self.run_dir, explicit if accept_changes else frozenset())
-            if adopted:
-                self.log(f"continuing with the run's accepted changes: {adopted}")
-            ts = self.resume_files[2]
-            check_resume_changes(cfg, self.run_dir, ts["global_step"], ts["epoch"], accept_changes, ctx.is_main)
-        torch.manual_seed(cfg.train.seed)  # model init: the same on every rank
-        random.seed(cfg.train.seed)
-        np.random.seed(cfg.train.seed)
-        self._build_data()
-        if self.resume_ref is not None and self.resume_files[0] is not None:  # the data the run was trained on
-            (_, meta), ts = self.resume_files[0], self.resume_files[2]
-            check_resume_data(self.resume_ref.weights, meta, ts, self.class_map, self._num_items(), self.info.in_chans)
-        self._build_model()
-        self._build_optimization()
-        torch.manual_seed(cfg.train.seed + ctx.rank)  # training randomness (drop path, mixup): its own stream per rank
-        random.seed(cfg.train.seed + ctx.rank)
-        np.random.seed(cfg.train.seed + ctx.rank)
-        self.epoch, self.batch, self.global_step = 0, 0, 0
-        self.tally = LossTally(self.device)  # the logged loss of the epoch so far (a checkpoint keeps it)
-        self.spent_before = (0.0, 0.0)  # wall and CPU seconds of earlier attempts, up to the checkpoint resumed
-        self.bar, self.tb, self.stop, self.first_loss = None, None, StopOnSignal(), None
+        backend = ShardedBackend() if cfg.train.strategy == "fsdp" else PlainBackend()  # the weights' format
+        self.checkpoints = CheckpointManager(self.run_dir, ctx, backend, cfg.train.keep_checkpoints)
+        found = self.checkpoints.find(resume)  # the checkpoint to resume, its world size checked
+        self.resumed = found is not None
+        if found is not None:  # before any work: a refused change costs nothing
+            self._check_changes(found, accept_changes, explicit)
+        _seed(cfg.train.seed)  # model init: the same on every rank
+        self.data = data = build_data(cfg)
+        if found is not None and found.meta is not None:  # the data the run was trained on
+            check_resume_data(
+                found.source, found.meta, found.state, data.class_map, data.num_items(), data.info.in_chans
+            )
+        self.net = build_net(cfg, ctx, data)
+        self.opt = build_optimization(cfg, ctx, data, self.net)
+        _seed(cfg.train.seed + ctx.rank)  # training randomness (drop path, mixup): its own stream per rank
+        self.position = Position()  # epoch, batch, global_step
+        self.tally = LossTally(ctx.device)  # the logged loss of the epoch so far (a checkpoint keeps it)
+        self.parts = TrainingParts(
+            model=self.net.model,
+            optimizer=self.opt.optimizer,
+            schedule=Schedule(self.opt.scheduler, cfg, self.opt.steps_per_epoch),
+            scaler=self.opt.scaler,
+            ema=self.net.ema.module if self.net.ema is not None else None,
+            position=self.position,
+            tally=self.tally,
+            cost=self.cost,
+            train_items=data.num_items(),
+        )
+        self.stop, self.divergence = StopSignal(ctx), DivergenceGuard(self.run_dir / POINTER)
+        self.cadence = CheckpointCadence(cfg.train.ckpt_every_steps, self.opt.steps_per_epoch)
         open_tensorboard(self.run_dir, cfg.train.log_tensorboard, is_main=False)  # a missing package fails here
-        if self.resume_ref is not None:
-            self._load(self.resume_ref, *self.resume_files)
-            self.resume_files = None
+        if found is not None:
+            self._resume(found)
 
-    def _build_data(self) -> None:
-        """Data first: image folders tell the number of classes; a missing directory fails here, before any work."""
-        cfg = self.cfg
-        self.info = get_dataset_info(cfg.data.name)
-        train_res = cfg.train_resolutions()
-        base = cfg.data.resolution if len(train_res) == 1 else max(train_res)
-        self.train_set = build_split(cfg, cfg.data.train_split, base, training=True)
-        self.num_classes = dataset_num_classes(self.info, self.train_set)
-        self.class_map = getattr(self.train_set, "class_to_idx", None)
-        self.eval_sets = build_eval_sets(cfg, cfg.eval_resolutions(), self.class_map)
-        if len(train_res) > 1 and not cfg.data.native and not renders_any_resolution(self.train_set):
-            sample = (first_stream_item(self.train_set) if is_stream(self.train_set) else self.train_set[0])[0]
-            if not isinstance(sample, torch.Tensor):
-                raise ConfigError(
-                    f"multi-resolution training resizes tensors, but {cfg.data.name!r} yields "
-                    f"{type(sample).__name__} inputs and has no render(index, resolution)"
-                )
-
-    def _build_model(self) -> None:
-        """The model (and its EMA, DDP wrapper), checked at every resolution it will see."""
-        cfg, ctx, train_res = self.cfg, self.ctx, self.cfg.train_resolutions()
-        self.device = ctx.device
-        self.amp = resolve_amp(cfg.train.amp, self.device)
-        cfg.model.img_size = cfg.model.img_size or cfg.data.resolution  # the resolved config records it
-        if self.sharded:
-            self.model = build_sharded_model(cfg, self.num_classes, self.info.in_chans, ctx, self.amp)
-        else:
-            self.model = build_model(cfg, self.num_classes, self.info.in_chans).to(self.device)
-            if cfg.train.activation_checkpointing:
-                self.model.set_grad_checkpointing(True)
-        self.plan = plan_for(cfg, self.model)  # data.native: native-aspect batches (native_train.py)
-        if self.plan is None:
-            check_resolutions(self.model, cfg.model.name, {r: self.train_set for r in train_res}, self.device, self.amp)
-        else:
-            check_native(
-                self.model, cfg.model.name, self.train_set, self.plan, cfg.data.resolution, self.device, self.amp
-            )
-        check_resolutions(self.model, cfg.model.name, self.eval_sets, self.device, self.amp)
-        why = flexi_patch_refusal(self.model) if cfg.data.patch_sizes else None
-        if why:
-            raise ConfigError(f"data.patch_sizes: {cfg.model.name} cannot train at a patch size per batch: {why}")
-        self.ema = None
-        if cfg.train.ema and self.sharded:
-            ema_model = build_sharded_model(cfg, self.num_classes, self.info.in_chans, ctx, self.amp)
-            self.ema = ShardedEma(ema_model, self.model, decay=cfg.train.ema_decay)
-        elif cfg.train.ema:
-            self.ema = ModelEmaV3(self.model, decay=cfg.train.ema_decay)
-        self.ddp = (
-            DistributedDataParallel(self.model, device_ids=[self.device] if self.device.type == "cuda" else None)
-            if ctx.distributed and not self.sharded
-            else None
-        )
-
-    def _build_optimization(self) -> None:
-        """Loader, optimizer, schedule (per step), loss with optional mixup/cutmix, gradient scaler."""
-        cfg, ctx, train_res = self.cfg, self.ctx, self.cfg.train_resolutions()
-        self.loader = build_train_loader(
-            self.train_set,
-            cfg.data.batch_size,
-            train_res,
-            cfg.train.seed,
-            cfg.data.workers,
-            ctx.rank,
-            ctx.world_size,
-            pin_memory=self.device.type == "cuda",
-            native=self.plan,
-            aug=dataclasses.asdict(cfg.aug),
-        )
-        self.batches = epoch_batches(self.loader)
-        full = self.batches.num_batches()
-        self.steps_per_epoch = min(full, cfg.train.max_steps_per_epoch) if cfg.train.max_steps_per_epoch else full
-        o = cfg.optim
-        lr = o.lr * cfg.data.batch_size * ctx.world_size / o.lr_base_size if o.lr_base_size else o.lr
-        extra = {k: v for k, v in (("betas", tuple(o.betas) if o.betas else None), ("eps", o.eps)) if v is not None}
-        self.optimizer = create_optimizer_v2(
-            self.model,
-            o.opt,
-            lr=lr,
-            weight_decay=o.weight_decay,
-            momentum=o.momentum,
-            layer_decay=o.layer_decay,
-            **extra,
-        )
-        self.scheduler, self.epochs = None, cfg.train.epochs
-        if o.sched != "none":
-            self.scheduler, self.epochs = create_scheduler_v2(
-                self.optimizer,
-                o.sched,
-                num_epochs=cfg.train.epochs,
-                warmup_epochs=o.warmup_epochs,
-                warmup_lr=o.warmup_lr,
-                min_lr=o.min_lr,
-                cooldown_epochs=o.cooldown_epochs,
-                step_on_epochs=False,
-                updates_per_epoch=self.steps_per_epoch,
-            )
-        a = cfg.aug
-        self.mixup = None
-        if a.mixup > 0 or a.cutmix > 0:
-            if self.info.kind != "image":
-                raise ConfigError(f"mixup/cutmix apply to image sets; {cfg.data.name!r} is {self.info.kind!r}")
-            self.mixup = Mixup(
-                mixup_alpha=a.mixup,
-                cutmix_alpha=a.cutmix,
-                prob=a.mixup_prob,
-                switch_prob=a.mixup_switch_prob,
-                mode=a.mixup_mode,
-                label_smoothing=a.label_smoothing,
-                num_classes=self.num_classes,
-            )
-            self.criterion = SoftTargetCrossEntropy()
-        else:
-            self.criterion = nn.CrossEntropyLoss(label_smoothing=a.label_smoothing)
-        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp == torch.float16)
+    epoch = property(lambda self: self.position.epoch)
+    batch = property(lambda self: self.position.batch)
+    global_step = property(lambda self: self.position.global_step)
 
     # ------------------------------------------------------------------------------------------------ run dir
 
@@ -343,150 +196,37 @@ class Trainer:
             self.run_dir.rmdir()
         self.created_dir = False
 
-    def _num_items(self) -> int | None:
-        try:
-            return len(self.train_set)
-        except TypeError:  # a stream without a length
-            return None
-
-    def _metrics(self, **row) -> None:
-        if self.ctx.is_main:
-            append_metrics(self.run_dir / METRICS, json_safe(row))
-        if self.tb is not None:
-            self._tensorboard(row)
-
-    def _tensorboard(self, row: dict) -> None:
-        step = row["global_step"]
-        if row["kind"] == "train":
-            for key in ("loss", "lr", "img_per_s"):
-                self.tb.add_scalar(f"train/{key}", row[key], step)
-        else:  # eval: one curve per weights and resolution, e.g. val/top1@32 or val_ema/top1@32
-            group = "val" if row.get("weights", "model") == "model" else f"val_{row['weights']}"
-            for key in ("top1", "top5", "loss"):
-                self.tb.add_scalar(f"{group}/{key}@{row['resolution']}", row[key], step)
-
-    def log(self, msg: str) -> None:
-        if self.ctx.is_main:
-            tqdm.write(msg)
-
     # --------------------------------------------------------------------------------------------- checkpoints
 
-    def _metadata(self) -> dict[str, str]:
-        meta = {
-            "format": "visionpe",
-            "visionpe_version": __version__,
-            "model": self.cfg.model.name,
-            "dataset": self.cfg.data.name,
-            "num_classes": str(self.num_classes),
-            "in_chans": str(self.info.in_chans),
-            "epoch": str(self.epoch),
-            "global_step": str(self.global_step),
-            "config": json.dumps(config_to_dict(self.cfg)),
-        }
-        if self.class_map:
-            meta["class_map"] = json.dumps(self.class_map)
-        return meta
-
-    def checkpoint_info(self, finished: bool, seconds, cpu_seconds) -> dict:
-        """What checkpoint.json says of a checkpoint (where the run stood, what it cost, when)."""
-        return dict(
-            epoch=self.epoch,
-            batch=self.batch,
-            global_step=self.global_step,
-            finished=finished,
-            seconds=seconds,
-            cpu_seconds=cpu_seconds,
-            model=self.cfg.model.name,
-            time=time.strftime("%Y-%m-%d %H:%M:%S"),
-        )
+    def _check_changes(self, found: Found, accept_changes: bool, explicit: frozenset[str]) -> None:
+        """Repeating the original command continues the run as changed; only a key set on purpose together with
+        --accept-changes changes it again (or back)."""
+        cfg = self.cfg
+        adopted = adopt_accepted_changes(cfg, self.run_dir, explicit if accept_changes else frozenset())
+        if adopted:
+            self.log.line(f"continuing with the run's accepted changes: {adopted}")
+        step, epoch = found.state["global_step"], found.state["epoch"]
+        check_resume_changes(cfg, self.run_dir, step, epoch, accept_changes, self.ctx.is_main)
 
     def save(self, finished: bool = False) -> None:
-        """Every rank calls this (the RNG states of all ranks are gathered); rank 0 writes."""
-        if self.sharded:
-            return save_sharded(self, finished)  # every rank writes its shards and its own RNG state
-        rngs = gather_objects(rng_state(), self.ctx)
-        tally = self.tally.state(self.ctx)
-        if not self.ctx.is_main:
-            return
-        seconds, cpu_seconds = self.spent()
-        state = {
-            "spent": (seconds, cpu_seconds),
-            "epoch": self.epoch,
-            "batch": self.batch,
-            "global_step": self.global_step,
-            "loss_tally": tally,
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict() if self.scheduler else None,
-            "scaler": self.scaler.state_dict(),
-            "rng": rngs[0],
-            "rng_ranks": rngs if self.ctx.distributed else None,  # each rank resumes its own streams
-            "world_size": self.ctx.world_size,
-            "train_items": self._num_items(),
-            "sched_key": self._sched_key(),
-        }
-        info = self.checkpoint_info(finished, seconds, cpu_seconds)
-        write_checkpoint(
-            self.run_dir,
-            f"e{self.epoch:04d}-b{self.batch:06d}",
-            self.model.state_dict(),
-            self._metadata(),
-            state,
-            self.ema.module.state_dict() if self.ema else None,
-            info,
-            keep=self.cfg.train.keep_checkpoints,
-        )
+        """Every rank calls this (the backend decides who writes what)."""
+        data = self.data
+        header = run_header(self.cfg, data.num_classes, data.info.in_chans, data.class_map, self.position)
+        self.checkpoints.save(self.parts, header, finished)
 
-    def spent(self) -> tuple[float, float] | tuple[None, None]:
-        """Wall and CPU seconds (this process) the run has cost so far, its resumed attempts included: what reaching
-        a checkpoint took, whatever stopped in between. (None, None) when an earlier attempt's cost is unknown."""
-        if self.spent_before is None:
-            return None, None
-        wall = self.spent_before[0] + time.perf_counter() - self.started[0]
-        cpu = self.spent_before[1] + time.process_time() - self.started[1]
-        return round(wall, 3), round(cpu, 3)  # milliseconds: a short run's cost is not rounded to 0
-
-    def _sched_key(self) -> str:
-        return json.dumps([dataclasses.asdict(self.cfg.optim), self.cfg.train.epochs, self.steps_per_epoch])
-
-    def _load(self, ref, weights: tuple, ema: tuple | None, ts: dict) -> None:
-        if self.sharded:
-            ref, ts = load_sharded(self, ref, ts)  # unreadable shards: an older checkpoint and its state
-        else:
-            old_layout = load_into_model(self.model, *weights, self.cfg.model.name, ref.weights)
-            if self.ema is not None:
-                if ema is None:
-                    raise CheckpointError(
-                        f"{ref.weights} has no EMA weights but train.ema=true; resume with "
-                        f"train.ema=false or start a new run"
-                    )
-                load_into_model(self.ema.module, *ema, self.cfg.model.name, ref.ema)
-            if old_layout:  # its moments are listed in the parameter order of the earlier layout: not reusable
-                warnings.warn(
-                    f"{ref.weights} holds PE parameters in the layout of an earlier visionpe release: the weights "
-                    "load, the optimizer's moments start again (schedule, step and data position resume)",
-                    OldLayoutResumeWarning,
-                    stacklevel=2,
-                )
-            else:
-                self.optimizer.load_state_dict(ts["optimizer"])
-        if self.scheduler is not None and ts.get("scheduler") and ts.get("sched_key") == self._sched_key():
-            self.scheduler.load_state_dict(ts["scheduler"])  # else: the schedule changed; rebuilt from the config
-        self.scaler.load_state_dict(ts["scaler"])
-        ranks = ts.get("rng_ranks")
-        set_rng_state(ranks[self.ctx.rank] if ranks and len(ranks) == self.ctx.world_size else ts["rng"])
-        self.epoch, self.batch, self.global_step = ts["epoch"], ts["batch"], ts["global_step"]
-        self.tally.load(ts.get("loss_tally"), self.ctx)  # a new epoch (batch 0) starts its own
-        self.spent_before = ts.get("spent")  # None: a checkpoint from before the cost was kept, so it is unknown
+    def _resume(self, found: Found) -> None:
+        self.checkpoints.load(found, self.parts, self.cfg.model.name)  # unreadable tensors: an older checkpoint
+        pos, steps = self.position, self.opt.steps_per_epoch
         if self.ctx.is_main:  # forget metrics logged after the checkpoint by the run that stopped
-            trim_metrics(self.run_dir / METRICS, self.global_step)
-        self.log(f"resumed {self.run_dir} at epoch {self.epoch + 1}, batch {self.batch} (step {self.global_step})")
-        if self.batch and is_stream(self.train_set) and self.ctx.is_main:
+            trim_metrics(self.run_dir / METRICS, pos.global_step)
+        self.log.line(f"resumed {self.run_dir} at epoch {pos.epoch + 1}, batch {pos.batch} (step {pos.global_step})")
+        if pos.batch and is_stream(self.data.train_set) and self.ctx.is_main:
             warnings.warn(
-                f"{self.cfg.data.name!r} is a stream, which cannot seek: epoch {self.epoch + 1} reads its stream "
-                f"again from the start for its remaining {self.steps_per_epoch - self.batch} of "
-                f"{self.steps_per_epoch} steps (some of its images are seen twice, others not at all)",
+                f"{self.cfg.data.name!r} is a stream, which cannot seek: epoch {pos.epoch + 1} reads its stream "
+                f"again from the start for its remaining {steps - pos.batch} of {steps} steps (some of its images "
+                f"are seen twice, others not at all)",
                 StreamResumeWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
 
     # ---------------------------------------------------------------------------------------------------- loop
@@ -495,33 +235,30 @@ class Trainer:
         cfg, ctx = self.cfg, self.ctx
         if ctx.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            if self.resume_ref is None or not (self.run_dir / "config.yaml").is_file():
+            if not self.resumed or not (self.run_dir / "config.yaml").is_file():
                 save_config(cfg, self.run_dir / "config.yaml")  # the original; accepted changes: config_changes.jsonl
-            if self.resume_ref is None:  # a fresh run: no metrics from an earlier attempt that never checkpointed
+            if not self.resumed:  # a fresh run: no metrics from an earlier attempt that never checkpointed
                 (self.run_dir / METRICS).unlink(missing_ok=True)
         barrier(ctx)
-        self.tb = open_tensorboard(self.run_dir, cfg.train.log_tensorboard, ctx.is_main)
+        self.log.open_tensorboard(cfg.train.log_tensorboard)
         try:
-            with StopOnSignal() as self.stop:
+            with StopOnSignal() as self.stop.signals:
                 return self._run()
         finally:
-            if self.bar is not None:
-                self.bar.close()
-            if self.tb is not None:
-                self.tb.close()
+            self.log.close()
             self.close()
 
     def _run(self) -> Path:
-        cfg, ctx = self.cfg, self.ctx
-        self.log(
-            f"training {cfg.model.name} on {cfg.data.name} ({len(self.train_set)} items, "
-            f"{self.num_classes} classes) at {cfg.train_resolutions()} px for {self.epochs} epochs, "
-            f"{self.steps_per_epoch} steps each, {ctx.world_size} process(es) on {self.device}, "
-            f"amp={self.amp or 'none'}; run dir {self.run_dir}"
+        cfg, ctx, pos, epochs, steps = self.cfg, self.ctx, self.position, self.opt.epochs, self.opt.steps_per_epoch
+        self.log.line(
+            f"training {cfg.model.name} on {cfg.data.name} ({len(self.data.train_set)} items, "
+            f"{self.data.num_classes} classes) at {cfg.train_resolutions()} px for {epochs} epochs, "
+            f"{steps} steps each, {ctx.world_size} process(es) on {self.net.device}, "
+            f"amp={self.net.amp or 'none'}; run dir {self.run_dir}"
         )
-        self.bar = tqdm(  # the whole run: ETA to the last step (evaluation time is not in it)
-            total=self.epochs * self.steps_per_epoch,
-            initial=self.epoch * self.steps_per_epoch + self.batch,
+        self.log.bar = tqdm(  # the whole run: ETA to the last step (evaluation time is not in it)
+            total=epochs * steps,
+            initial=pos.epoch * steps + pos.batch,
             desc="training",
             unit="step",
             disable=(not cfg.train.progress or not ctx.is_main) or None,  # None: off when stderr is not a terminal
@@ -529,130 +266,90 @@ class Trainer:
             leave=False,
         )
         rows = None
-        while self.epoch < self.epochs:
+        while pos.epoch < epochs:
             self.train_epoch()
-            last = self.epoch + 1 == self.epochs
-            if last or (self.epoch + 1) % cfg.eval.every_epochs == 0:
+            if pos.epoch + 1 == epochs or (pos.epoch + 1) % cfg.eval.every_epochs == 0:
                 rows = self.evaluate()
-            self.epoch, self.batch = self.epoch + 1, 0
-            self.save(finished=self.epoch == self.epochs)
-            if self.epoch < self.epochs and self._stop_signal():  # arrived during the evaluation: saved just now
-                raise self._interrupted()
+            pos.epoch, pos.batch = pos.epoch + 1, 0
+            self.save(finished=pos.epoch == epochs)
+            if pos.epoch < epochs and self.stop.received():  # arrived during the evaluation: saved just now
+                raise self.stop.interrupted(pos.epoch, pos.global_step, self.run_dir)
         if rows is None:  # resumed a finished run: report its results again (every rank takes part)
             rows = self.evaluate(log_metrics=False)
         if ctx.is_main and rows:
-            write_json([r for r in rows if r.get("weights") == "model"], self.run_dir / "results.json")
-            self.log(
-                format_table(
-                    [r for r in rows if r.get("weights") == "model"],
-                    f"{cfg.model.name} on {cfg.data.name} ({cfg.data.val_split}), trained at "
-                    f"{cfg.train_resolutions()} px:",
-                )
+            trained = [r for r in rows if r.get("weights") == "model"]
+            write_json(trained, self.run_dir / "results.json")
+            title = (
+                f"{cfg.model.name} on {cfg.data.name} ({cfg.data.val_split}), trained at {cfg.train_resolutions()} px:"
             )
+            self.log.line(format_table(trained, title))
         barrier(ctx)
         return self.run_dir
 
     def train_epoch(self) -> None:
-        cfg, ctx = self.cfg, self.ctx
-        net = self.ddp or self.model
+        cfg, ctx, pos, opt, device = self.cfg, self.ctx, self.position, self.opt, self.net.device
+        net = self.net.net
         net.train()
-        self.batches.set_epoch(self.epoch)
-        self.batches.start_at(self.batch)
-        bar = self.bar
-        bar.set_description(f"epoch {self.epoch + 1}/{self.epochs}")
-        if self.batch == 0:
-            self.tally = LossTally(self.device)
-        tally, window_images, t0 = self.tally, 0, time.perf_counter()
-        skipped, t_epoch = [], time.perf_counter()
-        native = NativeWindow(self.device, self.plan.patch) if self.plan is not None else None
-        for batch in self.loader:
-            if self.batch >= self.steps_per_epoch:
+        opt.batches.set_epoch(pos.epoch)
+        opt.batches.start_at(pos.batch)
+        self.log.epoch_started(pos.epoch, opt.epochs)
+        if pos.batch == 0:
+            self.tally.reset()
+        native = NativeWindow(device, self.net.plan.patch) if self.net.plan is not None else None
+        window, skipped = LogWindow(self.tally, ctx, native), SkippedFiles(cfg.data.train_split, ctx, device)
+        t_epoch = time.perf_counter()
+        for batch in opt.loader:
+            if pos.batch >= opt.steps_per_epoch:
                 break
-            skipped += batch.skipped
+            skipped.add(batch.skipped)
             loss = self.step(net, batch)
-            self.batch += 1
-            self.global_step += 1
-            tally.add(loss)
-            window_images += len(batch.targets) * ctx.world_size
-            if native is not None:
-                native.add(batch)
-            bar.update(1)
-            if self.batch % cfg.train.log_every == 0 or self.batch == self.steps_per_epoch:
-                mean = tally.close(ctx)
-                if not math.isfinite(mean):
-                    raise self._diverged(f"loss became {mean} by step {self.global_step}")
-                extra = native.row(ctx) if native is not None else {}  # padding, images and tokens per batch
-                window_images = extra.pop("images", window_images)
-                rate = window_images / max(time.perf_counter() - t0, 1e-9)
-                lr = self.optimizer.param_groups[0]["lr"]
-                bar.set_postfix(loss=f"{mean:.4f}", lr=f"{lr:.2e}", img_s=f"{rate:.0f}")
-                self._metrics(
-                    kind="train",
-                    epoch=self.epoch + 1,
-                    global_step=self.global_step,
-                    loss=mean,
-                    lr=lr,
-                    img_per_s=rate,
-                    resolution=batch.resolution,
-                    **extra,
-                )
-                window_images, t0 = 0, time.perf_counter()
-            every = cfg.train.ckpt_every_steps
-            stop = self._stop_signal()
-            if stop or (every and self.global_step % every == 0 and self.batch < self.steps_per_epoch):
-                if not tally.finite():  # never checkpoint diverged weights
-                    raise self._diverged(f"loss became non-finite by step {self.global_step}")
+            pos.batch, pos.global_step = pos.batch + 1, pos.global_step + 1
+            window.add(loss, batch)
+            self.log.step_done()
+            if pos.batch % cfg.train.log_every == 0 or pos.batch == opt.steps_per_epoch:
+                self._log_window(window, batch.resolution)
+            stop = self.stop.received()
+            if stop or self.cadence.due(pos):
+                self.divergence.check_before_save(self.tally.finite(), pos.global_step)  # never save diverged weights
                 self.save()
             if stop:
-                raise self._interrupted()
-        skipped = sorted(set(skipped))  # a file is tried again by each neighbour that stands in for it
-        n_skipped = int(all_reduce_sum(torch.tensor(float(len(skipped)), device=self.device), ctx).item())
-        if n_skipped and ctx.is_main:
-            warnings.warn(
-                f"epoch {self.epoch + 1}: skipped {n_skipped} unreadable image file(s) of {cfg.data.train_split}, "
-                f"each replaced by the next readable one (e.g. {skipped[0] if skipped else 'on another rank'})",
-                SkippedImagesWarning,
-                stacklevel=2,
-            )
-        elapsed = time.perf_counter() - t_epoch
-        self.log(
-            f"epoch {self.epoch + 1}/{self.epochs}: train loss {tally.epoch_mean():.4f}, "
-            f"lr {self.optimizer.param_groups[0]['lr']:.2e}, {elapsed:.1f} s"
+                raise self.stop.interrupted(pos.epoch, pos.global_step, self.run_dir)
+        skipped.warn(pos.epoch)
+        self.log.line(
+            f"epoch {pos.epoch + 1}/{opt.epochs}: train loss {self.tally.epoch_mean():.4f}, "
+            f"lr {opt.optimizer.param_groups[0]['lr']:.2e}, {time.perf_counter() - t_epoch:.1f} s"
         )
 
-    def _stop_signal(self) -> int:
-        """The stop signal (SIGTERM / SIGINT) any rank received, 0 if none: every rank stops at the same step."""
-        return all_reduce_max(self.stop.signum, self.ctx)
-
-    def _interrupted(self) -> TrainingInterrupted:
-        return interrupted(self._stop_signal(), self.epoch, self.global_step, self.run_dir)
-
-    def _diverged(self, what: str) -> FloatingPointError:
-        return diverged(what, self.first_loss, self.run_dir / POINTER)
+    def _log_window(self, window: LogWindow, resolution) -> None:
+        mean, rate, extra = window.close()
+        self.divergence.check_mean(mean, self.global_step)
+        lr = self.opt.optimizer.param_groups[0]["lr"]
+        row = dict(epoch=self.epoch + 1, global_step=self.global_step, loss=mean, lr=lr, img_per_s=rate)
+        self.log.train_row(dict(row, resolution=resolution, **extra))
 
     def step(self, net: nn.Module, batch) -> torch.Tensor:
-        inputs = to_device(batch.inputs, self.device, non_blocking=True)
-        check_labels(batch.targets, self.num_classes, self.cfg.data.name)
-        targets = batch.targets.to(self.device, non_blocking=True)
-        if self.mixup is not None:
-            inputs, targets = self.mixup(inputs, targets)
-        with autocast(self.device, self.amp), self._patch_size():
-            loss = self.criterion(run_model(net, inputs), targets)
-            aux = self.model.pe.aux_loss() if isinstance(getattr(self.model, "pe", None), PosEncoding) else None
+        """One training step on `batch` (`net`: the model, or its DDP wrapper); returns the loss."""
+        cfg, opt, model, device = self.cfg, self.opt, self.net.model, self.net.device
+        inputs = to_device(batch.inputs, device, non_blocking=True)
+        check_labels(batch.targets, self.data.num_classes, cfg.data.name)
+        targets = batch.targets.to(device, non_blocking=True)
+        if opt.mixup is not None:
+            inputs, targets = opt.mixup(inputs, targets)
+        with autocast(device, self.net.amp), self._patch_size():
+            loss = opt.criterion(run_model(net, inputs), targets)
+            aux = model.pe.aux_loss() if isinstance(getattr(model, "pe", None), PosEncoding) else None
             loss = loss if aux is None else loss + aux  # a PE's own objective (SeqPE's), from this forward
-        self.optimizer.zero_grad(set_to_none=True)
-        self.scaler.scale(loss).backward()
-        if self.cfg.optim.clip_grad is not None:
-            self.scaler.unscale_(self.optimizer)
-            dispatch_clip_grad(self.model.parameters(), self.cfg.optim.clip_grad, mode=self.cfg.optim.clip_mode)
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        if self.scheduler is not None:
-            self.scheduler.step_update(num_updates=self.global_step + 1)
-        if self.ema is not None:
-            self.ema.update(self.model, step=self.global_step + 1)
-        if self.first_loss is None:  # one sync, to tell a model that is broken from the start from a divergence
-            self.first_loss = float(loss.detach())
+        opt.optimizer.zero_grad(set_to_none=True)
+        opt.scaler.scale(loss).backward()
+        if cfg.optim.clip_grad is not None:
+            opt.scaler.unscale_(opt.optimizer)
+            dispatch_clip_grad(model.parameters(), cfg.optim.clip_grad, mode=cfg.optim.clip_mode)
+        opt.scaler.step(opt.optimizer)
+        opt.scaler.update()
+        self.parts.schedule.step_update(self.global_step + 1)
+        if self.net.ema is not None:
+            self.net.ema.update(model, step=self.global_step + 1)
+        self.divergence.first(loss)
         return loss
 
     def _patch_size(self):
@@ -661,31 +358,33 @@ class Trainer:
         sizes = self.cfg.data.patch_sizes
         if not sizes:
             return contextlib.nullcontext()
-        return at_patch_size(self.model, patch_size_of_batch(sizes, self.cfg.train.seed, self.epoch, self.batch))
+        return at_patch_size(self.net.model, patch_size_of_batch(sizes, self.cfg.train.seed, self.epoch, self.batch))
+
+    # ---------------------------------------------------------------------------------------------- evaluation
 
     def _eval_rows(self, model: nn.Module, bs: int) -> list[dict]:
         """A row per eval resolution, then (data.native) per token budget."""
-        cfg, ctx = self.cfg, self.ctx
-        rows = evaluate_resolutions(model, self.eval_sets, bs, cfg.data.workers, ctx, self.amp, cfg.train.progress)
-        if self.plan is not None:
-            val = next(iter(self.eval_sets.values()))
-            rows += native_eval_rows(model, cfg, val, self.plan, ctx, self.amp, bs)
+        cfg, ctx, amp = self.cfg, self.ctx, self.net.amp
+        rows = evaluate_resolutions(model, self.data.eval_sets, bs, cfg.data.workers, ctx, amp, cfg.train.progress)
+        if self.net.plan is not None:
+            val = next(iter(self.data.eval_sets.values()))
+            rows += native_eval_rows(model, cfg, val, self.net.plan, ctx, amp, bs)
         return rows
 
     def evaluate(self, log_metrics: bool = True) -> list[dict]:
-        cfg, ctx = self.cfg, self.ctx
+        cfg, ctx, model, ema = self.cfg, self.ctx, self.net.model, self.net.ema
         bs = cfg.data.eval_batch_size or 2 * cfg.data.batch_size
-        with gathered(self.model):  # fsdp: parameters gathered for the whole evaluation (ranks' batches differ)
-            rows = [dict(r, weights="model") for r in self._eval_rows(self.model, bs)]
-        if self.ema is not None and cfg.eval.ema:
-            with gathered(self.ema.module):
-                rows += [dict(r, weights="ema") for r in self._eval_rows(self.ema.module, bs)]
+        with gathered(model):  # fsdp: parameters gathered for the whole evaluation (ranks' batches differ)
+            rows = [dict(r, weights="model") for r in self._eval_rows(model, bs)]
+        if ema is not None and cfg.eval.ema:
+            with gathered(ema.module):
+                rows += [dict(r, weights="ema") for r in self._eval_rows(ema.module, bs)]
         for r in rows if log_metrics else ():
-            self._metrics(kind="eval", epoch=self.epoch + 1, global_step=self.global_step, **r)
+            self.log.row(kind="eval", epoch=self.epoch + 1, global_step=self.global_step, **r)
         summary = ", ".join(
             f"{r['weights'] + ' ' if r['weights'] != 'model' else ''}@{r['resolution']} {r['top1']:.2f}" for r in rows
         )
-        self.log(f"epoch {self.epoch + 1}/{self.epochs}: {cfg.data.val_split} top-1 {summary}")
+        self.log.line(f"epoch {self.epoch + 1}/{self.opt.epochs}: {cfg.data.val_split} top-1 {summary}")
         bad = [f"{r['loss']} at {r['resolution']} px" for r in rows if not math.isfinite(r["loss"])]
         if bad and ctx.is_main:
             warnings.warn(
