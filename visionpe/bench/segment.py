@@ -28,13 +28,12 @@ from ..engine.checkpoint import (
     find_checkpoint,
     load_training_state,
     load_weights,
-    rng_state,
-    set_rng_state,
     write_checkpoint,
 )
 from ..engine.config import Config, config_to_dict
 from ..engine.distributed import resolve_device
 from ..engine.setup import autocast, build_model, resolve_amp
+from ..engine.train_state import rng_state, set_rng_state
 from ..models.seg_head import LinearSegmenter
 from . import protocols
 from .extrapolate import Job, Plan, bench_command, failed_runs, make_plan, read_record, validate, write_record
