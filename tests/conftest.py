@@ -57,7 +57,7 @@ def fashion_root(tmp_path_factory) -> str:
 def _no_installed_fashion_mnist(tmp_path_factory):
     """Hide Debian's Fashion-MNIST from the data factories, so a test that forgets `data.root` fails on CI as it would
     on a fresh machine (tests take `fashion_root`; the one test of the package itself reads DEFAULT_ROOT directly)."""
-    import visionpe.data.fashion_mnist as fm
+    import visionpe.data.datasets.fashion_mnist as fm
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(fm, "DEFAULT_ROOT", str(tmp_path_factory.getbasetemp() / "use-the-fashion_root-fixture"))

@@ -16,7 +16,7 @@ from timm.optim import create_optimizer_v2
 from timm.utils import dispatch_clip_grad
 from torch.nn.parallel import DistributedDataParallel
 
-from visionpe.attention import attn_backend
+from visionpe.attention.backends import attn_backend
 from visionpe.engine.checkpoint import save_weights
 from visionpe.engine.config import load_config
 from visionpe.engine.distributed import init_distributed

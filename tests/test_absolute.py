@@ -3,7 +3,7 @@ import math
 import torch
 from timm.layers import resample_abs_pos_embed
 
-from visionpe.layout import image_layout
+from visionpe.layout.tokens import image_layout
 from visionpe.pos import AttnSpec, LearnedAPE, PEHost, SinCos2D
 from visionpe.pos.absolute import sincos_2d
 

@@ -10,10 +10,10 @@ import timm
 import torch
 
 import visionpe  # noqa: F401  (registers the models)
-from visionpe.layout import TokenLayout, cell_centre_layout, image_layout, window_layout
+from visionpe.layout.tokens import TokenLayout, cell_centre_layout, image_layout, window_layout
 from visionpe.pos.base import AttnSpec, LayerParams, PEHost, PosContext, PosEncoding
 from visionpe.pos.presets import PE_KINDS, PE_PRESETS, PRESET_PAPERS, register_pe_kind, register_pe_preset
-from visionpe.zoo import family_of
+from visionpe.zoo.registry import family_of
 
 
 # ---- the file docs/adding_a_pe.md adds as visionpe/pos/gaussbias.py (same code) --------------------------------------
@@ -138,8 +138,8 @@ class LearnedGaussBias(GaussBias):
 def test_a_pe_converts_its_checkpoint_entries_and_names_its_layers_without_a_backbone_change():
     from timm.optim import create_optimizer_v2
 
-    from visionpe.models.vit_weights import checkpoint_filter_fn
     from visionpe.pos import CheckpointMismatch
+    from visionpe.zoo.vit_weights import checkpoint_filter_fn
 
     register_pe_kind("learnedgauss", LearnedGaussBias)
     register_pe_preset("learnedgauss", [("learnedgauss", {})])

@@ -4,7 +4,7 @@ import types
 import pytest
 import torch
 
-import visionpe.attention as A
+import visionpe.attention.backends as A
 from visionpe import attend, attn_backend, set_attn_backend
 
 

@@ -20,7 +20,7 @@ from visionpe.bench.protocols import NativeView, Point, first_inputs, point_labe
 from visionpe.bench.report import _is_beyond
 from visionpe.bench.settings import parse_aspect
 from visionpe.data import build_dataset
-from visionpe.data.native_resize import budget_size
+from visionpe.data.native.resize import budget_size
 
 TINY = "{embed_dim: 32, depth: 1, num_heads: 2, patch_size: 4}"
 

@@ -27,7 +27,7 @@ from visionpe.bench.protocols import Point, SizedView, evaluate_view, modes_agre
 from visionpe.bench.report import judge, judge_claims, mean_std, tally_text
 from visionpe.bench.stats import detectable_difference, holm, welch
 from visionpe.data import build_dataset
-from visionpe.data.video_shapes import render_scene, reverse_scene
+from visionpe.data.datasets.video_shapes import render_scene, reverse_scene
 from visionpe.engine.setup import build_eval_sets
 
 TINY = "{embed_dim: 32, depth: 1, num_heads: 2}"

@@ -14,8 +14,8 @@ import timm
 import torch
 
 import visionpe  # noqa: F401
-import visionpe.attention
-from visionpe.attention import attn_backend
+import visionpe.attention.backends
+from visionpe.attention.backends import attn_backend
 from visionpe.bench import gpu_check
 from visionpe.bench.__main__ import main as bench_main
 from visionpe.bench.backend_check import xformers_status
@@ -29,7 +29,7 @@ from visionpe.bench.measure import (
     spread,
 )
 from visionpe.bench.speed import measure
-from visionpe.zoo import create_model, expand_models, family_of, timm_equivalent
+from visionpe.zoo.registry import create_model, expand_models, family_of, timm_equivalent
 
 # --------------------------------------------------------------------------------------------------- FLOPs, speed
 
@@ -244,14 +244,14 @@ def test_gpu_check_cuda_branches_run_with_a_mocked_gpu(monkeypatch):
     calls: list = []
     _fake_xformers(monkeypatch, calls)
     allocated = iter(range(0, 10**9, 2**20))  # every reading 1 MiB more: the probe must subtract its base
-    real_flex, cuda_is_available = visionpe.attention.flex_attend, torch.cuda.is_available
+    real_flex, cuda_is_available = visionpe.attention.backends.flex_attend, torch.cuda.is_available
 
     def flex_attend(*args):  # the real flex attention (eager on CPU); dynamo inside it must see no CUDA
         with monkeypatch.context() as m:
             m.setattr(torch.cuda, "is_available", cuda_is_available)
             return real_flex(*args)
 
-    monkeypatch.setattr(visionpe.attention, "flex_attend", flex_attend)
+    monkeypatch.setattr(visionpe.attention.backends, "flex_attend", flex_attend)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Mock GPU")
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
@@ -259,7 +259,7 @@ def test_gpu_check_cuda_branches_run_with_a_mocked_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: next(allocated))
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: next(allocated) + 5 * 2**20)
     monkeypatch.setattr(gpu_check.checks, "xformers_status", lambda: dict(torch="t", cuda="c", usable=True, reason=""))
-    monkeypatch.setattr(visionpe.attention, "xformers_supports", lambda q, bias: (True, ""))
+    monkeypatch.setattr(visionpe.attention.backends, "xformers_supports", lambda q, bias: (True, ""))
     shape = dict(rows=2, length=48, images_per_row=3, heads=2, head_dim=8, reps=1)
     tiny = lambda name: create_model(name, **family_of(name).tiny)
     result = gpu_check.run_check("cpu", "vit_n_ape", (32,), 1, "vit_n_rope2d_mixed", tiny, shape)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from visionpe.attention import attn_backend
+from visionpe.attention.backends import attn_backend
 from visionpe.engine import train
 from visionpe.engine.checkpoint import find_checkpoint, load_weights
 from visionpe.engine.export import export_main

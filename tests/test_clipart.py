@@ -17,8 +17,9 @@ except (ImportError, OSError):  # OSError: the cairo library is missing
     pytestmark = pytest.mark.skip(reason="clipart renders with cairosvg and the cairo library")
 
 from visionpe.bench.protocols import SizedView
-from visionpe.data import build_dataset, clipart
-from visionpe.data.clipart import ClipArt, load_index, select
+from visionpe.data import build_dataset
+from visionpe.data.datasets import clipart
+from visionpe.data.datasets.clipart import ClipArt, load_index, select
 
 SVG = '<svg xmlns="http://www.w3.org/2000/svg" xmlns:xlink="http://www.w3.org/1999/xlink" {size}>{body}</svg>'
 BOX = 'width="100" height="100" viewBox="0 0 100 100"'

@@ -12,7 +12,7 @@ from torch._dynamo.testing import CompileCounter
 from torch.export import Dim, export
 
 import visionpe
-from visionpe.zoo import family_of
+from visionpe.zoo.registry import family_of
 
 NANO = [n for n in visionpe.list_visionpe_models() if n.split("_")[1] == "n"]
 IRPE_MODELS = {n for n in NANO if "irpe" in n or n.endswith("_rpb")}  # iRPE's bucketed bias (Swin's RPB is one)

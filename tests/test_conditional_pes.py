@@ -4,11 +4,11 @@ import torch
 import torch.nn.functional as F
 
 import visionpe  # noqa: F401
-from visionpe.layers.attention import attention_core
+from visionpe.layers.attention_layer import attention_core
 from visionpe.layers.token_merger import AdaptiveTokenMerger, merge_plan
-from visionpe.layout import image_layout, window_layout
-from visionpe.models.vit_zoo import VIT
+from visionpe.layout.tokens import image_layout, window_layout
 from visionpe.pos import CPE, AttnSpec, FuzzyPE, LePE, PEHost
+from visionpe.zoo.vit_family import VIT
 
 TINY = dict(VIT.tiny)
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from timm.layers.pos_embed_sincos import _apply_coord_augs
 
-from visionpe.layout import cell_centre_layout, image_layout
+from visionpe.layout.tokens import cell_centre_layout, image_layout
 from visionpe.pos import AttnSpec, PEHost, RoPE2D
 from visionpe.pos.coord_aug import CoordAugment, augment_coords
 from visionpe.pos.lie_rope import COMROPE_CENTRE, LieRoPE, apply_block_rotation

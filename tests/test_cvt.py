@@ -7,9 +7,9 @@ from timm.layers import QuickGELU
 from timm.optim import create_optimizer_v2
 
 import visionpe  # noqa: F401  (registers the models)
-from visionpe.models.cvt_weights import checkpoint_filter_fn
-from visionpe.models.cvt_zoo import CVT
 from visionpe.pos import CheckpointMismatch
+from visionpe.zoo.cvt_family import CVT
+from visionpe.zoo.cvt_weights import checkpoint_filter_fn
 
 TINY = dict(CVT.tiny)
 

@@ -12,11 +12,11 @@ from PIL import Image
 from torch.utils.data import DistributedSampler
 
 from visionpe.data import build_dataset, build_train_loader, collate_to_resolution, get_dataset_info, resize_to
-from visionpe.data.fashion_mnist import DEFAULT_ROOT, FashionMNIST, read_idx
-from visionpe.data.folders import ImageFolderDataset
+from visionpe.data.datasets.fashion_mnist import DEFAULT_ROOT, FashionMNIST, read_idx
+from visionpe.data.datasets.folders import ImageFolderDataset
+from visionpe.data.datasets.synthetic_shapes import MEAN, STD, SyntheticShapes
 from visionpe.data.loader import KeyedDataset, build_eval_loader
 from visionpe.data.multires import ResolutionBatchSampler
-from visionpe.data.synthetic_shapes import MEAN, STD, SyntheticShapes
 
 # ------------------------------------------------------------------------------------------------- synthetic-shapes
 
@@ -110,7 +110,7 @@ def test_fashion_mnist_from_a_folder_at_any_resolution(tmp_path):
 def test_fashion_mnist_split_resized_once_equals_item_by_item(tmp_path, monkeypatch):
     """Without per-item augmentation a split is resized in one call and kept; the items must be the ones the
     per-item path computes (same bilinear/antialias kernel), bit for bit, at sizes below, at and above 28 px."""
-    import visionpe.data.fashion_mnist as fm
+    import visionpe.data.datasets.fashion_mnist as fm
 
     _fake_fashion(tmp_path, n=40)
     fixed = fm.fashion_mnist("train", 20, str(tmp_path), training=True, shift=0, aug={"hflip": 0.0})

@@ -10,7 +10,7 @@ import timm
 import torch
 
 import visionpe  # noqa: F401
-from visionpe.models.pretrained_cfgs import WEIGHTS
+from visionpe.zoo.pretrained_cfgs import WEIGHTS
 
 DEPTH2 = dict(depth=2)
 SIZES = [(224, 224), (224, 320)]

@@ -10,7 +10,7 @@ import yaml
 
 from visionpe.bench.cards import write_cards
 from visionpe.papers import PAPERS
-from visionpe.zoo import FAMILIES
+from visionpe.zoo.registry import FAMILIES
 
 REPO = Path(__file__).resolve().parents[1]
 LINK = re.compile(r"\]\(([^)\s]+)\)")

@@ -19,7 +19,7 @@ import torch
 from PIL import Image
 from tiny_runs import group_of_one, tiny_run
 
-from visionpe.attention import attn_backend
+from visionpe.attention.backends import attn_backend
 from visionpe.engine import CheckpointError, ConfigError, load_config, train
 from visionpe.engine import checkpoint as ckpt
 from visionpe.engine.checkpoint import KILL_AT_ENV, find_checkpoint, load_weights, write_checkpoint

@@ -17,13 +17,13 @@ from PIL import Image
 from safetensors.torch import save_file
 from test_faults import _one_line_error, run, tiny
 
-from visionpe.attention import check_attn_backend
+from visionpe.attention.backends import check_attn_backend
 from visionpe.data import build_dataset
 from visionpe.engine import CheckpointError, ConfigError, load_checkpoint, load_config, load_weights
 from visionpe.engine.cli import eval_main
 from visionpe.engine.config import Config, apply_overrides
 from visionpe.engine.setup import build_model, check_resolutions
-from visionpe.zoo import FAMILIES, list_visionpe_models
+from visionpe.zoo.registry import FAMILIES, list_visionpe_models
 
 # ----------------------------------------------------------------------------------- config values, checked per key
 

@@ -21,7 +21,7 @@ from tiny_runs import group_of_one, tiny_run
 from torch import nn
 from torch.distributed.checkpoint import filesystem
 
-from visionpe.attention import attn_backend
+from visionpe.attention.backends import attn_backend
 from visionpe.engine import CheckpointError, ConfigError, evaluate_checkpoint, load_config, train
 from visionpe.engine import checkpoint as sc  # the write counter of the fault points
 from visionpe.engine.checkpoint import KILL_AT_ENV, load_weights
@@ -30,7 +30,7 @@ from visionpe.engine.distributed import DistContext
 from visionpe.engine.export import export_main
 from visionpe.engine.fsdp import build_sharded_model, check_strategy, full_state_dict, sharding_units
 from visionpe.engine.trainer import CorruptCheckpointWarning, Trainer
-from visionpe.native import pack_images
+from visionpe.layout.batch import pack_images
 
 REPO = Path(__file__).resolve().parents[1]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]

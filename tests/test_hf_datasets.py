@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 from tiny_runs import tiny_run
 
-from visionpe.attention import attn_backend
+from visionpe.attention.backends import attn_backend
 from visionpe.engine import evaluate_checkpoint, train
 
 pytestmark = pytest.mark.skipif(

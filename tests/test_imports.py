@@ -1,9 +1,10 @@
 """The import graph runs one way: no cycle between modules, none between parts, and no part imports a later one.
 
 Every `import` / `from ... import` of every module counts, those inside functions included (read with ast, nothing
-is imported). Parts, in order: layout (and fx, and attention's input types) -> pos -> attention / layers -> models ->
-zoo (and the package's `__init__`, the zoo's front door) -> data, recipes -> engine -> bench. Attention and the
-attention layer import nothing from pos: the PEs build what attention declares."""
+is imported). Parts, in order: fx, papers, position_modes (leaves) -> attention (the kernels and what they read) ->
+layout (token and batch layouts) -> pos -> layers -> models -> zoo (and the package's `__init__`, the zoo's front
+door) -> data, recipes -> engine -> bench. Attention and the attention layer import nothing from pos: the PEs build
+what attention declares."""
 
 from __future__ import annotations
 
@@ -17,24 +18,20 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "visionpe"
 
 RANK = {
-    "layout": 0,
     "fx": 0,
-    "papers": 0,  # the table of papers (data only), read by presets, pretrained cfgs, reports and cards
-    "attn_mask": 0,  # the masks of native-resolution batches (plain torch)
-    "attn_inputs": 0,  # what attention reads besides q, k, v (PosContext, AttnRoute): declared by attention
-    "attn_rows": 0,  # the row-block terms attention takes (RowBias, RowValue)
+    "papers": 0,  # the table of papers (data only), read by presets, the zoo's cfgs, reports and cards
     "position_modes": 0,  # the test-time position modes (the one list: models, PEs, CLI, benchmark)
-    "native": 0,  # BatchLayout: where each image of a native batch sits, beside TokenLayout
-    "pos": 1,
-    "attention": 2,
-    "layers": 2,
-    "models": 3,
-    "zoo": 4,
-    "<root>": 4,
-    "data": 5,
-    "recipes": 5,
-    "engine": 6,
-    "bench": 7,
+    "attention": 1,  # attend, its backends, masks, inputs (PosContext, AttnRoute) and row blocks: declared here
+    "layout": 2,  # TokenLayout, and BatchLayout: where each image of a native batch sits (it holds an AttnMask)
+    "pos": 3,
+    "layers": 4,
+    "models": 5,
+    "zoo": 6,
+    "<root>": 6,
+    "data": 7,
+    "recipes": 7,
+    "engine": 8,
+    "bench": 9,
 }
 
 
@@ -118,7 +115,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_walk_sees_function_level_and_relative_imports():
     graph = _graph()
-    assert len(graph) > 100 and "visionpe.attn_inputs" in graph["visionpe.layers.attention"]
+    assert len(graph) > 100 and "visionpe.attention.inputs" in graph["visionpe.layers.attention_layer"]
     assert "visionpe.pos.base" in graph["visionpe.models.swin"]
     assert {"visionpe.zoo", "visionpe.attention", "visionpe.layout"} <= graph["visionpe"]
     # a cycle through a function-level import is found
@@ -153,15 +150,7 @@ def test_no_cycle_between_parts_and_no_part_imports_a_later_one():
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if part(m) in ("pos", "layout", "fx")))
 def test_the_lower_parts_never_name_a_backbone(module):
     """pos / layout / fx know no model family: their imports stay inside the lower parts."""
-    assert {part(t) for t in _graph()[module]} <= {
-        "pos",
-        "layout",
-        "fx",
-        "papers",
-        "attn_inputs",
-        "attn_rows",
-        "position_modes",
-    }
+    assert {part(t) for t in _graph()[module]} <= {"pos", "layout", "fx", "papers", "attention", "position_modes"}
 
 
 def _reached(module: str) -> set[str]:
@@ -174,10 +163,10 @@ def _reached(module: str) -> set[str]:
     return seen
 
 
-ATTENTION = ["visionpe.attention", "visionpe.attn_inputs", "visionpe.attn_rows", "visionpe.attn_mask"]
+ATTENTION = sorted(m for m in MODULES if part(m) == "attention")
 
 
-@pytest.mark.parametrize("module", [*ATTENTION, "visionpe.layers.attention", "visionpe.layers.block"])
+@pytest.mark.parametrize("module", [*ATTENTION, "visionpe.layers.attention_layer", "visionpe.layers.block"])
 def test_attention_imports_nothing_from_pos(module):
     """The kernels, attention's input types and the attention layer reach no module of pos/, not even through
     another: attention declares its inputs (PosContext, RowBias, ...) and the PEs implement them."""
@@ -187,5 +176,5 @@ def test_attention_imports_nothing_from_pos(module):
 
 def test_the_pes_build_attentions_types():
     """The arrow runs from pos to attention's input types (pos/base re-exports PosContext from there)."""
-    assert "visionpe.attn_inputs" in _graph()["visionpe.pos.base"]
-    assert "visionpe.attn_rows" in _graph()["visionpe.pos.irpe"]
+    assert "visionpe.attention.inputs" in _graph()["visionpe.pos.base"]
+    assert "visionpe.attention.rows" in _graph()["visionpe.pos.irpe"]

@@ -4,11 +4,11 @@ import torch
 from torch import nn
 
 import visionpe  # noqa: F401
-from visionpe.attention import attn_backend
-from visionpe.layers.attention import attention_core
-from visionpe.layout import cell_centre_layout, image_layout, window_layout
-from visionpe.models.vit_zoo import VIT
+from visionpe.attention.backends import attn_backend
+from visionpe.layers.attention_layer import attention_core
+from visionpe.layout.tokens import cell_centre_layout, image_layout, window_layout
 from visionpe.pos import IRPE, AttnSpec, PEHost, build_pos_encoding, piecewise_index, relative_bucket_ids
+from visionpe.zoo.vit_family import VIT
 
 TINY = dict(VIT.tiny)
 
@@ -290,7 +290,7 @@ def test_layout_with_prefix_tokens_needs_a_prefix_bucket():
 def test_row_blocks_match_the_math_reference_with_grads(options):
     """Every route (fused backend per block, math per block with the value term) against the whole-matrix math path,
     with blocks of 5 rows so that several blocks and a ragged last one are exercised."""
-    from visionpe.attention import attend_rows
+    from visionpe.attention.backends import attend_rows
 
     pe, own = _randomise(IRPE(_host(grid=(5, 6), layers=((32, 2, 16),)), **options))
     layout = image_layout(5, 6, 1)

@@ -7,7 +7,7 @@ import torch
 
 import visionpe  # noqa: F401
 import visionpe.pos.irpe as irpe_module
-from visionpe.models.vit_zoo import VIT
+from visionpe.zoo.vit_family import VIT
 
 
 @pytest.mark.parametrize(

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 import visionpe.pos.irpe as irpe_module
-from visionpe.attention import attend_rows, attn_backend
-from visionpe.layers.attention import attention_core
-from visionpe.layout import cell_centre_layout, image_layout
+from visionpe.attention.backends import attend_rows, attn_backend
+from visionpe.layers.attention_layer import attention_core
+from visionpe.layout.tokens import cell_centre_layout, image_layout
 from visionpe.pos import IRPE, AttnSpec, PEHost
 from visionpe.pos.irpe_lookup import FullBuckets, GridBuckets, compact_int_dtype
 

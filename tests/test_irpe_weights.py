@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import visionpe  # noqa: F401
-from visionpe.attention import attn_backend
+from visionpe.attention.backends import attn_backend
 from visionpe.pos import CheckpointMismatch
 
 DEPTH, HEADS, DIM, GRID, BUCKETS = 2, 6, 384, 14, 50  # DeiT-S, two blocks; 50 = 7 x 7 product buckets + CLS

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from visionpe.layout import TokenLayout, cell_centre_layout, image_layout, video_layout
+from visionpe.layout.tokens import TokenLayout, cell_centre_layout, image_layout, video_layout
 
 
 def test_image_layout_uses_raw_indices_x_fastest_on_rectangular_grid():

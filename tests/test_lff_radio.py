@@ -9,11 +9,11 @@ import torch
 from transformers.models.radio.configuration_radio import RadioConfig
 from transformers.models.radio.modeling_radio import RadioPatchEmbeddings
 
-from visionpe.layout import image_layout
-from visionpe.models.vit_zoo import VIT
+from visionpe.layout.tokens import image_layout
 from visionpe.pos import AttnSpec, PEHost
 from visionpe.pos.ape_radio import CroppedAPE, radio_eval_table, window_sample
 from visionpe.pos.fourier import LearnableFourier, fourier_features
+from visionpe.zoo.vit_family import VIT
 
 
 def _host(grid=(4, 4), dim=8, prefix=1):

@@ -7,7 +7,7 @@ import timm
 import torch
 
 import visionpe  # noqa: F401  (registers the models)
-from visionpe.layout import cell_centre_layout, image_layout, video_layout, window_layout
+from visionpe.layout.tokens import cell_centre_layout, image_layout, video_layout, window_layout
 from visionpe.pos import AttnSpec, PEHost
 from visionpe.pos.lie_rope import LieRoPE, apply_block_rotation, commuting_exp
 from visionpe.pos.rotary import apply_rotary, rotary_angles, rotary_cos_sin
@@ -311,8 +311,8 @@ def test_bad_options_say_what_to_change():
 def test_an_old_layer0_generators_state_dict_loads_with_unchanged_logits():
     # before each layer owned its state the official reuse kept every layer's generators (`generators.{i}`) and
     # read layer 0's; now layer 0's are the model-level `shared.generators` and the others are dropped
-    from visionpe.models.checkpoints import checked_filter
-    from visionpe.models.family import FAMILIES
+    from visionpe.zoo.checkpoint_filters import checked_filter
+    from visionpe.zoo.family import FAMILIES
 
     kw = dict(pe_kwargs={"layer0_generators": True})
     model = timm.create_model("vit_n_liere", **kw).eval()

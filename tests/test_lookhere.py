@@ -11,10 +11,10 @@ import timm
 import torch
 
 import visionpe  # noqa: F401
-from visionpe.layout import TokenLayout, image_layout
-from visionpe.models.vit_zoo import VIT_SIZES
+from visionpe.layout.tokens import TokenLayout, image_layout
 from visionpe.pos import AttnSpec, PEHost, build_pos_encoding
 from visionpe.pos.lookhere import LookHere
+from visionpe.zoo.vit_family import VIT_SIZES
 
 BF16_MAX = torch.finfo(torch.bfloat16).max
 

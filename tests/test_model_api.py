@@ -15,7 +15,7 @@ import torch
 from conftest import one_per_pe
 
 import visionpe
-from visionpe.zoo import family_of
+from visionpe.zoo.registry import family_of
 
 ALL_MODELS = visionpe.list_visionpe_models()
 ODD_HW = (31, 45)  # non-square, not a multiple of any tiny patch (2, 8) nor of CvT's strides

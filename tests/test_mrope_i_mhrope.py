@@ -10,15 +10,15 @@ import timm
 import torch
 
 import visionpe  # noqa: F401  (registers the models)
-from visionpe.layout import TokenLayout
-from visionpe.models.multimodal_zoo import MM
-from visionpe.models.video_zoo import VIDEO
+from visionpe.layout.tokens import TokenLayout
 from visionpe.pos.base import AttnSpec, PEHost
 from visionpe.pos.mhrope import MHRoPE, head_axes, head_frequencies, head_section
 from visionpe.pos.mm_positions import frequency_matrix, position_ids, segment_layout, stream_of_pairs
 from visionpe.pos.presets import PE_PRESETS
 from visionpe.pos.rope_nd import RoPEND
 from visionpe.pos.rotary import rotary_angles, rotary_cos_sin
+from visionpe.zoo.multimodal_family import MM
+from visionpe.zoo.video_family import VIDEO
 
 RESET = dict(spatial_reset=True)
 

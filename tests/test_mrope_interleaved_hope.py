@@ -159,6 +159,6 @@ def test_hope_draws_a_scale_per_visual_segment_in_training_and_is_fixed_in_eval(
 def test_models_run_and_read_their_scheme(name):
     model = timm.create_model(name).eval()
     assert model.pe.layout_scheme == name.split("_n_")[1]
-    inp = visionpe.zoo.family_of(name).example_input(32, 1)
+    inp = visionpe.zoo.registry.family_of(name).example_input(32, 1)
     out = model(**inp) if isinstance(inp, dict) else model(inp)
     assert out.isfinite().all()

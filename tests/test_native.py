@@ -9,9 +9,9 @@ from timm.data.naflex_dataset import NaFlexCollator
 from timm.data.naflex_transforms import Patchify
 
 import visionpe
+from visionpe.layout.batch import pack_images
 from visionpe.models import native_batch
-from visionpe.models.vit_zoo import VIT
-from visionpe.native import pack_images
+from visionpe.zoo.vit_family import VIT
 
 TINY = dict(VIT.tiny)
 VITS = one_per_pe(visionpe.list_visionpe_models("vit_*"))
@@ -200,8 +200,8 @@ def test_training_with_grad_checkpointing_and_bf16_autocast():
 
 
 def test_batch_layout_of_a_packed_batch():
-    from visionpe.layout import image_layout
-    from visionpe.native import check_native, native_layout
+    from visionpe.layout.batch import check_native, native_layout
+    from visionpe.layout.tokens import image_layout
 
     # row 0: image 0 (2 x 3, patches in raster order), image 1 (1 x 2); row 1: image 0 (2 x 1) in reverse order
     coords = torch.tensor(

@@ -8,12 +8,13 @@ import pytest
 import timm
 import torch
 
-from visionpe import attention, attn_mask
-from visionpe.attention import attend, attn_backend
-from visionpe.attn_mask import AttnMask
+from visionpe.attention import backends as attention
+from visionpe.attention import masks as attn_mask
+from visionpe.attention.backends import attend, attn_backend
+from visionpe.attention.masks import AttnMask
 from visionpe.bench.backend_check import check_masked_backend, check_native_model, packed_segment_ids
-from visionpe.models.vit_zoo import VIT
-from visionpe.native import pack_images
+from visionpe.layout.batch import pack_images
+from visionpe.zoo.vit_family import VIT
 
 # row 0: two images and padding; row 1: one image filling the row; row 2: only padding; row 3: interleaved segments
 IDS = torch.tensor(

@@ -10,12 +10,12 @@ from timm.data.naflex_dataset import NaFlexCollator
 from timm.data.naflex_transforms import Patchify
 from torch.utils.data import DistributedSampler
 
-from visionpe.data.native_collate import collate_native
-from visionpe.data.native_items import NativeDataset
-from visionpe.data.native_pack import OnlinePacker, pack
-from visionpe.data.native_plan import NativePlan
-from visionpe.data.native_resize import budget_size, patchify
-from visionpe.data.native_sampler import NativeKey
+from visionpe.data.native.collate import collate_native
+from visionpe.data.native.items import NativeDataset
+from visionpe.data.native.pack import OnlinePacker, pack
+from visionpe.data.native.plan import NativePlan
+from visionpe.data.native.resize import budget_size, patchify
+from visionpe.data.native.sampler import NativeKey
 
 
 def _stream(n: int, seed: int, lo: int = 1, hi: int = 40) -> list[tuple[int, int]]:

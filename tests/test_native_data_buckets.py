@@ -10,7 +10,7 @@ import torch
 from tiny_runs import TINY_MODEL, tiny_run
 from torch.utils.data import DistributedSampler
 
-from visionpe.data.native_buckets import DEFAULT_ASPECTS, AspectBucketSampler, bucket_sizes, nearest_bucket
+from visionpe.data.native.buckets import DEFAULT_ASPECTS, AspectBucketSampler, bucket_sizes, nearest_bucket
 from visionpe.engine import train
 
 

@@ -20,9 +20,9 @@ from test_native_data_train import NATIVE, _lines, check_kill_and_resume
 from tiny_runs import tiny_run
 
 from visionpe.data import build_dataset
-from visionpe.data.folder_native import crop_box
-from visionpe.data.native_loader import build_native_eval_loader, build_native_train_loader, native_plan
-from visionpe.data.native_resize import budget_size
+from visionpe.data.native.folder_items import crop_box
+from visionpe.data.native.loader import build_native_eval_loader, build_native_train_loader, native_plan
+from visionpe.data.native.resize import budget_size
 from visionpe.data.seeding import seeded_rngs
 from visionpe.data.share import Share
 from visionpe.engine import train
@@ -90,7 +90,7 @@ def test_header_sizes_equal_the_decoded_sizes_and_are_read_once(tmp_path, monkey
     Image.fromarray(np.zeros((20, 7), np.uint16)).save(root / "train" / "b" / "grey16.png")  # 16-bit grey
     ds = _dataset(root)
     reads = []
-    import visionpe.data.folders as folders
+    import visionpe.data.datasets.folders as folders
 
     monkeypatch.setattr(folders, "header_size", lambda p, real=folders.header_size: reads.append(p) or real(p))
     sizes = [ds.native_size(i) for i in range(len(ds))] + [ds.native_size(i) for i in range(len(ds))]

@@ -16,8 +16,8 @@ import torch
 from tiny_runs import tiny_run
 
 from visionpe.data import build_dataset
-from visionpe.data.native_loader import build_native_train_loader, native_plan
-from visionpe.data.native_timm import TimmResumeWarning
+from visionpe.data.native.loader import build_native_train_loader, native_plan
+from visionpe.data.native.timm_naflex import TimmResumeWarning
 from visionpe.data.share import Share
 from visionpe.engine import train
 from visionpe.engine.changes import changed_keys

@@ -7,9 +7,9 @@ import torch
 from conftest import one_per_pe
 
 import visionpe
+from visionpe.layout.batch import pack_images
 from visionpe.models import native_batch
-from visionpe.models.multimodal_zoo import MM
-from visionpe.native import pack_images
+from visionpe.zoo.multimodal_family import MM
 
 MMS = one_per_pe(visionpe.list_visionpe_models("mm_*"))
 # (T, H, W) at tubelet 2, patch 8: the reference, fewer and more frames, a 1 x 3 grid per frame, an image (one

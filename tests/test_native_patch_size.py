@@ -16,9 +16,9 @@ import torch
 from timm.layers import PatchEmbedInterpolator
 
 import visionpe  # noqa: F401  (registers the models)
-from visionpe.models.video_zoo import VIDEO
-from visionpe.models.vit_zoo import VIT
-from visionpe.native import pack_images
+from visionpe.layout.batch import pack_images
+from visionpe.zoo.video_family import VIDEO
+from visionpe.zoo.vit_family import VIT
 
 SIZES = [(32, 32), (16, 48), (24, 16)]  # px; at patch 4 and 8 every side a whole number of patches
 

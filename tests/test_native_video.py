@@ -8,9 +8,9 @@ import torch
 from conftest import one_per_pe
 
 import visionpe
-from visionpe.models.multimodal_zoo import MM
-from visionpe.models.video_zoo import VIDEO
-from visionpe.native import pack_images, patchify_clip
+from visionpe.layout.batch import pack_images, patchify_clip
+from visionpe.zoo.multimodal_family import MM
+from visionpe.zoo.video_family import VIDEO
 
 VIVITS = one_per_pe(visionpe.list_visionpe_models("vivit_*"))
 MMS = one_per_pe(visionpe.list_visionpe_models("mm_*"))

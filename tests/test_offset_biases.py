@@ -10,10 +10,10 @@ import timm
 import torch
 
 import visionpe  # noqa: F401
-import visionpe.attention as attention
-from visionpe.attention import attn_backend
-from visionpe.attn_rows import RowBias
-from visionpe.layout import TokenLayout, cell_centre_layout, image_layout, window_layout
+import visionpe.attention.backends as attention
+from visionpe.attention.backends import attn_backend
+from visionpe.attention.rows import RowBias
+from visionpe.layout.tokens import TokenLayout, cell_centre_layout, image_layout, window_layout
 from visionpe.pos import AttnSpec, PEHost, build_pos_encoding
 from visionpe.pos.alibi2d import ALiBi2D, alibi_slopes
 from visionpe.pos.fire2d import FIRE2D

@@ -12,8 +12,8 @@ import timm
 import torch
 
 import visionpe
-from visionpe.models.checkpoints import checked_filter
-from visionpe.models.family import FAMILIES
+from visionpe.zoo.checkpoint_filters import checked_filter
+from visionpe.zoo.family import FAMILIES
 
 DATA = Path(__file__).with_name("data")
 sys.path.insert(0, str(DATA))

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import save_file
 from tiny_runs import tiny_run
 
-from visionpe.attention import attn_backend
+from visionpe.attention.backends import attn_backend
 from visionpe.engine import evaluate_checkpoint, load_checkpoint, train
 from visionpe.engine.checkpoint import find_checkpoint, load_weights
 from visionpe.engine.trainer import OldLayoutResumeWarning

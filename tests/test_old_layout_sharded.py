@@ -10,7 +10,7 @@ import pytest
 import torch.distributed.checkpoint as dcp
 from test_old_layout_runs import _args, _to_old_layout
 
-from visionpe.attention import attn_backend
+from visionpe.attention.backends import attn_backend
 from visionpe.engine import load_checkpoint, train
 from visionpe.engine.dcp_reader import read_dcp_metadata
 from visionpe.engine.sharded_checkpoint import load_sharded_weights

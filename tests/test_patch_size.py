@@ -15,11 +15,11 @@ from timm.layers import resample_patch_embed
 
 import visionpe  # noqa: F401  (registers the models)
 from visionpe.layers.patch_resize import resize_kernel
-from visionpe.models.cvt_zoo import CVT
-from visionpe.models.multimodal_zoo import MM
-from visionpe.models.swin_zoo import SWIN
-from visionpe.models.video_zoo import VIDEO
-from visionpe.models.vit_zoo import VIT
+from visionpe.zoo.cvt_family import CVT
+from visionpe.zoo.multimodal_family import MM
+from visionpe.zoo.swin_family import SWIN
+from visionpe.zoo.video_family import VIDEO
+from visionpe.zoo.vit_family import VIT
 
 TINY = {"vit": VIT.tiny, "swin": SWIN.tiny, "vivit": VIDEO.tiny, "mm": MM.tiny}
 # (model, the patch it is built with, another one): learned tables (APE, space-time APE, Swin's bias) and RoPEs

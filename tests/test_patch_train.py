@@ -17,7 +17,7 @@ from visionpe.data.multires import patch_size_of_batch
 from visionpe.engine import ConfigError
 from visionpe.engine import trainer as engine
 from visionpe.models.flexi_patch import at_patch_size
-from visionpe.models.vit_zoo import VIT
+from visionpe.zoo.vit_family import VIT
 
 SWIN = ["model.name=swin_n_rpb", "model.kwargs={embed_dim: 16, depths: [2, 2], num_heads: [1, 2], window_size: 2}"]
 

@@ -13,8 +13,8 @@ import torch
 from safetensors.torch import save_file
 
 import visionpe  # noqa: F401  (registers the models)
-from visionpe.models.pretrained_cfgs import WEIGHTS
 from visionpe.pos import CheckpointMismatch
+from visionpe.zoo.pretrained_cfgs import WEIGHTS
 
 TOL = 1e-5
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from timm.layers.pos_embed_sincos import RotaryEmbeddingCat, apply_rot_embed_cat, get_mixed_freqs
 
-from visionpe.layout import image_layout
+from visionpe.layout.tokens import image_layout
 from visionpe.pos import AttnSpec, PEHost, RoPE2D
 from visionpe.pos.rope2d import mixed_frequencies
 from visionpe.pos.rotary import FixedCosSinCache, apply_rotary, axial_frequencies, rotary_angles, rotary_cos_sin

@@ -12,7 +12,7 @@ import torch
 from timm.layers.pos_embed_sincos import RotaryEmbeddingDinoV3, apply_rot_embed_cat
 
 import visionpe  # noqa: F401
-from visionpe.layout import image_layout
+from visionpe.layout.tokens import image_layout
 from visionpe.pos import AttnSpec, PEHost, RoPE2D
 from visionpe.pos.rope2d_dinov3 import RoPE2DDinoV3, dinov3_coords
 from visionpe.pos.rotary import axial_frequencies

@@ -11,8 +11,7 @@ import torch
 from test_rope_scaling import reference_yarn  # the reference code's YaRN, re-derived
 
 import visionpe  # noqa: F401
-from visionpe.models.multimodal_zoo import MM
-from visionpe.native import pack_images
+from visionpe.layout.batch import pack_images
 from visionpe.pos import AttnSpec, PEHost
 from visionpe.pos.mm_positions import position_ids, segment_layout, stream_of_pairs
 from visionpe.pos.rope_nd import RoPEND
@@ -24,6 +23,7 @@ from visionpe.pos.rope_scaling import (
     yarn_temperature,
 )
 from visionpe.pos.rotary import apply_rotary, rope_frequencies, scaled_cos_sin
+from visionpe.zoo.multimodal_family import MM
 
 D, THETA = 24, 100.0
 # the vivit_n_* / mm_n_* presets

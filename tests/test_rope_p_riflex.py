@@ -15,8 +15,7 @@ import timm
 import torch
 
 import visionpe  # noqa: F401
-from visionpe.layout import image_layout
-from visionpe.models.multimodal_zoo import example_input as mm_input
+from visionpe.layout.tokens import image_layout
 from visionpe.pos import AttnSpec, PEHost, RoPE2D
 from visionpe.pos.mm_positions import segment_layout, stream_of_pairs
 from visionpe.pos.presets import PE_PRESETS, build_pos_encoding
@@ -25,6 +24,7 @@ from visionpe.pos.rope_nd import TIME_SCHEMES, RoPEND
 from visionpe.pos.rope_scaling import identify_k, intrinsic_index, riflex_frequency, rope_period
 from visionpe.pos.rotary import p_rope_keep
 from visionpe.position_modes import ALL_MODES
+from visionpe.zoo.multimodal_family import example_input as mm_input
 
 D = 24  # head dim: 12 rotary pairs, 6 per 2D axis, 4 per rope3d stream
 

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from visionpe.layout import video_layout
+from visionpe.layout.tokens import video_layout
 from visionpe.pos.mm_positions import (
     SCHEMES,
     V2PE_DELTAS,

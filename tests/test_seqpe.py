@@ -7,10 +7,10 @@ import pytest
 import timm
 import torch
 
-from visionpe.layout import image_layout
-from visionpe.models.vit_zoo import VIT
+from visionpe.layout.tokens import image_layout
 from visionpe.pos.seqpe import SeqPE, attn_mul
 from visionpe.pos.seqpe_encoder import digit_tokens, digits_for
+from visionpe.zoo.vit_family import VIT
 
 EPS = torch.finfo(torch.float32).eps
 

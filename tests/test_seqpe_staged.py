@@ -7,10 +7,10 @@ import timm
 import torch
 
 import visionpe  # noqa: F401  (registers the models)
-from visionpe.layout import cell_centre_layout, image_layout, window_layout
-from visionpe.models.cvt_zoo import CVT
-from visionpe.models.swin_zoo import SWIN
+from visionpe.layout.tokens import cell_centre_layout, image_layout, window_layout
 from visionpe.pos.seqpe_grids import default_max_position, sample_cells, transfer_grid
+from visionpe.zoo.cvt_family import CVT
+from visionpe.zoo.swin_family import SWIN
 
 EPS = torch.finfo(torch.float32).eps
 QUIET = dict(dropout=0.0, contrastive_weight=0, transfer_weight=0)  # deterministic: no dropout, no draws

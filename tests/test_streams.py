@@ -21,8 +21,8 @@ from timm.data import IterableImageDataset
 from tiny_runs import tiny_run
 from torch.utils.data import IterableDataset
 
-import visionpe.data.timm_readers as timm_readers
-from visionpe.attention import attn_backend
+import visionpe.data.datasets.timm_readers as timm_readers
+from visionpe.attention.backends import attn_backend
 from visionpe.data import build_dataset, build_eval_loader, build_train_loader
 from visionpe.data.multires import resolution_schedule
 from visionpe.data.streams import StreamBatches

@@ -9,7 +9,7 @@ import timm
 import torch
 import torch.nn.functional as F
 
-from visionpe.layout import image_layout
+from visionpe.layout.tokens import image_layout
 from visionpe.pos.base import AttnSpec, PEHost
 from visionpe.pos.rope2d_spiral import RoPE2DSpiral, spiral_frequencies
 from visionpe.pos.string import STRING, cayley, circulant_basis, circulant_sines

@@ -7,11 +7,11 @@ import torch.nn.functional as F
 from timm.optim import create_optimizer_v2
 
 import visionpe  # noqa: F401  (registers the models)
-from visionpe.layout import window_layout
-from visionpe.models.swin_weights import checkpoint_filter_fn
+from visionpe.layout.tokens import window_layout
 from visionpe.models.swin_windows import MASK_VALUE, plan_windows, window_mask
-from visionpe.models.swin_zoo import SWIN
 from visionpe.pos import CheckpointMismatch
+from visionpe.zoo.swin_family import SWIN
+from visionpe.zoo.swin_weights import checkpoint_filter_fn
 
 TINY = dict(SWIN.tiny)
 

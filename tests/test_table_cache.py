@@ -9,10 +9,10 @@ import pytest
 import timm
 import torch
 
-from visionpe.layout import image_layout
-from visionpe.models.family import FAMILIES
+from visionpe.layout.tokens import image_layout
 from visionpe.pos.base import PEHost, PosEncoding
 from visionpe.pos.table_cache import TableCache, invalidate_tables
+from visionpe.zoo.family import FAMILIES
 
 TINY = FAMILIES["vit"].tiny
 # PEs whose tables are cached: learned (LieRE rotations, FIRE's MLP bias, SeqPE's table), bucket ids (iRPE, whose

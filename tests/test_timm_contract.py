@@ -15,7 +15,7 @@ from conftest import one_per_pe
 from timm.models._manipulate import reinit_non_persistent_buffers
 
 import visionpe
-from visionpe.zoo import family_of
+from visionpe.zoo.registry import family_of
 
 ALL_MODELS = visionpe.list_visionpe_models()
 NANO = [n for n in ALL_MODELS if n.split("_")[1] == "n"]  # every PE of every family, once

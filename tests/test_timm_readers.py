@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 from torch.utils.data import IterableDataset
 
-import visionpe.data.timm_readers as timm_readers
+import visionpe.data.datasets.timm_readers as timm_readers
 from visionpe.data import build_dataset, dataset_num_classes, get_dataset_info
 
 

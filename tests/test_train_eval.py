@@ -19,7 +19,7 @@ import yaml
 from PIL import Image
 from tiny_runs import tiny_run
 
-from visionpe.attention import attn_backend
+from visionpe.attention.backends import attn_backend
 from visionpe.engine import (
     CheckpointError,
     ConfigError,

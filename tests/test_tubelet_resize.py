@@ -9,8 +9,8 @@ import torch.nn.functional as F
 
 import visionpe  # noqa: F401  (registers the models)
 from visionpe.layers.tubelet_resize import resize_tubelet, time_resize_matrix
-from visionpe.models.multimodal_zoo import MM
-from visionpe.models.video_zoo import VIDEO
+from visionpe.zoo.multimodal_family import MM
+from visionpe.zoo.video_family import VIDEO
 
 EPS = torch.finfo(torch.float32).eps
 

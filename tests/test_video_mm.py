@@ -10,11 +10,11 @@ from torch.utils.data import default_collate
 
 import visionpe
 from visionpe.data import get_dataset_info
-from visionpe.data.image_text import COLOURS, render_board
-from visionpe.data.video_shapes import render_scene, reverse_scene
+from visionpe.data.datasets.image_text import COLOURS, render_board
+from visionpe.data.datasets.video_shapes import render_scene, reverse_scene
 from visionpe.layers import attention_core
-from visionpe.models.video_zoo import VIDEO_PES
 from visionpe.pos.rope_nd import RoPEND
+from visionpe.zoo.video_family import VIDEO_PES
 
 VIVIT_NANO = [f"vivit_n_{pe}" for pe in VIDEO_PES]
 MM_NANO = [f"mm_n_{s}" for s in ("rope1d", "mrope", "videorope", "vrope", "v2pe")]

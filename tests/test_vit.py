@@ -5,7 +5,7 @@ import torch.nn.functional as F
 from timm.optim import create_optimizer_v2
 
 import visionpe
-from visionpe.models.vit_zoo import VIT
+from visionpe.zoo.vit_family import VIT
 
 TINY = dict(VIT.tiny)
 

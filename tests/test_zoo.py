@@ -4,8 +4,8 @@ import torch
 from conftest import one_per_pe
 
 import visionpe
-from visionpe.models.vit_zoo import VIT_PES, VIT_SIZES
-from visionpe.zoo import family_of
+from visionpe.zoo.registry import family_of
+from visionpe.zoo.vit_family import VIT_PES, VIT_SIZES
 
 ALL_MODELS = visionpe.list_visionpe_models()
 
@@ -63,8 +63,8 @@ def test_every_model_runs_forward_and_backward_at_two_resolutions(name):
 
 
 def test_each_family_reads_its_paper_and_evaluation_size_from_the_tables():
-    from visionpe.models import FAMILIES
     from visionpe.papers import PAPERS, family_paper
+    from visionpe.zoo.family import FAMILIES
 
     assert sorted(p.family for p in PAPERS.values() if p.family) == sorted(FAMILIES)  # one backbone row per family
     for fam in FAMILIES.values():

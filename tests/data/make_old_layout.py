@@ -16,7 +16,7 @@ import timm
 import torch
 
 import visionpe
-from visionpe.models.family import FAMILIES
+from visionpe.zoo.family import FAMILIES
 
 
 def draw(name: str, shape) -> torch.Tensor:

@@ -19,7 +19,7 @@ from test_checkpoint_compat import ARGS  # noqa: E402  (the overrides the test r
 
 
 def _train_then_die(out: str, name: str) -> None:
-    from visionpe.attention import attn_backend
+    from visionpe.attention.backends import attn_backend
     from visionpe.engine import train
 
     os.environ["VISIONPE_FAULT_KILL_AT"] = "pruned,1"  # the first checkpoint written: the run stops there

@@ -16,10 +16,10 @@ import yaml
 
 from ..engine.config import config_from_dict
 from ..engine.destinations import check_destination, write_text
-from ..models.pretrained_cfgs import WEIGHTS
 from ..papers import family_paper
 from ..pos.presets import PE_PRESETS, PRESET_PAPERS
-from ..zoo import FAMILIES, Family, model_name, preset_model_options
+from ..zoo.pretrained_cfgs import WEIGHTS
+from ..zoo.registry import FAMILIES, Family, model_name, preset_model_options
 from . import report
 from .measure import machine_description, spread_word
 from .protocols import CLIP_PROTOCOLS, row_point, size_label

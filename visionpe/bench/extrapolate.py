@@ -36,7 +36,7 @@ from ..engine.setup import build_eval_sets, build_model, build_split, forward_on
 from ..engine.sharded_checkpoint import SHARDED_SUFFIX, is_sharded_run
 from ..engine.trainer import resolve_run_dir
 from ..models.flexi_patch import flexi_patch_refusal
-from ..zoo import name_parts
+from ..zoo.registry import name_parts
 from . import protocols
 from .jobs import JobStopped, run_stoppable, stopped_job
 from .protocols import CLIP_PROTOCOLS, Point, point_label, row_point

@@ -15,9 +15,9 @@ import torch
 import visionpe  # noqa: F401  (registers the models)
 from visionpe import attn_backend
 
-from ..attn_mask import flex_available
+from ..attention.masks import flex_available
 from ..engine.cli import positive_int
-from ..zoo import create_model, family_of
+from ..zoo.registry import create_model, family_of
 from . import backend_check as checks
 from .measure import Clock, Spread, cuda_peak_mb, interleave, model_step, paired_ratios, spread
 from .report import check_files, md_table, write_files

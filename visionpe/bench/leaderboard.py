@@ -14,7 +14,7 @@ import statistics
 from pathlib import Path
 
 from ..engine.destinations import check_destination, write_text
-from ..zoo import FAMILIES, name_parts
+from ..zoo.registry import FAMILIES, name_parts
 from .protocols import Point
 from .report import _is_beyond, base_point, md_table
 from .stats import ALPHA, welch

@@ -24,7 +24,7 @@ from torch import nn
 import visionpe  # noqa: F401  (registers the models)
 
 from ..engine.setup import run_model, to_device
-from ..zoo import family_of, list_visionpe_models
+from ..zoo.registry import family_of, list_visionpe_models
 from .fsdp_memory import MMAP_THRESHOLD  # the probe process's glibc mmap threshold, as fsdp_memory's ranks
 
 CLOCKS = ("wall", "cpu")

@@ -12,8 +12,8 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from ..data.multires import collate_to_resolution, resize_to
-from ..data.native_loader import build_native_eval_loader
-from ..data.native_plan import NativePlan
+from ..data.native.loader import build_native_eval_loader
+from ..data.native.plan import NativePlan
 from ..data.share import Share
 from ..engine import DistContext, evaluate_loader
 from ..engine.setup import run_model

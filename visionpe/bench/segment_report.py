@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from ..engine.checkpoint import atomic_write_text
-from ..zoo import name_parts
+from ..zoo.registry import name_parts
 from .measure import machine_description, machine_info
 from .protocols import Point, point_label, row_point
 from .report import CSV_KEYS, csv_rows, csv_text, fmt, md_table, mean_std, stat_text

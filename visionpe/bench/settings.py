@@ -16,11 +16,11 @@ import timm
 import torch
 
 from ..data import get_dataset_info
-from ..data.native_plan import native_mode
+from ..data.native.plan import native_mode
 from ..engine.config import Config, ConfigError, apply_overrides, config_from_dict, native_settings, read_yaml, setting
 from ..position_modes import ALL_MODES, BENCH_MODES
 from ..recipes import resolve_recipe
-from ..zoo import create_model
+from ..zoo.registry import create_model
 
 PROTOCOLS = ("upsample", "fov", "frames", "duration", "native", "patch")
 MAX_SIZE_PX = 8192  # the largest evaluated or timed image side (bench.resolutions, bench.shapes, speed --resolutions)

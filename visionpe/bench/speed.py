@@ -28,7 +28,15 @@ from ..data import build_dataset, build_train_loader, dataset_num_classes, get_d
 from ..engine.cli import positive_int
 from ..engine.config import Config, apply_overrides
 from ..engine.setup import to_device
-from ..zoo import FAMILIES, create_model, expand_models, family_of, list_visionpe_models, model_name, timm_equivalent
+from ..zoo.registry import (
+    FAMILIES,
+    create_model,
+    expand_models,
+    family_of,
+    list_visionpe_models,
+    model_name,
+    timm_equivalent,
+)
 from .measure import (
     CLOCKS,
     Clock,

@@ -1,17 +1,7 @@
-"""Datasets, transforms and multi-resolution batching."""
+"""Data: datasets by name (datasets/, registered on import), native-resolution batching (native/), and what every
+loader shares: the registry, the loaders, splits, seeding, multi-resolution batches and streams."""
 
-from . import (  # noqa: F401
-    canvas,
-    clipart,
-    clipart_scenes,
-    fashion_mnist,
-    folders,
-    image_text,
-    native_canvas,
-    synthetic_shapes,
-    timm_readers,
-    video_shapes,
-)
+from . import datasets  # noqa: F401  (registers every dataset)
 from .loader import build_dataset, build_eval_loader, build_train_loader, dataset_num_classes
 from .multires import Batch, ResolutionBatchSampler, collate_to_resolution, resize_to
 from .registry import DATASETS, DatasetInfo, get_dataset_info, register_dataset

@@ -14,8 +14,8 @@ from functools import partial
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from .multires import ResolutionBatchSampler, collate_to_resolution, eval_batches
-from .native_loader import build_native_train_loader
-from .native_plan import NativePlan
+from .native.loader import build_native_train_loader
+from .native.plan import NativePlan
 from .registry import DatasetInfo, get_dataset_info
 from .seeding import preserved_rngs, seed_rngs
 from .share import Share
@@ -138,7 +138,7 @@ def build_train_loader(
 ) -> DataLoader:
     """Shuffled batches (per-epoch order from (seed, epoch)) at one resolution per batch; the loader's
     `batch_sampler` has set_epoch / start_at for resuming (see epoch_batches). Streams go to streams.py;
-    `native`: native-aspect batches of that plan instead (native_loader.py; `resolutions[0]` is the native size of
+    `native`: native-aspect batches of that plan instead (data/native/loader.py; `resolutions[0]` is the native size of
     datasets that only draw squares; `aug`: the augmentation settings, for timm's NaFlex loader)."""
     share = Share(workers, rank, world_size, pin_memory)
     if native is not None:

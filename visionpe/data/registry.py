@@ -8,7 +8,7 @@ Optional, picked up by the engine when present: a factory parameter named `train
 `aug` / `mean` / `std` / `interpolation` / `crop_pct` / `class_map` (image folders); on the dataset object,
 `render(index, resolution) -> (input, target)` (draw an item at any resolution: one object serves every resolution
 and multi-resolution batches need no resizing), `native_size(index)` and `render_size(index, (H, W))`
-(native-aspect batches, native_items.py), `num_classes` (when the registry entry has none),
+(native-aspect batches, data/native/items.py), `num_classes` (when the registry entry has none),
 `collate_inputs(list_of_dicts)` (batch dict inputs, e.g. padding text) and `pop_skipped()` (unreadable files).
 """
 

@@ -26,7 +26,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ..models.checkpoints import kind_mismatches
+from ..zoo.checkpoint_filters import kind_mismatches
 
 __all__ = [
     "CheckpointError",

@@ -86,7 +86,7 @@ class ModelConfig:
 @dataclass
 class NativeConfig:
     """data.native.*: native-aspect batches (images resized to a token budget keeping their aspect ratio, several
-    sizes in one batch); see docs/training.md and visionpe/data/native_loader.py."""
+    sizes in one batch); see docs/training.md and visionpe/data/native/loader.py."""
 
     mode: str = setting(
         "packed",

@@ -25,10 +25,10 @@ from torch.utils.data import Dataset
 from tqdm import tqdm
 
 from ..data import get_dataset_info
-from ..data.folders import SkippedImagesWarning
+from ..data.datasets.folders import SkippedImagesWarning
 from ..data.loader import build_eval_loader, dataset_num_classes
-from ..data.native_loader import build_native_eval_loader
-from ..data.native_plan import NativePlan
+from ..data.native.loader import build_native_eval_loader
+from ..data.native.plan import NativePlan
 from ..data.share import Share
 from .checkpoint import CheckpointError, find_checkpoint, load_into_model, load_weights
 from .config import Config, apply_overrides, config_from_dict

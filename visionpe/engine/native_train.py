@@ -1,4 +1,4 @@
-"""What the trainer does differently under `data.native` (native-aspect batches, see data/native_loader.py): the
+"""What the trainer does differently under `data.native` (native-aspect batches, see data/native/loader.py): the
 plan from the settings and the model's patch size, a trial forward pass, the batch statistics of the metrics
 lines (padding fraction, images and tokens per batch, summed over ranks) and the evaluation at token budgets."""
 
@@ -9,8 +9,8 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ..data import get_dataset_info
-from ..data.native_loader import native_trials
-from ..data.native_plan import NativePlan, native_mode, native_plan
+from ..data.native.loader import native_trials
+from ..data.native.plan import NativePlan, native_mode, native_plan
 from .config import Config, ConfigError, native_settings
 from .distributed import DistContext, all_reduce_sum
 from .setup import forward_on

@@ -12,13 +12,13 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from .. import data as vdata
-from ..attention import check_attn_backend
-from ..data.folders import MAX_CONSECUTIVE_FAILURES
+from ..attention.backends import check_attn_backend
+from ..data.datasets.folders import MAX_CONSECUTIVE_FAILURES
 from ..data.loader import KeyedDataset, renders_any_resolution
 from ..data.multires import collate_to_resolution
 from ..data.seeding import seeded_rngs
 from ..data.streams import first_stream_item, is_stream
-from ..zoo import create_model
+from ..zoo.registry import create_model
 from .config import Config
 
 __all__ = [

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from ..data.folders import SkippedImagesWarning
+from ..data.datasets.folders import SkippedImagesWarning
 from .distributed import DistContext, all_reduce_sum
 from .evaluate import json_safe
 from .loss_tally import LossTally

@@ -33,7 +33,7 @@ from timm.utils import dispatch_clip_grad
 from torch import nn
 from tqdm import tqdm
 
-from ..data.folders import SkippedImagesWarning
+from ..data.datasets.folders import SkippedImagesWarning
 from ..data.multires import patch_size_of_batch
 from ..data.streams import is_stream
 from ..models.flexi_patch import at_patch_size

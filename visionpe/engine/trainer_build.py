@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..data import get_dataset_info
 from ..data.loader import build_train_loader, dataset_num_classes, epoch_batches, renders_any_resolution
-from ..data.native_plan import NativePlan
+from ..data.native.plan import NativePlan
 from ..data.streams import first_stream_item, is_stream
 from ..models.flexi_patch import flexi_patch_refusal
 from .config import Config, ConfigError

@@ -8,8 +8,8 @@ import torch
 from timm.layers import DropPath, LayerScale, Mlp
 from torch import nn
 
-from ..attn_inputs import AttnRoute, LayerPositions, PosContext
-from .attention import Attention
+from ..attention.inputs import AttnRoute, LayerPositions, PosContext
+from .attention_layer import Attention
 
 __all__ = ["Block", "PreNormBlock"]
 

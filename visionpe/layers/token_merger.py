@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from timm.layers import Mlp
 from torch import nn
 
-from ..attention import attend
+from ..attention.backends import attend
 from ..fx import fx_unsupported, is_fx_tracing
 
 __all__ = ["AdaptiveTokenMerger", "merge_plan"]

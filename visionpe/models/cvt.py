@@ -30,7 +30,7 @@ from torch.utils.checkpoint import checkpoint
 from ..fx import fx_unsupported, is_fx_tracing
 from ..layers.checks import check_images
 from ..layers.patch_resize import check_patch_size
-from ..layout import TokenLayout, cell_centre_layout, image_layout
+from ..layout.tokens import TokenLayout, cell_centre_layout, image_layout
 from ..pos.base import AttnSpec, PEHost, Positions
 from ..pos.presets import build_pos_encoding
 from .construction import (

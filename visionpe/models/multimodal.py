@@ -21,8 +21,8 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from ..layout import TokenLayout
-from ..native import is_native_batch
+from ..layout.batch import is_native_batch
+from ..layout.tokens import TokenLayout
 from ..pos.base import PEHost
 from ..position_modes import EXTRAPOLATE, VIDEO_MODES
 from .construction import factory_kwargs
@@ -165,7 +165,7 @@ class MultimodalEncoder(TubeletEncoder):
         self, pixels: torch.Tensor, text_ids: torch.Tensor | None = None, text_split: int | None = None
     ) -> torch.Tensor | dict:
         """Token features [B, P + N, D] of the whole sequence (prefix, text, <img>, visual, </img>, text). A native
-        batch of clips (visionpe.native, padded or packed; an image is a clip of one tubelet; text_ids one row per
+        batch of clips (visionpe.layout, padded or packed; an image is a clip of one tubelet; text_ids one row per
         clip, native_sequence.py) -> a dict of every row's tokens, for forward_head."""
         if is_native_batch(pixels):
             return self.native_features(*embed_native_sequence(self, pixels, text_ids, text_split))

@@ -6,7 +6,7 @@ on an image tensor, and the results are scattered back. Attention runs either pe
 q / k / v through `attention_core` with its own context: the work of the images alone) or over the whole batch with
 the batch's `AttnMask` (rotations and value terms per group, logits biases placed block-diagonally into one
 [B, H, L, L] bias): one masked kernel, which flex attention makes block-sparse on CUDA. Batch format:
-`visionpe.native`.
+`visionpe.layout`.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..attention import resolve_backend
-from ..attn_inputs import AttnRoute, PosContext
-from ..attn_mask import AttnMask
-from ..attn_rows import RowValue
-from ..layers.attention import attention_core
+from ..attention.backends import resolve_backend
+from ..attention.inputs import AttnRoute, PosContext
+from ..attention.masks import AttnMask
+from ..attention.rows import RowValue
+from ..layers.attention_layer import attention_core
 from ..layers.patch_resize import resize_kernel
-from ..native import BatchLayout, ImageGroup, check_native, native_layout, regrid_layout
+from ..layout.batch import BatchLayout, ImageGroup, check_native, native_layout, regrid_layout
 from ..pos.base import LayerPos, PosEncoding, Positions, PosStack
 
 __all__ = [

@@ -1,5 +1,5 @@
 """Native batches through the multimodal encoder: sequences of (visual input + its text), each visual input an
-image or clip of its own size as tubelets with (t, y, x) coordinates (`visionpe.native`).
+image or clip of its own size as tubelets with (t, y, x) coordinates (`visionpe.layout`).
 
 Padded (no image_ids): one sequence per row. Packed (image_ids): sequence j of a row is the visual input whose
 patches have image_ids j; a row's sequences are numbered 0, 1, ... without gaps. Text: text_ids [I, Lt], one row
@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..native import BatchLayout, ImageGroup, check_native, native_layout
+from ..layout.batch import BatchLayout, ImageGroup, check_native, native_layout
 from .native_batch import stem_weight
 
 __all__ = ["embed_native_sequence"]

@@ -30,7 +30,7 @@ from torch.utils.checkpoint import checkpoint
 from ..fx import fx_unsupported, is_fx_tracing
 from ..layers import Attention, PreNormBlock
 from ..layers.checks import check_images
-from ..layout import TokenLayout, image_layout, is_symbolic, window_layout
+from ..layout.tokens import TokenLayout, image_layout, is_symbolic, window_layout
 from ..pos.base import AttnSpec, PEHost, PosContext, Positions
 from ..pos.presets import build_pos_encoding
 from .construction import UnsupportedPool, factory_kwargs, init_linears, layer_pos_no_weight_decay, place_layer_pos

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from ..layout import is_symbolic, shape_cache
+from ..layout.tokens import is_symbolic, shape_cache
 
 __all__ = ["WindowPlan", "plan_windows", "window_partition", "window_reverse", "window_mask", "MASK_VALUE"]
 

@@ -17,8 +17,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..layers import Block
-from ..layout import TokenLayout
-from ..native import BatchLayout, is_native_batch
+from ..layout.batch import BatchLayout, is_native_batch
+from ..layout.tokens import TokenLayout
 from ..pos.base import AttnSpec, PEHost, PosEncoding, Positions
 from ..pos.mm_positions import segment_layout
 from ..pos.presets import build_pos_encoding
@@ -220,7 +220,7 @@ class TokenEncoder(ContractModel):
         return x
 
     def native_features(self, x: torch.Tensor, layout: BatchLayout) -> dict:
-        """forward_features of a native batch (visionpe.native): tokens [B, L, C] after the final norm, which tokens
+        """forward_features of a native batch (visionpe.layout): tokens [B, L, C] after the final norm, which tokens
         are an image's (patch_valid [B, L]) and the BatchLayout, for forward_head."""
         return dict(patches=self.run_blocks(x, layout), patch_valid=layout.valid, layout=layout)
 
@@ -239,11 +239,11 @@ class TokenEncoder(ContractModel):
         return [dict(module=f"blocks.{i}", num_chs=dim, reduction=reduction) for i in range(len(self.blocks))]
 
     def embed_native(self, x: dict) -> tuple[torch.Tensor, BatchLayout]:
-        """A native batch (visionpe.native) -> tokens [B, L, C] and their BatchLayout (models with a native stem)."""
+        """A native batch (visionpe.layout) -> tokens [B, L, C] and their BatchLayout (models with a native stem)."""
         raise TypeError(f"{type(self).__name__} takes no native batch")
 
     def forward_features(self, x: torch.Tensor | dict) -> torch.Tensor | dict:
-        """Input -> tokens [B, P + N, C] (see `embed`); a native batch (visionpe.native) -> a dict of every item's
+        """Input -> tokens [B, P + N, C] (see `embed`); a native batch (visionpe.layout) -> a dict of every item's
         tokens, for forward_head."""
         if is_native_batch(x):
             return self.native_features(*self.embed_native(x))

@@ -16,7 +16,7 @@ from torch import nn
 from ..fx import fx_unsupported, is_fx_tracing
 from ..layers.checks import check_tensor
 from ..layers.tubelet_resize import check_tubelet, resized_tubelet_conv
-from ..layout import TokenLayout
+from ..layout.tokens import TokenLayout
 from ..position_modes import EXTRAPOLATE, VIDEO_MODES
 from .construction import factory_kwargs
 from .native_batch import embed_tubelets
@@ -162,7 +162,7 @@ class VideoViT(TubeletEncoder):
         return self.add_prefix(x), self.layout(grid, x.device)
 
     def embed_native(self, x: dict):
-        """A native batch of clips of different lengths and sizes (visionpe.native: tubelets with (t, y, x)
+        """A native batch of clips of different lengths and sizes (visionpe.layout: tubelets with (t, y, x)
         coordinates) -> tokens [B, L, D] and their BatchLayout."""
         return embed_tubelets(self, x)
 

@@ -16,7 +16,7 @@ from torch import nn
 from ..fx import is_fx_tracing
 from ..layers.checks import check_images, patch_grid
 from ..layers.token_merger import AdaptiveTokenMerger
-from ..layout import TokenLayout, image_layout
+from ..layout.tokens import TokenLayout, image_layout
 from ..position_modes import EXTRAPOLATE, IMAGE_MODES, INTERPOLATE
 from .construction import factory_kwargs
 from .native_batch import embed_patches
@@ -138,7 +138,7 @@ class VisionTransformer(TokenEncoder):
         return self.add_prefix(x.reshape(B, Hp * Wp, C)), self.layout((Hp, Wp), device)
 
     def embed_native(self, x: dict):
-        """A native batch (a NaFlex dict, visionpe.native) -> tokens [B, L, C] and their BatchLayout."""
+        """A native batch (a NaFlex dict, visionpe.layout) -> tokens [B, L, C] and their BatchLayout."""
         return embed_patches(self, x)
 
     # --------------------------------------------------------------------------------------------- timm interface

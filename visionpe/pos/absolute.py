@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from timm.layers import resample_abs_pos_embed, trunc_normal_
 from torch import nn
 
-from ..layout import TokenLayout, is_symbolic
+from ..layout.tokens import TokenLayout, is_symbolic
 from .base import CheckpointMismatch, PEHost, PosEncoding
 
 __all__ = ["APE_RESAMPLE", "LearnedAPE", "SinCos2D", "resample_bicubic", "sincos_2d"]

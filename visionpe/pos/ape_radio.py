@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from timm.layers import register_notrace_function
 from torch import nn
 
-from ..layout import TokenLayout, is_symbolic
+from ..layout.tokens import TokenLayout, is_symbolic
 from .base import PEHost, PosEncoding
 
 __all__ = ["CroppedAPE", "radio_crop_grid", "radio_eval_table", "radio_train_pe", "window_sample"]

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from timm.layers import resample_abs_pos_embed, trunc_normal_
 from torch import nn
 
-from ..layout import TokenLayout
+from ..layout.tokens import TokenLayout
 from .base import PEHost, PosEncoding
 
 __all__ = ["SpaceTimeAPE"]

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..attn_inputs import LayerPositions, PosContext  # attention's input types, built by the PEs
-from ..layout import TokenLayout
+from ..attention.inputs import LayerPositions, PosContext  # attention's input types, built by the PEs
+from ..layout.tokens import TokenLayout
 from ..position_modes import EXTRAPOLATE
 
 __all__ = [

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..layout import TokenLayout
+from ..layout.tokens import TokenLayout
 from .base import PEHost, PosEncoding
 
 __all__ = ["CPE", "grid_tokens", "tokens_from_grid"]

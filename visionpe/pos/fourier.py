@@ -15,7 +15,7 @@ import math
 import torch
 from torch import nn
 
-from ..layout import TokenLayout
+from ..layout.tokens import TokenLayout
 from .base import PEHost, PosEncoding
 
 __all__ = ["LearnableFourier", "fourier_features"]

@@ -36,9 +36,9 @@ import torch
 from timm.layers import resize_rel_pos_bias_table, trunc_normal_
 from torch import nn
 
-from ..attn_rows import RowBias, RowValue
+from ..attention.rows import RowBias, RowValue
 from ..fx import fx_unsupported, is_fx_tracing
-from ..layout import TokenLayout
+from ..layout.tokens import TokenLayout
 from .base import LayerParams, PEHost, PosContext, PosEncoding
 from .irpe_checkpoint import IRPE_KEYS, SWIN_TABLE, irpe_tables, swin_tables
 from .irpe_lookup import FullBuckets, GridBuckets

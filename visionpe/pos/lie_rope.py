@@ -38,7 +38,7 @@ from functools import partial
 import torch
 
 from ..fx import fx_unsupported, is_fx_tracing
-from ..layout import TokenLayout
+from ..layout.tokens import TokenLayout
 from .base import LayerParams, PEHost, PosContext, PosEncoding
 from .coord_aug import CoordAugment
 from .rotary import no_autocast

@@ -50,7 +50,7 @@ from functools import lru_cache
 
 import torch
 
-from ..layout import TokenLayout
+from ..layout.tokens import TokenLayout
 from .rotary import rope_frequencies
 
 __all__ = [

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..attn_rows import RowBias
+from ..attention.rows import RowBias
 from ..fx import fx_unsupported, is_fx_tracing
-from ..layout import TokenLayout
+from ..layout.tokens import TokenLayout
 from .base import PosContext, PosEncoding
 from .table_cache import TableCache
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..layout import TokenLayout, image_layout, video_layout
+from ..layout.tokens import TokenLayout, image_layout, video_layout
 from .base import PosEncoding, nonfinite_error, nonfinite_tensor
 
 __all__ = ["probe_pe"]

@@ -20,7 +20,7 @@ import math
 import torch
 from torch import nn
 
-from ..layout import TokenLayout
+from ..layout.tokens import TokenLayout
 from .base import AttnSpec, CheckpointMismatch, PEHost, PosContext, PosEncoding, assign
 from .coord_aug import CoordAugment
 from .rope_scaling import base_ladder, check_yarn_ramp, rope_scaling, scale_frequencies, yarn_temperature

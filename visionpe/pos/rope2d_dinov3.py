@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from ..layout import TokenLayout, shape_cache
+from ..layout.tokens import TokenLayout, shape_cache
 from .base import PEHost, PosContext, PosEncoding
 from .coord_aug import CoordAugment
 from .rope_scaling import Ladder, base_ladder, check_yarn_ramp, rope_scaling, scale_frequencies, yarn_temperature

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..layout import TokenLayout
+from ..layout.tokens import TokenLayout
 from .base import PEHost, PosContext, PosEncoding
 from .mm_positions import (
     HOPE_EVAL_SCALE,

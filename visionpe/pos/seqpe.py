@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from timm.layers import trunc_normal_
 from torch import nn
 
-from ..layout import TokenLayout, image_layout
+from ..layout.tokens import TokenLayout, image_layout
 from ..position_modes import INTERPOLATE
 from .base import PEHost, PosContext, PosEncoding
 from .seqpe_encoder import DigitEncoder, digit_tokens, digits_for
