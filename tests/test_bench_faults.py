@@ -174,7 +174,7 @@ def test_sizes_and_seeds_out_of_range_are_refused_by_the_dry_run(tmp_path, capsy
 
 
 def test_speed_checks_its_device_and_sizes_before_measuring(capsys, monkeypatch):
-    from visionpe.bench import speed
+    from visionpe.bench.perf import speed
 
     monkeypatch.setattr(speed, "measure", lambda *a, **k: pytest.fail("measured"))
     monkeypatch.setattr(speed.torch.cuda, "is_available", lambda: False)

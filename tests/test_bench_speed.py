@@ -16,10 +16,10 @@ import torch
 import visionpe  # noqa: F401
 import visionpe.attention.backends
 from visionpe.attention.backends import attn_backend
-from visionpe.bench import gpu_check
 from visionpe.bench.__main__ import main as bench_main
-from visionpe.bench.backend_check import xformers_status
-from visionpe.bench.measure import (
+from visionpe.bench.perf import gpu_check
+from visionpe.bench.perf.backend_check import xformers_status
+from visionpe.bench.perf.measure import (
     Clock,
     count_flops,
     example_input,
@@ -28,7 +28,7 @@ from visionpe.bench.measure import (
     saved_activation_mb,
     spread,
 )
-from visionpe.bench.speed import measure
+from visionpe.bench.perf.speed import measure
 from visionpe.zoo.registry import create_model, expand_models, family_of, timm_equivalent
 
 # --------------------------------------------------------------------------------------------------- FLOPs, speed
@@ -311,7 +311,7 @@ def test_gpu_check_reports_an_xformers_build_for_another_torch(monkeypatch):
 def test_cpu_memory_probe_runs_with_a_fixed_mmap_threshold(monkeypatch):
     # glibc's default threshold grows after large frees, and the resident set then keeps freed heap blocks (ViT-B
     # 1024 px iRPE read 463 MiB that way against 188 MiB live): the probe process must get the fixed threshold
-    from visionpe.bench import measure as memprobe
+    from visionpe.bench.perf import measure as memprobe
 
     seen = {}
 
@@ -332,7 +332,7 @@ def test_cpu_memory_probe_runs_with_a_fixed_mmap_threshold(monkeypatch):
 def test_growth_fit_recovers_the_exponents_of_time_and_memory():
     """Rows whose time per item grows as N^1.5 and memory as N^2 (exact powers) give those exponents back; a model
     measured at one token count gets no fit."""
-    from visionpe.bench.speed import SpeedRow, format_markdown, scaling
+    from visionpe.bench.perf.speed import SpeedRow, format_markdown, scaling
 
     rows = [
         SpeedRow("m", r, tokens=n, infer_ips=1e6 / n**1.5, infer_mem_mb=n**2 / 1e3)

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import visionpe.engine.checkpoint as ckpt
-from visionpe.bench import speed
 from visionpe.bench.__main__ import main as bench_main
+from visionpe.bench.perf import speed
 from visionpe.engine import destinations, evaluate, export
 from visionpe.engine.cli import eval_main
 from visionpe.engine.destinations import DestinationError, check_destination
@@ -139,7 +139,7 @@ def test_cards_out_under_a_file_is_one_line(tmp_path, capsys):
 
 
 def test_gpu_check_out_under_a_file_is_one_line_before_checking(tmp_path, capsys, monkeypatch):
-    from visionpe.bench import gpu_check
+    from visionpe.bench.perf import gpu_check
 
     (tmp_path / "file").write_text("x")
     monkeypatch.setattr(gpu_check, "run_check", _not_reached)

@@ -150,8 +150,8 @@ def test_card_metadata_is_the_yaml_huggingface_hub_writes_for_the_same_keys():
 
 
 def test_cards_show_per_pe_cost_ratios_with_their_spread_from_any_speed_file(tmp_path):
-    from visionpe.bench.measure import Spread
-    from visionpe.bench.speed import main as speed_main
+    from visionpe.bench.perf.measure import Spread
+    from visionpe.bench.perf.speed import main as speed_main
 
     out = tmp_path / "results" / "speed" / "irpe"
     args = ["--models", "vit_n_ape", "vit_n_irpe", "--resolutions", "32", "--infer", "--mode", "time"]

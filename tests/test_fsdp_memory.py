@@ -9,7 +9,7 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from visionpe.bench.fsdp_memory import project_state, state_bytes
+from visionpe.bench.perf.fsdp_memory import project_state, state_bytes
 
 
 def _one_step(model: nn.Module) -> torch.optim.Optimizer:

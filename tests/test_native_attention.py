@@ -12,7 +12,7 @@ from visionpe.attention import backends as attention
 from visionpe.attention import masks as attn_mask
 from visionpe.attention.backends import attend, attn_backend
 from visionpe.attention.masks import AttnMask
-from visionpe.bench.backend_check import check_masked_backend, check_native_model, packed_segment_ids
+from visionpe.bench.perf.backend_check import check_masked_backend, check_native_model, packed_segment_ids
 from visionpe.layout.batch import pack_images
 from visionpe.zoo.vit_family import VIT
 

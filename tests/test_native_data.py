@@ -162,7 +162,7 @@ def test_native_dataset_items_are_seeded_and_leave_the_global_rng_alone():
 
 
 def test_speed_arms_share_the_token_slots_and_packing_pads_least():
-    from visionpe.bench.native_speed import arm_batches, image_sizes
+    from visionpe.bench.perf.native_speed import arm_batches, image_sizes
 
     sizes = image_sizes(200, 4, [16, 36, 64], 3.0, seed=0)
     assert all(h / 4 * w / 4 <= 64 for h, w in sizes)

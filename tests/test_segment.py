@@ -15,8 +15,8 @@ try:
 except (ImportError, OSError):  # OSError: the cairo library is missing
     pytestmark = pytest.mark.skip(reason="clip art renders with cairosvg and the cairo library")
 
-from visionpe.bench import segment
 from visionpe.bench.leaderboard import benchmarks
+from visionpe.bench.segmentation import segment
 from visionpe.bench.settings import BenchConfigError, load_bench
 from visionpe.data import build_dataset
 from visionpe.engine.setup import build_split

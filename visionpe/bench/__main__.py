@@ -11,18 +11,24 @@ COMMANDS = {  # command: (module, one line of help)
         "train over seeds (image, video, image-text), evaluate at other sizes and clip lengths",
     ),
     "segment": (
-        "visionpe.bench.segment",
+        "visionpe.bench.segmentation.segment",
         "train a linear segmentation head over seeds, evaluate mIoU at other sizes and fields of view",
     ),
-    "speed": ("visionpe.bench.speed", "images/s, peak memory, parameters, GFLOPs: ratios vs a baseline and timm"),
-    "gpu-check": ("visionpe.bench.gpu_check", "attention backends agree per PE; ViT-B/16 images/s, memory per backend"),
+    "speed": ("visionpe.bench.perf.speed", "images/s, peak memory, parameters, GFLOPs: ratios vs a baseline and timm"),
+    "gpu-check": (
+        "visionpe.bench.perf.gpu_check",
+        "attention backends agree per PE; ViT-B/16 images/s, memory per backend",
+    ),
     "leaderboard": (
         "visionpe.bench.leaderboard",
         "rank every image PE per benchmark and protocol: results/leaderboard.md",
     ),
     "cards": ("visionpe.bench.cards", "write model_cards/<family>.md from the results under results/"),
-    "fsdp-memory": ("visionpe.bench.fsdp_memory", "bytes per rank of parameters, gradients and AdamW state under FSDP"),
-    "native-speed": ("visionpe.bench.native_speed", "packed vs padded vs square-resized native batches: images/s"),
+    "fsdp-memory": (
+        "visionpe.bench.perf.fsdp_memory",
+        "bytes per rank of parameters, gradients and AdamW state under FSDP",
+    ),
+    "native-speed": ("visionpe.bench.perf.native_speed", "packed vs padded vs square-resized native batches: images/s"),
 }
 
 

@@ -21,10 +21,10 @@ from ..pos.presets import PE_PRESETS, PRESET_PAPERS
 from ..zoo.pretrained_cfgs import WEIGHTS
 from ..zoo.registry import FAMILIES, Family, model_name, preset_model_options
 from . import report
-from .measure import machine_description, spread_word
+from .perf.measure import machine_description, spread_word
+from .perf.speed import ZOO_SIZES, SpeedRow, default_resolution, memory_ratio_text, ratio_text, spread_text
 from .protocols import CLIP_PROTOCOLS, row_point, size_label
 from .report import fmt, md_table, tally_text
-from .speed import ZOO_SIZES, SpeedRow, default_resolution, memory_ratio_text, ratio_text, spread_text
 
 T = report.template("card_template.md")
 

@@ -16,7 +16,7 @@ from ..engine.checkpoint import atomic_write_text
 from ..engine.destinations import check_destination, write_text
 from ..papers import CLAIMS
 from ..zoo.registry import name_parts
-from .measure import machine_description, machine_info
+from .perf.measure import machine_description, machine_info
 from .protocols import CLIP_PROTOCOLS, Point, point_fields, point_label, row_point, size_label
 from .stats import ALPHA, detectable_difference, holm, welch
 

@@ -18,10 +18,10 @@ import time
 
 import torch
 
-from ..data.native.collate import collate_native
-from ..data.native.pack import OnlinePacker
-from ..data.native.resize import budget_size, patchify
-from ..data.native.sampler import NativeKey
+from ...data.native.collate import collate_native
+from ...data.native.pack import OnlinePacker
+from ...data.native.resize import budget_size, patchify
+from ...data.native.sampler import NativeKey
 
 __all__ = ["image_sizes", "arm_batches", "time_arm", "main"]
 

@@ -23,8 +23,8 @@ from torch import nn
 
 import visionpe  # noqa: F401  (registers the models)
 
-from ..engine.setup import run_model, to_device
-from ..zoo.registry import family_of, list_visionpe_models
+from ...engine.setup import run_model, to_device
+from ...zoo.registry import family_of, list_visionpe_models
 from .fsdp_memory import MMAP_THRESHOLD  # the probe process's glibc mmap threshold, as fsdp_memory's ranks
 
 CLOCKS = ("wall", "cpu")
@@ -254,7 +254,7 @@ def peak_memory_mb(
         return cuda_peak_mb(step, device)
     spec = json.dumps(dict(name=name, size=size, batch=batch, train=train, kwargs=kwargs, frames=frames))
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": os.environ.get("MALLOC_MMAP_THRESHOLD_", str(MMAP_THRESHOLD))}
-    probe = [sys.executable, "-m", "visionpe.bench.measure", spec]  # this module's __main__: _child
+    probe = [sys.executable, "-m", "visionpe.bench.perf.measure", spec]  # this module's __main__: _child
     out = subprocess.run(probe, capture_output=True, text=True, env=env)
     if out.returncode != 0:
         raise RuntimeError(f"memory probe for {name} at {size} px failed:\n{out.stderr[-2000:]}")

@@ -28,7 +28,7 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from ..engine.config import STRATEGIES
+from ...engine.config import STRATEGIES
 
 __all__ = ["state_bytes", "project_state", "measure", "main"]
 
@@ -76,9 +76,9 @@ def project_state(per_rank_bytes: int, ranks: int, to_ranks: int) -> float:
 def _build(name: str, strategy: str, res: int, classes: int, ctx):
     from torch.nn.parallel import DistributedDataParallel
 
-    from ..engine.config import load_config
-    from ..engine.fsdp import build_sharded_model
-    from ..engine.setup import build_model
+    from ...engine.config import load_config
+    from ...engine.fsdp import build_sharded_model
+    from ...engine.setup import build_model
 
     cfg = load_config(None, [f"model.name={name}", f"data.resolution={res}", "train.amp=none", "model.drop_path=0"])
     if strategy == "fsdp":
@@ -94,7 +94,7 @@ def _rank_main(rank: int, world: int, port: int, job: dict, out: str) -> None:
     figures to `out`."""
     from timm.optim import create_optimizer_v2
 
-    from ..engine.distributed import gather_objects, init_distributed, shutdown
+    from ...engine.distributed import gather_objects, init_distributed, shutdown
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     os.environ["LOCAL_RANK"] = str(rank)

@@ -12,9 +12,9 @@ import time
 
 import torch
 
-from ..attention.backends import attend, attn_backend
-from ..attention.masks import AttnMask
-from ..layout.batch import pack_images
+from ...attention.backends import attend, attn_backend
+from ...attention.masks import AttnMask
+from ...layout.batch import pack_images
 
 __all__ = ["xformers_status", "check_model_backends", "packed_segment_ids", "check_masked_backend",
            "check_native_model", "TOLERANCE", "MODEL_TOLERANCE"]  # fmt: skip

@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..engine.checkpoint import atomic_write_text
-from ..zoo.registry import name_parts
-from .measure import machine_description, machine_info
-from .protocols import Point, point_label, row_point
-from .report import CSV_KEYS, csv_rows, csv_text, fmt, md_table, mean_std, stat_text
-from .stats import ALPHA, detectable_difference, holm, welch
+from ...engine.checkpoint import atomic_write_text
+from ...zoo.registry import name_parts
+from ..perf.measure import machine_description, machine_info
+from ..protocols import Point, point_label, row_point
+from ..report import CSV_KEYS, csv_rows, csv_text, fmt, md_table, mean_std, stat_text
+from ..stats import ALPHA, detectable_difference, holm, welch
 
 __all__ = ["summarise", "compare_to_nope", "write_seg_report"]
 

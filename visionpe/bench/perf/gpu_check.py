@@ -15,13 +15,13 @@ import torch
 import visionpe  # noqa: F401  (registers the models)
 from visionpe import attn_backend
 
-from ..attention.masks import flex_available
-from ..engine.cli import positive_int
-from ..zoo.registry import create_model, family_of
+from ...attention.masks import flex_available
+from ...engine.cli import positive_int
+from ...zoo.registry import create_model, family_of
+from ..report import check_files, md_table, write_files
+from ..settings import check_sizes
 from . import backend_check as checks
 from .measure import Clock, Spread, cuda_peak_mb, interleave, model_step, paired_ratios, spread
-from .report import check_files, md_table, write_files
-from .settings import check_sizes
 
 MASKED_BACKENDS = {"flex": "flex (block mask)", "xformers": "xformers (block-diagonal)", "sdpa": "sdpa (bool mask)"}
 NATIVE_MODEL = "vit_b_rope2d_mixed"  # a rotary PE: auto sends its masked calls to flex on CUDA

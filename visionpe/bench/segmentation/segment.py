@@ -22,25 +22,25 @@ from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
 from torch.utils.data import DataLoader, Dataset
 
-from ..data import build_dataset, get_dataset_info
-from ..engine.checkpoint import (
+from ...data import build_dataset, get_dataset_info
+from ...engine.checkpoint import (
     atomic_write_text,
     find_checkpoint,
     load_training_state,
     load_weights,
     write_checkpoint,
 )
-from ..engine.config import Config, config_to_dict
-from ..engine.distributed import resolve_device
-from ..engine.setup import autocast, build_model, resolve_amp
-from ..engine.train_state import rng_state, set_rng_state
-from ..models.seg_head import LinearSegmenter
-from . import protocols
-from .extrapolate import Job, Plan, bench_command, failed_runs, make_plan, read_record, validate, write_record
-from .jobs import run_stoppable, stopped_job
-from .protocols import Point, point_label, row_point
+from ...engine.config import Config, config_to_dict
+from ...engine.distributed import resolve_device
+from ...engine.setup import autocast, build_model, resolve_amp
+from ...engine.train_state import rng_state, set_rng_state
+from ...models.seg_head import LinearSegmenter
+from .. import protocols
+from ..extrapolate import Job, Plan, bench_command, failed_runs, make_plan, read_record, validate, write_record
+from ..jobs import run_stoppable, stopped_job
+from ..protocols import Point, point_label, row_point
+from ..settings import BenchConfig, BenchConfigError, load_bench
 from .segment_report import write_seg_report
-from .settings import BenchConfig, BenchConfigError, load_bench
 
 __all__ = ["confusion", "scores", "load_segment", "run_segment", "main"]
 

@@ -24,11 +24,11 @@ from torch import nn
 
 import visionpe  # noqa: F401  (registers the models)
 
-from ..data import build_dataset, build_train_loader, dataset_num_classes, get_dataset_info
-from ..engine.cli import positive_int
-from ..engine.config import Config, apply_overrides
-from ..engine.setup import to_device
-from ..zoo.registry import (
+from ...data import build_dataset, build_train_loader, dataset_num_classes, get_dataset_info
+from ...engine.cli import positive_int
+from ...engine.config import Config, apply_overrides
+from ...engine.setup import to_device
+from ...zoo.registry import (
     FAMILIES,
     create_model,
     expand_models,
@@ -37,6 +37,8 @@ from ..zoo.registry import (
     model_name,
     timm_equivalent,
 )
+from ..report import check_files, fmt, md_table, write_files
+from ..settings import MAX_SIZE_PX, check_device, check_sizes
 from .measure import (
     CLOCKS,
     Clock,
@@ -55,8 +57,6 @@ from .measure import (
     spread_word,
     torch_threads,
 )
-from .report import check_files, fmt, md_table, write_files
-from .settings import MAX_SIZE_PX, check_device, check_sizes
 
 _DEFAULT_MODELS = ["vit_s_ape", "vit_s_rope2d_mixed", "swin_t_rpb", "cvt_13"]
 _COMPILE_MODELS = ["vit_s_rope2d_mixed", "swin_t_rpb"]
