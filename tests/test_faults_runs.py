@@ -221,10 +221,11 @@ def _folders(root: Path, classes=("a", "b"), n: int = 4) -> Path:
     return root
 
 
-def test_resume_refuses_renamed_class_folders_and_another_number_of_images(tmp_path, capsys):
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])  # a plain and a sharded checkpoint: one check
+def test_resume_refuses_renamed_class_folders_and_another_number_of_images(tmp_path, capsys, strategy):
     root = _folders(tmp_path / "d")
     args = tiny(tmp_path, "data.name=imagefolder", "data.options={}", f"data.root={root}", "data.batch_size=4")
-    args += ["train.run_name=f", "train.epochs=1"]
+    args += ["train.run_name=f", "train.epochs=1", f"train.strategy={strategy}"]
     run(args)
     for split in ("train", "val"):  # class "a" renamed "c": its images would now be labelled 1, b's 0
         (root / split / "a").rename(root / split / "c")

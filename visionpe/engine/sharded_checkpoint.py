@@ -69,6 +69,11 @@ def _fsync_write(path: Path, write) -> None:
         os.fsync(f.fileno())
 
 
+def _as_header(meta: dict) -> dict[str, str]:
+    """meta.json as a safetensors checkpoint's metadata (string values): what the data checks and loaders read."""
+    return {k: v if isinstance(v, str) else json.dumps(v) for k, v in meta.items()}
+
+
 def _read_meta(folder: Path) -> dict:
     try:
         meta = json.loads((folder / "meta.json").read_text())
@@ -136,7 +141,8 @@ class ShardedBackend:
     def read(self, ckpt_dir: Path, tag: str, rank: int) -> Found:
         folder = self.source(ckpt_dir, tag)
         state = load_training_state(folder / f"rank{rank}.state.pt")
-        return Found(tag, folder, state, bool(self._metas.pop(tag).get("ema")))
+        meta = self._metas.pop(tag)
+        return Found(tag, folder, state, bool(meta.get("ema")), meta=_as_header(meta))
 
     def load(self, found: Found, parts: TrainingParts, model_name: str) -> None:
         saved = {k for k in read_dcp_metadata(found.source).state_dict_metadata if k.startswith("model.")}
@@ -195,5 +201,4 @@ def load_sharded_weights(path: str | os.PathLike, ema: bool = False) -> tuple[di
         if k.startswith(prefix) and isinstance(m, TensorStorageMetadata)
     }
     dcp_load(state, folder, no_dist=True)
-    out_meta = {k: v if isinstance(v, str) else json.dumps(v) for k, v in meta.items()}
-    return {k.removeprefix(prefix): v for k, v in state.items()}, out_meta
+    return {k.removeprefix(prefix): v for k, v in state.items()}, _as_header(meta)
