@@ -23,7 +23,8 @@ from ..zoo.registry import FAMILIES, Family, model_name, preset_model_options
 from . import report
 from .claims import chance_level, tally_text
 from .perf.measure import machine_description, spread_word
-from .perf.speed import ZOO_SIZES, SpeedRow, default_resolution, memory_ratio_text, ratio_text, spread_text
+from .perf.speed import ZOO_SIZES, default_resolution
+from .perf.speed_report import SpeedRow, memory_ratio_text, ratio_text, spread_text
 from .protocols import CLIP_PROTOCOLS, row_point, size_label
 from .report import fmt, md_table
 from .templates import template
