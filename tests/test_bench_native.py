@@ -15,9 +15,9 @@ import torch
 
 import visionpe  # noqa: F401
 import visionpe.engine
+from visionpe.bench.claims import is_beyond
 from visionpe.bench.extrapolate import BenchConfigError, load_bench, make_plan, run_benchmark
 from visionpe.bench.protocols import NativeView, Point, first_inputs, point_label
-from visionpe.bench.report import _is_beyond
 from visionpe.bench.settings import parse_aspect
 from visionpe.data import build_dataset
 from visionpe.data.native.resize import budget_size
@@ -134,8 +134,8 @@ def test_native_views_draw_every_image_at_the_points_budget_and_shape(tmp_path):
         assert int(own["patch_valid"][i].sum()) == (H // 4) * (W // 4) <= 36
     assert parse_aspect("3:1") == (1, 3) and parse_aspect("2:4") == (2, 1)
     base = Point("native", 0, 0, 0, 16)
-    assert [_is_beyond(Point("native", h, w, 0, t), base) for h, w, t in ((0, 0, 16), (1, 1, 16), (1, 3, 16),
-            (0, 0, 36))] == [False, False, True, True]  # fmt: skip
+    assert [is_beyond(Point("native", h, w, 0, t), base) for h, w, t in ((0, 0, 16), (1, 1, 16), (1, 3, 16),
+           (0, 0, 36))] == [False, False, True, True]  # fmt: skip
 
 
 @pytest.mark.parametrize(

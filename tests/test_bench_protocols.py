@@ -21,11 +21,11 @@ from PIL import Image
 import visionpe  # noqa: F401
 import visionpe.engine
 from visionpe.bench.cards import write_cards
+from visionpe.bench.claims import judge, judge_claims, tally_text
 from visionpe.bench.extrapolate import BenchConfigError, load_bench, run_benchmark
 from visionpe.bench.extrapolate import main as extrapolate_main
 from visionpe.bench.protocols import Point, SizedView, evaluate_view, modes_agree, set_position_mode
-from visionpe.bench.report import judge, judge_claims, mean_std, tally_text
-from visionpe.bench.stats import detectable_difference, holm, welch
+from visionpe.bench.stats import detectable_difference, holm, mean_std, welch
 from visionpe.data import build_dataset
 from visionpe.data.datasets.video_shapes import render_scene, reverse_scene
 from visionpe.engine.setup import build_eval_sets

@@ -332,7 +332,7 @@ def test_cpu_memory_probe_runs_with_a_fixed_mmap_threshold(monkeypatch):
 def test_growth_fit_recovers_the_exponents_of_time_and_memory():
     """Rows whose time per item grows as N^1.5 and memory as N^2 (exact powers) give those exponents back; a model
     measured at one token count gets no fit."""
-    from visionpe.bench.perf.speed import SpeedRow, format_markdown, scaling
+    from visionpe.bench.perf.speed_report import SpeedRow, format_markdown, scaling
 
     rows = [
         SpeedRow("m", r, tokens=n, infer_ips=1e6 / n**1.5, infer_mem_mb=n**2 / 1e3)

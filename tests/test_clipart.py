@@ -18,7 +18,7 @@ except (ImportError, OSError):  # OSError: the cairo library is missing
 
 from visionpe.bench.protocols import SizedView
 from visionpe.data import build_dataset
-from visionpe.data.datasets import clipart
+from visionpe.data.datasets import clipart, clipart_index
 from visionpe.data.datasets.clipart import ClipArt, load_index, select
 
 SVG = '<svg xmlns="http://www.w3.org/2000/svg" xmlns:xlink="http://www.w3.org/1999/xlink" {size}>{body}</svg>'
@@ -114,7 +114,7 @@ def test_the_scan_is_cached_until_a_file_changes(tmp_path, monkeypatch):
     def no_scan(*a, **k):
         raise AssertionError("scanned again")
 
-    monkeypatch.setattr(clipart, "scan", no_scan)
+    monkeypatch.setattr(clipart_index, "scan", no_scan)
     assert dataset(root, "val").classes == ("animals", "tools")  # from the index
     write(root, "tools/r_new.svg", rect(30))
     with pytest.raises(AssertionError, match="scanned again"):

@@ -1,6 +1,6 @@
 """The papers visionpe implements or cites: one row per paper, read by the PE presets (`pos/presets.py`), the model
 families and the published weights (`paper_ids` / `paper_name` / `origin_url` of the pretrained cfgs), the
-benchmark's claims (`visionpe.bench.report`) and the model cards' BibTeX. Adding a PE with a paper is one `Paper(...)`
+benchmark's claims (`visionpe.bench.claims`) and the model cards' BibTeX. Adding a PE with a paper is one `Paper(...)`
 row here, naming the presets it introduces; a backbone's paper names the model family its architecture is.
 
 A claim is an ordering a benchmark can judge on its own numbers: (better PE, worse PE) pairs of preset names as in

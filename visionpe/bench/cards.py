@@ -21,12 +21,15 @@ from ..pos.presets import PE_PRESETS, PRESET_PAPERS
 from ..zoo.pretrained_cfgs import WEIGHTS
 from ..zoo.registry import FAMILIES, Family, model_name, preset_model_options
 from . import report
+from .claims import chance_level, tally_text
 from .perf.measure import machine_description, spread_word
-from .perf.speed import ZOO_SIZES, SpeedRow, default_resolution, memory_ratio_text, ratio_text, spread_text
+from .perf.speed import ZOO_SIZES, default_resolution
+from .perf.speed_report import SpeedRow, memory_ratio_text, ratio_text, spread_text
 from .protocols import CLIP_PROTOCOLS, row_point, size_label
-from .report import fmt, md_table, tally_text
+from .report import fmt, md_table
+from .templates import template
 
-T = report.template("card_template.md")
+T = template("card_template.md")
 
 # family -> Hugging Face pipeline tag; "*" for the image classifiers (the usage examples: card_template.md)
 TASKS = {"*": "image-classification", "vivit": "video-classification", "mm": "visual-question-answering"}
@@ -128,7 +131,7 @@ def _trained_where(s: dict) -> str:
 
 def at_chance(s: dict) -> bool:
     """No model clearly above guessing at the training point (mean - 2 std within chance level)."""
-    chance, base = report.chance_level(s["dataset"]), report.base_point(s, s["protocols"][0])
+    chance, base = chance_level(s["dataset"]), report.base_point(s, s["protocols"][0])
     rows = [r for r in s["table"] if row_point(r) == base]
     return chance is not None and bool(rows) and all(r["mean"] - 2 * r["std"] <= chance for r in rows)
 
@@ -151,7 +154,7 @@ def _summary_block(path: Path, s: dict, models: list[str], out_dir: Path) -> str
     rel, seeds, chance, low = (
         relative_link(path.parent, out_dir),
         s["seeds"],
-        report.chance_level(s["dataset"]),
+        chance_level(s["dataset"]),
         at_chance(s),
     )
     where, png = _trained_where(s), (path.parent / "results.png").exists()

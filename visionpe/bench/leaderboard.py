@@ -15,8 +15,9 @@ from pathlib import Path
 
 from ..engine.destinations import check_destination, write_text
 from ..zoo.registry import FAMILIES, name_parts
+from .claims import is_beyond
 from .protocols import Point
-from .report import _is_beyond, base_point, md_table
+from .report import base_point, md_table
 from .stats import ALPHA, welch
 
 IMAGE_FAMILIES = ("vit", "swin", "cvt")
@@ -56,7 +57,7 @@ def scores(summary: dict, rows: list[dict], metric: str = "top1") -> dict[tuple,
         seed = int(r["seed"])
         if point == base:
             cell["base"][seed] = float(r[metric])
-        elif _is_beyond(point, base):
+        elif is_beyond(point, base):
             cell["beyond"].setdefault(seed, []).append(float(r[metric]))
         if r.get("train_cpu_seconds"):
             cell["train"][seed] = float(r["train_cpu_seconds"])

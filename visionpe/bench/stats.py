@@ -1,5 +1,6 @@
-"""The benchmark's statistics: Welch's t-test on per-seed values, Holm's correction across a claim's comparisons,
-the 95% interval of a difference, and the smallest difference a seed count can detect (docs/benchmark.md)."""
+"""The benchmark's statistics: a cell's mean and spread over seeds, Welch's t-test on per-seed values, Holm's
+correction across a claim's comparisons, the 95% interval of a difference, and the smallest difference a seed count
+can detect (docs/benchmark.md)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,12 @@ import statistics
 
 ALPHA = 0.05  # one-sided level of every verdict, after Holm's correction
 POWER = 0.8  # the power at which `detectable_difference` is quoted
+
+
+def mean_std(values: list[float]) -> dict:
+    """{'mean', 'std', 'n'} over seeds (sample std; 0 for one value)."""
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return dict(mean=statistics.fmean(values), std=sd, n=len(values))
 
 
 def _t():

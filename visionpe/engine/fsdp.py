@@ -26,7 +26,8 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from .config import STRATEGIES, Config, ConfigError, FsdpConfig
+from .config import Config, ConfigError
+from .config_sections import STRATEGIES, FsdpConfig
 from .distributed import DistContext
 from .setup import build_model
 

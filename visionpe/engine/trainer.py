@@ -42,7 +42,8 @@ from .changes import adopt_accepted_changes, check_resume_changes, check_resume_
 from .checkpoint import POINTER, CheckpointError
 from .checkpoint_backend import Found
 from .checkpoint_manager import CheckpointCadence, CheckpointManager, CorruptCheckpointWarning, run_header
-from .config import Config, ConfigError, check_run_name, check_training_config, load_config, save_config
+from .config import Config, ConfigError, check_training_config, load_config, save_config
+from .config_sections import check_run_name
 from .distributed import DistContext, all_reduce_max, barrier, init_distributed, shutdown, timeouts_explained
 from .evaluate import evaluate_resolutions, format_table, native_eval_rows, write_json
 from .fsdp import check_strategy, gathered

@@ -10,6 +10,8 @@ per frame of the tubelet), the multimodal stem, CvT's overlapping first conv and
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from timm.layers import resample_patch_embed
 from torch import nn
@@ -36,9 +38,15 @@ def resize_kernel(weight: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     return resample_patch_embed(flat, list(size)).reshape(*lead, *size)
 
 
-def resized_conv(conv: nn.Conv2d | nn.Conv3d, kernel, stride, padding) -> nn.Conv2d | nn.Conv3d:
-    """A copy of conv with a new kernel (its weight PI-resized spatially), stride and padding; bias, device, dtype,
-    requires_grad and train / eval mode kept."""
+def resized_conv(
+    conv: nn.Conv2d | nn.Conv3d,
+    kernel,
+    stride,
+    padding,
+    resize: Callable[[torch.Tensor, tuple[int, ...]], torch.Tensor] | None = None,
+) -> nn.Conv2d | nn.Conv3d:
+    """A copy of conv with a new kernel, stride and padding; bias, device, dtype, requires_grad and train / eval
+    mode kept. Its weight is resize(weight, new kernel size), by default PI-resized spatially (`resize_kernel`)."""
     new = type(conv)(
         conv.in_channels,
         conv.out_channels,
@@ -50,7 +58,10 @@ def resized_conv(conv: nn.Conv2d | nn.Conv3d, kernel, stride, padding) -> nn.Con
         dtype=conv.weight.dtype,
     )
     with torch.no_grad():
-        new.weight.copy_(resize_kernel(conv.weight, new.kernel_size[-2:]))
+        if resize is None:
+            new.weight.copy_(resize_kernel(conv.weight, new.kernel_size[-2:]))
+        else:
+            new.weight.copy_(resize(conv.weight, new.kernel_size))
         if conv.bias is not None:
             new.bias.copy_(conv.bias)
     new.weight.requires_grad_(conv.weight.requires_grad)

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .patch_resize import check_patch_size, resize_kernel
+from .patch_resize import check_patch_size, resize_kernel, resized_conv
 
 __all__ = ["check_tubelet", "resize_tubelet", "resized_tubelet_conv", "time_resize_matrix"]
 
@@ -50,20 +50,4 @@ def resize_tubelet(weight: torch.Tensor, size: tuple[int, int, int]) -> torch.Te
 def resized_tubelet_conv(conv: nn.Conv3d, size: tuple[int, int, int]) -> nn.Conv3d:
     """A copy of a tubelet conv (stride = kernel) at a new kernel size, its weight PI-resized in space and time;
     bias, device, dtype, requires_grad and train / eval mode kept."""
-    new = nn.Conv3d(
-        conv.in_channels,
-        conv.out_channels,
-        kernel_size=size,
-        stride=size,
-        bias=conv.bias is not None,
-        device=conv.weight.device,
-        dtype=conv.weight.dtype,
-    )
-    with torch.no_grad():
-        new.weight.copy_(resize_tubelet(conv.weight, size))
-        if conv.bias is not None:
-            new.bias.copy_(conv.bias)
-    new.weight.requires_grad_(conv.weight.requires_grad)
-    if conv.bias is not None:
-        new.bias.requires_grad_(conv.bias.requires_grad)
-    return new.train(conv.training)
+    return resized_conv(conv, size, size, 0, resize=resize_tubelet)

@@ -28,7 +28,7 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from ...engine.config import STRATEGIES
+from ...engine.config_sections import STRATEGIES
 
 __all__ = ["state_bytes", "project_state", "measure", "main"]
 

@@ -11,8 +11,8 @@ from ...engine.checkpoint import atomic_write_text
 from ...zoo.registry import name_parts
 from ..perf.measure import machine_description, machine_info
 from ..protocols import Point, point_label, row_point
-from ..report import CSV_KEYS, csv_rows, csv_text, fmt, md_table, mean_std, stat_text
-from ..stats import ALPHA, detectable_difference, holm, welch
+from ..report import CSV_KEYS, csv_rows, csv_text, fmt, md_table, stat_text
+from ..stats import ALPHA, detectable_difference, holm, mean_std, welch
 
 __all__ = ["summarise", "compare_to_nope", "write_seg_report"]
 

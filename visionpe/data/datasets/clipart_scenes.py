@@ -25,7 +25,8 @@ from torch.utils.data import Dataset
 
 from ..registry import register_dataset
 from ..splits import split_kind, split_size
-from .clipart import DEFAULT_ROOT, EXCLUDE, MEAN, MIN_DRAWINGS, STD, VAL_PERCENT, ClipArt, RenderError
+from .clipart import MEAN, STD, ClipArt, RenderError
+from .clipart_index import DEFAULT_ROOT, EXCLUDE, MIN_DRAWINGS, VAL_PERCENT
 
 __all__ = ["ClipArtScenes", "clipart_scenes", "ALPHA_THRESHOLD"]
 

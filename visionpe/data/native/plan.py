@@ -1,6 +1,6 @@
 """`data.native` resolved once for a model: the `NativePlan`, whose mode picks its sampler.
 
-    plan = native_plan(settings, patch=4)  # settings: data.native (engine/config.py NativeConfig)
+    plan = native_plan(settings, patch=4)  # settings: data.native (engine/config_sections.py NativeConfig)
     plan.sampler                           # PackedSampler | PaddedSampler | AspectBucketSampler
 
 Everything that differs between the modes is a property or method of the sampler class (its batches, its evaluation
