@@ -180,6 +180,7 @@ IN_PROGRESS: tuple[str, ...] = (
     "image-text-tokens",
     "clipart",
     "clipart-2025",
+    "video-length-riflex",
     "clipart-seg",
     "clipart-gpu",
     "fashion-mnist-fov",

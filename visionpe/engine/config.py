@@ -22,14 +22,17 @@ from typing import Any
 import yaml
 
 from .config_sections import (
+    STRATEGIES,
     AugConfig,
     Config,
     DataConfig,
     EvalConfig,
+    FsdpConfig,
     ModelConfig,
     NativeConfig,
     OptimConfig,
     TrainConfig,
+    check_run_name,
     setting,
 )
 from .yaml_io import YamlError, load_yaml_file, load_yaml_text, short_repr, yaml11_booleans
@@ -44,6 +47,9 @@ __all__ = [
     "OptimConfig",
     "TrainConfig",
     "EvalConfig",
+    "FsdpConfig",
+    "STRATEGIES",
+    "check_run_name",
     "ConfigError",
     "load_config",
     "apply_overrides",

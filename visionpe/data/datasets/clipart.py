@@ -32,11 +32,22 @@ from torch.utils.data import Dataset
 
 from ..registry import register_dataset
 from ..splits import split_kind, split_size
-from .clipart_index import DEFAULT_ROOT, EXCLUDE, MIN_DRAWINGS, VAL_PERCENT, default_cache_dir, load_index, scan, select
+from .clipart_index import (
+    DEFAULT_ROOT,
+    EXCLUDE,
+    MIN_DRAWINGS,
+    VAL_PERCENT,
+    ClipArtMissingError,
+    default_cache_dir,
+    examine,
+    load_index,
+    scan,
+    select,
+)
 
 __all__ = [
     "ClipArt", "clipart", "scan", "load_index", "select", "render_svg", "render_svg_rgba", "DEFAULT_ROOT",
-    "MIN_DRAWINGS", "EXCLUDE",
+    "MIN_DRAWINGS", "EXCLUDE", "ClipArtMissingError", "examine",
 ]  # fmt: skip
 
 MAX_CONSECUTIVE_FAILURES = 50
