@@ -173,10 +173,8 @@ def test_total_time_scales_the_timed_runs_to_the_untimed_ones():
 REPO = Path(__file__).resolve().parents[1]
 
 
-# video-length: rerun with the duration protocol and NoPE, resumable (rope3d_p added); image-text-tokens: mrope_i /
-# mhrope / rope1d_p added, not run yet; the others: not run yet (headers say so)
+# image-text-tokens: mrope_i / mhrope / rope1d_p added, not run yet; the others: in progress (headers say so)
 IN_PROGRESS: tuple[str, ...] = (
-    "video-length",
     "image-text-tokens",
     "clipart",
     "clipart-2025",
