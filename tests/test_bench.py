@@ -178,7 +178,6 @@ IN_PROGRESS: tuple[str, ...] = (
     "image-text-tokens",
     "clipart",
     "clipart-2025",
-    "video-length-riflex",
     "clipart-seg",
     "clipart-gpu",
     "fashion-mnist-fov",
