@@ -181,7 +181,6 @@ IN_PROGRESS: tuple[str, ...] = (
     "clipart-seg",
     "clipart-gpu",
     "fashion-mnist-fov",
-    "fashion-mnist-canvas-rrc",
 )
 
 
