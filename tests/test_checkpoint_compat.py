@@ -41,15 +41,15 @@ _COMMON = [
 ARGS = {"plain": [*_COMMON, "aug.mixup=0.4"], "sharded": [*_COMMON, "train.strategy=fsdp"]}
 
 
-def _saved(old: Path) -> tuple[dict, dict]:
+def _saved(old: Path, scratch: Path) -> tuple[dict, dict]:
     """What the earlier code wrote at step 2, read from its files alone: ({"model.<k>", "ema.<k>",
     "optimizer.state.<param>.<key>": tensor}, the training state); a plain run's optimizer keys its parameters by
     index, a sharded one's by name."""
     ckpt = old / "checkpoints"
     if (ckpt / "e0000-b000002.dcp").is_dir():
         folder = ckpt / "e0000-b000002.dcp"
-        dcp_to_torch_save(folder, old / "full.pt")
-        full = torch.load(old / "full.pt")
+        dcp_to_torch_save(folder, scratch / "full.pt")  # outside the run directory it resumes
+        full = torch.load(scratch / "full.pt")
         tensors = {f"{part}.{k}": v for part in ("model", "ema") for k, v in full[part].items()}
         return tensors | _moments(full["optimizer"]), torch.load(folder / "rank0.state.pt", weights_only=False)
     state = torch.load(ckpt / "e0000-b000002.state.pt", weights_only=False)
@@ -86,7 +86,7 @@ def test_a_run_directory_written_before_one_checkpoint_path_resumes_exactly(tmp_
     with tarfile.open(DATA) as tar:
         tar.extractall(tmp_path / "old", filter="data")
     old = tmp_path / "old" / name
-    saved, state = _saved(old)
+    saved, state = _saved(old, tmp_path)
     cfg = load_config(old / "config.yaml")
     cfg.train.output_dir, cfg.train.run_name = str(old.parent), old.name
     ctx = init_distributed(cfg.train.device)
@@ -100,6 +100,7 @@ def test_a_run_directory_written_before_one_checkpoint_path_resumes_exactly(tmp_
                 assert now[key] == state[key], key
             assert all(a >= b for a, b in zip(now["spent"], state["spent"]))  # the earlier attempt's cost, carried on
             assert torch.equal(now["rng"]["torch"], state["rng"]["torch"])
+            assert torch.equal(torch.as_tensor(now["rng"]["numpy"]), torch.as_tensor(state["rng"]["numpy"]))
             for key in ("python", "numpy_pos", "numpy_gauss"):
                 assert now["rng"][key] == state["rng"][key], key
             trainer.run()
