@@ -39,6 +39,13 @@ def test_image_folders_name_the_native_routes_crop_when_data_native_is_on():
     assert augmentation_text("fashion-mnist-canvas", {"item": 22}, {}, native=True) == augmentation_text(
         "fashion-mnist-canvas", {"item": 22}, {}
     )  # a dataset without a native wording keeps its one
-    for loader, words in (("visionpe", native), ("timm", square)):  # timm's NaFlex loader takes the square items
+    timm = "timm's NaFlex crops (area [0.35, 1.0], aspect [0.75, 1.33]) sized to each batch's sequence length and "
+    timm += "flips (p=0.5), re_prob=0.25"
+    for loader, words in (("visionpe", native), ("timm", timm + " of each image whole")):
         cfg = config_from_dict(dict(data=dict(name="imagefolder", native={"loader": loader}), aug=aug))
         assert recipe_text(cfg).endswith(f"augmentation: {words})")
+    # a dataset of normalised tensors: its own augmentation, then timm's crops
+    cfg = config_from_dict(dict(data=dict(name="fashion-mnist", options={"crop": "rrc"}, native={"loader": "timm"}),
+                                aug=aug))  # fmt: skip
+    own = augmentation_text("fashion-mnist", {"crop": "rrc"}, aug)
+    assert recipe_text(cfg).endswith(f"augmentation: {own}, then {timm})")

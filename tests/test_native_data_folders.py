@@ -281,6 +281,24 @@ def test_timm_loader_crops_each_folder_image_at_its_own_aspect(tmp_path):
     assert len(grids) >= 20 and len({g[0] > g[1] for g in grids.values()}) == 2  # tall and wide grids
 
 
+def test_timm_loader_jitters_folder_pixels_before_the_folders_normalisation(tmp_path):
+    """timm's NaFlex route gets a folder's images as decoded PIL images, so colour jitter works on pixels in [0, 1]
+    and the folder's mean / std normalise after it. Jitter on already normalised tensors clipped every value to
+    [0, 1]: the dark channels' -1.9 became 0. A dataset of normalised tensors refuses colour options instead."""
+    ds = _dataset(make_folder(tmp_path / "data", per_class=12, solid=True), training=True)
+    plan = native_plan(NativeConfig(mode="padded", loader="timm", seq_lens=[16, 32], tokens_per_batch=8 * 32), PATCH)
+    aug = dict(scale=(1.0, 1.0), ratio=(1.0, 1.0), hflip=0.0, color_jitter=0.4)
+    pixels = torch.cat([p.reshape(-1, 3) for b in build_native_train_loader(ds, plan, 16, 0, aug=aug)
+                        for _, p in _images(b)])  # fmt: skip
+    lo, hi = (0 - torch.tensor(MEAN)) / torch.tensor(STD), (1 - torch.tensor(MEAN)) / torch.tensor(STD)
+    assert (pixels >= lo - 1e-5).all() and (pixels <= hi + 1e-5).all()  # normalised once, after the jitter
+    assert pixels[:, 0].min() < -1.0  # the first channel's dark images (5 i / 255 <= 0.45) stay below zero
+    shapes = build_dataset("synthetic-shapes", "train", 16, training=True, num_train=8)
+    for option in ({"color_jitter": 0.4}, {"auto_augment": "rand-m9-mstd0.5"}):
+        with pytest.raises(ValueError, match=f"aug.{next(iter(option))}=.* normalised tensors.*loader=visionpe"):
+            build_native_train_loader(shapes, plan, 16, 0, aug=option)
+
+
 def test_an_unreadable_image_is_a_one_line_error_naming_the_file(tmp_path):
     root = make_folder(tmp_path / "data", per_class=3)
     garbage = root / "train" / "a" / "000.png"

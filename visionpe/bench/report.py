@@ -11,7 +11,8 @@ import math
 import statistics
 from pathlib import Path
 
-from ..data.registry import augmentation_text
+from ..data.native.timm_naflex import naflex_augmentation
+from ..data.registry import augmentation_text, get_dataset_info
 from ..engine.checkpoint import atomic_write_text
 from ..engine.destinations import check_destination, write_text
 from ..zoo.registry import name_parts
@@ -133,11 +134,14 @@ def recipe_text(cfg) -> str:
         shapes = f" (canvases of 1:{aspect:g} to {aspect:g}:1)" if isinstance(aspect, (int, float)) else ""
         native = f", at native aspect ratios{shapes}, {budget}, {n.get('mode', 'packed')} rows"
     model_opts = ", ".join(f"{k}={v}" for k, v in cfg.model.kwargs.items())  # what every model was built with
-    own = bool(n) and n.get("loader", "visionpe") == "visionpe"  # timm's loader takes the square route's items
+    aug = augmentation_text(cfg.data.name, cfg.data.options, vars(cfg.aug), native=bool(n))
+    if n and n.get("loader") == "timm":  # timm's NaFlex loader crops a folder's images whole, else the dataset's items
+        whole = get_dataset_info(cfg.data.name).native_augmentation is not None  # the datasets with native_item
+        square = augmentation_text(cfg.data.name, cfg.data.options, vars(cfg.aug))
+        aug = naflex_augmentation(whole, square, vars(cfg.aug))
     return T["trained"].format(
         cfg=cfg, native=native, opts=", ".join(f"{k}={v}" for k, v in cfg.data.options.items()) or "none",
-        model_opts=f"; model options: {model_opts}" if model_opts else "",
-        aug=augmentation_text(cfg.data.name, cfg.data.options, vars(cfg.aug), native=own),
+        model_opts=f"; model options: {model_opts}" if model_opts else "", aug=aug,
     )  # fmt: skip
 
 

@@ -168,10 +168,9 @@ class ImageFolderDataset(Dataset):
         return self._native(img, size), target
 
     def native_item(self, index: int):
-        """(image [C, h, w], class): image `index` whole at its own size, normalised, not augmented: what timm's
-        NaFlex loader (data.native.loader=timm) crops, flips and resizes to its budget itself."""
-        img, target = self._decoded(index)
-        return NativeFolderTransform(self.transform_kwargs, training=False)(img, (img.height, img.width)), target
+        """(PIL image, class): image `index` whole, decoded to RGB: what timm's NaFlex loader (data.native.loader=timm)
+        crops, flips, colours, normalises and erases itself, as it does for timm's own folders (timm_naflex.py)."""
+        return self._decoded(index)
 
     def _decoded(self, index: int):
         try:

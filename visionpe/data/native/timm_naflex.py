@@ -1,13 +1,16 @@
 """timm's own NaFlex loader as the training loader of `data.native.loader=timm` (padded batches only).
 
-`timm.data.create_naflex_loader` draws a sequence length per batch from `seq_lens` (or the one `max_tokens`), resizes
-with its `RandomResizedCropToSequence` (aug.scale / aug.ratio / aug.hflip / aug.color_jitter) and pads every image
-to the batch's length with its NaFlexCollator. Our datasets give normalised tensors, so timm's normalisation is
-the identity (mean 0, std 1). A dataset with `native_item` (an image folder, whose items are squares of the
-square route) gives timm each image whole at its own size instead. Its batches become NativeBatch; `start_at`
-skips batches by reading them (timm's augmentation draws from the process's RNG, so a mid-epoch resume gets the
-right images, not the same crops, and warns: `TimmResumeWarning`). Each worker process draws its own crops, so the
-worker count (data.workers) changes the trained model on this route (a resume refuses a changed count, changes.py).
+`timm.data.create_naflex_loader` draws a sequence length per batch from `seq_lens` (or the one `max_tokens`), crops
+with its `RandomResizedCropToSequence` (aug.scale / aug.ratio / aug.hflip) and pads every image to the batch's length
+with its NaFlexCollator. A dataset with `native_item` (an image folder) gives timm each image whole, as the decoded
+PIL image, so timm's whole training pipeline applies as it does for timm's own folders: crop, flip, colour jitter,
+auto-augment, the folder's normalisation (aug.mean / aug.std or the model's) and random erasing. Our other datasets
+give normalised tensors (their own augmentation already applied): timm crops, flips and erases them with the
+identity normalisation, and colour options are refused (timm's jitter clips a tensor to [0, 1], auto-augment needs
+PIL images). Its batches become NativeBatch; `start_at` skips batches by reading them (timm's augmentation draws
+from the process's RNG, so a mid-epoch resume gets the right images, not the same crops, and warns:
+`TimmResumeWarning`). Each worker process draws its own crops, so the worker count (data.workers) changes the
+trained model on this route (a resume refuses a changed count, changes.py).
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from torch.utils.data import Dataset
 from .collate import NativeBatch
 from .plan import NativePlan
 
-__all__ = ["TimmNaflexBatches", "TimmResumeWarning"]
+__all__ = ["TimmNaflexBatches", "TimmResumeWarning", "naflex_augmentation", "naflex_transform_kwargs"]
+
+COLOUR_OPTIONS = ("color_jitter", "auto_augment")  # timm's PIL-image options: wrong or failing on normalised tensors
 
 
 class TimmResumeWarning(UserWarning):
@@ -46,24 +51,16 @@ class TimmNaflexBatches:
     def __init__(self, dataset: Dataset, plan: NativePlan, aug: dict, seed: int, workers: int, rank: int, world: int):
         if not plan.sampler.naflex:
             raise ValueError("data.native.loader=timm pads every image to its batch's length: use mode=padded")
-        if callable(getattr(dataset, "native_item", None)):
-            dataset = _NativeItems(dataset)
-        channels = int(dataset[0][0].shape[0])
+        whole = callable(getattr(dataset, "native_item", None))
+        options = naflex_transform_kwargs(dataset, aug)
         self.loader = create_naflex_loader(
-            dataset,
+            _NativeItems(dataset) if whole else dataset,
             patch_size=plan.patch,
             train_seq_lens=plan.budgets,
             max_seq_len=max(plan.budgets),
             batch_size=max(1, plan.tokens_per_batch // max(plan.budgets)),
             is_training=True,
-            scale=tuple(aug.get("scale", (0.08, 1.0))),
-            ratio=tuple(aug.get("ratio", (3 / 4, 4 / 3))),
-            hflip=float(aug.get("hflip", 0.5)),
-            color_jitter=float(aug.get("color_jitter", 0.0)),
-            interpolation="bilinear",
-            mean=(0.0,) * channels,
-            std=(1.0,) * channels,
-            channels=channels,
+            **options,
             num_workers=workers,
             distributed=world > 1,
             rank=rank,
@@ -102,3 +99,47 @@ class TimmNaflexBatches:
             inputs = {k: v for k, v in inputs.items() if k != "seq_len"}
             valid = inputs["patch_valid"]
             yield NativeBatch(inputs, targets, None, (), int(valid.sum()), valid.numel(), len(targets))
+
+
+def naflex_transform_kwargs(dataset: Dataset, aug: dict) -> dict:
+    """create_naflex_loader's augmentation and normalisation arguments for `dataset` and the aug section: a folder's
+    whole PIL images get every aug setting and the folder's mean / std / interpolation; normalised tensors get the
+    crop, flips and erasing with the identity normalisation, and a colour option is a ValueError."""
+    crops = dict(
+        scale=tuple(aug.get("scale") or (0.08, 1.0)),
+        ratio=tuple(aug.get("ratio") or (3 / 4, 4 / 3)),
+        hflip=float(aug.get("hflip", 0.5)),
+        re_prob=float(aug.get("re_prob") or 0.0),
+    )
+    if callable(getattr(dataset, "native_item", None)):
+        folder = dataset.transform_kwargs  # the square route's timm arguments: the same normalisation
+        colour = dict(color_jitter=float(aug.get("color_jitter") or 0.0), auto_augment=aug.get("auto_augment"))
+        norm = dict(mean=tuple(folder["mean"]), std=tuple(folder["std"]), interpolation=folder["interpolation"])
+        return crops | colour | norm | dict(channels=3)
+    refused = [k for k in COLOUR_OPTIONS if aug.get(k)]
+    if refused:
+        off = " and ".join(f"aug.{k}={'0' if k == 'color_jitter' else 'null'}" for k in refused)
+        raise ValueError(
+            f"data.native.loader=timm: {', '.join(f'aug.{k}={aug[k]}' for k in refused)} cannot apply to "
+            f"{type(dataset).__name__}'s items, which are normalised tensors (timm's colour jitter clips them to "
+            f"[0, 1]; auto-augment needs PIL images). Set {off}, or use data.native.loader=visionpe"
+        )
+    channels = int(dataset[0][0].shape[0])
+    identity = dict(mean=(0.0,) * channels, std=(1.0,) * channels, interpolation="bilinear", channels=channels)
+    return crops | dict(color_jitter=0.0) | identity
+
+
+def naflex_augmentation(whole_images: bool, dataset_words: str, aug: dict) -> str:
+    """What timm's NaFlex loader does to the training items, in words: to a folder's whole images (whole_images), or
+    after the dataset's own augmentation (`dataset_words`) to its normalised tensors."""
+    ratio = [round(r, 2) for r in aug.get("ratio") or (3 / 4, 4 / 3)]
+    crops = (
+        f"timm's NaFlex crops (area {list(aug.get('scale') or (0.08, 1.0))}, aspect {ratio}) sized to each batch's "
+        f"sequence length and flips (p={aug.get('hflip', 0.5)})"
+    )
+    options = COLOUR_OPTIONS + ("re_prob",) if whole_images else ("re_prob",)
+    extra = [f"{k}={aug[k]}" for k in options if aug.get(k)]
+    crops += f", {', '.join(extra)}" if extra else ""
+    if whole_images:
+        return crops + " of each image whole"
+    return crops if dataset_words == "none" else f"{dataset_words}, then {crops}"
