@@ -551,3 +551,18 @@ def frequency_matrix(
     if scheme == "hope":
         freqs[0] = 0.0
     return freqs
+
+
+_QWEN_NAMES = frozenset(("QWEN_MODELS", "QWEN_RULES", "qwen3_vl_timestamp_text", "qwen3_vl_timestamps",
+                         "qwen_vl_packed_position_ids", "qwen_vl_position_ids", "qwen_vl_token_layout"))  # fmt: skip
+
+
+def __getattr__(name: str):
+    """The Qwen-VL id builders (qwen_positions.py, which builds on this module) under this module's name too:
+    `from visionpe.pos.mm_positions import qwen_vl_position_ids`. Read on first use, so neither import waits on
+    the other."""
+    if name in _QWEN_NAMES:
+        from . import qwen_positions
+
+        return getattr(qwen_positions, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
