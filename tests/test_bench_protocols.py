@@ -21,7 +21,7 @@ from PIL import Image
 import visionpe  # noqa: F401
 import visionpe.engine
 from visionpe.bench.cards import write_cards
-from visionpe.bench.claims import judge, judge_claims, tally_text
+from visionpe.bench.claims import detectable_after_holm, judge, judge_claims, tally_text
 from visionpe.bench.extrapolate import BenchConfigError, load_bench, run_benchmark
 from visionpe.bench.extrapolate import main as extrapolate_main
 from visionpe.bench.protocols import Point, SizedView, evaluate_view, modes_agree, set_position_mode
@@ -179,6 +179,23 @@ def test_detectable_difference_shrinks_with_more_seeds():
     assert detectable_difference(1.0, 3) == pytest.approx((2.131847 + 0.940965) * math.sqrt(2 / 3), rel=1e-5)
     assert detectable_difference(1.0, 5) < detectable_difference(1.0, 3)
     assert detectable_difference(1.0, 1) is None
+    # Holm's first step over m = 10 comparisons: t_0.995,4 = 4.6041 in place of t_0.95,4
+    holm_10 = (4.604095 + 0.940965) * math.sqrt(2 / 3)
+    assert detectable_difference(1.0, 3, alpha=0.005) == pytest.approx(holm_10, rel=1e-5)
+
+
+def test_a_claims_family_reports_the_difference_its_seeds_detect_after_holm():
+    """m counted comparisons (uninformative and one-seed ones left out), the median spread of their cells, the
+    fewest seeds, and the difference at one-sided p < 0.05 / m with 80% power."""
+    cs = [dict(a_values=[60.0 + d, 62.0 + d, 64.0 + d], b_values=[50.0, 51.0, 52.0]) for d in (0.0, 3.0)]
+    cs.append(dict(a_values=[12.0, 12.5, 13.0], b_values=[11.0, 11.5, 12.0]))  # within 5 points of chance 10
+    for c in cs:
+        c.update(a_stat=mean_std(c["a_values"]), b_stat=mean_std(c["b_values"]))
+    found = detectable_after_holm(judge(cs, 10.0))
+    assert (found["m"], found["seeds"], found["std"]) == (2, 3, pytest.approx(1.5))  # median of 2, 1, 2, 1
+    # t_0.975,4 = 2.7764 (0.05 / 2), t_0.8,4 = 0.9410, spread 1.5, sqrt(2 / 3)
+    assert found["difference"] == pytest.approx((2.776445 + 0.940965) * 1.5 * math.sqrt(2 / 3), rel=1e-5)
+    assert detectable_after_holm(judge(cs[2:], 10.0)) is None  # nothing counted
 
 
 def _judged(good: list[float], bad: list[float], chance: float | None = 10.0) -> str:

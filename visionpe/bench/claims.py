@@ -111,8 +111,20 @@ def judge_claims(values: dict, records: list[dict], points: list, modes: list[st
             present=present,  # the (better, worse) model pairs the benchmark has, compared or not
             where=claim.where + (f" ({', '.join(claim.protocols)})" if claim.protocols else ""),
             comparisons=comparisons, tally={v: sum(c["verdict"] == v for c in comparisons) for v in VERDICTS},
+            detectable_holm=detectable_after_holm(comparisons),
         ))  # fmt: skip
     return out
+
+
+def detectable_after_holm(comparisons: list[dict]) -> dict | None:
+    """What a claim's family costs: the difference its seeds detect (80% power) at Holm's first step, one-sided
+    p < ALPHA / m over its m counted comparisons, at the median seed spread of their cells; None when none counts."""
+    counted = [c for c in comparisons if c["p"] is not None]
+    if not counted:
+        return None
+    spread = statistics.median(st["std"] for c in counted for st in (c["a_stat"], c["b_stat"]))
+    n = min(min(len(c["a_values"]), len(c["b_values"])) for c in counted)
+    return dict(m=len(counted), seeds=n, std=spread, difference=detectable_difference(spread, n, ALPHA / len(counted)))
 
 
 def tally_text(judged: dict) -> str:

@@ -238,8 +238,17 @@ def _claims(judged: list[dict], pes: set) -> str:
                  f"{c['diff']:+.1f}", _interval(c["ci95"]), fmt(c["p"], ".3f"), fmt(c["p_holm"], ".3f"),
                  c["verdict"]] for c in j["comparisons"]]  # fmt: skip
         tables += f"### {j['claim']}\n\n" + "\n".join(md_table(heads, "lllllrrrrrrl", rows)) + "\n\n"
-    claims = "".join(f"- **{j['claim']}** ({j['source']}; where: {j['where']}): {tally_text(j)}.\n" for j in judged)
+    claims = "".join(f"- **{j['claim']}** ({j['source']}; where: {j['where']}): {tally_text(j)}{_family(j)}.\n"
+                     for j in judged)  # fmt: skip
     return T["claims"].format(claims=claims, tables=tables)
+
+
+def _family(judged: dict) -> str:
+    """'; after Holm over its 32 comparisons, these seeds detect 9.8 points' (80% power, median spread)."""
+    d = judged.get("detectable_holm")
+    if not d or d["difference"] is None:
+        return ""
+    return f"; after Holm over its {d['m']} comparison(s), {d['seeds']} seeds detect {d['difference']:.1f} points"
 
 
 def _interval(ci: list[float] | None) -> str:

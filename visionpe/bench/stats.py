@@ -51,10 +51,11 @@ def holm(p: list[float]) -> list[float]:
     return adjusted
 
 
-def detectable_difference(std: float, n: int) -> float | None:
+def detectable_difference(std: float, n: int, alpha: float = ALPHA) -> float | None:
     """The smallest true difference two models with `n` seeds each and seed spread `std` show at a one-sided
-    p < ALPHA with probability POWER (before Holm's correction); None with fewer than two seeds."""
+    p < alpha with probability POWER (alpha = ALPHA: before Holm's correction; ALPHA / m: the first step of Holm's
+    over m comparisons); None with fewer than two seeds."""
     if n < 2:
         return None
     t, df = _t(), 2 * n - 2
-    return float(t.ppf(1 - ALPHA, df) + t.ppf(POWER, df)) * std * math.sqrt(2 / n)
+    return float(t.ppf(1 - alpha, df) + t.ppf(POWER, df)) * std * math.sqrt(2 / n)
