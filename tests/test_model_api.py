@@ -85,6 +85,17 @@ def test_timm_model_api(name):
         fmt = _map_fmt(fam)
         final, inter = _call(model.forward_intermediates, x, indices=n, output_fmt=fmt)
         torch.testing.assert_close(final, feats, atol=ATOL, rtol=0)
+        # output_dict: timm's dict form of the same tensors (prefix tokens only when asked for and present)
+        d = _call(model.forward_intermediates, x, indices=n, output_fmt=fmt, output_dict=True)
+        assert set(d) == {"image_intermediates", "image_features"}
+        torch.testing.assert_close(d["image_features"], final, atol=0, rtol=0)
+        for a, b in zip(d["image_intermediates"], inter, strict=True):
+            torch.testing.assert_close(a, b, atol=0, rtol=0)
+        if fam.name in ("vit", "vivit", "mm") and model.num_prefix_tokens:
+            d = _call(model.forward_intermediates, x, indices=1, output_fmt=fmt, return_prefix_tokens=True,
+                      intermediates_only=True, output_dict=True)  # fmt: skip
+            assert set(d) == {"image_intermediates", "image_intermediates_prefix"}
+            assert d["image_intermediates_prefix"][0].shape[1] == model.num_prefix_tokens
         h, w = _spatial(fam, x)
         assert len(inter) == n
         for y, info in zip(inter, model.feature_info):

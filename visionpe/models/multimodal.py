@@ -196,17 +196,20 @@ class MultimodalEncoder(TubeletEncoder):
         stop_early: bool = False,
         output_fmt: str | None = None,
         intermediates_only: bool = False,
+        output_dict: bool = False,
     ):
         """Features of the chosen blocks (timm's API): the visual tokens as NCTHW maps (NCHW for an image or a
-        one-tubelet clip), or every non-prefix token of the sequence (text included) as NLC."""
+        one-tubelet clip), or every non-prefix token of the sequence (text included) as NLC; output_dict: timm's
+        dict form."""
         output_fmt = self.intermediate_format(output_fmt)
         if is_native_batch(pixels):
             (x, layout), visual = embed_native_sequence(self, pixels, text_ids, text_split), None
         else:
             x, layout, visual = self.embed_sequence(pixels, text_ids, text_split)
         return self.intermediates(
-            x, layout, indices, return_prefix_tokens, norm, stop_early, output_fmt, intermediates_only, visual
-        )
+            x, layout, indices, return_prefix_tokens, norm, stop_early, output_fmt, intermediates_only, visual,
+            output_dict,
+        )  # fmt: skip
 
     text_split = _refreshing_count("text_split", "text_split (text ids before the visual input)")
     text_length = _refreshing_count("text_length", "text_length (text ids per sample in training)")

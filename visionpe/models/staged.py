@@ -30,9 +30,11 @@ class StagedModel(ContractModel):
         stop_early: bool = False,
         output_fmt: str | None = None,
         intermediates_only: bool = False,
+        output_dict: bool = False,
     ):
         """Per-stage features (timm's API) in `output_fmt` (default the first of `intermediate_formats`); `norm`
-        applies the final norm to the last stage."""
+        applies the final norm to the last stage; output_dict: timm's dict form (`image_intermediates`,
+        `image_features`)."""
         output_fmt = self.intermediate_format(output_fmt)
         n = len(getattr(self, self.stage_attr))
         take_indices, max_index = feature_take_indices(n, indices)
@@ -43,9 +45,10 @@ class StagedModel(ContractModel):
             y, x = self._run_stage(s, x)
             if s in take_indices:
                 intermediates.append(self._format(self.norm(y) if norm and s == n - 1 else y, x, s, output_fmt))
-        if intermediates_only:
-            return intermediates
-        return (self.norm(y) if last == n - 1 else y), intermediates
+        final = None if intermediates_only else self.norm(y) if last == n - 1 else y
+        if output_dict:
+            return dict(image_intermediates=intermediates) | ({} if final is None else dict(image_features=final))
+        return intermediates if intermediates_only else (final, intermediates)
 
     def prune_intermediate_layers(self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head=True):
         """Keep the stages up to the last of `indices` (timm's API); each block's PE state goes with it."""

@@ -262,14 +262,17 @@ class TokenEncoder(ContractModel):
         stop_early: bool = False,
         output_fmt: str | None = None,
         intermediates_only: bool = False,
+        output_dict: bool = False,
     ):
         """Features of the chosen blocks (timm's API) in one of `intermediate_formats` (default the first): maps
-        (NCTHW, or NCHW for one frame) or NLC tokens, optionally with prefix tokens."""
+        (NCTHW, or NCHW for one frame) or NLC tokens, optionally with prefix tokens; output_dict: timm's dict form
+        (`image_intermediates`, `image_intermediates_prefix`, `image_features`)."""
         output_fmt = self.intermediate_format(output_fmt)
         x, layout = self.embed_native(x) if is_native_batch(x) else self.embed(x)
         return self.intermediates(
-            x, layout, indices, return_prefix_tokens, norm, stop_early, output_fmt, intermediates_only
-        )
+            x, layout, indices, return_prefix_tokens, norm, stop_early, output_fmt, intermediates_only,
+            output_dict=output_dict,
+        )  # fmt: skip
 
     def intermediates(
         self,
@@ -282,6 +285,7 @@ class TokenEncoder(ContractModel):
         output_fmt: str,
         intermediates_only: bool,
         visual: tuple[int, tuple[int, int, int]] | None = None,
+        output_dict: bool = False,
     ):
         """timm's forward_intermediates over embedded tokens, optionally with the prefix tokens. output_fmt 'NLC':
         all non-prefix tokens; 'NCTHW' / 'NCHW': the visual tokens as maps [B, C, T, H, W] / [B, C, H, W] (T = 1).
@@ -309,12 +313,15 @@ class TokenEncoder(ContractModel):
             shape = grid[1:] if output_fmt == "NCHW" else grid
             n = grid[0] * grid[1] * grid[2]
             out = [y[:, start : start + n].transpose(1, 2).unflatten(2, shape).contiguous() for y in out]
+        final = None if intermediates_only else self.norm(x)
+        if native and final is not None:
+            final = dict(patches=final, patch_valid=layout.valid, layout=layout)
+        if output_dict:
+            prefix = dict(image_intermediates_prefix=prefix) if return_prefix_tokens and p else {}
+            return dict(image_intermediates=out, **prefix) | ({} if final is None else dict(image_features=final))
         if return_prefix_tokens and p:
             out = list(zip(out, prefix))
-        if intermediates_only:
-            return out
-        x = self.norm(x)
-        return (dict(patches=x, patch_valid=layout.valid, layout=layout) if native else x), out
+        return out if intermediates_only else (final, out)
 
     def prune_intermediate_layers(self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head=True):
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
