@@ -85,6 +85,15 @@ def test_timm_model_api(name):
         fmt = _map_fmt(fam)
         final, inter = _call(model.forward_intermediates, x, indices=n, output_fmt=fmt)
         torch.testing.assert_close(final, feats, atol=ATOL, rtol=0)
+        if fam.name in ("vit", "vivit", "mm"):  # timm's DINO-style accessor: the same maps, or tokens
+            args = dict(x) if isinstance(x, dict) else dict(pixels=x)
+            pixels, others = args.pop("pixels"), args  # the multimodal encoder's text go as keywords
+            got = model.get_intermediate_layers(pixels, n=n, reshape=True, **others)
+            for a, b in zip(got, inter, strict=True):
+                torch.testing.assert_close(a, b, atol=0, rtol=0)
+            last = model.get_intermediate_layers(pixels, n=1, norm=True, **others)[0]  # NLC, final-normed
+            ref = _call(model.forward_intermediates, x, indices=1, output_fmt="NLC", norm=True, intermediates_only=True)
+            torch.testing.assert_close(last, ref[0], atol=0, rtol=0)
         # output_dict: timm's dict form of the same tensors (prefix tokens only when asked for and present)
         d = _call(model.forward_intermediates, x, indices=n, output_fmt=fmt, output_dict=True)
         assert set(d) == {"image_intermediates", "image_features"}

@@ -323,6 +323,23 @@ class TokenEncoder(ContractModel):
             out = list(zip(out, prefix))
         return out if intermediates_only else (final, out)
 
+    def get_intermediate_layers(
+        self,
+        x: torch.Tensor,
+        n: int | list[int] = 1,
+        reshape: bool = False,
+        return_prefix_tokens: bool = False,
+        norm: bool = False,
+        **inputs,
+    ) -> list:
+        """The DINO-style accessor timm's ViT keeps: the features of the last `n` blocks (or of blocks `n`), as
+        maps in the default format (reshape) or NLC tokens; forward_intermediates with intermediates_only. `inputs`:
+        the multimodal encoder's other inputs (text_ids, text_split)."""
+        return self.forward_intermediates(
+            x, indices=n, return_prefix_tokens=return_prefix_tokens, norm=norm,
+            output_fmt=self.intermediate_formats[0] if reshape else "NLC", intermediates_only=True, **inputs,
+        )  # fmt: skip
+
     def prune_intermediate_layers(self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head=True):
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
         self.blocks = self.blocks[: max_index + 1]  # each block's PE state goes with it
