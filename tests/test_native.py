@@ -68,6 +68,19 @@ def test_each_image_in_a_batch_matches_it_alone(name, native_attention):
             assert torch.isfinite(feats["patches"]).all()  # padding tokens included
 
 
+@pytest.mark.parametrize("pool", ["max", "avgmax"])
+def test_max_pools_of_a_packed_batch_pool_each_image_alone(pool):
+    """timm's max / avgmax pools over a packed batch: each image's patches alone, none of the padding or the other
+    images' (a pool over the row would take their maxima)."""
+    m = _model("vit_n_rope2d", global_pool=pool, reg_tokens=1, pre_norm=True)
+    images = _images(m)
+    want = _alone(m, images)
+    order = [i for row in PACKED_ROWS for i in row]
+    with torch.no_grad():
+        got = m(pack_images([[images[i] for i in row] for row in PACKED_ROWS], 8))
+    assert _close(got, want[order]) < 1e-5
+
+
 @pytest.mark.parametrize("name", ["vit_n_rope2d", "vit_n_irpe", "vit_n_lepe", "vit_n_cpe", "vit_n_lff", "vit_n_seqpe"])
 def test_registers_and_interpolate_mode(name, native_attention):
     m = _model(name, reg_tokens=2, position_mode="interpolate")

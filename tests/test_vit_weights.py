@@ -70,3 +70,27 @@ def test_architecture_mismatch_names_the_option_to_pass(timm_name, ours, kwargs,
     _, path = _timm_checkpoint(timm_name, tmp_path)
     with pytest.raises(CheckpointMismatch, match=fix):
         timm.create_model(ours, pretrained=True, pretrained_cfg_overlay=dict(file=str(path)), **SHRINK, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(pre_norm=True),  # CLIP-style norm before the blocks (norm_pre)
+        dict(final_norm=False),
+        dict(global_pool="avgmax"),  # fc_norm after the pool, as timm defaults it for avg / avgmax / max
+        dict(global_pool="max", class_token=False),
+        dict(act_layer="silu", norm_layer="rmsnorm", pos_drop_rate=0.1, attn_drop_rate=0.0),  # timm's names
+    ],
+)
+def test_timm_vit_options_build_the_same_model(kwargs, tmp_path):
+    """timm's VisionTransformer options build the model timm builds: its weights load and give its logits."""
+    ref, path = _timm_checkpoint("vit_small_patch16_224", tmp_path, **kwargs)
+    model = timm.create_model(
+        "vit_s_ape", pretrained=True, pretrained_cfg_overlay=dict(file=str(path)), **SHRINK, **kwargs
+    ).eval()
+    assert [type(m).__name__ for m in (model.norm_pre, model.norm, model.fc_norm)] == [
+        type(m).__name__ for m in (ref.norm_pre, ref.norm, ref.fc_norm)
+    ]
+    x = torch.randn(2, 3, 224, 224)
+    with torch.no_grad():
+        assert (model(x) - ref(x)).abs().max() < 1e-4  # as in the round trip above

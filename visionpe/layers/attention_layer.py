@@ -10,7 +10,7 @@ from ..attention.backends import attend, attend_rows, attend_with_probs, get_att
 from ..attention.inputs import AttnRoute, PosContext
 from ..attention.rows import RowBias, RowValue
 
-__all__ = ["Attention", "attention_core"]
+__all__ = ["Attention", "attention_core", "check_attn_drop"]
 
 
 def attention_core(
@@ -53,6 +53,15 @@ def _row_terms(ctx: PosContext) -> bool:
 QKV_BIAS_MODES = (True, False, "qv")
 
 
+def check_attn_drop(rate: float) -> None:
+    """timm's attn_drop_rate is taken at 0 only: the attention backends here run without dropout on the weights."""
+    if rate:
+        raise ValueError(
+            f"attn_drop_rate={rate}: attention dropout is not supported by the attention backends here (xformers, "
+            f"SDPA, flex, math run without it); use drop_path_rate or proj_drop_rate instead"
+        )
+
+
 class Attention(nn.Module):
     """timm-compatible parameter names (qkv, q_norm, k_norm, proj) so ViT/DeiT checkpoints load directly.
 
@@ -81,8 +90,7 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(dim, dim * 3, bias=bool(qkv_bias))
         self.q_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
         self.k_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
-        if attn_drop:
-            raise ValueError("attention dropout is not supported by the fused kernels; use drop_path_rate instead")
+        check_attn_drop(attn_drop)
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 

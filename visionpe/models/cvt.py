@@ -23,11 +23,12 @@ from collections.abc import Sequence
 from functools import partial
 
 import torch
-from timm.layers import get_act_layer, trunc_normal_
+from timm.layers import get_act_layer, get_norm_layer, trunc_normal_
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..fx import fx_unsupported, is_fx_tracing
+from ..layers.attention_layer import check_attn_drop
 from ..layers.checks import check_images
 from ..layers.patch_resize import check_patch_size
 from ..layout.tokens import TokenLayout, cell_centre_layout, image_layout
@@ -117,25 +118,28 @@ class ConvolutionalVisionTransformer(StagedModel):
         cls_token: bool = True,
         drop_rate: float = 0.0,
         proj_drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
         drop_path_rate: float | Sequence[float] = 0.0,
         pe: str = "nope",
         pe_kwargs: dict | None = None,
         act_layer: str | type[nn.Module] = "quick_gelu",
-        norm_layer: type[nn.Module] | None = None,
+        norm_layer: str | type[nn.Module] | None = None,
     ):
         """embed_dims/depths/num_heads and the patch_* conv settings are per stage. cls_token: a CLS token joins in
         the last stage (then global_pool defaults to 'token', else 'avg'). drop_path_rate: the last stage's rate
         (official: stages 1-2 have none), or one per stage, linear over each stage's blocks.
         pe: a PE preset (visionpe.pos.PE_PRESETS), 'nope' for the paper's models; pe_kwargs override its options.
-        act_layer: 'quick_gelu' (official weights) or 'gelu' (Hugging Face transformers port)."""
+        act_layer: 'quick_gelu' (official weights) or 'gelu' (Hugging Face transformers port); norm_layer: a class
+        or timm's name; attn_drop_rate: timm's name, taken at 0."""
         super().__init__()
+        check_attn_drop(attn_drop_rate)
         n = len(depths)
         embed_dims, num_heads = _stage_tuple(embed_dims, n, "embed_dims"), _stage_tuple(num_heads, n, "num_heads")
         embeds = _stage_embeds(n, patch_size, patch_stride, patch_padding)
         global_pool = global_pool if global_pool is not None else ("token" if cls_token else "avg")
         self._check_pool(global_pool, cls_token)
-        norm_layer = norm_layer or partial(nn.LayerNorm, eps=1e-5)
-        act_layer = get_act_layer(act_layer) if isinstance(act_layer, str) else act_layer
+        norm_layer = get_norm_layer(norm_layer) or partial(nn.LayerNorm, eps=1e-5)
+        act_layer = get_act_layer(act_layer)
         self.num_classes = num_classes
         self.global_pool = global_pool
         self.in_chans = in_chans

@@ -25,6 +25,7 @@ from ..layout.batch import BatchLayout, ImageGroup, check_native, native_layout,
 from ..pos.base import LayerPos, PosEncoding, Positions, PosStack
 
 __all__ = [
+    "pool_tokens",
     "NativePositions",
     "NativeSites",
     "embed_patches",
@@ -270,13 +271,26 @@ def _merge(model, x: torch.Tensor, layout: BatchLayout) -> tuple[torch.Tensor, B
 # --------------------------------------------------------------------------------------------------------- head
 
 
+def pool_tokens(x: torch.Tensor, global_pool: str, num_prefix: int) -> torch.Tensor:
+    """Tokens [B, N, C] -> [B, C] as timm's ViT pools them: the CLS token ('token'), or the mean ('avg'), maximum
+    ('max') or the average of both ('avgmax') over the patch tokens; '' keeps every token."""
+    if not global_pool:
+        return x
+    if global_pool == "token":
+        return x[:, 0]
+    patches = x[:, num_prefix:]
+    if global_pool == "avg":
+        return patches.mean(1)
+    if global_pool == "max":
+        return patches.amax(1)
+    return 0.5 * (patches.amax(1) + patches.mean(1))
+
+
 def pool_images(x: torch.Tensor, layout: BatchLayout, global_pool: str) -> torch.Tensor:
-    """Tokens [B, L, C] -> one row per image [I, C]: its CLS token ('token') or the mean of its patches ('avg')."""
+    """Tokens [B, L, C] -> one row per image [I, C], each image pooled alone (pool_tokens)."""
     out = x.new_zeros(layout.num_images, x.shape[-1])
-    p = layout.num_prefix
     for group in layout.groups:
-        t = layout.gather(x, group)
-        out = out.index_copy(0, group.images, t[:, p:].mean(1) if global_pool == "avg" else t[:, 0])
+        out = out.index_copy(0, group.images, pool_tokens(layout.gather(x, group), global_pool, layout.num_prefix))
     return out
 
 

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
-from timm.layers import ClassifierHead, PatchEmbed, to_2tuple
+from timm.layers import ClassifierHead, PatchEmbed, get_act_layer, get_norm_layer, to_2tuple
 from timm.models.swin_transformer import PatchMerging
 from torch import nn
 from torch.fx.experimental.symbolic_shapes import statically_known_true
@@ -29,6 +29,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..fx import fx_unsupported, is_fx_tracing
 from ..layers import Attention, PreNormBlock
+from ..layers.attention_layer import check_attn_drop
 from ..layers.checks import check_images
 from ..layout.tokens import TokenLayout, image_layout, is_symbolic, window_layout
 from ..pos.base import AttnSpec, PEHost, PosContext, Positions
@@ -156,21 +157,23 @@ class SwinTransformer(StagedModel):
         qkv_bias: bool = True,
         drop_rate: float = 0.0,
         proj_drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.1,
         pe: str = "rpb",
         pe_kwargs: dict | None = None,
-        norm_layer: type[nn.Module] | None = None,
-        act_layer: type[nn.Module] | None = None,
+        norm_layer: str | type[nn.Module] | None = None,
+        act_layer: str | type[nn.Module] | None = None,
     ):
         """embed_dim: width of stage 1 (doubling per stage). window_size: one for all stages or one per stage.
         pe: a PE preset (visionpe.pos.PE_PRESETS), 'rpb' being Swin's relative position bias; pe_kwargs override
-        its options."""
+        its options. norm_layer / act_layer: classes or timm's names; attn_drop_rate: timm's name, taken at 0."""
         super().__init__()
         _check_pool(global_pool)
+        check_attn_drop(attn_drop_rate)
         if len(num_heads) != len(depths):
             raise ValueError(f"num_heads needs one entry per stage ({len(depths)}), got {tuple(num_heads)}")
-        norm_layer = norm_layer or nn.LayerNorm
-        act_layer = act_layer or nn.GELU
+        norm_layer = get_norm_layer(norm_layer) or nn.LayerNorm
+        act_layer = get_act_layer(act_layer) or nn.GELU
         n = len(depths)
         dims = [embed_dim * 2**s for s in range(n)]
         for d, h in zip(dims, num_heads):

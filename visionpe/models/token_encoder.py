@@ -12,11 +12,13 @@ from __future__ import annotations
 from functools import partial
 
 import torch
+from timm.layers import get_act_layer, get_norm_layer
 from timm.models._features import feature_take_indices
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..layers import Block
+from ..layers.attention_layer import check_attn_drop
 from ..layout.batch import BatchLayout, is_native_batch
 from ..layout.tokens import TokenLayout
 from ..pos.base import AttnSpec, PEHost, PosEncoding, Positions
@@ -31,12 +33,12 @@ from .construction import (
     place_layer_pos,
     place_like,
 )
-from .native_batch import NativePositions, NativeSites, masked_tokens, pool_images
+from .native_batch import NativePositions, NativeSites, masked_tokens, pool_images, pool_tokens
 from .param_groups import exact_no_weight_decay
 
 __all__ = ["TokenEncoder"]
 
-POOLS = ("", "avg", "token")
+POOLS = ("", "avg", "avgmax", "max", "token")  # timm's ViT pools that keep the width ('map' is not built here)
 
 
 class TokenEncoder(ContractModel):
@@ -59,28 +61,41 @@ class TokenEncoder(ContractModel):
         reg_tokens: int = 0,
         embed_prefix: bool = False,
         fc_norm: bool | None = None,
+        pre_norm: bool = False,
+        final_norm: bool = True,
         drop_rate: float = 0.0,
+        pos_drop_rate: float = 0.0,
+        patch_drop_rate: float = 0.0,
         proj_drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
         pe: str = "rope3d",
         pe_kwargs: dict | None = None,
         default_scheme: str = "rope3d",
         frames: int = 1,
         position_mode: str = EXTRAPOLATE,
-        norm_layer: type[nn.Module] | None = None,
-        act_layer: type[nn.Module] | None = None,
+        norm_layer: str | type[nn.Module] | None = None,
+        act_layer: str | type[nn.Module] | None = None,
         norm_eps: float = 1e-6,
     ):
         """grid: the reference (H, W) patch grid the PEs are built for (frames: its token frames T);
         default_scheme: the position scheme of the layout when no PE declares one (e.g. for a learned APE);
         embed_prefix: a learned APE has entries for the prefix tokens too; fc_norm: norm after pooling instead of
-        before (default: with average pooling); qkv_bias: True, False or "qv" (no k bias, as DINOv3);
-        norm_eps: the LayerNorm epsilon when norm_layer is not given (1e-6; DINOv3 uses 1e-5); position_mode: one of
-        the family's `position_modes` (changed later with `set_position_mode`)."""
+        before (default: with a pool over the patches); pre_norm / final_norm, pos_drop_rate: timm's norm before the
+        blocks / after them, dropout after the token-site PEs; qkv_bias: True, False or "qv" (no k bias, as DINOv3);
+        norm_layer / act_layer: classes or timm's names ('layernorm', 'gelu', ...); norm_eps: the LayerNorm epsilon
+        when norm_layer is not given (1e-6; DINOv3 uses 1e-5); position_mode: one of the family's `position_modes`
+        (changed later with `set_position_mode`). attn_drop_rate and patch_drop_rate are timm's names, taken at 0."""
         super().__init__()
         _check_pool(global_pool, class_token)
-        norm_layer = norm_layer or partial(nn.LayerNorm, eps=norm_eps)
-        act_layer = act_layer or nn.GELU
+        check_attn_drop(attn_drop_rate)
+        if patch_drop_rate:
+            raise ValueError(
+                f"patch_drop_rate={patch_drop_rate}: dropping patch tokens is not supported (the PEs and the token "
+                f"layout keep every patch); use drop_path_rate or pos_drop_rate"
+            )
+        norm_layer = get_norm_layer(norm_layer) or partial(nn.LayerNorm, eps=norm_eps)
+        act_layer = get_act_layer(act_layer) or nn.GELU
         self.num_classes = num_classes
         self.global_pool = global_pool
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
@@ -96,6 +111,8 @@ class TokenEncoder(ContractModel):
         self.forget_pe_tables()  # the tables its build probe cached (small grids no forward uses)
         self.set_position_mode(position_mode)
         self.pe_name = pe
+        self.pos_drop = nn.Dropout(pos_drop_rate)
+        self.norm_pre = norm_layer(embed_dim) if pre_norm else nn.Identity()
 
         dpr = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]  # linear (no tensor: meta-safe)
         self.blocks = nn.ModuleList(
@@ -114,9 +131,9 @@ class TokenEncoder(ContractModel):
             for i in range(depth)
         )
         place_layer_pos(self.pe, self.blocks)
-        use_fc_norm = global_pool == "avg" if fc_norm is None else fc_norm
-        self.norm = nn.Identity() if use_fc_norm else norm_layer(embed_dim)
-        self.fc_norm = norm_layer(embed_dim) if use_fc_norm else nn.Identity()
+        use_fc_norm = global_pool in ("avg", "avgmax", "max") if fc_norm is None else fc_norm
+        self.norm = norm_layer(embed_dim) if final_norm and not use_fc_norm else nn.Identity()
+        self.fc_norm = norm_layer(embed_dim) if final_norm and use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
 
@@ -206,18 +223,18 @@ class TokenEncoder(ContractModel):
 
     def run_blocks(self, x: torch.Tensor, layout: TokenLayout | BatchLayout) -> torch.Tensor:
         """Token-site PEs, every block, the final norm: [B, P + N, C] -> [B, P + N, C]."""
-        x = self.sites(layout).tokens(x, layout)
+        x = self.enter_blocks(x, layout)
         positions = self.positions(layout)
         for i in range(len(self.blocks)):
             x = self.run_block(i, x, positions)
         return self.norm(x)
 
+    def enter_blocks(self, x: torch.Tensor, layout: TokenLayout | BatchLayout) -> torch.Tensor:
+        """What the first block sees: the token-site PEs, then timm's position dropout and pre-norm."""
+        return self.norm_pre(self.pos_drop(self.sites(layout).tokens(x, layout)))
+
     def pool(self, x: torch.Tensor) -> torch.Tensor:
-        if self.global_pool == "avg":
-            return x[:, self.num_prefix_tokens :].mean(dim=1)
-        if self.global_pool == "token":
-            return x[:, 0]
-        return x
+        return pool_tokens(x, self.global_pool, self.num_prefix_tokens)
 
     def native_features(self, x: torch.Tensor, layout: BatchLayout) -> dict:
         """forward_features of a native batch (visionpe.layout): tokens [B, L, C] after the final norm, which tokens
@@ -298,7 +315,7 @@ class TokenEncoder(ContractModel):
         if output_fmt == "NCHW" and grid[0] != 1:
             raise ValueError(f"output_fmt='NCHW' needs a single-frame grid, got (T, H, W) = {grid}; use 'NCTHW'")
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
-        x = self.sites(layout).tokens(x, layout)
+        x = self.enter_blocks(x, layout)
         positions = self.positions(layout)
         out = []
         for i in range(max_index + 1 if stop_early else len(self.blocks)):
@@ -361,8 +378,8 @@ class TokenEncoder(ContractModel):
     def group_matcher(self, coarse: bool = False) -> dict:
         return dict(
             # per-layer PE parameters live in their block; the model-level PE (`pe.*`) joins the stem
-            stem=r"^cls_token|^reg_token|^patch_embed|^token_merger|^text_embed|^markers|^pe\.",
-            blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))],
+            stem=r"^cls_token|^reg_token|^patch_embed|^token_merger|^text_embed|^markers|^pe\.|^norm_pre",
+            blocks=[(r"^blocks\.(\d+)", None), (r"^norm\.", (99999,))],
         )
 
     @torch.jit.ignore
@@ -382,6 +399,6 @@ class TokenEncoder(ContractModel):
 
 def _check_pool(global_pool: str, class_token: bool) -> None:
     if global_pool not in POOLS:
-        raise UnsupportedPool(f"global_pool must be '', 'avg' or 'token', got {global_pool!r}")
+        raise UnsupportedPool(f"global_pool must be one of {', '.join(map(repr, POOLS))}, got {global_pool!r}")
     if global_pool == "token" and not class_token:
         raise UnsupportedPool("global_pool='token' needs a CLS token (class_token=True); use global_pool='avg'")

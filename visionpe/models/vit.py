@@ -10,7 +10,7 @@ from __future__ import annotations
 from functools import partial
 
 import torch
-from timm.layers import PatchEmbed, to_2tuple
+from timm.layers import PatchEmbed, get_act_layer, get_norm_layer, to_2tuple
 from torch import nn
 
 from ..fx import is_fx_tracing
@@ -48,8 +48,9 @@ class VisionTransformer(TokenEncoder):
         position_mode: str = EXTRAPOLATE,
         token_merger: int = 0,
         merger_grid: int | tuple[int, int] | None = None,
-        norm_layer: type[nn.Module] | None = None,
-        act_layer: type[nn.Module] | None = None,
+        pre_norm: bool = False,
+        norm_layer: str | type[nn.Module] | None = None,
+        act_layer: str | type[nn.Module] | None = None,
         **kwargs,
     ):
         """pe: a PE preset name (visionpe.pos.PE_PRESETS); pe_kwargs override its options.
@@ -58,12 +59,14 @@ class VisionTransformer(TokenEncoder):
         their frequencies by the size ratio, visionpe.pos.rope_scaling; other PEs read them as 'extrapolate').
         token_merger: m > 0 adds ViTAR's Adaptive Token Merger: patches of patch_size / 2^m are merged down to
         merger_grid (default: the img_size / patch_size grid) at any input size, so the blocks always see that grid.
+        pre_norm: a norm before the blocks and a patch embedding without bias (CLIP's layout, as timm builds it).
         Other kwargs (qkv_bias, fc_norm, drop rates, ...): see TokenEncoder."""
         if reg_tokens < 0:
             raise ValueError(f"reg_tokens is a number of register tokens and must be >= 0, got {reg_tokens}")
         if token_merger < 0 or patch_size % 2**token_merger:
             raise ValueError(f"token_merger={token_merger}: use m >= 0 with 2^m dividing patch_size ({patch_size})")
         merge = 2**token_merger
+        norm_layer, act_layer = get_norm_layer(norm_layer), get_act_layer(act_layer)  # timm's names too: 'gelu'
         # the stem is built before the trunk so that parameters draw from the RNG in the stem -> PE -> blocks order
         patch_embed = PatchEmbed(
             img_size=img_size,
@@ -73,6 +76,7 @@ class VisionTransformer(TokenEncoder):
             output_fmt="NHWC",
             strict_img_size=False,
             dynamic_img_pad=True,
+            bias=not pre_norm,
         )
         pe_grid = _pe_grid(patch_embed, merge, merger_grid)  # the grid the blocks and PEs are built for
         merger = None
@@ -95,6 +99,7 @@ class VisionTransformer(TokenEncoder):
             pe=pe,
             pe_kwargs=pe_kwargs,
             position_mode=position_mode,
+            pre_norm=pre_norm,
             norm_layer=norm_layer,
             act_layer=act_layer,
             **kwargs,
