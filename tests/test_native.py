@@ -68,10 +68,10 @@ def test_each_image_in_a_batch_matches_it_alone(name, native_attention):
             assert torch.isfinite(feats["patches"]).all()  # padding tokens included
 
 
-@pytest.mark.parametrize("pool", ["max", "avgmax"])
-def test_max_pools_of_a_packed_batch_pool_each_image_alone(pool):
-    """timm's max / avgmax pools over a packed batch: each image's patches alone, none of the padding or the other
-    images' (a pool over the row would take their maxima)."""
+@pytest.mark.parametrize("pool", ["max", "avgmax", "map"])
+def test_max_and_attention_pools_of_a_packed_batch_pool_each_image_alone(pool):
+    """timm's max / avgmax / attention (map) pools over a packed batch: each image's tokens alone, none of the
+    padding or the other images' (a pool over the row would take their maxima, or attend to them)."""
     m = _model("vit_n_rope2d", global_pool=pool, reg_tokens=1, pre_norm=True)
     images = _images(m)
     want = _alone(m, images)

@@ -79,6 +79,8 @@ def test_architecture_mismatch_names_the_option_to_pass(timm_name, ours, kwargs,
         dict(final_norm=False),
         dict(global_pool="avgmax"),  # fc_norm after the pool, as timm defaults it for avg / avgmax / max
         dict(global_pool="max", class_token=False),
+        dict(global_pool="map"),  # timm's attention pooling (SigLIP's head) over the patch tokens
+        dict(global_pool="map", pool_include_prefix=True, reg_tokens=2),  # over the CLS and registers too
         dict(act_layer="silu", norm_layer="rmsnorm", pos_drop_rate=0.1, attn_drop_rate=0.0),  # timm's names
     ],
 )

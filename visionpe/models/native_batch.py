@@ -273,7 +273,7 @@ def _merge(model, x: torch.Tensor, layout: BatchLayout) -> tuple[torch.Tensor, B
 
 def pool_tokens(x: torch.Tensor, global_pool: str, num_prefix: int) -> torch.Tensor:
     """Tokens [B, N, C] -> [B, C] as timm's ViT pools them: the CLS token ('token'), or the mean ('avg'), maximum
-    ('max') or the average of both ('avgmax') over the patch tokens; '' keeps every token."""
+    ('max') or the average of both ('avgmax') over the tokens after the first `num_prefix`; '' keeps every token."""
     if not global_pool:
         return x
     if global_pool == "token":
@@ -286,11 +286,12 @@ def pool_tokens(x: torch.Tensor, global_pool: str, num_prefix: int) -> torch.Ten
     return 0.5 * (patches.amax(1) + patches.mean(1))
 
 
-def pool_images(x: torch.Tensor, layout: BatchLayout, global_pool: str) -> torch.Tensor:
-    """Tokens [B, L, C] -> one row per image [I, C], each image pooled alone (pool_tokens)."""
+def pool_images(x: torch.Tensor, layout: BatchLayout, pool) -> torch.Tensor:
+    """Tokens [B, L, C] -> one row per image [I, C], each image pooled alone: `pool(tokens, num_prefix)` maps a
+    group of same-grid images [G, Pfx + H*W, C] (as `layout.gather` gives them) to [G, C]."""
     out = x.new_zeros(layout.num_images, x.shape[-1])
     for group in layout.groups:
-        out = out.index_copy(0, group.images, pool_tokens(layout.gather(x, group), global_pool, layout.num_prefix))
+        out = out.index_copy(0, group.images, pool(layout.gather(x, group), layout.num_prefix))
     return out
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from functools import partial
 
 import torch
-from timm.layers import get_act_layer, get_norm_layer
+from timm.layers import AttentionPoolLatent, get_act_layer, get_norm_layer
 from timm.models._features import feature_take_indices
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -38,7 +38,7 @@ from .param_groups import exact_no_weight_decay
 
 __all__ = ["TokenEncoder"]
 
-POOLS = ("", "avg", "avgmax", "max", "token")  # timm's ViT pools that keep the width ('map' is not built here)
+POOLS = ("", "avg", "avgmax", "max", "token", "map")  # timm's ViT pools ('map': attention pooling, timm's layer)
 
 
 class TokenEncoder(ContractModel):
@@ -61,6 +61,7 @@ class TokenEncoder(ContractModel):
         reg_tokens: int = 0,
         embed_prefix: bool = False,
         fc_norm: bool | None = None,
+        pool_include_prefix: bool = False,
         pre_norm: bool = False,
         final_norm: bool = True,
         drop_rate: float = 0.0,
@@ -81,7 +82,8 @@ class TokenEncoder(ContractModel):
         """grid: the reference (H, W) patch grid the PEs are built for (frames: its token frames T);
         default_scheme: the position scheme of the layout when no PE declares one (e.g. for a learned APE);
         embed_prefix: a learned APE has entries for the prefix tokens too; fc_norm: norm after pooling instead of
-        before (default: with a pool over the patches); pre_norm / final_norm, pos_drop_rate: timm's norm before the
+        before (default: with a pool over the patches); pool_include_prefix: the avg / max / map pools read the
+        prefix tokens too (timm's option); pre_norm / final_norm, pos_drop_rate: timm's norm before the
         blocks / after them, dropout after the token-site PEs; qkv_bias: True, False or "qv" (no k bias, as DINOv3);
         norm_layer / act_layer: classes or timm's names ('layernorm', 'gelu', ...); norm_eps: the LayerNorm epsilon
         when norm_layer is not given (1e-6; DINOv3 uses 1e-5); position_mode: one of the family's `position_modes`
@@ -98,6 +100,7 @@ class TokenEncoder(ContractModel):
         act_layer = get_act_layer(act_layer) or nn.GELU
         self.num_classes = num_classes
         self.global_pool = global_pool
+        self.pool_include_prefix = pool_include_prefix
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
         self.num_prefix_tokens = int(class_token) + reg_tokens
         self.num_reg_tokens = reg_tokens
@@ -133,6 +136,11 @@ class TokenEncoder(ContractModel):
         place_layer_pos(self.pe, self.blocks)
         use_fc_norm = global_pool in ("avg", "avgmax", "max") if fc_norm is None else fc_norm
         self.norm = norm_layer(embed_dim) if final_norm and not use_fc_norm else nn.Identity()
+        self.attn_pool = None
+        if global_pool == "map":  # timm's attention pooling over every token, as its ViT builds it
+            self.attn_pool = AttentionPoolLatent(
+                embed_dim, num_heads=num_heads, mlp_ratio=mlp_ratio, norm_layer=norm_layer, act_layer=act_layer
+            )
         self.fc_norm = norm_layer(embed_dim) if final_norm and use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
@@ -144,6 +152,8 @@ class TokenEncoder(ContractModel):
                 nn.init.normal_(p, std=1e-6)
         init_linears(self.blocks)
         init_linears(self.head)
+        if self.attn_pool is not None:
+            self.attn_pool.init_weights()
         self.pe.init_weights()
 
     # ------------------------------------------------------------------------------------------------ positions
@@ -233,8 +243,13 @@ class TokenEncoder(ContractModel):
         """What the first block sees: the token-site PEs, then timm's position dropout and pre-norm."""
         return self.norm_pre(self.pos_drop(self.sites(layout).tokens(x, layout)))
 
-    def pool(self, x: torch.Tensor) -> torch.Tensor:
-        return pool_tokens(x, self.global_pool, self.num_prefix_tokens)
+    def pool(self, x: torch.Tensor, num_prefix: int | None = None) -> torch.Tensor:
+        """[B, P + N, C] -> [B, C] by the global pool ('' keeps every token); the P = num_prefix (default the
+        model's) prefix tokens join an avg / max / map pool only with pool_include_prefix, as in timm."""
+        skip = 0 if self.pool_include_prefix else self.num_prefix_tokens if num_prefix is None else num_prefix
+        if self.attn_pool is not None:
+            return self.attn_pool(x[:, skip:])
+        return pool_tokens(x, self.global_pool, skip)
 
     def native_features(self, x: torch.Tensor, layout: BatchLayout) -> dict:
         """forward_features of a native batch (visionpe.layout): tokens [B, L, C] after the final norm, which tokens
@@ -244,7 +259,7 @@ class TokenEncoder(ContractModel):
     def forward_head(self, x: torch.Tensor | dict, pre_logits: bool = False) -> torch.Tensor:
         """Pooled features -> logits; a native batch's features (a dict) give one row per image."""
         if isinstance(x, dict):
-            x = pool_images(x["patches"], x["layout"], self.global_pool) if self.global_pool else x["patches"]
+            x = pool_images(x["patches"], x["layout"], self.pool) if self.global_pool else x["patches"]
         else:
             x = self.pool(x)
         x = self.head_drop(self.fc_norm(x))
@@ -391,6 +406,12 @@ class TokenEncoder(ContractModel):
         keeps the pool."""
         if global_pool is not None:
             _check_pool(global_pool, self.cls_token is not None)
+            if global_pool == "map" and self.attn_pool is None:
+                raise UnsupportedPool(
+                    "reset_classifier cannot add attention pooling (global_pool='map'); build the model with it"
+                )
+            if global_pool != "map":
+                self.attn_pool = None
             self.global_pool = global_pool
         self.num_classes = num_classes
         head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
