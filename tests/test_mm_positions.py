@@ -296,14 +296,18 @@ def test_bad_input_is_one_clear_error(call, match):
         call()
 
 
-def test_the_qwen_builders_import_from_mm_positions_too():
-    """The issue's name for the reference API: mm_positions hands out qwen_positions' builders, not copies."""
+def test_mm_positions_names_the_schemes_and_the_qwen_builders():
+    """The public module names both layers: the schemes' builders (mm_schemes) and the Qwen-VL ids built on them
+    (qwen_positions), the same objects, not copies."""
     from visionpe.pos import mm_positions, qwen_positions
     from visionpe.pos.mm_positions import qwen_vl_position_ids
 
     assert qwen_vl_position_ids is qwen_positions.qwen_vl_position_ids
-    for name in qwen_positions.__all__:
-        assert getattr(mm_positions, name) is getattr(qwen_positions, name)
+    from visionpe.pos import mm_schemes
+
+    for module in (qwen_positions, mm_schemes):
+        for name in module.__all__:
+            assert getattr(mm_positions, name) is getattr(module, name), name
     ids = qwen_vl_position_ids("text:2 image:2x3 text:1", "qwen2_vl")
     # text 0-1, <|vision_start|> 2, the 2 x 3 image from 3 (w ids 3-5), then max + 1: <|vision_end|> 6, text 7
     assert ids[:, -1].tolist() == [7, 7, 7] and ids[:, 3:9].amax(1).tolist() == [3, 4, 5]

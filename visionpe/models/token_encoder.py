@@ -22,7 +22,7 @@ from ..layers.attention_layer import check_attn_drop
 from ..layout.batch import BatchLayout, is_native_batch
 from ..layout.tokens import TokenLayout
 from ..pos.base import AttnSpec, PEHost, PosEncoding, Positions
-from ..pos.mm_positions import segment_layout
+from ..pos.mm_schemes import segment_layout
 from ..pos.presets import build_pos_encoding
 from ..position_modes import EXTRAPOLATE, check_position_mode
 from .construction import (

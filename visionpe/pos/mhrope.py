@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 
 from .base import PEHost
-from .mm_positions import HOPE_EVAL_SCALE, V2PE_EVAL_DELTA
+from .mm_schemes import HOPE_EVAL_SCALE, V2PE_EVAL_DELTA
 from .rope_nd import RoPEND
 from .rotary import p_rope_keep, rope_frequencies
 

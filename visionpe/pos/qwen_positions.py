@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .mm_positions import parse_segments, position_ids, segment_kinds
+from .mm_schemes import parse_segments, position_ids, segment_kinds
 
 __all__ = [
     "QWEN_MODELS",

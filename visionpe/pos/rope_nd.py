@@ -34,7 +34,7 @@ import torch
 
 from ..layout.tokens import TokenLayout
 from .base import PEHost, PosContext, PosEncoding
-from .mm_positions import (
+from .mm_schemes import (
     HOPE_EVAL_SCALE,
     SCHEMES,
     V2PE_EVAL_DELTA,
