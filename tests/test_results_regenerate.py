@@ -33,3 +33,25 @@ def test_committed_tables_regenerate_from_the_committed_evaluations(name, tmp_pa
     for file in ("results.md", "results.csv", "summary.json"):
         regenerated, committed = (folder / file).read_bytes(), (RESULTS / name / file).read_bytes()
         assert regenerated == committed, f"results/{name}/{file} differs from what its evals/ give"
+
+
+def test_report_only_writes_the_tables_from_the_evaluations_present_and_trains_nothing(tmp_path, monkeypatch):
+    """`visionpe-bench extrapolate --report-only`: the committed tables from the committed evaluations, byte for
+    byte; with a run's evaluation removed, the tables of the rest (that run not trained)."""
+    from visionpe.bench import extrapolate
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("--report-only ran a job")
+
+    monkeypatch.setattr(extrapolate, "run_job", no_training)
+    folder = tmp_path / "quick"
+    shutil.copytree(RESULTS / "quick", folder)
+    args = ["-c", str(folder / "bench.yaml"), "--report-only", f"bench.output_dir={folder}", "bench.device=cpu"]
+    assert extrapolate.main(args) == 0
+    for file in ("results.md", "results.csv", "summary.json"):
+        assert (folder / file).read_bytes() == (RESULTS / "quick" / file).read_bytes(), file
+    dropped = sorted((folder / "evals").glob("*.json"))[0]
+    dropped.unlink()
+    assert extrapolate.main(args) == 0
+    trained = json.loads((folder / "summary.json").read_text())["training"]  # a model per run: one seed each
+    assert len(trained) == len(list((RESULTS / "quick" / "evals").glob("*.json"))) - 1

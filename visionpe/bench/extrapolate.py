@@ -485,10 +485,11 @@ class _Progress:
             self.failures.append(f"{job.label}: {type(error).__name__}: {error}")
 
 
-def run_benchmark(bench: BenchConfig, cfg: Config, dry_run: bool = False, log=print) -> Path:
+def run_benchmark(bench: BenchConfig, cfg: Config, dry_run: bool = False, log=print, report_only: bool = False) -> Path:
     """Check everything, run what is missing (in `bench.processes` processes), write the tables and the plot.
     Returns the output directory. SIGTERM / SIGINT stop it cleanly (JobStopped): trainings checkpoint,
-    evaluated points are kept, the tables are written from what exists, and a rerun continues."""
+    evaluated points are kept, the tables are written from what exists, and a rerun continues. report_only: run
+    nothing, write the tables from the evaluations present (records copied from other machines, a new report)."""
     plan = make_plan(bench, cfg)
     validate(plan)
     out = bench.out()
@@ -503,6 +504,10 @@ def run_benchmark(bench: BenchConfig, cfg: Config, dry_run: bool = False, log=pr
         log(f"note: {note}")
     if dry_run:
         return out
+    if report_only:
+        pending = []
+        plan.jobs += [j for j in extra_jobs(plan) if j not in plan.jobs]
+        log(f"report only: {sum(j.record_path.is_file() for j in plan.jobs)} runs' evaluations, nothing trained")
     out.mkdir(parents=True, exist_ok=True)
     snapshot = dict(bench=dataclasses.asdict(bench), **config_to_dict(cfg))
     atomic_write_text(out / "bench.yaml", yaml.safe_dump(snapshot, sort_keys=False))
@@ -567,13 +572,16 @@ def bench_command(prog: str, example: str, argv, run, kept: str, extra=None) -> 
 
 def _run(args) -> None:
     overrides = [*args.overrides, *(["bench.pretrained=true"] if args.pretrained else [])]
-    run_benchmark(*load_bench(args.config, overrides), dry_run=args.dry_run)
+    run_benchmark(*load_bench(args.config, overrides), dry_run=args.dry_run, report_only=args.report_only)
 
 
-def _pretrained_flag(ap: argparse.ArgumentParser) -> None:
+def _flags(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--pretrained", action="store_true", help="evaluate weights without training (bench.pretrained)")
+    ap.add_argument("--report-only", action="store_true",
+                    help="train and evaluate nothing: write the tables and plot from the evaluations in "
+                         "<output_dir>/evals (e.g. records copied from other machines)")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
     kept = "checkpoints and evaluated points"
-    return bench_command("visionpe-bench extrapolate", "configs/bench/quick.yaml", argv, _run, kept, _pretrained_flag)
+    return bench_command("visionpe-bench extrapolate", "configs/bench/quick.yaml", argv, _run, kept, _flags)
