@@ -49,3 +49,20 @@ def test_image_folders_name_the_native_routes_crop_when_data_native_is_on():
                                 aug=aug))  # fmt: skip
     own = augmentation_text("fashion-mnist", {"crop": "rrc"}, aug)
     assert recipe_text(cfg).endswith(f"augmentation: {own}, then {timm})")
+
+
+def test_an_aug_option_the_dataset_never_applies_is_an_error_naming_it():
+    """timm's colour jitter, auto-augment and erasing run on image folders and timm's readers only: set on another
+    dataset they would do nothing, silently, so training refuses them and says what the dataset does instead."""
+    import pytest
+
+    from visionpe.data.registry import check_aug_applies
+
+    aug = {"color_jitter": 0.4, "auto_augment": None, "re_prob": 0.25, "hflip": 0.5, "scale": [0.35, 1.0]}
+    with pytest.raises(ValueError, match=r"aug.color_jitter=0.4, aug.re_prob=0.25: dataset 'clipart' never") as e:
+        check_aug_applies("clipart", aug, {"crop": "rrc"})
+    assert "clipart's training augmentation: random resized crops (area [0.35, 1.0]" in str(e.value)
+    for name in ("imagefolder", "imagenet", "hfds/some-set"):  # timm's transforms: every option applies
+        check_aug_applies(name, aug)
+    check_aug_applies("fashion-mnist", {"re_prob": 0.25}, timm_loader=True)  # timm's NaFlex loader erases any item
+    check_aug_applies("fashion-mnist", {"color_jitter": 0.0, "auto_augment": None, "re_prob": 0.0})  # all off

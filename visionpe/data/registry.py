@@ -25,6 +25,7 @@ __all__ = [
     "augmentation_text",
     "register_name_resolver",
     "get_dataset_info",
+    "check_aug_applies",
 ]
 
 
@@ -40,6 +41,8 @@ class DatasetInfo:
     augmentation: Callable[[dict, dict], str] | None = None
     # the same for the native-resolution route (data.native with visionpe's loader), where it differs; None: as above
     native_augmentation: Callable[[dict, dict], str] | None = None
+    # its training images go through timm's transforms, so aug.color_jitter / auto_augment / re_prob apply
+    timm_transforms: bool = False
 
 
 DATASETS: dict[str, DatasetInfo] = {}
@@ -61,14 +64,18 @@ def register_dataset(
     description: str = "",
     augmentation: Callable[[dict, dict], str] | None = None,
     native_augmentation: Callable[[dict, dict], str] | None = None,
+    timm_transforms: bool = False,
 ):
     """Decorator registering a dataset factory under `name`. augmentation(options, aug) says in words what its
     training items go through (for reports and model cards); None: nothing. native_augmentation: the same on the
-    native-resolution route, where it differs."""
+    native-resolution route, where it differs. timm_transforms: its training images go through timm's transforms
+    (image folders), so timm's colour, auto-augment and erasing options apply."""
 
     def wrap(factory: Callable) -> Callable:
         doc = description or (factory.__doc__ or "")
-        DATASETS[name] = DatasetInfo(name, factory, num_classes, in_chans, kind, doc, augmentation, native_augmentation)
+        DATASETS[name] = DatasetInfo(
+            name, factory, num_classes, in_chans, kind, doc, augmentation, native_augmentation, timm_transforms
+        )
         return factory
 
     return wrap
@@ -93,3 +100,24 @@ def get_dataset_info(name: str) -> DatasetInfo:
         hint = f"nearest: {', '.join(close)}" if close else f"available: {', '.join(sorted(DATASETS))}"
         raise ValueError(f"unknown dataset {name!r}; {hint}")
     return DATASETS[name]
+
+
+TIMM_ONLY_AUG = ("auto_augment", "color_jitter", "re_prob")  # the aug settings only timm's transforms apply
+
+
+def check_aug_applies(name: str, aug: dict, options: dict | None = None, timm_loader: bool = False) -> None:
+    """A ValueError when the aug section sets an option dataset `name` never applies: timm's colour jitter,
+    auto-augment and random erasing run only on datasets with timm's transforms (image folders, timm's readers);
+    timm_loader: data.native.loader=timm, whose NaFlex pipeline erases any dataset's items (re_prob)."""
+    info = get_dataset_info(name)
+    if info.timm_transforms:
+        return
+    unused = [k for k in TIMM_ONLY_AUG if aug.get(k) and not (timm_loader and k == "re_prob")]
+    if unused:
+        words = augmentation_text(name, options, aug)
+        raise ValueError(
+            f"{', '.join(f'aug.{k}={aug[k]}' for k in unused)}: dataset {name!r} never applies "
+            f"{'this' if len(unused) == 1 else 'these'} (timm's colour jitter, auto-augment and random erasing run "
+            f"on image folders and timm's readers); remove {'it' if len(unused) == 1 else 'them'}. {name}'s training "
+            f"augmentation: {words}"
+        )

@@ -114,7 +114,8 @@ class DataConfig:
 
 @dataclass
 class AugConfig:
-    """Augmentation and regularisation (the transforms apply to image folders; mixup/cutmix to any image set)."""
+    """Augmentation and regularisation (the transforms apply to image folders and timm's readers, and setting
+    auto_augment, re_prob or color_jitter for another dataset is an error; mixup/cutmix apply to any image set)."""
 
     auto_augment: str | None = setting(None, "timm auto-augment policy, e.g. rand-m9-mstd0.5-inc1")
     re_prob: float = setting(0.0, "random erasing probability", ge=0, le=1)

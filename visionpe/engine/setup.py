@@ -16,6 +16,7 @@ from ..attention.backends import check_attn_backend
 from ..data.datasets.folders import MAX_CONSECUTIVE_FAILURES
 from ..data.loader import KeyedDataset, renders_any_resolution
 from ..data.multires import collate_to_resolution
+from ..data.registry import check_aug_applies
 from ..data.seeding import seeded_rngs
 from ..data.streams import first_stream_item, is_stream
 from ..zoo.registry import create_model
@@ -86,6 +87,9 @@ def build_split(cfg: Config, split: str, resolution: int, training: bool, class_
             f"visionpe-bench segment -c <benchmark file> (e.g. clipart-seg)"
         )
     aug = {k: getattr(cfg.aug, k) for k in ("auto_augment", "re_prob", "color_jitter", "scale", "ratio", "hflip")}
+    if training:  # an aug option the dataset never applies is an error, not a silent no-op
+        timm_loader = (cfg.data.native or {}).get("loader") == "timm"
+        check_aug_applies(cfg.data.name, aug, cfg.data.options, timm_loader)
     return vdata.build_dataset(
         cfg.data.name,
         split,

@@ -234,7 +234,7 @@ def _crops(aug: dict, crop: str) -> str:
 
 @register_dataset(
     "imagefolder", num_classes=None, in_chans=3, augmentation=folder_augmentation,
-    native_augmentation=folder_native_augmentation,
+    native_augmentation=folder_native_augmentation, timm_transforms=True,
 )  # fmt: skip
 def image_folder(
     split: str = "train",
@@ -285,7 +285,7 @@ def transform_kwargs(training: bool, aug: dict | None, mean, std, interpolation:
 
 @register_dataset(
     "imagenet", num_classes=1000, in_chans=3, augmentation=folder_augmentation,
-    native_augmentation=folder_native_augmentation,
+    native_augmentation=folder_native_augmentation, timm_transforms=True,
 )  # fmt: skip
 @functools.wraps(image_folder, assigned=())  # image_folder's options (inspect.signature follows __wrapped__)
 def imagenet(*args, **options) -> ImageFolderDataset:

@@ -276,6 +276,7 @@ def timm_reader_info(name: str) -> DatasetInfo:
         in_chans=3,
         kind="image",
         description=f"read by timm.data.create_dataset({name!r}); options go to its reader",
+        timm_transforms=True,
     )
 
 
