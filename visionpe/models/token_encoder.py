@@ -137,7 +137,7 @@ class TokenEncoder(ContractModel):
         use_fc_norm = global_pool in ("avg", "avgmax", "max") if fc_norm is None else fc_norm
         self.norm = norm_layer(embed_dim) if final_norm and not use_fc_norm else nn.Identity()
         self.attn_pool = None
-        if global_pool == "map":  # timm's attention pooling over every token, as its ViT builds it
+        if global_pool == "map":  # timm's attention pooling (AttentionPoolLatent), as its ViT builds it
             self.attn_pool = AttentionPoolLatent(
                 embed_dim, num_heads=num_heads, mlp_ratio=mlp_ratio, norm_layer=norm_layer, act_layer=act_layer
             )
