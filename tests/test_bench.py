@@ -440,3 +440,13 @@ def test_cards_are_written_from_results_files(tmp_path):
     assert "No accuracy benchmark of this family yet" in cvt and "speed --zoo" in cvt
     with pytest.raises(ValueError, match="unknown family"):
         write_cards(results, tmp_path / "cards", ["vitt"])
+
+
+def test_the_legend_has_as_many_columns_as_fit_the_figure():
+    """One panel (5.6 in) takes 3 columns of 17-character labels, two panels 6, never more than the labels: a
+    six-column legend under one panel ran off both edges of the figure."""
+    from visionpe.bench.report import legend_columns
+
+    long = ["rope2d_dinov3_aug"] + ["ape"] * 18
+    assert legend_columns(long, 5.6) == 3 and legend_columns(long, 11.2) == 6
+    assert legend_columns(["ape", "nope"], 5.6) == 2 and legend_columns(["x" * 200], 5.6) == 1

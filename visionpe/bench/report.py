@@ -251,6 +251,15 @@ def _family(judged: dict) -> str:
     return f"; after Holm over its {d['m']} comparison(s), {d['seeds']} seeds detect {d['difference']:.1f} points"
 
 
+LEGEND_ENTRY_INCHES = (0.6, 0.07)  # a legend entry at fontsize 9: marker and gaps, then per character of its label
+
+
+def legend_columns(labels: list[str], width: float) -> int:
+    """Legend columns (at most 6) whose entries, each as wide as the longest label's, fit in `width` inches."""
+    entry = LEGEND_ENTRY_INCHES[0] + LEGEND_ENTRY_INCHES[1] * max((len(x) for x in labels), default=0)
+    return max(1, min(6, len(labels), int(width // entry)))
+
+
 def _interval(ci: list[float] | None) -> str:
     return "-" if ci is None else f"[{ci[0]:+.1f}, {ci[1]:+.1f}]"
 
@@ -418,7 +427,8 @@ def plot_extrapolation(summary: dict, path: Path) -> Path | None:
     one_backbone = len({p[:2] for p in parts.values()}) == 1  # then the PE names label the lines (vit_n_ape -> ape)
     labels = {m: p[2] if one_backbone else m for m, p in parts.items()}
     ncols = len(panels) if len(panels) <= 3 else 2 if len(panels) == 4 else 3  # four panels: two rows of two
-    nrows, legend_rows = math.ceil(len(panels) / ncols), math.ceil(len(models) / 6)
+    legend_cols = legend_columns([labels[m] for m in models], 5.6 * ncols)
+    nrows, legend_rows = math.ceil(len(panels) / ncols), math.ceil(len(models) / legend_cols)
     height = 4.4 * nrows + 0.22 * legend_rows + 0.3  # the panels keep their height above the legend
     fig, axes = plt.subplots(nrows, ncols, figsize=(5.6 * ncols, height), sharey=True, squeeze=False)
     styles = line_styles(len(models), plt)
@@ -430,7 +440,7 @@ def plot_extrapolation(summary: dict, path: Path) -> Path | None:
         row[0].set_ylabel("top-1 accuracy (%)")
     handles, names = axes[0][0].get_legend_handles_labels()
     # below the panels, outside every axes: no curve is hidden behind it
-    fig.legend(handles, names, loc="lower center", ncol=min(len(names), 6) or 1, fontsize=9, frameon=False)
+    fig.legend(handles, names, loc="lower center", ncol=legend_cols, fontsize=9, frameon=False)
     seeds = len(summary["seeds"])
     trained = f"{summary['base_tokens']} tokens" if "native" in protocols else f"{summary['base'][0]} px"
     frames = f", {summary['base_frames']} frames" if set(CLIP_PROTOCOLS) & set(protocols) else ""
