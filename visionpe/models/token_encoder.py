@@ -90,12 +90,7 @@ class TokenEncoder(ContractModel):
         (changed later with `set_position_mode`). attn_drop_rate and patch_drop_rate are timm's names, taken at 0."""
         super().__init__()
         _check_pool(global_pool, class_token)
-        check_attn_drop(attn_drop_rate)
-        if patch_drop_rate:
-            raise ValueError(
-                f"patch_drop_rate={patch_drop_rate}: dropping patch tokens is not supported (the PEs and the token "
-                f"layout keep every patch); use drop_path_rate or pos_drop_rate"
-            )
+        _check_rates(attn_drop_rate, patch_drop_rate)
         norm_layer = get_norm_layer(norm_layer) or partial(nn.LayerNorm, eps=norm_eps)
         act_layer = get_act_layer(act_layer) or nn.GELU
         self.num_classes = num_classes
@@ -114,36 +109,31 @@ class TokenEncoder(ContractModel):
         self.forget_pe_tables()  # the tables its build probe cached (small grids no forward uses)
         self.set_position_mode(position_mode)
         self.pe_name = pe
-        self.pos_drop = nn.Dropout(pos_drop_rate)
+        self.pos_drop = nn.Dropout(pos_drop_rate) if pos_drop_rate else nn.Identity()  # no call per step at 0
         self.norm_pre = norm_layer(embed_dim) if pre_norm else nn.Identity()
 
         dpr = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]  # linear (no tensor: meta-safe)
         self.blocks = nn.ModuleList(
-            Block(
-                embed_dim,
-                num_heads,
-                mlp_ratio,
-                qkv_bias,
-                qk_norm,
-                init_values,
-                proj_drop_rate,
-                dpr[i],
-                act_layer=act_layer,
-                norm_layer=norm_layer,
-            )
-            for i in range(depth)
-        )
+            Block(embed_dim, num_heads, mlp_ratio, qkv_bias, qk_norm, init_values, proj_drop_rate, dpr[i],
+                  act_layer=act_layer, norm_layer=norm_layer) for i in range(depth)
+        )  # fmt: skip
         place_layer_pos(self.pe, self.blocks)
         use_fc_norm = global_pool in ("avg", "avgmax", "max") if fc_norm is None else fc_norm
         self.norm = norm_layer(embed_dim) if final_norm and not use_fc_norm else nn.Identity()
+        self._build_head(num_classes, use_fc_norm and final_norm, drop_rate, norm_layer, act_layer, mlp_ratio)
+
+    def _build_head(self, num_classes: int, fc_norm: bool, drop_rate: float, norm_layer, act_layer, mlp_ratio) -> None:
+        """What follows the blocks' final norm, as timm's ViT builds it: the attention pool of global_pool='map'
+        (AttentionPoolLatent), the norm after the pool (fc_norm), dropout and the classifier."""
+        dim, heads = self.embed_dim, self._pe_ref["heads"]
         self.attn_pool = None
-        if global_pool == "map":  # timm's attention pooling (AttentionPoolLatent), as its ViT builds it
+        if self.global_pool == "map":
             self.attn_pool = AttentionPoolLatent(
-                embed_dim, num_heads=num_heads, mlp_ratio=mlp_ratio, norm_layer=norm_layer, act_layer=act_layer
+                dim, num_heads=heads, mlp_ratio=mlp_ratio, norm_layer=norm_layer, act_layer=act_layer
             )
-        self.fc_norm = norm_layer(embed_dim) if final_norm and use_fc_norm else nn.Identity()
+        self.fc_norm = norm_layer(dim) if fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(drop_rate)
-        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
 
     def _init_layers(self) -> None:
         """The constructor's init (the draws a seeded model has always made)."""
@@ -416,6 +406,16 @@ class TokenEncoder(ContractModel):
         self.num_classes = num_classes
         head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self.head = place_like(head, self)
+
+
+def _check_rates(attn_drop_rate: float, patch_drop_rate: float) -> None:
+    """timm's attn_drop_rate and patch_drop_rate are taken at 0 only (the layer's check says why for attention)."""
+    check_attn_drop(attn_drop_rate)
+    if patch_drop_rate:
+        raise ValueError(
+            f"patch_drop_rate={patch_drop_rate}: dropping patch tokens is not supported (the PEs and the token layout "
+            f"keep every patch); use drop_path_rate or pos_drop_rate"
+        )
 
 
 def _check_pool(global_pool: str, class_token: bool) -> None:

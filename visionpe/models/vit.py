@@ -25,6 +25,13 @@ from .token_encoder import TokenEncoder
 __all__ = ["VisionTransformer"]
 
 
+def _check_stem(reg_tokens: int, token_merger: int, patch_size: int) -> None:
+    if reg_tokens < 0:
+        raise ValueError(f"reg_tokens is a number of register tokens and must be >= 0, got {reg_tokens}")
+    if token_merger < 0 or patch_size % 2**token_merger:
+        raise ValueError(f"token_merger={token_merger}: use m >= 0 with 2^m dividing patch_size ({patch_size})")
+
+
 class VisionTransformer(TokenEncoder):
     position_modes = IMAGE_MODES
 
@@ -61,10 +68,7 @@ class VisionTransformer(TokenEncoder):
         merger_grid (default: the img_size / patch_size grid) at any input size, so the blocks always see that grid.
         pre_norm: a norm before the blocks and a patch embedding without bias (CLIP's layout, as timm builds it).
         Other kwargs (qkv_bias, fc_norm, drop rates, ...): see TokenEncoder."""
-        if reg_tokens < 0:
-            raise ValueError(f"reg_tokens is a number of register tokens and must be >= 0, got {reg_tokens}")
-        if token_merger < 0 or patch_size % 2**token_merger:
-            raise ValueError(f"token_merger={token_merger}: use m >= 0 with 2^m dividing patch_size ({patch_size})")
+        _check_stem(reg_tokens, token_merger, patch_size)
         merge = 2**token_merger
         norm_layer, act_layer = get_norm_layer(norm_layer), get_act_layer(act_layer)  # timm's names too: 'gelu'
         # the stem is built before the trunk so that parameters draw from the RNG in the stem -> PE -> blocks order
@@ -82,9 +86,8 @@ class VisionTransformer(TokenEncoder):
         merger = None
         if token_merger or merger_grid:
             norm = norm_layer or partial(nn.LayerNorm, eps=1e-6)
-            merger = AdaptiveTokenMerger(
-                embed_dim, pe_grid, num_heads, mlp_ratio, norm, act_layer or nn.GELU, patch_embed.grid_size
-            )
+            merger = AdaptiveTokenMerger(embed_dim, pe_grid, num_heads, mlp_ratio, norm, act_layer or nn.GELU,
+                                         patch_embed.grid_size)  # fmt: skip
         super().__init__(
             grid=pe_grid,
             num_classes=num_classes,

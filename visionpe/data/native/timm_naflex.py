@@ -51,10 +51,9 @@ class TimmNaflexBatches:
     def __init__(self, dataset: Dataset, plan: NativePlan, aug: dict, seed: int, workers: int, rank: int, world: int):
         if not plan.sampler.naflex:
             raise ValueError("data.native.loader=timm pads every image to its batch's length: use mode=padded")
-        whole = callable(getattr(dataset, "native_item", None))
         options = naflex_transform_kwargs(dataset, aug)
         self.loader = create_naflex_loader(
-            _NativeItems(dataset) if whole else dataset,
+            _NativeItems(dataset) if _whole_images(dataset) else dataset,
             patch_size=plan.patch,
             train_seq_lens=plan.budgets,
             max_seq_len=max(plan.budgets),
@@ -101,6 +100,11 @@ class TimmNaflexBatches:
             yield NativeBatch(inputs, targets, None, (), int(valid.sum()), valid.numel(), len(targets))
 
 
+def _whole_images(dataset: Dataset) -> bool:
+    """Whether the dataset gives timm each image whole (`native_item`: an image folder's decoded images)."""
+    return callable(getattr(dataset, "native_item", None))
+
+
 def naflex_transform_kwargs(dataset: Dataset, aug: dict) -> dict:
     """create_naflex_loader's augmentation and normalisation arguments for `dataset` and the aug section: a folder's
     whole PIL images get every aug setting and the folder's mean / std / interpolation; normalised tensors get the
@@ -111,7 +115,7 @@ def naflex_transform_kwargs(dataset: Dataset, aug: dict) -> dict:
         hflip=float(aug.get("hflip", 0.5)),
         re_prob=float(aug.get("re_prob") or 0.0),
     )
-    if callable(getattr(dataset, "native_item", None)):
+    if _whole_images(dataset):
         folder = dataset.transform_kwargs  # the square route's timm arguments: the same normalisation
         colour = dict(color_jitter=float(aug.get("color_jitter") or 0.0), auto_augment=aug.get("auto_augment"))
         norm = dict(mean=tuple(folder["mean"]), std=tuple(folder["std"]), interpolation=folder["interpolation"])
